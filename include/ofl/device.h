@@ -1,0 +1,160 @@
+/* ofl: the device layer. One interface over two backends: cuda (the CUDA
+ * runtime) and host (everything on the CPU, for machines without a GPU and
+ * for tests). Streams, events, device and pinned host memory, async copies.
+ *
+ * Host backend semantics: the compute stream runs each operation on the
+ * calling thread when it is enqueued; every other stream is a worker thread
+ * with a FIFO. An event completes when its stream reaches the point where it
+ * was recorded. Strict mode poisons freed blocks, adds seeded jitter to the
+ * worker streams and reports frees of blocks still used by queued copies. */
+#ifndef OFL_DEVICE_H
+#define OFL_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ofl/export.h>
+#include <ofl/status.h>
+
+OFL_EXTERN_C_BEGIN
+
+typedef struct ofl_device ofl_device_t;
+typedef struct ofl_stream ofl_stream_t;
+typedef struct ofl_event ofl_event_t;
+
+typedef enum ofl_backend {
+  OFL_BACKEND_AUTO = 0, /* cuda when a device is present, else host */
+  OFL_BACKEND_HOST = 1,
+  OFL_BACKEND_CUDA = 2
+} ofl_backend_t;
+
+typedef enum ofl_copy_kind {
+  OFL_COPY_H2D = 0,
+  OFL_COPY_D2H = 1,
+  OFL_COPY_D2D = 2,
+  OFL_COPY_H2H = 3
+} ofl_copy_kind_t;
+
+/* Timeout value meaning "use OFL_WAIT_TIMEOUT_MS". Every wait has a timeout. */
+#define OFL_TIMEOUT_DEFAULT (-1)
+
+/* Parameters for ofl_device_open. Fields left at their *_INIT value are taken
+ * from the OFL_* environment (see ofl_config_print). */
+typedef struct ofl_device_params {
+  ofl_backend_t backend;        /* OFL_BACKEND */
+  int device_index;             /* cuda device ordinal */
+  size_t device_capacity_bytes; /* host backend "device" memory; 0: env */
+  int strict;                   /* host backend strict mode; -1: env */
+  uint64_t jitter_seed;         /* 0: env (OFL_JITTER_SEED) */
+  int jitter_max_us;            /* max jitter per op on worker streams; -1: env */
+  double link_h2d_gbps;         /* host link model, GB/s; <0: env, 0: off */
+  double link_d2h_gbps;         /* host link model, GB/s; <0: env, 0: off */
+  double link_total_gbps;       /* both directions together; <0: env, 0: sum */
+} ofl_device_params_t;
+
+#define OFL_DEVICE_PARAMS_INIT                                                 \
+  { OFL_BACKEND_AUTO, 0, 0, -1, 0, -1, -1.0, -1.0, -1.0 }
+
+/* Counters of one device; bytes are "device" memory unless named pinned. */
+typedef struct ofl_device_stats {
+  size_t device_bytes_in_use;
+  size_t device_bytes_peak;
+  size_t device_capacity_bytes; /* 0: unknown / unlimited */
+  size_t pinned_bytes_in_use;
+  uint64_t device_allocs; /* calls that reached the backend allocator */
+  uint64_t device_frees;
+  uint64_t pinned_allocs;
+  uint64_t pinned_frees;
+  uint64_t copies;
+  uint64_t copy_bytes[4]; /* by ofl_copy_kind_t */
+  uint64_t strict_violations; /* frees of blocks still used by queued ops */
+} ofl_device_stats_t;
+
+/* Opens a device. With OFL_BACKEND_AUTO and no GPU it falls back to the host
+ * backend and logs why once; with OFL_BACKEND_CUDA and no GPU it fails with
+ * OFL_ERR_NO_DEVICE. params may be NULL (all from the environment). */
+OFL_API ofl_status_t ofl_device_open(const ofl_device_params_t *params,
+                                     ofl_device_t **out);
+/* Waits for all streams (bounded), stops workers, writes the trace file if
+ * any, releases everything. NULL is accepted. */
+OFL_API void ofl_device_close(ofl_device_t *dev);
+
+OFL_API ofl_backend_t ofl_device_backend(const ofl_device_t *dev);
+OFL_API const char *ofl_backend_name(ofl_backend_t backend);
+/* Why auto selection chose what it chose ("" when the backend was explicit). */
+OFL_API const char *ofl_device_selection_reason(const ofl_device_t *dev);
+OFL_API int ofl_device_is_strict(const ofl_device_t *dev);
+OFL_API void ofl_device_get_stats(const ofl_device_t *dev,
+                                  ofl_device_stats_t *out);
+/* Resets the peak to the bytes now in use. */
+OFL_API void ofl_device_reset_peak(ofl_device_t *dev);
+
+/* Device memory (host backend: CPU memory counted against the capacity). */
+OFL_API ofl_status_t ofl_device_malloc(ofl_device_t *dev, size_t bytes,
+                                       void **out);
+/* Frees device memory. In strict mode a block still used by a queued
+ * operation is not freed and OFL_ERR_INVALID_USAGE is returned. */
+OFL_API ofl_status_t ofl_device_free(ofl_device_t *dev, void *ptr);
+
+/* Page-locked host memory (cuda: malloc + page touch + cudaHostRegister). */
+OFL_API ofl_status_t ofl_pinned_malloc(ofl_device_t *dev, size_t bytes,
+                                       void **out);
+OFL_API ofl_status_t ofl_pinned_free(ofl_device_t *dev, void *ptr);
+
+/* The compute stream of the calling thread, looked up at each call (never
+ * cache it across a change of stream; DESIGN.md section 5 rule 3). Defaults
+ * to the device's compute stream; ofl_device_set_compute_stream overrides it
+ * for the calling thread. */
+OFL_API ofl_stream_t *ofl_device_compute_stream(ofl_device_t *dev);
+OFL_API void ofl_device_set_compute_stream(ofl_device_t *dev,
+                                           ofl_stream_t *stream);
+
+/* Streams. A created stream is asynchronous (a worker thread on the host
+ * backend, a non-blocking stream on cuda). */
+OFL_API ofl_status_t ofl_stream_create(ofl_device_t *dev, const char *name,
+                                       ofl_stream_t **out);
+/* Drains the stream (bounded by the default timeout) then destroys it. */
+OFL_API ofl_status_t ofl_stream_destroy(ofl_stream_t *stream);
+OFL_API ofl_status_t ofl_stream_synchronize(ofl_stream_t *stream,
+                                            int64_t timeout_ms);
+/* OFL_SUCCESS when idle, OFL_ERR_NOT_READY when work is pending, or the first
+ * asynchronous error the stream met. */
+OFL_API ofl_status_t ofl_stream_query(ofl_stream_t *stream);
+OFL_API const char *ofl_stream_name(const ofl_stream_t *stream);
+OFL_API ofl_device_t *ofl_stream_device(const ofl_stream_t *stream);
+
+/* Events: record captures all work enqueued on the stream so far; a wait or
+ * a query refers to the last record before it. An event never recorded counts
+ * as complete. */
+OFL_API ofl_status_t ofl_event_create(ofl_device_t *dev, ofl_event_t **out);
+OFL_API void ofl_event_destroy(ofl_event_t *event);
+OFL_API ofl_status_t ofl_event_record(ofl_event_t *event,
+                                      ofl_stream_t *stream);
+/* OFL_SUCCESS when complete, OFL_ERR_NOT_READY otherwise. */
+OFL_API ofl_status_t ofl_event_query(ofl_event_t *event);
+OFL_API ofl_status_t ofl_event_synchronize(ofl_event_t *event,
+                                           int64_t timeout_ms);
+/* Later work on stream starts only after the event's last record completes. */
+OFL_API ofl_status_t ofl_stream_wait_event(ofl_stream_t *stream,
+                                           ofl_event_t *event);
+
+/* Asynchronous copy/memset on a stream. */
+OFL_API ofl_status_t ofl_memcpy_async(void *dst, const void *src, size_t bytes,
+                                      ofl_copy_kind_t kind,
+                                      ofl_stream_t *stream);
+OFL_API ofl_status_t ofl_memset_async(void *dst, int value, size_t bytes,
+                                      ofl_stream_t *stream);
+
+typedef void (*ofl_host_fn)(void *arg);
+/* Runs fn(arg) on the stream's timeline, after the work before it. fn must
+ * not call ofl stream functions on the same device that wait. */
+OFL_API ofl_status_t ofl_stream_launch_host_func(ofl_stream_t *stream,
+                                                 ofl_host_fn fn, void *arg);
+
+/* Named range around bulk work (NVTX on cuda, trace file on host). */
+OFL_API void ofl_range_push(ofl_device_t *dev, const char *name);
+OFL_API void ofl_range_pop(ofl_device_t *dev);
+
+OFL_EXTERN_C_END
+
+#endif /* OFL_DEVICE_H */

@@ -1,0 +1,19 @@
+/* ofl: export macro for the public API. */
+#ifndef OFL_EXPORT_H
+#define OFL_EXPORT_H
+
+#if defined(OFL_BUILDING) && defined(__GNUC__)
+#define OFL_API __attribute__((visibility("default")))
+#else
+#define OFL_API
+#endif
+
+#ifdef __cplusplus
+#define OFL_EXTERN_C_BEGIN extern "C" {
+#define OFL_EXTERN_C_END }
+#else
+#define OFL_EXTERN_C_BEGIN
+#define OFL_EXTERN_C_END
+#endif
+
+#endif /* OFL_EXPORT_H */

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# ofl: the one script. Installs what the project needs on a fresh Debian
+# machine, configures and builds, then runs a task.
+#
+#   ./ofl.sh demo [args]   the main job: the multi-rank pipeline demo
+#   ./ofl.sh test          every test (unit, mpi, C++ headers); ends "N passed, M failed"
+#   ./ofl.sh asan | tsan | valgrind   the tests under a sanitizer or valgrind
+#   ./ofl.sh bench         the benchmarks
+#   ./ofl.sh setup         install packages and configure only
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+BUILD="${OFL_BUILD_DIR:-build}"
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Loopback-only, no interactive prompts from OpenMPI in containers.
+export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+PACKAGES=(meson ninja-build pkg-config gcc g++ python3 libcriterion-dev
+  libopenmpi-dev openmpi-bin liburing-dev fio gnuplot-nox valgrind)
+
+log() { printf 'ofl.sh: %s\n' "$*" >&2; }
+
+install_packages() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# configure DIR [meson options...]: creates or reconfigures a build directory.
+configure() {
+  local dir="$1"; shift
+  if [ -f "$dir/build.ninja" ]; then
+    meson configure "$dir" -Dwerror=true "$@" >/dev/null
+  else
+    meson setup "$dir" -Dwerror=true "$@"
+  fi
+}
+
+build() {
+  local dir="$1"; shift
+  install_packages
+  configure "$dir" "$@"
+  ninja -C "$dir"
+}
+
+# summarize DIR: one line "N passed, M failed" from meson's test log.
+summarize() {
+  python3 "$here/.ci/summarize.py" "$1/meson-logs/testlog.json"
+}
+
+run_tests() {
+  local dir="$1" setup="${2:-}"; shift 2 || true
+  local rc=0
+  if [ -n "$setup" ]; then
+    meson test -C "$dir" --setup "$setup" --print-errorlogs "$@" || rc=$?
+  else
+    meson test -C "$dir" --print-errorlogs "$@" || rc=$?
+  fi
+  summarize "$dir" || rc=1
+  return $rc
+}
+
+task="${1:-help}"
+[ $# -gt 0 ] && shift
+case "$task" in
+  setup)
+    install_packages
+    configure "$BUILD"
+    ;;
+  demo)
+    build "$BUILD"
+    exec "$BUILD/examples/ofl_demo_run" "$@"
+    ;;
+  test)
+    build "$BUILD"
+    run_tests "$BUILD" "" "$@"
+    ;;
+  asan)
+    build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+    run_tests build-asan asan "$@"
+    ;;
+  tsan)
+    build build-tsan -Db_sanitize=thread -Db_lundef=false -Dbuildtype=debug
+    run_tests build-tsan tsan "$@"
+    ;;
+  valgrind)
+    build "$BUILD"
+    run_tests "$BUILD" valgrind --no-suite mpi "$@"
+    ;;
+  bench)
+    build "$BUILD" -Dbuildtype=release
+    for b in "$BUILD"/bench/ofl_bench_*; do
+      [ -x "$b" ] && { echo "== $(basename "$b")"; "$b" "$@"; }
+    done
+    ;;
+  help|-h|--help)
+    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+    ;;
+  *)
+    log "unknown task '$task' (demo, test, asan, tsan, valgrind, bench, setup)"
+    exit 2
+    ;;
+esac

@@ -1,0 +1,98 @@
+/* ofl: internal helpers shared by every folder (errors, logging, config,
+ * time). Not installed. */
+#ifndef OFL_RUNTIME_INTERNAL_H
+#define OFL_RUNTIME_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ofl/config.h>
+#include <ofl/log.h>
+#include <ofl/status.h>
+
+#if defined(__GNUC__)
+#define OFL__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define OFL__LIKELY(x) __builtin_expect(!!(x), 1)
+#define OFL__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define OFL__PRINTF(a, b)
+#define OFL__LIKELY(x) (x)
+#define OFL__UNLIKELY(x) (x)
+#endif
+
+/* ---- errors ---------------------------------------------------------------
+ * The function that detects an error calls ofl__error(): it stores the
+ * message as the thread's last error, logs it at WARN, and returns status.
+ * Callers only propagate (OFL_CHECK leaves an INFO breadcrumb). */
+ofl_status_t ofl__error(ofl_status_t status, unsigned subsys, const char *fmt,
+                        ...) OFL__PRINTF(3, 4);
+/* Same without the WARN line (expected outcomes such as budget exhaustion
+ * that the caller handles by falling back). */
+ofl_status_t ofl__error_quiet(ofl_status_t status, const char *fmt, ...)
+    OFL__PRINTF(2, 3);
+
+#define OFL_CHECK(call)                                                        \
+  do {                                                                         \
+    ofl_status_t ofl__st = (call);                                             \
+    if (OFL__UNLIKELY(ofl__st != OFL_SUCCESS)) {                               \
+      OFL_INFO(OFL_SUBSYS_ALL, "%s:%d %s -> %s", __FILE__, __LINE__, #call,    \
+               ofl_status_str(ofl__st));                                       \
+      return ofl__st;                                                          \
+    }                                                                          \
+  } while (0)
+
+#define OFL_CHECK_GOTO(call, st, label)                                        \
+  do {                                                                         \
+    (st) = (call);                                                             \
+    if (OFL__UNLIKELY((st) != OFL_SUCCESS)) {                                  \
+      OFL_INFO(OFL_SUBSYS_ALL, "%s:%d %s -> %s", __FILE__, __LINE__, #call,    \
+               ofl_status_str(st));                                            \
+      goto label;                                                              \
+    }                                                                          \
+  } while (0)
+
+/* ---- logging --------------------------------------------------------------
+ * The level check is one load and a compare before any formatting. */
+extern _Atomic int ofl__log_level_cache; /* -1: not yet read from the env */
+extern _Atomic unsigned ofl__log_subsys_mask;
+void ofl__log_init(void);
+void ofl__log(ofl_log_level_t level, unsigned subsys, const char *file,
+              int line, const char *fmt, ...) OFL__PRINTF(5, 6);
+
+static inline bool ofl__log_enabled(ofl_log_level_t level, unsigned subsys) {
+  if (OFL__UNLIKELY(ofl__log_level_cache < 0))
+    ofl__log_init();
+  return (int)level <= ofl__log_level_cache &&
+         (subsys & ofl__log_subsys_mask) != 0;
+}
+
+#define OFL__LOG(level, subsys, ...)                                           \
+  do {                                                                         \
+    if (ofl__log_enabled((level), (subsys)))                                   \
+      ofl__log((level), (subsys), __FILE__, __LINE__, __VA_ARGS__);           \
+  } while (0)
+#define OFL_WARN(subsys, ...) OFL__LOG(OFL_LOG_WARN, (subsys), __VA_ARGS__)
+#define OFL_INFO(subsys, ...) OFL__LOG(OFL_LOG_INFO, (subsys), __VA_ARGS__)
+#define OFL_TRACE(subsys, ...) OFL__LOG(OFL_LOG_TRACE, (subsys), __VA_ARGS__)
+
+/* ---- configuration --------------------------------------------------------
+ * Typed reads of the OFL_* table (runtime/config.c). Each returns
+ * OFL_ERR_CONFIG with a message naming the variable and what it accepts when
+ * the value in force is invalid; *out is set only on success. */
+ofl_status_t ofl__config_str(const char *name, const char **out);
+ofl_status_t ofl__config_bool(const char *name, bool *out);
+ofl_status_t ofl__config_int(const char *name, int64_t *out);
+/* Sizes accept K, M, G, T suffixes (powers of 1024) and KB/MB/GB. */
+ofl_status_t ofl__config_size(const char *name, size_t *out);
+ofl_status_t ofl__config_double(const char *name, double *out);
+/* Index of the value in the variable's list of allowed words. */
+ofl_status_t ofl__config_enum(const char *name, int *out);
+
+/* ---- time ----------------------------------------------------------------- */
+uint64_t ofl__now_ns(void); /* CLOCK_MONOTONIC */
+/* The default wait timeout (OFL_WAIT_TIMEOUT_MS) when timeout_ms < 0. */
+int64_t ofl__timeout_ms(int64_t timeout_ms);
+
+#endif /* OFL_RUNTIME_INTERNAL_H */

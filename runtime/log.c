@@ -1,0 +1,227 @@
+/* ofl: logging. OFL_DEBUG=WARN|INFO|TRACE|NONE, OFL_DEBUG_SUBSYS=INIT,POOL,...
+ * (ALL, or ^NAME to exclude), OFL_DEBUG_RANK=N (only that rank), and
+ * OFL_DEBUG_FILE=path with %h host, %p pid, %r rank. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "runtime/internal.h"
+
+_Atomic int ofl__log_level_cache = -1;
+_Atomic unsigned ofl__log_subsys_mask = OFL_SUBSYS_ALL;
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static ofl_log_handler_fn handler;
+static void *handler_user;
+static int log_rank = -1;
+static int only_rank = -1;
+static int level_override = -1;
+static FILE *log_file;
+static char file_pattern[512];
+static int file_rank = -2; /* rank the open file was named for */
+
+static const struct {
+  const char *name;
+  unsigned bit;
+} subsys_names[] = {
+    {"INIT", OFL_SUBSYS_INIT},         {"DEVICE", OFL_SUBSYS_DEVICE},
+    {"POOL", OFL_SUBSYS_POOL},         {"PIPELINE", OFL_SUBSYS_PIPELINE},
+    {"DISK", OFL_SUBSYS_DISK},         {"STAGING", OFL_SUBSYS_STAGING},
+    {"COLL", OFL_SUBSYS_COLL},         {"CONFIG", OFL_SUBSYS_CONFIG},
+    {"ALL", OFL_SUBSYS_ALL},
+};
+
+static const char *subsys_name(unsigned subsys) {
+  for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++)
+    if (subsys_names[i].bit == subsys)
+      return subsys_names[i].name;
+  return "OFL";
+}
+
+static int parse_level(const char *s) {
+  if (s == NULL || *s == '\0')
+    return OFL_LOG_WARN;
+  if (strcasecmp(s, "NONE") == 0)
+    return OFL_LOG_NONE;
+  if (strcasecmp(s, "WARN") == 0 || strcasecmp(s, "VERSION") == 0)
+    return OFL_LOG_WARN;
+  if (strcasecmp(s, "INFO") == 0)
+    return OFL_LOG_INFO;
+  if (strcasecmp(s, "TRACE") == 0)
+    return OFL_LOG_TRACE;
+  return OFL_LOG_WARN; /* config.c reports the invalid value */
+}
+
+static unsigned parse_subsys(const char *s) {
+  if (s == NULL || *s == '\0')
+    return OFL_SUBSYS_ALL;
+  bool exclude = s[0] == '^';
+  unsigned mask = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", exclude ? s + 1 : s);
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok != NULL;
+       tok = strtok_r(NULL, ",", &save))
+    for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++)
+      if (strcasecmp(tok, subsys_names[i].name) == 0)
+        mask |= subsys_names[i].bit;
+  return exclude ? (OFL_SUBSYS_ALL & ~mask) : mask;
+}
+
+static void close_file_locked(void) {
+  if (log_file != NULL)
+    fclose(log_file);
+  log_file = NULL;
+  file_rank = -2;
+}
+
+void ofl_log_reload(void) {
+  const char *rank = getenv("OFL_DEBUG_RANK");
+  const char *file = getenv("OFL_DEBUG_FILE");
+  pthread_mutex_lock(&log_lock);
+  only_rank = (rank != NULL && *rank != '\0') ? atoi(rank) : -1;
+  close_file_locked();
+  snprintf(file_pattern, sizeof file_pattern, "%s", file ? file : "");
+  atomic_store(&ofl__log_subsys_mask, parse_subsys(getenv("OFL_DEBUG_SUBSYS")));
+  int level =
+      level_override >= 0 ? level_override : parse_level(getenv("OFL_DEBUG"));
+  pthread_mutex_unlock(&log_lock);
+  atomic_store(&ofl__log_level_cache, level);
+}
+
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static void log_init_once(void) {
+  if (atomic_load(&ofl__log_level_cache) < 0)
+    ofl_log_reload();
+}
+void ofl__log_init(void) { pthread_once(&log_once, log_init_once); }
+
+void ofl_log_set_level(ofl_log_level_t level) {
+  ofl__log_init();
+  pthread_mutex_lock(&log_lock);
+  level_override = (int)level;
+  pthread_mutex_unlock(&log_lock);
+  atomic_store(&ofl__log_level_cache, (int)level);
+}
+
+ofl_log_level_t ofl_log_get_level(void) {
+  ofl__log_init();
+  return (ofl_log_level_t)atomic_load(&ofl__log_level_cache);
+}
+
+void ofl_log_set_rank(int rank) {
+  pthread_mutex_lock(&log_lock);
+  log_rank = rank;
+  pthread_mutex_unlock(&log_lock);
+}
+
+int ofl_log_get_rank(void) {
+  pthread_mutex_lock(&log_lock);
+  int r = log_rank;
+  pthread_mutex_unlock(&log_lock);
+  return r;
+}
+
+ofl_log_handler_fn ofl_log_set_handler(ofl_log_handler_fn fn, void *user) {
+  pthread_mutex_lock(&log_lock);
+  ofl_log_handler_fn old = handler;
+  handler = fn;
+  handler_user = user;
+  pthread_mutex_unlock(&log_lock);
+  return old;
+}
+
+/* Expands %h, %p and %r of OFL_DEBUG_FILE. */
+static void expand_pattern(char *out, size_t cap, int rank) {
+  size_t n = 0;
+  for (const char *p = file_pattern; *p != '\0' && n + 1 < cap; p++) {
+    char piece[256];
+    piece[0] = '\0';
+    if (p[0] == '%' && p[1] == 'h') {
+      gethostname(piece, sizeof piece);
+      piece[sizeof piece - 1] = '\0';
+      p++;
+    } else if (p[0] == '%' && p[1] == 'p') {
+      snprintf(piece, sizeof piece, "%ld", (long)getpid());
+      p++;
+    } else if (p[0] == '%' && p[1] == 'r') {
+      snprintf(piece, sizeof piece, "%d", rank);
+      p++;
+    } else {
+      piece[0] = *p;
+      piece[1] = '\0';
+    }
+    int w = snprintf(out + n, cap - n, "%s", piece);
+    n += w > 0 ? (size_t)w : 0;
+    if (n >= cap)
+      n = cap - 1;
+  }
+  out[n] = '\0';
+}
+
+static FILE *sink_locked(void) {
+  if (file_pattern[0] == '\0')
+    return stderr;
+  if (log_file == NULL || file_rank != log_rank) {
+    close_file_locked();
+    char path[1024];
+    expand_pattern(path, sizeof path, log_rank);
+    log_file = fopen(path, "a");
+    file_rank = log_rank;
+    if (log_file == NULL)
+      return stderr;
+  }
+  return log_file;
+}
+
+static const char *level_name(ofl_log_level_t level) {
+  switch (level) {
+  case OFL_LOG_WARN:
+    return "WARN";
+  case OFL_LOG_INFO:
+    return "INFO";
+  case OFL_LOG_TRACE:
+    return "TRACE";
+  default:
+    return "";
+  }
+}
+
+void ofl__log(ofl_log_level_t level, unsigned subsys, const char *file,
+              int line, const char *fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+
+  pthread_mutex_lock(&log_lock);
+  if (only_rank >= 0 && log_rank >= 0 && log_rank != only_rank) {
+    pthread_mutex_unlock(&log_lock);
+    return;
+  }
+  if (handler != NULL) {
+    ofl_log_handler_fn fn = handler;
+    void *user = handler_user;
+    pthread_mutex_unlock(&log_lock);
+    fn(level, subsys, msg, user);
+    return;
+  }
+  FILE *out = sink_locked();
+  char host[64];
+  gethostname(host, sizeof host);
+  host[sizeof host - 1] = '\0';
+  if (level >= OFL_LOG_TRACE)
+    fprintf(out, "%s:%ld:%d ofl %s %s %s:%d %s\n", host, (long)getpid(),
+            log_rank, level_name(level), subsys_name(subsys), file, line, msg);
+  else
+    fprintf(out, "%s:%ld:%d ofl %s %s %s\n", host, (long)getpid(), log_rank,
+            level_name(level), subsys_name(subsys), msg);
+  fflush(out);
+  pthread_mutex_unlock(&log_lock);
+}

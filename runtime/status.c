@@ -1,0 +1,60 @@
+/* ofl: status codes and the thread's last-error message. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "runtime/internal.h"
+
+static _Thread_local char last_error[1024];
+
+const char *ofl_status_str(ofl_status_t status) {
+  switch (status) {
+#define OFL__STATUS_CASE(name, value, text)                                    \
+  case name:                                                                   \
+    return text;
+    OFL_STATUS_LIST(OFL__STATUS_CASE)
+#undef OFL__STATUS_CASE
+  }
+  return "unknown status";
+}
+
+const char *ofl_last_error(void) { return last_error; }
+
+void ofl_clear_error(void) { last_error[0] = '\0'; }
+
+static void set_last_error(const char *fmt, va_list ap) {
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+}
+
+ofl_status_t ofl__error(ofl_status_t status, unsigned subsys, const char *fmt,
+                        ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  set_last_error(fmt, ap);
+  va_end(ap);
+  OFL_WARN(subsys, "%s: %s", ofl_status_str(status), last_error);
+  return status;
+}
+
+ofl_status_t ofl__error_quiet(ofl_status_t status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  set_last_error(fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+uint64_t ofl__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int64_t ofl__timeout_ms(int64_t timeout_ms) {
+  if (timeout_ms >= 0)
+    return timeout_ms;
+  int64_t v = 0;
+  if (ofl__config_int("OFL_WAIT_TIMEOUT_MS", &v) != OFL_SUCCESS || v <= 0)
+    v = 120000;
+  return v;
+}
