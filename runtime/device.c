@@ -1,0 +1,418 @@
+/* ofl: the device layer's common front. Backend selection, argument checks,
+ * statistics and trace hooks; the backends do the work. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/device_internal.h"
+
+static _Thread_local ofl_device_t *tl_dev;
+static _Thread_local ofl_stream_t *tl_stream;
+
+const char *ofl_backend_name(ofl_backend_t backend) {
+  switch (backend) {
+  case OFL_BACKEND_AUTO:
+    return "auto";
+  case OFL_BACKEND_HOST:
+    return "host";
+  case OFL_BACKEND_CUDA:
+    return "cuda";
+  }
+  return "unknown";
+}
+
+static ofl_status_t resolve_config(const ofl_device_params_t *p,
+                                   ofl__device_config_t *c) {
+  ofl_device_params_t def = OFL_DEVICE_PARAMS_INIT;
+  if (p == NULL)
+    p = &def;
+  memset(c, 0, sizeof *c);
+  int e = 0;
+  OFL_CHECK(ofl__config_enum("OFL_BACKEND", &e));
+  c->backend = p->backend != OFL_BACKEND_AUTO ? p->backend : (ofl_backend_t)e;
+  if (c->backend > OFL_BACKEND_CUDA)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "backend %d is not one of auto, host, cuda",
+                      (int)c->backend);
+  c->device_index = p->device_index;
+  size_t cap = 0;
+  OFL_CHECK(ofl__config_size("OFL_DEVICE_CAPACITY", &cap));
+  c->capacity_bytes = p->device_capacity_bytes ? p->device_capacity_bytes : cap;
+  bool strict = false;
+  OFL_CHECK(ofl__config_bool("OFL_STRICT", &strict));
+  c->strict = p->strict >= 0 ? p->strict != 0 : strict;
+  int64_t seed = 1, jitter = 0;
+  OFL_CHECK(ofl__config_int("OFL_JITTER_SEED", &seed));
+  OFL_CHECK(ofl__config_int("OFL_JITTER_MAX_US", &jitter));
+  c->jitter_seed = p->jitter_seed ? p->jitter_seed : (uint64_t)seed;
+  c->jitter_max_us = p->jitter_max_us >= 0 ? p->jitter_max_us : (int)jitter;
+  if (c->jitter_max_us < 0)
+    c->jitter_max_us = 0;
+  double h2d = 0, d2h = 0, tot = 0;
+  OFL_CHECK(ofl__config_double("OFL_LINK_H2D_GBPS", &h2d));
+  OFL_CHECK(ofl__config_double("OFL_LINK_D2H_GBPS", &d2h));
+  OFL_CHECK(ofl__config_double("OFL_LINK_TOTAL_GBPS", &tot));
+  c->link_h2d_bps = (p->link_h2d_gbps >= 0 ? p->link_h2d_gbps : h2d) * 1e9;
+  c->link_d2h_bps = (p->link_d2h_gbps >= 0 ? p->link_d2h_gbps : d2h) * 1e9;
+  c->link_total_bps = (p->link_total_gbps >= 0 ? p->link_total_gbps : tot) * 1e9;
+  return OFL_SUCCESS;
+}
+
+/* Chooses the backend; with auto and no usable GPU, host and the reason. */
+static const ofl__device_ops_t *select_backend(ofl_device_t *dev) {
+  if (dev->cfg.backend == OFL_BACKEND_HOST)
+    return &ofl__host_ops;
+#if OFL_HAVE_CUDA
+  char why[200];
+  if (ofl__cuda_probe(dev->cfg.device_index, why, sizeof why) ==
+      OFL_SUCCESS) {
+    if (dev->cfg.backend == OFL_BACKEND_AUTO)
+      snprintf(dev->reason, sizeof dev->reason,
+               "auto: cuda device %d is available", dev->cfg.device_index);
+    return &ofl__cuda_ops;
+  }
+#else
+  const char *why = "this build has no cuda backend (toolkit not found)";
+#endif
+  if (dev->cfg.backend == OFL_BACKEND_CUDA) {
+    ofl__error(OFL_ERR_NO_DEVICE, OFL_SUBSYS_DEVICE,
+               "OFL_BACKEND=cuda but no cuda device was found (%s); use "
+               "OFL_BACKEND=host or auto to run on the CPU",
+               why);
+    return NULL;
+  }
+  snprintf(dev->reason, sizeof dev->reason, "auto: host backend, since %s",
+           why);
+  static atomic_flag logged = ATOMIC_FLAG_INIT;
+  if (!atomic_flag_test_and_set(&logged))
+    OFL_WARN(OFL_SUBSYS_DEVICE, "%s", dev->reason);
+  return &ofl__host_ops;
+}
+
+ofl_status_t ofl_device_open(const ofl_device_params_t *params,
+                             ofl_device_t **out) {
+  if (out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_device_open: out is NULL");
+  ofl_device_t *dev = calloc(1, sizeof *dev);
+  if (dev == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot allocate the device object");
+  pthread_mutex_init(&dev->stats_lock, NULL);
+  ofl_status_t st = resolve_config(params, &dev->cfg);
+  if (st != OFL_SUCCESS)
+    goto fail;
+  dev->ops = select_backend(dev);
+  if (dev->ops == NULL) {
+    st = OFL_ERR_NO_DEVICE;
+    goto fail;
+  }
+  dev->backend = dev->ops == &ofl__host_ops ? OFL_BACKEND_HOST : OFL_BACKEND_CUDA;
+  dev->stats.device_capacity_bytes = dev->cfg.capacity_bytes;
+  const char *trace = NULL;
+  if (ofl__config_str("OFL_TRACE_FILE", &trace) == OFL_SUCCESS && trace[0])
+    ofl__trace_open(dev, trace);
+  st = dev->ops->open(dev);
+  if (st != OFL_SUCCESS)
+    goto fail;
+  st = ofl_stream_create(dev, "compute", &dev->compute);
+  if (st != OFL_SUCCESS) {
+    dev->ops->close(dev);
+    goto fail;
+  }
+  OFL_INFO(OFL_SUBSYS_DEVICE, "device open backend %s strict %d jitter_max_us %d",
+           dev->ops->name, (int)dev->cfg.strict, dev->cfg.jitter_max_us);
+  *out = dev;
+  return OFL_SUCCESS;
+fail:
+  ofl__trace_close(dev);
+  pthread_mutex_destroy(&dev->stats_lock);
+  free(dev);
+  return st;
+}
+
+void ofl_device_close(ofl_device_t *dev) {
+  if (dev == NULL)
+    return;
+  if (tl_dev == dev) {
+    tl_dev = NULL;
+    tl_stream = NULL;
+  }
+  if (dev->compute != NULL)
+    ofl_stream_destroy(dev->compute);
+  dev->ops->close(dev);
+  ofl__trace_close(dev);
+  pthread_mutex_destroy(&dev->stats_lock);
+  free(dev);
+}
+
+ofl_backend_t ofl_device_backend(const ofl_device_t *dev) {
+  return dev ? dev->backend : OFL_BACKEND_AUTO;
+}
+const char *ofl_device_selection_reason(const ofl_device_t *dev) {
+  return dev ? dev->reason : "";
+}
+int ofl_device_is_strict(const ofl_device_t *dev) {
+  return dev && dev->backend == OFL_BACKEND_HOST && dev->cfg.strict;
+}
+
+void ofl_device_get_stats(const ofl_device_t *dev, ofl_device_stats_t *out) {
+  if (dev == NULL || out == NULL)
+    return;
+  ofl_device_t *d = (ofl_device_t *)dev;
+  pthread_mutex_lock(&d->stats_lock);
+  *out = d->stats;
+  pthread_mutex_unlock(&d->stats_lock);
+  out->copies = atomic_load(&d->copies);
+  for (int i = 0; i < 4; i++)
+    out->copy_bytes[i] = atomic_load(&d->copy_bytes[i]);
+}
+
+void ofl_device_reset_peak(ofl_device_t *dev) {
+  if (dev == NULL)
+    return;
+  pthread_mutex_lock(&dev->stats_lock);
+  dev->stats.device_bytes_peak = dev->stats.device_bytes_in_use;
+  pthread_mutex_unlock(&dev->stats_lock);
+}
+
+ofl_status_t ofl_device_malloc(ofl_device_t *dev, size_t bytes, void **out) {
+  if (dev == NULL || out == NULL || bytes == 0)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_device_malloc: %s",
+                      bytes == 0 ? "zero bytes requested" : "NULL argument");
+  void *p = NULL;
+  OFL_CHECK(dev->ops->device_malloc(dev, bytes, &p));
+  pthread_mutex_lock(&dev->stats_lock);
+  dev->stats.device_bytes_in_use += bytes;
+  if (dev->stats.device_bytes_in_use > dev->stats.device_bytes_peak)
+    dev->stats.device_bytes_peak = dev->stats.device_bytes_in_use;
+  dev->stats.device_allocs++;
+  pthread_mutex_unlock(&dev->stats_lock);
+  *out = p;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_device_free(ofl_device_t *dev, void *ptr) {
+  if (dev == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_device_free: device is NULL");
+  if (ptr == NULL)
+    return OFL_SUCCESS;
+  size_t bytes = 0;
+  OFL_CHECK(dev->ops->device_free(dev, ptr, &bytes));
+  pthread_mutex_lock(&dev->stats_lock);
+  dev->stats.device_bytes_in_use -= bytes;
+  dev->stats.device_frees++;
+  pthread_mutex_unlock(&dev->stats_lock);
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_pinned_malloc(ofl_device_t *dev, size_t bytes, void **out) {
+  if (dev == NULL || out == NULL || bytes == 0)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_pinned_malloc: %s",
+                      bytes == 0 ? "zero bytes requested" : "NULL argument");
+  void *p = NULL;
+  OFL_CHECK(dev->ops->pinned_malloc(dev, bytes, &p));
+  pthread_mutex_lock(&dev->stats_lock);
+  dev->stats.pinned_bytes_in_use += bytes;
+  dev->stats.pinned_allocs++;
+  pthread_mutex_unlock(&dev->stats_lock);
+  *out = p;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_pinned_free(ofl_device_t *dev, void *ptr) {
+  if (dev == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_pinned_free: device is NULL");
+  if (ptr == NULL)
+    return OFL_SUCCESS;
+  size_t bytes = 0;
+  OFL_CHECK(dev->ops->pinned_free(dev, ptr, &bytes));
+  pthread_mutex_lock(&dev->stats_lock);
+  dev->stats.pinned_bytes_in_use -= bytes;
+  dev->stats.pinned_frees++;
+  pthread_mutex_unlock(&dev->stats_lock);
+  return OFL_SUCCESS;
+}
+
+ofl_stream_t *ofl_device_compute_stream(ofl_device_t *dev) {
+  if (dev == NULL)
+    return NULL;
+  if (tl_dev == dev && tl_stream != NULL)
+    return tl_stream;
+  return dev->compute;
+}
+
+void ofl_device_set_compute_stream(ofl_device_t *dev, ofl_stream_t *stream) {
+  tl_dev = dev;
+  tl_stream = stream;
+}
+
+ofl_status_t ofl_stream_create(ofl_device_t *dev, const char *name,
+                               ofl_stream_t **out) {
+  if (dev == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_stream_create: NULL argument");
+  ofl_stream_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot allocate a stream object");
+  s->dev = dev;
+  s->id = atomic_fetch_add(&dev->next_stream_id, 1);
+  s->is_compute = dev->compute == NULL; /* the first stream of a device */
+  snprintf(s->name, sizeof s->name, "%s", name ? name : "stream");
+  ofl_status_t st = dev->ops->stream_create(s);
+  if (st != OFL_SUCCESS) {
+    free(s);
+    return st;
+  }
+  ofl__trace_name_track(dev, s->id, s->name);
+  *out = s;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_stream_destroy(ofl_stream_t *s) {
+  if (s == NULL)
+    return OFL_SUCCESS;
+  ofl_device_t *dev = s->dev;
+  if (s == dev->compute && dev->compute != NULL && tl_stream == s)
+    tl_stream = NULL;
+  ofl_status_t st = dev->ops->stream_destroy(s);
+  free(s);
+  return st;
+}
+
+#define CHECK_STREAM(s, fn)                                                    \
+  do {                                                                         \
+    if ((s) == NULL)                                                           \
+      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,               \
+                        "%s: stream is NULL", fn);                             \
+  } while (0)
+#define CHECK_EVENT(e, fn)                                                     \
+  do {                                                                         \
+    if ((e) == NULL)                                                           \
+      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,               \
+                        "%s: event is NULL", fn);                              \
+  } while (0)
+
+ofl_status_t ofl_stream_synchronize(ofl_stream_t *s, int64_t timeout_ms) {
+  CHECK_STREAM(s, "ofl_stream_synchronize");
+  return s->dev->ops->stream_synchronize(s, ofl__timeout_ms(timeout_ms));
+}
+
+ofl_status_t ofl_stream_query(ofl_stream_t *s) {
+  CHECK_STREAM(s, "ofl_stream_query");
+  return s->dev->ops->stream_query(s);
+}
+
+const char *ofl_stream_name(const ofl_stream_t *s) { return s ? s->name : ""; }
+ofl_device_t *ofl_stream_device(const ofl_stream_t *s) {
+  return s ? s->dev : NULL;
+}
+
+ofl_status_t ofl_event_create(ofl_device_t *dev, ofl_event_t **out) {
+  if (dev == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_event_create: NULL argument");
+  ofl_event_t *e = calloc(1, sizeof *e);
+  if (e == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot allocate an event object");
+  e->dev = dev;
+  ofl_status_t st = dev->ops->event_create(e);
+  if (st != OFL_SUCCESS) {
+    free(e);
+    return st;
+  }
+  *out = e;
+  return OFL_SUCCESS;
+}
+
+void ofl_event_destroy(ofl_event_t *e) {
+  if (e == NULL)
+    return;
+  e->dev->ops->event_destroy(e);
+  free(e);
+}
+
+ofl_status_t ofl_event_record(ofl_event_t *e, ofl_stream_t *s) {
+  CHECK_EVENT(e, "ofl_event_record");
+  CHECK_STREAM(s, "ofl_event_record");
+  if (e->dev != s->dev)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_event_record: event and stream '%s' belong to "
+                      "different devices",
+                      s->name);
+  return s->dev->ops->event_record(e, s);
+}
+
+ofl_status_t ofl_event_query(ofl_event_t *e) {
+  CHECK_EVENT(e, "ofl_event_query");
+  return e->dev->ops->event_query(e);
+}
+
+ofl_status_t ofl_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
+  CHECK_EVENT(e, "ofl_event_synchronize");
+  return e->dev->ops->event_synchronize(e, ofl__timeout_ms(timeout_ms));
+}
+
+ofl_status_t ofl_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
+  CHECK_STREAM(s, "ofl_stream_wait_event");
+  CHECK_EVENT(e, "ofl_stream_wait_event");
+  if (e->dev != s->dev)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_stream_wait_event: event and stream '%s' belong "
+                      "to different devices",
+                      s->name);
+  return s->dev->ops->stream_wait_event(s, e);
+}
+
+ofl_status_t ofl_memcpy_async(void *dst, const void *src, size_t bytes,
+                              ofl_copy_kind_t kind, ofl_stream_t *s) {
+  CHECK_STREAM(s, "ofl_memcpy_async");
+  if (bytes == 0)
+    return OFL_SUCCESS;
+  if (dst == NULL || src == NULL || (unsigned)kind > OFL_COPY_H2H)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_memcpy_async: %s on stream '%s'",
+                      (unsigned)kind > OFL_COPY_H2H ? "invalid copy kind"
+                                                    : "NULL pointer",
+                      s->name);
+  OFL_CHECK(s->dev->ops->memcpy_async(dst, src, bytes, kind, s));
+  atomic_fetch_add(&s->dev->copies, 1);
+  atomic_fetch_add(&s->dev->copy_bytes[kind], bytes);
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_memset_async(void *dst, int value, size_t bytes,
+                              ofl_stream_t *s) {
+  CHECK_STREAM(s, "ofl_memset_async");
+  if (bytes == 0)
+    return OFL_SUCCESS;
+  if (dst == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_memset_async: NULL pointer on stream '%s'",
+                      s->name);
+  return s->dev->ops->memset_async(dst, value, bytes, s);
+}
+
+ofl_status_t ofl_stream_launch_host_func(ofl_stream_t *s, ofl_host_fn fn,
+                                         void *arg) {
+  CHECK_STREAM(s, "ofl_stream_launch_host_func");
+  if (fn == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_stream_launch_host_func: fn is NULL");
+  return s->dev->ops->launch_host_func(s, fn, arg);
+}
+
+void ofl_range_push(ofl_device_t *dev, const char *name) {
+  if (dev != NULL && name != NULL)
+    dev->ops->range_push(dev, name);
+}
+
+void ofl_range_pop(ofl_device_t *dev) {
+  if (dev != NULL)
+    dev->ops->range_pop(dev);
+}

@@ -1,0 +1,861 @@
+/* ofl: the host backend. "Device" memory is CPU memory counted against a
+ * capacity; the compute stream executes each operation on the calling thread
+ * when it is enqueued; every other stream is a worker thread with a FIFO.
+ * Strict mode poisons memory, adds seeded jitter before each worker operation
+ * and reports frees of blocks that queued operations still use. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/device_internal.h"
+
+#define DEVICE_ALIGN 256
+#define PINNED_ALIGN 4096
+#define LINK_SLICE (1u << 20)
+#define WAIT_SLICE_NS 20000000ull /* a waiting worker checks for stop */
+
+/* ---- memory blocks ------------------------------------------------------ */
+
+typedef struct hblock {
+  char *base;
+  size_t bytes;
+  bool pinned;
+  size_t inflight; /* queued or running operations that use the block */
+} hblock_t;
+
+typedef struct host_dev {
+  pthread_mutex_t reg_lock;
+  pthread_cond_t reg_cond; /* inflight decremented */
+  hblock_t **blocks;       /* sorted by base */
+  size_t nblocks, cap;
+  atomic_int active_dir[2]; /* link model: copies running per direction */
+} host_dev_t;
+
+static host_dev_t *HD(ofl_device_t *dev) { return dev->impl; }
+
+/* The block containing p, or NULL. Caller holds reg_lock. */
+static hblock_t *find_block(host_dev_t *h, const void *p) {
+  const char *c = p;
+  size_t lo = 0, hi = h->nblocks;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (h->blocks[mid]->base <= c)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0)
+    return NULL;
+  hblock_t *b = h->blocks[lo - 1];
+  return c < b->base + b->bytes ? b : NULL;
+}
+
+static ofl_status_t insert_block(host_dev_t *h, hblock_t *b) {
+  pthread_mutex_lock(&h->reg_lock);
+  if (h->nblocks == h->cap) {
+    size_t ncap = h->cap ? h->cap * 2 : 64;
+    hblock_t **nb = realloc(h->blocks, ncap * sizeof *nb);
+    if (nb == NULL) {
+      pthread_mutex_unlock(&h->reg_lock);
+      return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                        "cannot grow the host backend block registry");
+    }
+    h->blocks = nb;
+    h->cap = ncap;
+  }
+  size_t i = h->nblocks;
+  while (i > 0 && h->blocks[i - 1]->base > b->base) {
+    h->blocks[i] = h->blocks[i - 1];
+    i--;
+  }
+  h->blocks[i] = b;
+  h->nblocks++;
+  pthread_mutex_unlock(&h->reg_lock);
+  return OFL_SUCCESS;
+}
+
+static void remove_block_locked(host_dev_t *h, hblock_t *b) {
+  for (size_t i = 0; i < h->nblocks; i++)
+    if (h->blocks[i] == b) {
+      memmove(&h->blocks[i], &h->blocks[i + 1],
+              (h->nblocks - i - 1) * sizeof *h->blocks);
+      h->nblocks--;
+      return;
+    }
+}
+
+static ofl_status_t block_alloc(ofl_device_t *dev, size_t bytes, bool pinned,
+                                void **out) {
+  host_dev_t *h = HD(dev);
+  if (!pinned && dev->cfg.capacity_bytes != 0) {
+    pthread_mutex_lock(&dev->stats_lock);
+    size_t used = dev->stats.device_bytes_in_use;
+    pthread_mutex_unlock(&dev->stats_lock);
+    if (bytes > dev->cfg.capacity_bytes - (used < dev->cfg.capacity_bytes
+                                               ? used
+                                               : dev->cfg.capacity_bytes))
+      return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                        "device memory exhausted: %zu bytes requested, %zu "
+                        "of %zu in use; offload more or raise "
+                        "OFL_DEVICE_CAPACITY",
+                        bytes, used, dev->cfg.capacity_bytes);
+  }
+  hblock_t *b = calloc(1, sizeof *b);
+  void *mem = NULL;
+  size_t align = pinned ? PINNED_ALIGN : DEVICE_ALIGN;
+  size_t rounded = (bytes + align - 1) / align * align;
+  if (b == NULL || posix_memalign(&mem, align, rounded) != 0) {
+    free(b);
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "host backend cannot allocate %zu bytes of %s memory",
+                      bytes, pinned ? "pinned" : "device");
+  }
+  b->base = mem;
+  b->bytes = bytes;
+  b->pinned = pinned;
+  if (dev->cfg.strict)
+    memset(mem, OFL__POISON_BYTE, rounded); /* uninitialised reads show */
+  ofl_status_t st = insert_block(h, b);
+  if (st != OFL_SUCCESS) {
+    free(mem);
+    free(b);
+    return st;
+  }
+  *out = mem;
+  return OFL_SUCCESS;
+}
+
+static ofl_status_t block_free(ofl_device_t *dev, void *ptr, bool pinned,
+                               size_t *bytes) {
+  host_dev_t *h = HD(dev);
+  const char *what = pinned ? "pinned" : "device";
+  pthread_mutex_lock(&h->reg_lock);
+  hblock_t *b = find_block(h, ptr);
+  if (b == NULL || b->base != (char *)ptr || b->pinned != pinned) {
+    pthread_mutex_unlock(&h->reg_lock);
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "%p is not the start of a %s block of this device "
+                      "(freed twice, foreign, or freed with the wrong "
+                      "function)",
+                      ptr, what);
+  }
+  if (b->inflight > 0 && dev->cfg.strict) {
+    size_t n = b->inflight;
+    pthread_mutex_unlock(&h->reg_lock);
+    pthread_mutex_lock(&dev->stats_lock);
+    dev->stats.strict_violations++;
+    pthread_mutex_unlock(&dev->stats_lock);
+    return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_DEVICE,
+                      "%s block %p (%zu bytes) freed while %zu queued "
+                      "operation(s) still use it; synchronize the stream or "
+                      "wait on an event recorded after them first",
+                      what, ptr, b->bytes, n);
+  }
+  /* Outside strict mode a free waits for the queued users, as cudaFree
+   * synchronizes the device. */
+  uint64_t deadline = ofl__now_ns() + (uint64_t)ofl__timeout_ms(-1) * 1000000ull;
+  while (b->inflight > 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 10000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&h->reg_cond, &h->reg_lock, &ts);
+    if (ofl__now_ns() > deadline) {
+      pthread_mutex_unlock(&h->reg_lock);
+      return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
+                        "%s block %p: queued operations did not finish "
+                        "before OFL_WAIT_TIMEOUT_MS; not freed",
+                        what, ptr);
+    }
+  }
+  remove_block_locked(h, b);
+  pthread_mutex_unlock(&h->reg_lock);
+  if (dev->cfg.strict)
+    memset(b->base, OFL__POISON_BYTE, b->bytes);
+  *bytes = b->bytes;
+  free(b->base);
+  free(b);
+  return OFL_SUCCESS;
+}
+
+static ofl_status_t host_device_malloc(ofl_device_t *dev, size_t bytes,
+                                       void **out) {
+  return block_alloc(dev, bytes, false, out);
+}
+static ofl_status_t host_device_free(ofl_device_t *dev, void *ptr,
+                                     size_t *bytes) {
+  return block_free(dev, ptr, false, bytes);
+}
+static ofl_status_t host_pinned_malloc(ofl_device_t *dev, size_t bytes,
+                                       void **out) {
+  return block_alloc(dev, bytes, true, out);
+}
+static ofl_status_t host_pinned_free(ofl_device_t *dev, void *ptr,
+                                     size_t *bytes) {
+  return block_free(dev, ptr, true, bytes);
+}
+
+size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes) {
+  (void)bytes;
+  if (dev == NULL || dev->backend != OFL_BACKEND_HOST)
+    return 0;
+  host_dev_t *h = HD(dev);
+  pthread_mutex_lock(&h->reg_lock);
+  hblock_t *b = find_block(h, ptr);
+  size_t n = b ? b->inflight : 0;
+  pthread_mutex_unlock(&h->reg_lock);
+  return n;
+}
+
+void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes) {
+  if (dev != NULL && dev->backend == OFL_BACKEND_HOST && ptr != NULL)
+    memset(ptr, OFL__POISON_BYTE, bytes);
+}
+
+/* ---- events ------------------------------------------------------------- */
+
+typedef struct host_event {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t recorded;  /* records enqueued */
+  uint64_t completed; /* highest record reached by its stream */
+} host_event_t;
+
+static ofl_status_t host_event_create(ofl_event_t *e) {
+  host_event_t *he = calloc(1, sizeof *he);
+  if (he == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot allocate an event");
+  pthread_mutex_init(&he->mu, NULL);
+  pthread_cond_init(&he->cv, NULL);
+  e->impl = he;
+  return OFL_SUCCESS;
+}
+
+static void host_event_destroy(ofl_event_t *e) {
+  host_event_t *he = e->impl;
+  pthread_mutex_destroy(&he->mu);
+  pthread_cond_destroy(&he->cv);
+  free(he);
+}
+
+static void event_complete(host_event_t *he, uint64_t target) {
+  pthread_mutex_lock(&he->mu);
+  if (target > he->completed)
+    he->completed = target;
+  pthread_cond_broadcast(&he->cv);
+  pthread_mutex_unlock(&he->mu);
+}
+
+/* Waits until record `target` completed; false on timeout or stop. */
+static bool event_wait_target(host_event_t *he, uint64_t target,
+                              uint64_t deadline_ns, const atomic_bool *stop) {
+  pthread_mutex_lock(&he->mu);
+  while (he->completed < target) {
+    uint64_t now = ofl__now_ns();
+    if (now >= deadline_ns || (stop != NULL && atomic_load(stop))) {
+      pthread_mutex_unlock(&he->mu);
+      return false;
+    }
+    uint64_t slice = deadline_ns - now;
+    if (slice > WAIT_SLICE_NS)
+      slice = WAIT_SLICE_NS;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + slice;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_cond_timedwait(&he->cv, &he->mu, &ts);
+  }
+  pthread_mutex_unlock(&he->mu);
+  return true;
+}
+
+static ofl_status_t host_event_query(ofl_event_t *e) {
+  host_event_t *he = e->impl;
+  pthread_mutex_lock(&he->mu);
+  bool done = he->completed >= he->recorded;
+  pthread_mutex_unlock(&he->mu);
+  return done ? OFL_SUCCESS : OFL_ERR_NOT_READY;
+}
+
+static ofl_status_t host_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
+  host_event_t *he = e->impl;
+  pthread_mutex_lock(&he->mu);
+  uint64_t target = he->recorded;
+  pthread_mutex_unlock(&he->mu);
+  uint64_t deadline = ofl__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  if (!event_wait_target(he, target, deadline, NULL))
+    return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
+                      "event not complete after %lld ms; is its stream "
+                      "blocked on a wait that never completes?",
+                      (long long)timeout_ms);
+  return OFL_SUCCESS;
+}
+
+/* ---- streams ------------------------------------------------------------ */
+
+typedef enum { OP_COPY, OP_MEMSET, OP_RECORD, OP_WAIT, OP_HOSTFN } op_type_t;
+
+typedef struct op {
+  op_type_t type;
+  ofl_copy_kind_t kind;
+  void *dst;
+  const void *src;
+  size_t bytes;
+  int value;
+  host_event_t *ev;
+  uint64_t target;
+  ofl_host_fn fn;
+  void *arg;
+  hblock_t *blk[2]; /* blocks whose inflight count this op holds */
+  struct op *next;
+} op_t;
+
+typedef struct host_stream {
+  ofl_stream_t *s;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv, idle_cv;
+  op_t *head, *tail, *free_ops;
+  uint64_t enqueued, completed;
+  atomic_bool stop;
+  bool has_thread;
+  uint64_t rng;
+  ofl_status_t error; /* first asynchronous error (first wins) */
+  char error_msg[512];
+} host_stream_t;
+
+static uint64_t next_rand(uint64_t *s) {
+  uint64_t x = *s;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  *s = x;
+  return x * 2685821657736338717ull;
+}
+
+static void sleep_ns(uint64_t ns) {
+  struct timespec ts = {(time_t)(ns / 1000000000ull),
+                        (long)(ns % 1000000000ull)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static void set_async_error(host_stream_t *hs, ofl_status_t st,
+                            const char *msg) {
+  pthread_mutex_lock(&hs->mu);
+  if (hs->error == OFL_SUCCESS) {
+    hs->error = st;
+    snprintf(hs->error_msg, sizeof hs->error_msg, "%s", msg);
+  }
+  pthread_mutex_unlock(&hs->mu);
+  OFL_WARN(OFL_SUBSYS_DEVICE, "stream %s: %s", hs->s->name, msg);
+}
+
+static const char *copy_name(ofl_copy_kind_t k) {
+  static const char *names[] = {"h2d", "d2h", "d2d", "h2h"};
+  return names[k];
+}
+
+/* Copy with the link model: pace slices so that the copy takes bytes/rate,
+ * with the total rate shared when both directions run. */
+static void paced_copy(ofl_device_t *dev, op_t *op) {
+  const ofl__device_config_t *c = &dev->cfg;
+  double rate = 0;
+  int dir = -1;
+  if (op->kind == OFL_COPY_H2D) {
+    rate = c->link_h2d_bps;
+    dir = 0;
+  } else if (op->kind == OFL_COPY_D2H) {
+    rate = c->link_d2h_bps;
+    dir = 1;
+  }
+  if (dir < 0 || (rate <= 0 && c->link_total_bps <= 0)) {
+    memcpy(op->dst, op->src, op->bytes);
+    return;
+  }
+  host_dev_t *h = HD(dev);
+  atomic_fetch_add(&h->active_dir[dir], 1);
+  uint64_t start = ofl__now_ns();
+  double due_s = 0;
+  for (size_t done = 0; done < op->bytes;) {
+    size_t n = op->bytes - done < LINK_SLICE ? op->bytes - done : LINK_SLICE;
+    memcpy((char *)op->dst + done, (const char *)op->src + done, n);
+    done += n;
+    double r = rate > 0 ? rate : c->link_total_bps;
+    if (c->link_total_bps > 0 && atomic_load(&h->active_dir[1 - dir]) > 0 &&
+        r > c->link_total_bps / 2)
+      r = c->link_total_bps / 2;
+    due_s += (double)n / r;
+    uint64_t due = start + (uint64_t)(due_s * 1e9);
+    uint64_t now = ofl__now_ns();
+    if (due > now)
+      sleep_ns(due - now);
+  }
+  atomic_fetch_sub(&h->active_dir[dir], 1);
+}
+
+static void execute(host_stream_t *hs, op_t *op) {
+  ofl_device_t *dev = hs->s->dev;
+  uint64_t t0 = ofl__trace_on(dev) ? ofl__now_ns() : 0;
+  const char *tname = "op";
+  char args[64] = "";
+  switch (op->type) {
+  case OP_COPY:
+    paced_copy(dev, op);
+    tname = copy_name(op->kind);
+    snprintf(args, sizeof args, "\"bytes\":%zu", op->bytes);
+    break;
+  case OP_MEMSET:
+    memset(op->dst, op->value, op->bytes);
+    tname = "memset";
+    snprintf(args, sizeof args, "\"bytes\":%zu", op->bytes);
+    break;
+  case OP_RECORD:
+    event_complete(op->ev, op->target);
+    tname = NULL;
+    break;
+  case OP_WAIT: {
+    uint64_t deadline =
+        ofl__now_ns() + (uint64_t)ofl__timeout_ms(-1) * 1000000ull;
+    if (!event_wait_target(op->ev, op->target, deadline, &hs->stop)) {
+      char msg[256];
+      snprintf(msg, sizeof msg,
+               "a wait on an event did not complete within "
+               "OFL_WAIT_TIMEOUT_MS (or the stream was destroyed); the work "
+               "after it ran unordered");
+      set_async_error(hs, OFL_ERR_TIMEOUT, msg);
+    }
+    tname = "wait";
+    break;
+  }
+  case OP_HOSTFN:
+    op->fn(op->arg);
+    tname = "host_fn";
+    break;
+  }
+  if (t0 != 0 && tname != NULL)
+    ofl__trace_complete(dev, hs->s->id, tname, "stream", t0, ofl__now_ns(),
+                        args[0] ? args : NULL);
+}
+
+static void release_blocks(ofl_device_t *dev, op_t *op) {
+  if (op->blk[0] == NULL && op->blk[1] == NULL)
+    return;
+  host_dev_t *h = HD(dev);
+  pthread_mutex_lock(&h->reg_lock);
+  for (int i = 0; i < 2; i++)
+    if (op->blk[i] != NULL)
+      op->blk[i]->inflight--;
+  pthread_cond_broadcast(&h->reg_cond);
+  pthread_mutex_unlock(&h->reg_lock);
+}
+
+static void *worker_main(void *arg) {
+  host_stream_t *hs = arg;
+  ofl_device_t *dev = hs->s->dev;
+  pthread_mutex_lock(&hs->mu);
+  for (;;) {
+    while (hs->head == NULL && !atomic_load(&hs->stop))
+      pthread_cond_wait(&hs->work_cv, &hs->mu);
+    if (hs->head == NULL)
+      break;
+    op_t *op = hs->head;
+    pthread_mutex_unlock(&hs->mu);
+    if (dev->cfg.strict && dev->cfg.jitter_max_us > 0)
+      sleep_ns(next_rand(&hs->rng) % ((uint64_t)dev->cfg.jitter_max_us * 1000u + 1));
+    execute(hs, op);
+    release_blocks(dev, op);
+    pthread_mutex_lock(&hs->mu);
+    hs->head = op->next;
+    if (hs->head == NULL)
+      hs->tail = NULL;
+    op->next = hs->free_ops;
+    hs->free_ops = op;
+    hs->completed++;
+    pthread_cond_broadcast(&hs->idle_cv);
+  }
+  pthread_mutex_unlock(&hs->mu);
+  return NULL;
+}
+
+static ofl_status_t host_stream_create(ofl_stream_t *s) {
+  host_stream_t *hs = calloc(1, sizeof *hs);
+  if (hs == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot allocate stream '%s'", s->name);
+  hs->s = s;
+  pthread_mutex_init(&hs->mu, NULL);
+  pthread_cond_init(&hs->work_cv, NULL);
+  pthread_cond_init(&hs->idle_cv, NULL);
+  hs->rng = s->dev->cfg.jitter_seed * 0x9E3779B97F4A7C15ull + (uint64_t)s->id * 7919u + 1;
+  s->impl = hs;
+  if (!s->is_compute) {
+    int rc = pthread_create(&hs->thread, NULL, worker_main, hs);
+    if (rc != 0) {
+      pthread_mutex_destroy(&hs->mu);
+      pthread_cond_destroy(&hs->work_cv);
+      pthread_cond_destroy(&hs->idle_cv);
+      free(hs);
+      return ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_DEVICE,
+                        "cannot start the worker thread of stream '%s': %s",
+                        s->name, strerror(rc));
+    }
+    hs->has_thread = true;
+  }
+  return OFL_SUCCESS;
+}
+
+/* Returns the stream's first asynchronous error, raised on this thread. */
+static ofl_status_t take_async_error(host_stream_t *hs) {
+  pthread_mutex_lock(&hs->mu);
+  ofl_status_t st = hs->error;
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", hs->error_msg);
+  pthread_mutex_unlock(&hs->mu);
+  if (st == OFL_SUCCESS)
+    return st;
+  return ofl__error_quiet(st, "stream '%s': %s", hs->s->name, msg);
+}
+
+static ofl_status_t host_stream_synchronize(ofl_stream_t *s,
+                                            int64_t timeout_ms) {
+  host_stream_t *hs = s->impl;
+  uint64_t deadline = ofl__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  pthread_mutex_lock(&hs->mu);
+  while (hs->completed < hs->enqueued && hs->has_thread) {
+    uint64_t now = ofl__now_ns();
+    if (now >= deadline) {
+      uint64_t pending = hs->enqueued - hs->completed;
+      pthread_mutex_unlock(&hs->mu);
+      return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
+                        "stream '%s' still has %llu operation(s) after %lld "
+                        "ms; is it waiting on an event never recorded on a "
+                        "running stream?",
+                        s->name, (unsigned long long)pending,
+                        (long long)timeout_ms);
+    }
+    uint64_t slice = deadline - now;
+    if (slice > WAIT_SLICE_NS)
+      slice = WAIT_SLICE_NS;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + slice;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_cond_timedwait(&hs->idle_cv, &hs->mu, &ts);
+  }
+  pthread_mutex_unlock(&hs->mu);
+  return take_async_error(hs);
+}
+
+static ofl_status_t host_stream_query(ofl_stream_t *s) {
+  host_stream_t *hs = s->impl;
+  pthread_mutex_lock(&hs->mu);
+  bool idle = hs->completed >= hs->enqueued;
+  pthread_mutex_unlock(&hs->mu);
+  ofl_status_t st = take_async_error(hs);
+  if (st != OFL_SUCCESS)
+    return st;
+  return idle ? OFL_SUCCESS : OFL_ERR_NOT_READY;
+}
+
+static ofl_status_t host_stream_destroy(ofl_stream_t *s) {
+  host_stream_t *hs = s->impl;
+  ofl_status_t st = OFL_SUCCESS;
+  if (hs->has_thread) {
+    st = host_stream_synchronize(s, ofl__timeout_ms(-1));
+    atomic_store(&hs->stop, true);
+    pthread_mutex_lock(&hs->mu);
+    pthread_cond_broadcast(&hs->work_cv);
+    pthread_mutex_unlock(&hs->mu);
+    pthread_join(hs->thread, NULL);
+  }
+  for (op_t *op = hs->free_ops; op != NULL;) {
+    op_t *next = op->next;
+    free(op);
+    op = next;
+  }
+  pthread_mutex_destroy(&hs->mu);
+  pthread_cond_destroy(&hs->work_cv);
+  pthread_cond_destroy(&hs->idle_cv);
+  free(hs);
+  return st;
+}
+
+static op_t *new_op(host_stream_t *hs) {
+  pthread_mutex_lock(&hs->mu);
+  op_t *op = hs->free_ops;
+  if (op != NULL)
+    hs->free_ops = op->next;
+  pthread_mutex_unlock(&hs->mu);
+  if (op == NULL)
+    op = malloc(sizeof *op);
+  if (op != NULL)
+    memset(op, 0, sizeof *op);
+  return op;
+}
+
+/* Runs op now (compute stream) or queues it (worker stream). */
+static ofl_status_t submit(ofl_stream_t *s, op_t *op) {
+  host_stream_t *hs = s->impl;
+  if (s->is_compute) {
+    execute(hs, op);
+    release_blocks(s->dev, op);
+    pthread_mutex_lock(&hs->mu);
+    op->next = hs->free_ops;
+    hs->free_ops = op;
+    pthread_mutex_unlock(&hs->mu);
+    return OFL_SUCCESS;
+  }
+  pthread_mutex_lock(&hs->mu);
+  op->next = NULL;
+  if (hs->tail != NULL)
+    hs->tail->next = op;
+  else
+    hs->head = op;
+  hs->tail = op;
+  hs->enqueued++;
+  pthread_cond_signal(&hs->work_cv);
+  pthread_mutex_unlock(&hs->mu);
+  return OFL_SUCCESS;
+}
+
+static op_t *alloc_op(ofl_stream_t *s) {
+  op_t *op = new_op(s->impl);
+  if (op == NULL)
+    ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+               "cannot queue an operation on stream '%s'", s->name);
+  return op;
+}
+
+/* Checks that [p, p+bytes) lies in a device block (want_device) or outside
+ * any device block, and takes an inflight reference on the block. */
+static ofl_status_t claim(ofl_stream_t *s, const void *p, size_t bytes,
+                          bool want_device, const char *role, hblock_t **out) {
+  host_dev_t *h = HD(s->dev);
+  hblock_t *b = find_block(h, p);
+  bool is_device = b != NULL && !b->pinned;
+  if (want_device && !is_device)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "stream '%s': %s %p is not device memory of this "
+                      "device; allocate it with ofl_device_malloc or use "
+                      "another copy kind",
+                      s->name, role, p);
+  if (!want_device && is_device)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "stream '%s': %s %p is device memory but the copy kind "
+                      "says host",
+                      s->name, role, p);
+  if (b != NULL && (const char *)p + bytes > b->base + b->bytes)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "stream '%s': %s range of %zu bytes at %p overruns its "
+                      "block of %zu bytes",
+                      s->name, role, bytes, p, b->bytes);
+  *out = b;
+  return OFL_SUCCESS;
+}
+
+static ofl_status_t host_memcpy_async(void *dst, const void *src, size_t bytes,
+                                      ofl_copy_kind_t kind, ofl_stream_t *s) {
+  host_dev_t *h = HD(s->dev);
+  bool dst_dev = kind == OFL_COPY_H2D || kind == OFL_COPY_D2D;
+  bool src_dev = kind == OFL_COPY_D2H || kind == OFL_COPY_D2D;
+  hblock_t *bd = NULL, *bs = NULL;
+  pthread_mutex_lock(&h->reg_lock);
+  ofl_status_t st = claim(s, dst, bytes, dst_dev, "destination", &bd);
+  if (st == OFL_SUCCESS)
+    st = claim(s, src, bytes, src_dev, "source", &bs);
+  if (st == OFL_SUCCESS) {
+    if (bd)
+      bd->inflight++;
+    if (bs)
+      bs->inflight++;
+  }
+  pthread_mutex_unlock(&h->reg_lock);
+  if (st != OFL_SUCCESS)
+    return st;
+  op_t *op = alloc_op(s);
+  if (op == NULL) {
+    op_t tmp = {.blk = {bd, bs}};
+    release_blocks(s->dev, &tmp);
+    return OFL_ERR_NO_MEMORY;
+  }
+  op->type = OP_COPY;
+  op->kind = kind;
+  op->dst = dst;
+  op->src = src;
+  op->bytes = bytes;
+  op->blk[0] = bd;
+  op->blk[1] = bs;
+  return submit(s, op);
+}
+
+static ofl_status_t host_memset_async(void *dst, int value, size_t bytes,
+                                      ofl_stream_t *s) {
+  host_dev_t *h = HD(s->dev);
+  pthread_mutex_lock(&h->reg_lock);
+  hblock_t *b = find_block(h, dst);
+  if (b != NULL && (char *)dst + bytes > b->base + b->bytes) {
+    pthread_mutex_unlock(&h->reg_lock);
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "stream '%s': memset of %zu bytes at %p overruns its "
+                      "block of %zu bytes",
+                      s->name, bytes, dst, b->bytes);
+  }
+  if (b != NULL)
+    b->inflight++;
+  pthread_mutex_unlock(&h->reg_lock);
+  op_t *op = alloc_op(s);
+  if (op == NULL) {
+    op_t tmp = {.blk = {b, NULL}};
+    release_blocks(s->dev, &tmp);
+    return OFL_ERR_NO_MEMORY;
+  }
+  op->type = OP_MEMSET;
+  op->dst = dst;
+  op->value = value;
+  op->bytes = bytes;
+  op->blk[0] = b;
+  return submit(s, op);
+}
+
+static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
+  host_event_t *he = e->impl;
+  op_t *op = alloc_op(s);
+  if (op == NULL)
+    return OFL_ERR_NO_MEMORY;
+  pthread_mutex_lock(&he->mu);
+  op->target = ++he->recorded;
+  pthread_mutex_unlock(&he->mu);
+  op->type = OP_RECORD;
+  op->ev = he;
+  return submit(s, op);
+}
+
+static ofl_status_t host_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
+  host_event_t *he = e->impl;
+  pthread_mutex_lock(&he->mu);
+  uint64_t target = he->recorded;
+  bool done = he->completed >= target;
+  pthread_mutex_unlock(&he->mu);
+  if (done)
+    return OFL_SUCCESS;
+  if (s->is_compute) {
+    /* The compute stream is the calling thread: block it, with a timeout. */
+    uint64_t t0 = ofl__now_ns();
+    int64_t tmo = ofl__timeout_ms(-1);
+    if (!event_wait_target(he, target, t0 + (uint64_t)tmo * 1000000ull, NULL))
+      return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
+                        "compute stream waited %lld ms for an event that "
+                        "did not complete; check that its stream runs",
+                        (long long)tmo);
+    if (ofl__trace_on(s->dev))
+      ofl__trace_complete(s->dev, s->id, "wait", "stream", t0, ofl__now_ns(),
+                          NULL);
+    return OFL_SUCCESS;
+  }
+  op_t *op = alloc_op(s);
+  if (op == NULL)
+    return OFL_ERR_NO_MEMORY;
+  op->type = OP_WAIT;
+  op->ev = he;
+  op->target = target;
+  return submit(s, op);
+}
+
+static ofl_status_t host_launch_host_func(ofl_stream_t *s, ofl_host_fn fn,
+                                          void *arg) {
+  op_t *op = alloc_op(s);
+  if (op == NULL)
+    return OFL_ERR_NO_MEMORY;
+  op->type = OP_HOSTFN;
+  op->fn = fn;
+  op->arg = arg;
+  return submit(s, op);
+}
+
+/* ---- ranges (trace only) ------------------------------------------------ */
+
+static _Thread_local struct {
+  const char *name;
+  uint64_t t0;
+} range_stack[16];
+static _Thread_local int range_depth;
+
+static void host_range_push(ofl_device_t *dev, const char *name) {
+  if (range_depth < 16) {
+    range_stack[range_depth].name = name;
+    range_stack[range_depth].t0 = ofl__trace_on(dev) ? ofl__now_ns() : 0;
+  }
+  range_depth++;
+}
+
+static void host_range_pop(ofl_device_t *dev) {
+  if (range_depth == 0)
+    return;
+  range_depth--;
+  if (range_depth < 16 && ofl__trace_on(dev))
+    ofl__trace_complete(dev, dev->compute ? dev->compute->id : 0,
+                        range_stack[range_depth].name, "range",
+                        range_stack[range_depth].t0, ofl__now_ns(), NULL);
+}
+
+/* ---- device ------------------------------------------------------------- */
+
+static ofl_status_t host_open(ofl_device_t *dev) {
+  host_dev_t *h = calloc(1, sizeof *h);
+  if (h == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot allocate the host backend");
+  pthread_mutex_init(&h->reg_lock, NULL);
+  pthread_cond_init(&h->reg_cond, NULL);
+  dev->impl = h;
+  return OFL_SUCCESS;
+}
+
+static void host_close(ofl_device_t *dev) {
+  host_dev_t *h = HD(dev);
+  if (h->nblocks > 0)
+    OFL_INFO(OFL_SUBSYS_DEVICE, "device close: %zu block(s) still allocated; "
+             "released now", h->nblocks);
+  for (size_t i = 0; i < h->nblocks; i++) {
+    free(h->blocks[i]->base);
+    free(h->blocks[i]);
+  }
+  free(h->blocks);
+  pthread_mutex_destroy(&h->reg_lock);
+  pthread_cond_destroy(&h->reg_cond);
+  free(h);
+  dev->impl = NULL;
+}
+
+const ofl__device_ops_t ofl__host_ops = {
+    .name = "host",
+    .open = host_open,
+    .close = host_close,
+    .device_malloc = host_device_malloc,
+    .device_free = host_device_free,
+    .pinned_malloc = host_pinned_malloc,
+    .pinned_free = host_pinned_free,
+    .stream_create = host_stream_create,
+    .stream_destroy = host_stream_destroy,
+    .stream_synchronize = host_stream_synchronize,
+    .stream_query = host_stream_query,
+    .event_create = host_event_create,
+    .event_destroy = host_event_destroy,
+    .event_record = host_event_record,
+    .event_query = host_event_query,
+    .event_synchronize = host_event_synchronize,
+    .stream_wait_event = host_stream_wait_event,
+    .memcpy_async = host_memcpy_async,
+    .memset_async = host_memset_async,
+    .launch_host_func = host_launch_host_func,
+    .range_push = host_range_push,
+    .range_pop = host_range_pop,
+};

@@ -1,0 +1,116 @@
+/* ofl: the device layer's internal interface. device.c holds the common
+ * front (selection, argument checks, stats, trace); each backend fills an ops
+ * table. Not installed. */
+#ifndef OFL_RUNTIME_DEVICE_INTERNAL_H
+#define OFL_RUNTIME_DEVICE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include <ofl/device.h>
+#include <ofl/version.h>
+
+#include "runtime/internal.h"
+
+typedef struct ofl__device_ops ofl__device_ops_t;
+typedef struct ofl__trace ofl__trace_t;
+
+/* Parameters after the environment filled what the caller left unset. */
+typedef struct ofl__device_config {
+  ofl_backend_t backend;
+  int device_index;
+  size_t capacity_bytes;
+  bool strict;
+  uint64_t jitter_seed;
+  int jitter_max_us;
+  double link_h2d_bps, link_d2h_bps, link_total_bps; /* bytes/s; 0: off */
+} ofl__device_config_t;
+
+struct ofl_device {
+  const ofl__device_ops_t *ops;
+  ofl_backend_t backend;
+  ofl__device_config_t cfg;
+  char reason[256];
+  void *impl;
+  ofl_stream_t *compute; /* the default compute stream */
+  ofl__trace_t *trace;   /* NULL unless OFL_TRACE_FILE */
+
+  pthread_mutex_t stats_lock;
+  ofl_device_stats_t stats;
+  atomic_uint_fast64_t copies;
+  atomic_uint_fast64_t copy_bytes[4];
+  atomic_int next_stream_id;
+};
+
+struct ofl_stream {
+  ofl_device_t *dev;
+  char name[32];
+  int id;          /* trace track */
+  bool is_compute; /* executes on the calling thread (host backend) */
+  void *impl;
+};
+
+struct ofl_event {
+  ofl_device_t *dev;
+  void *impl;
+};
+
+struct ofl__device_ops {
+  const char *name;
+  ofl_status_t (*open)(ofl_device_t *dev);
+  void (*close)(ofl_device_t *dev);
+  ofl_status_t (*device_malloc)(ofl_device_t *dev, size_t bytes, void **out);
+  ofl_status_t (*device_free)(ofl_device_t *dev, void *ptr, size_t *bytes);
+  ofl_status_t (*pinned_malloc)(ofl_device_t *dev, size_t bytes, void **out);
+  ofl_status_t (*pinned_free)(ofl_device_t *dev, void *ptr, size_t *bytes);
+  ofl_status_t (*stream_create)(ofl_stream_t *s);
+  ofl_status_t (*stream_destroy)(ofl_stream_t *s);
+  ofl_status_t (*stream_synchronize)(ofl_stream_t *s, int64_t timeout_ms);
+  ofl_status_t (*stream_query)(ofl_stream_t *s);
+  ofl_status_t (*event_create)(ofl_event_t *e);
+  void (*event_destroy)(ofl_event_t *e);
+  ofl_status_t (*event_record)(ofl_event_t *e, ofl_stream_t *s);
+  ofl_status_t (*event_query)(ofl_event_t *e);
+  ofl_status_t (*event_synchronize)(ofl_event_t *e, int64_t timeout_ms);
+  ofl_status_t (*stream_wait_event)(ofl_stream_t *s, ofl_event_t *e);
+  ofl_status_t (*memcpy_async)(void *dst, const void *src, size_t bytes,
+                               ofl_copy_kind_t kind, ofl_stream_t *s);
+  ofl_status_t (*memset_async)(void *dst, int value, size_t bytes,
+                               ofl_stream_t *s);
+  ofl_status_t (*launch_host_func)(ofl_stream_t *s, ofl_host_fn fn,
+                                   void *arg);
+  void (*range_push)(ofl_device_t *dev, const char *name);
+  void (*range_pop)(ofl_device_t *dev);
+};
+
+extern const ofl__device_ops_t ofl__host_ops;
+#if OFL_HAVE_CUDA
+extern const ofl__device_ops_t ofl__cuda_ops;
+/* OFL_SUCCESS when a CUDA device can be used; else the reason in why. */
+ofl_status_t ofl__cuda_probe(int device_index, char *why, size_t cap);
+#endif
+
+/* ---- trace (runtime/trace.c) ---------------------------------------------
+ * Chrome trace events, one track per stream; written at device close. */
+ofl_status_t ofl__trace_open(ofl_device_t *dev, const char *path);
+void ofl__trace_close(ofl_device_t *dev);
+/* A complete event ("X") on a stream's track; args_json may be NULL or a
+ * JSON object body such as "\"bytes\":4096". */
+void ofl__trace_complete(ofl_device_t *dev, int track, const char *name,
+                         const char *cat, uint64_t start_ns, uint64_t end_ns,
+                         const char *args_json);
+void ofl__trace_name_track(ofl_device_t *dev, int track, const char *name);
+static inline bool ofl__trace_on(const ofl_device_t *dev) {
+  return dev != NULL && dev->trace != NULL;
+}
+
+/* ---- host backend extras (runtime/device_host.c) ------------------------- */
+/* Number of operations queued or running that read or write [ptr, ptr+bytes)
+ * (host backend; 0 on other backends). Pools use it in strict mode. */
+size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes);
+/* Fills [ptr, ptr+bytes) with the strict-mode poison byte (host backend). */
+void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes);
+#define OFL__POISON_BYTE 0xDB
+
+#endif /* OFL_RUNTIME_DEVICE_INTERNAL_H */

@@ -1,0 +1,138 @@
+/* ofl: Chrome trace-event output (OFL_TRACE_FILE). Events are kept in memory
+ * and written as JSON when the device closes; Perfetto and chrome://tracing
+ * open the file. One process per rank, one track (thread) per stream. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/device_internal.h"
+
+typedef struct {
+  char name[48];
+  char cat[16];
+  int track;
+  uint64_t start_ns, end_ns;
+  char args[96];
+} trace_ev_t;
+
+typedef struct {
+  int id;
+  char name[32];
+} track_t;
+
+struct ofl__trace {
+  pthread_mutex_t lock;
+  char path[1024];
+  uint64_t t0;
+  trace_ev_t *evs;
+  size_t n, cap;
+  track_t tracks[64];
+  int ntracks;
+  bool full_warned;
+};
+
+#define TRACE_MAX_EVENTS (4u << 20)
+
+ofl_status_t ofl__trace_open(ofl_device_t *dev, const char *path) {
+  ofl__trace_t *t = calloc(1, sizeof *t);
+  if (t == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot allocate the trace buffer");
+  pthread_mutex_init(&t->lock, NULL);
+  /* %p pid, %r rank, as in OFL_DEBUG_FILE. */
+  size_t o = 0;
+  for (const char *p = path; *p && o + 24 < sizeof t->path; p++) {
+    if (p[0] == '%' && (p[1] == 'p' || p[1] == 'r')) {
+      o += (size_t)snprintf(t->path + o, sizeof t->path - o, "%ld",
+                            p[1] == 'p' ? (long)getpid()
+                                        : (long)ofl_log_get_rank());
+      p++;
+    } else {
+      t->path[o++] = *p;
+    }
+  }
+  t->path[o] = '\0';
+  t->t0 = ofl__now_ns();
+  dev->trace = t;
+  return OFL_SUCCESS;
+}
+
+void ofl__trace_name_track(ofl_device_t *dev, int track, const char *name) {
+  ofl__trace_t *t = dev ? dev->trace : NULL;
+  if (t == NULL)
+    return;
+  pthread_mutex_lock(&t->lock);
+  if (t->ntracks < 64) {
+    t->tracks[t->ntracks].id = track;
+    snprintf(t->tracks[t->ntracks].name, sizeof t->tracks[0].name, "%s", name);
+    t->ntracks++;
+  }
+  pthread_mutex_unlock(&t->lock);
+}
+
+void ofl__trace_complete(ofl_device_t *dev, int track, const char *name,
+                         const char *cat, uint64_t start_ns, uint64_t end_ns,
+                         const char *args_json) {
+  ofl__trace_t *t = dev ? dev->trace : NULL;
+  if (t == NULL)
+    return;
+  pthread_mutex_lock(&t->lock);
+  if (t->n == t->cap) {
+    size_t ncap = t->cap ? t->cap * 2 : 4096;
+    trace_ev_t *ne = ncap <= TRACE_MAX_EVENTS ? realloc(t->evs, ncap * sizeof *ne) : NULL;
+    if (ne == NULL) {
+      if (!t->full_warned)
+        OFL_WARN(OFL_SUBSYS_DEVICE, "trace buffer full at %zu events; later "
+                 "events are dropped from %s", t->n, t->path);
+      t->full_warned = true;
+      pthread_mutex_unlock(&t->lock);
+      return;
+    }
+    t->evs = ne;
+    t->cap = ncap;
+  }
+  trace_ev_t *e = &t->evs[t->n++];
+  snprintf(e->name, sizeof e->name, "%s", name);
+  snprintf(e->cat, sizeof e->cat, "%s", cat);
+  e->track = track;
+  e->start_ns = start_ns;
+  e->end_ns = end_ns;
+  snprintf(e->args, sizeof e->args, "%s", args_json ? args_json : "");
+  pthread_mutex_unlock(&t->lock);
+}
+
+void ofl__trace_close(ofl_device_t *dev) {
+  ofl__trace_t *t = dev ? dev->trace : NULL;
+  if (t == NULL)
+    return;
+  FILE *f = fopen(t->path, "w");
+  if (f == NULL) {
+    OFL_WARN(OFL_SUBSYS_DEVICE, "cannot write trace file %s; check "
+             "OFL_TRACE_FILE", t->path);
+  } else {
+    int pid = ofl_log_get_rank() >= 0 ? ofl_log_get_rank() : 0;
+    fprintf(f, "{\"traceEvents\":[\n");
+    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
+               "\"args\":{\"name\":\"rank %d\"}}", pid, pid);
+    for (int i = 0; i < t->ntracks; i++)
+      fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,"
+                 "\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+              pid, t->tracks[i].id, t->tracks[i].name);
+    for (size_t i = 0; i < t->n; i++) {
+      const trace_ev_t *e = &t->evs[i];
+      uint64_t s = e->start_ns > t->t0 ? e->start_ns - t->t0 : 0;
+      uint64_t d = e->end_ns > e->start_ns ? e->end_ns - e->start_ns : 0;
+      fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,"
+                 "\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{%s}}",
+              e->name, e->cat, pid, e->track, (double)s / 1e3, (double)d / 1e3,
+              e->args);
+    }
+    fprintf(f, "\n]}\n");
+    fclose(f);
+  }
+  free(t->evs);
+  pthread_mutex_destroy(&t->lock);
+  free(t);
+  dev->trace = NULL;
+}

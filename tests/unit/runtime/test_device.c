@@ -1,0 +1,295 @@
+/* The device layer on the host backend: ordering, events, copies, memory. */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ofl/ofl.h>
+#include "runtime/internal.h"
+
+static ofl_device_t *dev;
+
+static void open_dev(void) {
+  setenv("OFL_BACKEND", "host", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.strict = 1;
+  p.jitter_max_us = 100;
+  cr_assert(eq(int, ofl_device_open(&p, &dev), OFL_SUCCESS), "%s",
+            ofl_last_error());
+}
+static void close_dev(void) { ofl_device_close(dev); }
+
+TestSuite(device, .init = open_dev, .fini = close_dev);
+
+typedef struct {
+  atomic_int n;
+  int order[256];
+} seq_t;
+typedef struct {
+  seq_t *seq;
+  int value;
+} step_t;
+
+static void append(void *arg) {
+  step_t *st = arg;
+  int i = atomic_fetch_add(&st->seq->n, 1);
+  st->seq->order[i] = st->value;
+}
+
+Test(device, operations_on_one_stream_run_in_fifo_order) {
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "worker", &s), OFL_SUCCESS));
+  seq_t seq = {0};
+  step_t steps[200];
+  for (int i = 0; i < 200; i++) {
+    steps[i] = (step_t){&seq, i};
+    cr_assert(eq(int, ofl_stream_launch_host_func(s, append, &steps[i]),
+                 OFL_SUCCESS));
+  }
+  cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, atomic_load(&seq.n), 200));
+  for (int i = 0; i < 200; i++)
+    cr_assert(eq(int, seq.order[i], i));
+  cr_assert(eq(int, ofl_stream_query(s), OFL_SUCCESS));
+  ofl_stream_destroy(s);
+}
+
+Test(device, copy_waiting_on_event_sees_data_written_before_record) {
+  ofl_stream_t *a = NULL, *b = NULL;
+  ofl_event_t *ev = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "a", &a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_create(dev, "b", &b), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
+  const size_t n = 64 * 1024;
+  void *d = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, n, &d), OFL_SUCCESS));
+  unsigned char *h = malloc(n);
+  for (int it = 0; it < 100; it++) {
+    int value = (it * 37 + 1) & 0xff;
+    cr_assert(eq(int, ofl_memset_async(d, value, n, a), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_event_record(ev, a), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_stream_wait_event(b, ev), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_memcpy_async(h, d, n, OFL_COPY_D2H, b), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_stream_synchronize(b, 10000), OFL_SUCCESS));
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++)
+      wrong += h[i] != value;
+    cr_assert(eq(sz, wrong, 0), "iteration %d", it);
+    cr_assert(eq(int, ofl_stream_synchronize(a, 10000), OFL_SUCCESS));
+  }
+  free(h);
+  ofl_device_free(dev, d);
+  ofl_event_destroy(ev);
+  ofl_stream_destroy(a);
+  ofl_stream_destroy(b);
+}
+
+static void wait_flag(void *arg) {
+  atomic_int *flag = arg;
+  while (!atomic_load(flag))
+    usleep(1000);
+}
+
+Test(device, event_query_reports_not_ready_until_its_stream_reaches_it) {
+  ofl_stream_t *s = NULL;
+  ofl_event_t *ev = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "gate", &s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS), "never recorded");
+  atomic_int flag = 0;
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, wait_flag, &flag), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_record(ev, s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_query(ev), OFL_ERR_NOT_READY));
+  cr_assert(eq(int, ofl_stream_query(s), OFL_ERR_NOT_READY));
+  cr_assert(eq(int, ofl_event_synchronize(ev, 30), OFL_ERR_TIMEOUT));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "not complete"), NULL));
+  cr_assert(eq(int, ofl_stream_synchronize(s, 30), OFL_ERR_TIMEOUT));
+  atomic_store(&flag, 1);
+  cr_assert(eq(int, ofl_event_synchronize(ev, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
+  ofl_event_destroy(ev);
+  ofl_stream_destroy(s);
+}
+
+Test(device, compute_stream_wait_times_out_instead_of_hanging) {
+  setenv("OFL_WAIT_TIMEOUT_MS", "50", 1);
+  ofl_config_reload();
+  ofl_stream_t *s = NULL;
+  ofl_event_t *ev = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "stuck", &s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
+  atomic_int flag = 0;
+  ofl_stream_launch_host_func(s, wait_flag, &flag);
+  ofl_event_record(ev, s);
+  ofl_stream_t *compute = ofl_device_compute_stream(dev);
+  cr_assert(eq(int, ofl_stream_wait_event(compute, ev), OFL_ERR_TIMEOUT));
+  atomic_store(&flag, 1);
+  setenv("OFL_WAIT_TIMEOUT_MS", "10000", 1);
+  ofl_config_reload();
+  cr_assert(eq(int, ofl_stream_wait_event(compute, ev), OFL_SUCCESS));
+  ofl_event_destroy(ev);
+  ofl_stream_destroy(s);
+}
+
+Test(device, compute_stream_runs_on_the_calling_thread) {
+  ofl_stream_t *c = ofl_device_compute_stream(dev);
+  cr_assert(ne(ptr, c, NULL));
+  seq_t seq = {0};
+  step_t st = {&seq, 7};
+  cr_assert(eq(int, ofl_stream_launch_host_func(c, append, &st), OFL_SUCCESS));
+  cr_assert(eq(int, atomic_load(&seq.n), 1), "ran before the call returned");
+  cr_assert(eq(int, seq.order[0], 7));
+  /* The compute stream is looked up per thread at each call. */
+  ofl_stream_t *other = NULL;
+  ofl_stream_create(dev, "other", &other);
+  ofl_device_set_compute_stream(dev, other);
+  cr_assert(eq(ptr, ofl_device_compute_stream(dev), other));
+  ofl_device_set_compute_stream(dev, NULL);
+  cr_assert(eq(ptr, ofl_device_compute_stream(dev), c));
+  ofl_stream_destroy(other);
+}
+
+static void fill_pattern(unsigned char *p, size_t n, unsigned seed) {
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    p[i] = (unsigned char)x;
+  }
+}
+
+Test(device, copies_are_byte_exact_for_all_kinds_sizes_and_alignments) {
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "copy", &s), OFL_SUCCESS));
+  const size_t sizes[] = {1, 3, 7, 4095, 4097, 65536 + 13, 1u << 20,
+                          (16u << 20) + 5, 64u << 20};
+  const size_t offs[] = {0, 1, 3, 7};
+  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+    size_t n = sizes[si];
+    size_t o = offs[si % 4];
+    unsigned char *src = malloc(n + 8), *back = malloc(n + 8), *pin = NULL;
+    void *d1 = NULL, *d2 = NULL;
+    cr_assert(eq(int, ofl_device_malloc(dev, n + 8, &d1), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_device_malloc(dev, n + 8, &d2), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_pinned_malloc(dev, n + 8, (void **)&pin), OFL_SUCCESS));
+    fill_pattern(src + o, n, (unsigned)si);
+    memset(back, 0, n + 8);
+    char *dd1 = (char *)d1 + (o + 1) % 8, *dd2 = (char *)d2 + (o + 2) % 8;
+    cr_assert(eq(int, ofl_memcpy_async(dd1, src + o, n, OFL_COPY_H2D, s), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_memcpy_async(dd2, dd1, n, OFL_COPY_D2D, s), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_memcpy_async(pin + o, dd2, n, OFL_COPY_D2H, s), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_memcpy_async(back + 8 - o, pin + o, n, OFL_COPY_H2H, s), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_stream_synchronize(s, 60000), OFL_SUCCESS));
+    cr_assert(eq(int, memcmp(back + 8 - o, src + o, n), 0), "size %zu offset %zu", n, o);
+    free(src);
+    free(back);
+    cr_assert(eq(int, ofl_device_free(dev, d1), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_device_free(dev, d2), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_pinned_free(dev, pin), OFL_SUCCESS));
+  }
+  ofl_device_stats_t stats;
+  ofl_device_get_stats(dev, &stats);
+  cr_assert(eq(u64, stats.device_allocs, 18));
+  cr_assert(eq(u64, stats.device_frees, 18));
+  cr_assert(eq(sz, stats.device_bytes_in_use, 0));
+  cr_assert(eq(u64, stats.copies, 36));
+  ofl_stream_destroy(s);
+}
+
+Test(device, capacity_exhaustion_returns_no_memory_and_peak_is_tracked) {
+  ofl_device_t *small = NULL;
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  p.device_capacity_bytes = 1u << 20;
+  cr_assert(eq(int, ofl_device_open(&p, &small), OFL_SUCCESS));
+  void *a = NULL, *b = NULL, *c = (void *)0x1;
+  cr_assert(eq(int, ofl_device_malloc(small, 600 * 1024, &a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_device_malloc(small, 600 * 1024, &c), OFL_ERR_NO_MEMORY));
+  cr_assert(eq(ptr, c, (void *)0x1), "output untouched on failure");
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "OFL_DEVICE_CAPACITY"), NULL));
+  cr_assert(eq(int, ofl_device_malloc(small, 400 * 1024, &b), OFL_SUCCESS));
+  ofl_device_stats_t st;
+  ofl_device_get_stats(small, &st);
+  cr_assert(eq(sz, st.device_bytes_in_use, 1000 * 1024));
+  cr_assert(eq(sz, st.device_bytes_peak, 1000 * 1024));
+  ofl_device_free(small, a);
+  ofl_device_get_stats(small, &st);
+  cr_assert(eq(sz, st.device_bytes_in_use, 400 * 1024));
+  cr_assert(eq(sz, st.device_bytes_peak, 1000 * 1024));
+  ofl_device_reset_peak(small);
+  ofl_device_get_stats(small, &st);
+  cr_assert(eq(sz, st.device_bytes_peak, 400 * 1024));
+  ofl_device_free(small, b);
+  ofl_device_close(small);
+}
+
+Test(device, link_model_paces_copies_to_the_configured_rate) {
+  ofl_device_t *slow = NULL;
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  p.link_h2d_gbps = 0.5; /* 8 MiB take >= 16.7 ms */
+  cr_assert(eq(int, ofl_device_open(&p, &slow), OFL_SUCCESS));
+  ofl_stream_t *s = NULL;
+  ofl_stream_create(slow, "h2d", &s);
+  size_t n = 8u << 20;
+  void *d = NULL;
+  unsigned char *h = malloc(n);
+  fill_pattern(h, n, 9);
+  ofl_device_malloc(slow, n, &d);
+  uint64_t t0 = ofl__now_ns();
+  ofl_memcpy_async(d, h, n, OFL_COPY_H2D, s);
+  cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
+  double ms = (double)(ofl__now_ns() - t0) / 1e6;
+  cr_assert(ge(dbl, ms, 0.95 * (double)n / 0.5e9 * 1e3), "took %.2f ms", ms);
+  unsigned char *back = malloc(n);
+  ofl_memcpy_async(back, d, n, OFL_COPY_D2H, s);
+  ofl_stream_synchronize(s, 10000);
+  cr_assert(eq(int, memcmp(back, h, n), 0));
+  free(back);
+  free(h);
+  ofl_device_free(slow, d);
+  ofl_stream_destroy(s);
+  ofl_device_close(slow);
+}
+
+Test(device, trace_file_has_a_track_per_stream_and_copies_with_bytes) {
+  char path[] = "/tmp/ofl-trace-XXXXXX";
+  int fd = mkstemp(path);
+  close(fd);
+  setenv("OFL_TRACE_FILE", path, 1);
+  ofl_config_reload();
+  ofl_device_t *t = NULL;
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  cr_assert(eq(int, ofl_device_open(&p, &t), OFL_SUCCESS));
+  ofl_stream_t *s = NULL;
+  ofl_stream_create(t, "d2h", &s);
+  void *d = NULL;
+  char h[4096];
+  ofl_device_malloc(t, sizeof h, &d);
+  ofl_memcpy_async(h, d, sizeof h, OFL_COPY_D2H, s);
+  ofl_range_push(t, "offload group core_attn");
+  ofl_range_pop(t);
+  ofl_stream_synchronize(s, 10000);
+  ofl_device_free(t, d);
+  ofl_stream_destroy(s);
+  ofl_device_close(t);
+  unsetenv("OFL_TRACE_FILE");
+  ofl_config_reload();
+  FILE *f = fopen(path, "r");
+  cr_assert(ne(ptr, f, NULL));
+  char buf[8192] = {0};
+  size_t got = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  unlink(path);
+  cr_assert(gt(sz, got, 0));
+  cr_assert(ne(ptr, strstr(buf, "\"traceEvents\""), NULL));
+  cr_assert(ne(ptr, strstr(buf, "{\"name\":\"d2h\"}"), NULL));
+  cr_assert(ne(ptr, strstr(buf, "\"bytes\":4096"), NULL));
+  cr_assert(ne(ptr, strstr(buf, "offload group core_attn"), NULL));
+}
