@@ -99,8 +99,8 @@ case "$task" in
     run_tests "$BUILD" valgrind --no-suite mpi "$@"
     ;;
   bench)
-    build "$BUILD" -Dbuildtype=release
-    for b in "$BUILD"/bench/ofl_bench_*; do
+    build build-release -Dbuildtype=release
+    for b in build-release/bench/ofl_bench_*; do
       [ -x "$b" ] && { echo "== $(basename "$b")"; "$b" "$@"; }
     done
     ;;
