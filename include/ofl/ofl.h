@@ -10,5 +10,6 @@
 #include <ofl/config.h>
 #include <ofl/device.h>
 #include <ofl/tensor.h>
+#include <ofl/pool.h>
 
 #endif /* OFL_OFL_H */

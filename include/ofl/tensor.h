@@ -43,9 +43,17 @@ enum ofl_tensor_flags {
 
 typedef struct ofl_pool ofl_pool_t;
 
-/* A tensor handle. Read its fields through the accessors; the layout is
- * public only so that it can live on the stack or inside user structs. */
+/* A tensor handle (opaque). Read its fields through the accessors.
+ *
+ * Handle and storage are separate: a handle names bytes with a shape, a dtype
+ * and a location; its storage is a pool block or external memory. Several
+ * handles may share one storage (ofl_tensor_view / ofl_tensor_alias); the
+ * storage is released when the last handle on it lets go (a reference
+ * count). A handle can lose its storage (ofl_tensor_release_storage: location
+ * becomes OFL_LOC_NONE, data NULL, shape and dtype kept) and be given new
+ * storage later (ofl_pool_alloc_into, ofl_tensor_attach). */
 typedef struct ofl_tensor ofl_tensor_t;
+typedef struct ofl_stream ofl_stream_t;
 
 /* Called when external storage wrapped by ofl_tensor_wrap is released. */
 typedef void (*ofl_release_fn)(void *data, size_t bytes, void *user);
@@ -66,9 +74,50 @@ OFL_API ofl_status_t ofl_tensor_wrap(void *data, const int64_t *shape,
                                      int ndim, ofl_dtype_t dtype,
                                      ofl_location_t loc, ofl_release_fn release,
                                      void *release_user, ofl_tensor_t **out);
-/* Destroys the handle, releasing its storage (pool block back to its pool,
- * external memory through its release callback). NULL is accepted. */
+/* A handle with a shape and dtype and no storage (location OFL_LOC_NONE),
+ * to be given storage by ofl_pool_alloc_into or ofl_tensor_attach. */
+OFL_API ofl_status_t ofl_tensor_create(const int64_t *shape, int ndim,
+                                       ofl_dtype_t dtype, ofl_tensor_t **out);
+/* Destroys the handle, releasing its share of the storage (the last handle
+ * on a storage returns a pool block to its pool, or calls the release
+ * callback of external memory). A handle from ofl_pool_alloc may be ended
+ * here or by ofl_pool_free. NULL is accepted. */
 OFL_API ofl_status_t ofl_tensor_destroy(ofl_tensor_t *t);
+
+/* A new handle on the storage of base, starting offset_bytes into base's
+ * data, with its own shape and dtype (which must fit inside the storage).
+ * ofl_tensor_storage_id is equal for both handles. Destroy it with
+ * ofl_tensor_destroy. */
+OFL_API ofl_status_t ofl_tensor_view(const ofl_tensor_t *base,
+                                     size_t offset_bytes, const int64_t *shape,
+                                     int ndim, ofl_dtype_t dtype,
+                                     ofl_tensor_t **out);
+/* Same shape, dtype, data and storage as t (a view at offset 0). */
+OFL_API ofl_status_t ofl_tensor_alias(const ofl_tensor_t *t,
+                                      ofl_tensor_t **out);
+
+/* Lets go of t's storage now; the handle lives on with location
+ * OFL_LOC_NONE and data NULL (the reference's resize_(0)). The storage is
+ * released when no other handle shares it. OFL_ERR_INVALID_ARG when t has
+ * no storage. */
+OFL_API ofl_status_t ofl_tensor_release_storage(ofl_tensor_t *t);
+/* Stream-ordered release: like ofl_tensor_release_storage, but the memory
+ * is reused or released only after the work queued on stream so far has
+ * completed. A pool block goes back to its pool at once, marked with an
+ * event the pool owns (see ofl_pool_free_after). External memory's release
+ * callback runs on stream's timeline (ofl_stream_launch_host_func: on a
+ * worker thread; on cuda it must not call CUDA). */
+OFL_API ofl_status_t ofl_tensor_release_storage_after(ofl_tensor_t *t,
+                                                      ofl_stream_t *stream);
+/* Gives a handle without storage external memory of storage_bytes
+ * (>= ofl_tensor_bytes(t)) at data. release may be NULL. For OFL_LOC_DISK
+ * data is an opaque token of the disk store. OFL_ERR_INVALID_USAGE when t
+ * already has storage. */
+OFL_API ofl_status_t ofl_tensor_attach(ofl_tensor_t *t, void *data,
+                                       size_t storage_bytes,
+                                       ofl_location_t loc,
+                                       ofl_release_fn release,
+                                       void *release_user);
 
 OFL_API void *ofl_tensor_data(const ofl_tensor_t *t);
 OFL_API size_t ofl_tensor_bytes(const ofl_tensor_t *t);
@@ -81,8 +130,14 @@ OFL_API unsigned ofl_tensor_flags(const ofl_tensor_t *t);
 OFL_API void ofl_tensor_set_flags(ofl_tensor_t *t, unsigned flags);
 /* The pool the storage came from, NULL for wrapped or released storage. */
 OFL_API ofl_pool_t *ofl_tensor_pool(const ofl_tensor_t *t);
-/* The identity of the storage, equal for two handles that share it. */
+/* The identity of the storage, equal for two handles that share it; NULL
+ * without storage. A storage given later is a new identity. */
 OFL_API const void *ofl_tensor_storage_id(const ofl_tensor_t *t);
+/* Bytes of the whole storage (a pool block may be larger than the tensor);
+ * 0 without storage. */
+OFL_API size_t ofl_tensor_storage_bytes(const ofl_tensor_t *t);
+/* 1 when t has storage (location is not OFL_LOC_NONE). */
+OFL_API int ofl_tensor_has_storage(const ofl_tensor_t *t);
 
 OFL_EXTERN_C_END
 

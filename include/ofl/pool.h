@@ -1,0 +1,185 @@
+/* ofl: tensor pools. One implementation for device memory and for pinned
+ * host memory: blocks are reused by exact (shape, dtype) key, or by byte
+ * size rounded to the page for dynamic shapes, from a FIFO free list per
+ * key; a miss creates a block. Ownership is O(1) through a block header kept
+ * in host memory. Pools are thread-safe (one mutex per pool; the hit path
+ * takes it once and allocates nothing).
+ *
+ * Stream-ordered reuse (DESIGN.md section 4, section 5 rule 2): a block freed
+ * with ofl_pool_free_after / ofl_pool_free_after_event carries the pool's own
+ * event for its last use. Allocation then hands it out only when that use is
+ * complete, or, when the caller names a stream, at once with that stream made
+ * to wait on the event:
+ *   - stream == NULL: free blocks of the key whose last use is still queued
+ *     are skipped (the next free block is taken, or a block is created). If
+ *     creating is refused by the budget and a skipped block exists, the
+ *     oldest one is waited for (bounded by OFL_WAIT_TIMEOUT_MS) and handed
+ *     out.
+ *   - stream != NULL: the oldest free block is handed out; if its last use is
+ *     still queued, ofl_stream_wait_event(stream, ...) orders everything the
+ *     caller queues on stream after it. Touching the memory from the host
+ *     before that stream reaches the wait is the caller's hazard.
+ *
+ * Counting: every request is a hit (a free block reused) or a miss (a block
+ * created); backend_allocs counts calls that reached ofl_device_malloc /
+ * ofl_pinned_malloc, so steady state can be checked to allocate nothing. */
+#ifndef OFL_POOL_H
+#define OFL_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ofl/device.h>
+#include <ofl/export.h>
+#include <ofl/status.h>
+#include <ofl/tensor.h>
+
+OFL_EXTERN_C_BEGIN
+
+typedef enum ofl_pool_kind {
+  OFL_POOL_DEVICE = 0, /* ofl_device_malloc; tensors at OFL_LOC_DEVICE */
+  OFL_POOL_PINNED = 1  /* ofl_pinned_malloc; tensors at OFL_LOC_PINNED */
+} ofl_pool_kind_t;
+
+/* Byte keys (dynamic shapes) round up to this; never to a power of two. */
+#define OFL_POOL_PAGE_BYTES ((size_t)4096)
+
+/* budget_bytes value meaning "read OFL_DEVICE_POOL_BUDGET (device pools) or
+ * OFL_HOST_BUDGET (pinned pools)"; 0 there means unlimited. */
+#define OFL_POOL_BUDGET_FROM_ENV ((size_t)-1)
+
+typedef struct ofl_pool_params {
+  ofl_pool_kind_t kind;
+  const char *name;     /* for log lines; NULL: "device" or "pinned" */
+  size_t budget_bytes;  /* cap on the bytes of all blocks; 0: unlimited */
+  size_t reserve_bytes; /* preallocated at creation (one backend call);
+                           blocks are carved from it before the backend is
+                           asked again. Must fit the budget. 0: none */
+} ofl_pool_params_t;
+
+#define OFL_POOL_PARAMS_INIT                                                   \
+  { OFL_POOL_DEVICE, NULL, OFL_POOL_BUDGET_FROM_ENV, 0 }
+
+/* Global counters of a pool. Bytes are block bytes (a byte-keyed block is
+ * rounded to the page). */
+typedef struct ofl_pool_stats {
+  size_t total_bytes;       /* bytes of every block the pool holds */
+  size_t in_use_bytes;      /* bytes of blocks handed out */
+  size_t peak_in_use_bytes; /* high-water mark of in_use_bytes */
+  size_t budget_bytes;      /* 0: unlimited */
+  size_t reserve_bytes;     /* bytes preallocated at creation */
+  uint64_t blocks_total;
+  uint64_t blocks_in_use;
+  uint64_t requests;        /* allocation requests (hits + misses + failed) */
+  uint64_t hits;            /* served from a free list */
+  uint64_t misses;          /* served by creating a block */
+  uint64_t frees;           /* blocks returned */
+  uint64_t budget_refusals; /* requests refused with OFL_ERR_NO_MEMORY */
+  uint64_t pending_skips;   /* free blocks skipped: last use still queued */
+  uint64_t stream_waits;    /* blocks handed out with a stream wait */
+  uint64_t backend_allocs;  /* calls to ofl_device_malloc/ofl_pinned_malloc */
+  uint64_t backend_frees;
+} ofl_pool_stats_t;
+
+/* Status of one key (the reference pool's get_pool_status(shape, dtype)). */
+typedef struct ofl_pool_key_status {
+  size_t block_bytes;
+  uint64_t total;      /* blocks created for the key */
+  uint64_t allocated;  /* handed out */
+  uint64_t free;       /* in the free list */
+  double utilization;  /* allocated / total * 100; 0 when total is 0 */
+} ofl_pool_key_status_t;
+
+/* Creates a pool on dev. params NULL: a device pool with the budget from
+ * the environment and no reserve. */
+OFL_API ofl_status_t ofl_pool_create(ofl_device_t *dev,
+                                     const ofl_pool_params_t *params,
+                                     ofl_pool_t **out);
+/* Waits (bounded) for the last uses of free blocks, releases all memory and
+ * the pool's cached handles. Handles still holding its blocks must not be
+ * used afterwards (a WARN line counts them). NULL is accepted. */
+OFL_API void ofl_pool_destroy(ofl_pool_t *pool);
+
+OFL_API ofl_pool_kind_t ofl_pool_kind(const ofl_pool_t *pool);
+OFL_API ofl_device_t *ofl_pool_device(const ofl_pool_t *pool);
+OFL_API const char *ofl_pool_name(const ofl_pool_t *pool);
+/* Location of the pool's tensors (OFL_LOC_DEVICE or OFL_LOC_PINNED). */
+OFL_API ofl_location_t ofl_pool_location(const ofl_pool_t *pool);
+
+/* A new handle on a block of key (shape, dtype). stream may be NULL (see the
+ * top of this file). OFL_ERR_NO_MEMORY (quiet: the caller falls back) when
+ * the budget or the backend refuses; nothing changes then. End the handle
+ * with ofl_pool_free[_after] or ofl_tensor_destroy. Handles come from a
+ * per-pool cache: the hit path does not call malloc. */
+OFL_API ofl_status_t ofl_pool_alloc(ofl_pool_t *pool, const int64_t *shape,
+                                    int ndim, ofl_dtype_t dtype,
+                                    ofl_stream_t *stream, ofl_tensor_t **out);
+/* Same, keyed by the byte size rounded up to OFL_POOL_PAGE_BYTES (dynamic
+ * shapes: any shape of the same rounded size shares blocks). */
+OFL_API ofl_status_t ofl_pool_alloc_dynamic(ofl_pool_t *pool,
+                                            const int64_t *shape, int ndim,
+                                            ofl_dtype_t dtype,
+                                            ofl_stream_t *stream,
+                                            ofl_tensor_t **out);
+/* Gives a handle without storage (after ofl_tensor_create or
+ * ofl_tensor_release_storage) a block of its own (shape, dtype) key. The
+ * handle keeps its identity; release the block with
+ * ofl_tensor_release_storage[_after] (handle kept) or ofl_pool_free (handle
+ * ended). OFL_ERR_INVALID_USAGE when t already has storage. */
+OFL_API ofl_status_t ofl_pool_alloc_into(ofl_pool_t *pool, ofl_tensor_t *t,
+                                         ofl_stream_t *stream);
+/* Same with the byte-size key. */
+OFL_API ofl_status_t ofl_pool_alloc_into_dynamic(ofl_pool_t *pool,
+                                                 ofl_tensor_t *t,
+                                                 ofl_stream_t *stream);
+
+/* Returns t's block to pool and ends the handle t (like ofl_tensor_destroy).
+ * The block goes back to its key's free list when no other handle (a view)
+ * shares it. OFL_ERR_INVALID_ARG with a message, and pool and t unchanged,
+ * when t's storage is not a block of this pool (another pool's, wrapped
+ * memory, none) or t was already freed (detected while the pool lives for
+ * handles from ofl_pool_alloc). */
+OFL_API ofl_status_t ofl_pool_free(ofl_pool_t *pool, ofl_tensor_t *t);
+/* Stream-ordered free: the block is reused only after the work queued on
+ * stream so far (its last use) has completed. The pool records its own
+ * per-block event on stream, so nothing of the caller's is kept. */
+OFL_API ofl_status_t ofl_pool_free_after(ofl_pool_t *pool, ofl_tensor_t *t,
+                                         ofl_stream_t *stream);
+/* Stream-ordered free after the caller's event: the pool captures the
+ * event's last record now (through an internal ordering stream), so the
+ * caller may record or destroy its event right after this call. */
+OFL_API ofl_status_t ofl_pool_free_after_event(ofl_pool_t *pool,
+                                               ofl_tensor_t *t,
+                                               ofl_event_t *last_use);
+/* 1 when t's storage is a live block of pool. */
+OFL_API int ofl_pool_owns(const ofl_pool_t *pool, const ofl_tensor_t *t);
+
+/* Marks every block free and keeps the memory (the reference's reset()).
+ * Blocks still held become free too: handles on them go stale (their data
+ * must not be used; freeing them is OFL_ERR_INVALID_ARG, destroying them
+ * just ends the handle). Counters other than in-use are kept. */
+OFL_API ofl_status_t ofl_pool_reset(ofl_pool_t *pool);
+/* Releases the memory of every free block (waiting, bounded, for queued
+ * last uses) and of the reserve when nothing is carved from it. Blocks still
+ * held are kept. Counters are kept. */
+OFL_API ofl_status_t ofl_pool_clear(ofl_pool_t *pool);
+
+/* Changes the budget (0: unlimited). Blocks already created are kept even
+ * when they exceed the new budget; only new blocks are refused. */
+OFL_API ofl_status_t ofl_pool_set_budget(ofl_pool_t *pool, size_t budget_bytes);
+
+OFL_API void ofl_pool_get_stats(const ofl_pool_t *pool, ofl_pool_stats_t *out);
+/* Status of the exact key (shape, dtype); OFL_ERR_INVALID_ARG for a key the
+ * pool has never seen. */
+OFL_API ofl_status_t ofl_pool_key_status(const ofl_pool_t *pool,
+                                         const int64_t *shape, int ndim,
+                                         ofl_dtype_t dtype,
+                                         ofl_pool_key_status_t *out);
+/* Status of the byte-size key that bytes rounds to. */
+OFL_API ofl_status_t ofl_pool_dynamic_key_status(const ofl_pool_t *pool,
+                                                 size_t bytes,
+                                                 ofl_pool_key_status_t *out);
+
+OFL_EXTERN_C_END
+
+#endif /* OFL_POOL_H */
