@@ -130,8 +130,8 @@ OFL_API unsigned ofl_tensor_flags(const ofl_tensor_t *t);
 OFL_API void ofl_tensor_set_flags(ofl_tensor_t *t, unsigned flags);
 /* The pool the storage came from, NULL for wrapped or released storage. */
 OFL_API ofl_pool_t *ofl_tensor_pool(const ofl_tensor_t *t);
-/* The identity of the storage, equal for two handles that share it; NULL
- * without storage. A storage given later is a new identity. */
+/* The identity of the storage, equal for two handles that share it and
+ * distinct among storages alive at the same time; NULL without storage. */
 OFL_API const void *ofl_tensor_storage_id(const ofl_tensor_t *t);
 /* Bytes of the whole storage (a pool block may be larger than the tensor);
  * 0 without storage. */

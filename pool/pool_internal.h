@@ -1,0 +1,78 @@
+/* ofl: private structures of the tensor handle and the tensor pools, shared
+ * by pool/tensor.c and pool/pool.c. Not installed. */
+#ifndef OFL_POOL_INTERNAL_H
+#define OFL_POOL_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <ofl/pool.h>
+#include <ofl/tensor.h>
+
+enum ofl__storage_kind {
+  OFL__STORAGE_BLOCK = 1,   /* a pool block (pool/pool.c) */
+  OFL__STORAGE_EXTERNAL = 2 /* wrapped memory with a release callback */
+};
+
+/* The memory one or more handles share. A pool block embeds it as its first
+ * member; external storage is allocated on its own. */
+typedef struct ofl__storage {
+  void *base;
+  size_t bytes;
+  ofl_location_t loc;
+  int kind;
+  /* Handles attached. Blocks change it under their pool's lock; external
+   * storage atomically. */
+  atomic_int refs;
+  /* Pool blocks: bumped when ofl_pool_reset reclaims a held block, so that
+   * the handles still on it are recognised as stale. */
+  uint32_t gen;
+  ofl_release_fn release;
+  void *release_user;
+} ofl__storage_t;
+
+#define OFL__TENSOR_LIVE 0x7e45011eu
+#define OFL__TENSOR_DEAD 0xdeadbeefu
+
+struct ofl_tensor {
+  void *data; /* base + offset; NULL without storage */
+  size_t bytes;
+  size_t offset; /* into the storage */
+  ofl__storage_t *st;
+  uint32_t st_gen;
+  uint32_t state; /* OFL__TENSOR_LIVE or _DEAD */
+  ofl_dtype_t dtype;
+  ofl_location_t loc;
+  unsigned flags;
+  int ndim;
+  int64_t shape[OFL_MAX_DIMS];
+  /* The pool whose handle cache this handle returns to when it ends; NULL
+   * for a handle from malloc (create, wrap, view). */
+  ofl_pool_t *home;
+  ofl_tensor_t *cache_next; /* home's cache of ended handles */
+  ofl_tensor_t *all_next;   /* every handle home ever made */
+};
+
+/* Validates (shape, ndim, dtype) and fills the handle's shape fields and
+ * bytes; the storage fields are left alone. */
+ofl_status_t ofl__tensor_set_shape(ofl_tensor_t *t, const int64_t *shape,
+                                   int ndim, ofl_dtype_t dtype);
+
+/* Detaches t from its storage (a pool block) and, when end_handle, ends the
+ * handle. expect non-NULL: t's block must belong to expect (ofl_pool_free);
+ * stream non-NULL: stream-ordered. Returns OFL_ERR_INVALID_ARG with nothing
+ * changed for a foreign, wrapped, stale or already freed tensor. */
+ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
+                               ofl_stream_t *stream, bool end_handle);
+/* Takes one more reference on a block for a view; fails on a stale handle. */
+ofl_status_t ofl__pool_block_ref(const ofl_tensor_t *t);
+/* Returns an ended handle to the cache of its home pool. */
+void ofl__pool_handle_put(ofl_tensor_t *t);
+
+/* External storage: detaches t (last handle releases the memory, through
+ * the stream's timeline when stream is non-NULL). */
+ofl_status_t ofl__tensor_release_external(ofl_tensor_t *t,
+                                          ofl_stream_t *stream);
+
+#endif /* OFL_POOL_INTERNAL_H */

@@ -1,0 +1,565 @@
+/* Tensor pools: exact and byte-size keys, FIFO reuse, hits and misses,
+ * ownership checks, reset, clear, budget, reserve, handles. */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ofl/ofl.h>
+
+static ofl_device_t *dev;
+
+static void open_dev(void) {
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  p.strict = 1;
+  p.jitter_max_us = 50;
+  p.device_capacity_bytes = (size_t)256 << 20;
+  cr_assert(eq(int, ofl_device_open(&p, &dev), OFL_SUCCESS), "%s",
+            ofl_last_error());
+}
+static void close_dev(void) { ofl_device_close(dev); }
+
+TestSuite(pool, .init = open_dev, .fini = close_dev);
+
+static ofl_pool_t *make_pool(ofl_pool_kind_t kind, size_t budget,
+                             size_t reserve) {
+  ofl_pool_params_t p = OFL_POOL_PARAMS_INIT;
+  p.kind = kind;
+  p.budget_bytes = budget;
+  p.reserve_bytes = reserve;
+  ofl_pool_t *pool = NULL;
+  cr_assert(eq(int, ofl_pool_create(dev, &p, &pool), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  return pool;
+}
+
+static ofl_pool_stats_t stats_of(const ofl_pool_t *pool) {
+  ofl_pool_stats_t s;
+  memset(&s, 0, sizeof s);
+  ofl_pool_get_stats(pool, &s);
+  return s;
+}
+
+static ofl_device_stats_t dev_stats(void) {
+  ofl_device_stats_t s;
+  ofl_device_get_stats(dev, &s);
+  return s;
+}
+
+static void fill(ofl_tensor_t *t, uint8_t seed) {
+  uint8_t *d = ofl_tensor_data(t);
+  for (size_t i = 0; i < ofl_tensor_bytes(t); ++i)
+    d[i] = (uint8_t)(seed + i * 13);
+}
+
+static size_t wrong_bytes(const ofl_tensor_t *t, uint8_t seed) {
+  const uint8_t *d = ofl_tensor_data(t);
+  size_t wrong = 0;
+  for (size_t i = 0; i < ofl_tensor_bytes(t); ++i)
+    wrong += d[i] != (uint8_t)(seed + i * 13);
+  return wrong;
+}
+
+Test(pool, alloc_gives_writable_device_storage_owned_by_the_pool) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shape[2] = {16, 33};
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 2, OFL_DTYPE_BF16, NULL, &t),
+               OFL_SUCCESS));
+  cr_assert(eq(sz, ofl_tensor_bytes(t), 16 * 33 * 2));
+  cr_assert(eq(int, ofl_tensor_location(t), OFL_LOC_DEVICE));
+  cr_assert(eq(int, ofl_tensor_dtype(t), OFL_DTYPE_BF16));
+  cr_assert(eq(i64, ofl_tensor_shape(t)[1], 33));
+  cr_assert(eq(ptr, ofl_tensor_pool(t), pool));
+  cr_assert(eq(int, ofl_pool_owns(pool, t), 1));
+  fill(t, 5);
+  cr_assert(eq(sz, wrong_bytes(t, 5), 0));
+  cr_assert(eq(int, ofl_pool_location(pool), OFL_LOC_DEVICE));
+  cr_assert(eq(str, (char *)ofl_pool_name(pool), "device"));
+  cr_assert(eq(int, ofl_pool_free(pool, t), OFL_SUCCESS));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, pinned_pool_uses_pinned_memory) {
+  ofl_device_stats_t before = dev_stats();
+  ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, 0, 0);
+  int64_t shape[1] = {1000};
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_I64, NULL, &t),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_location(t), OFL_LOC_PINNED));
+  ofl_device_stats_t after = dev_stats();
+  cr_assert(eq(u64, after.pinned_allocs - before.pinned_allocs, 1));
+  cr_assert(eq(u64, after.device_allocs - before.device_allocs, 0));
+  cr_assert(eq(sz, after.pinned_bytes_in_use - before.pinned_bytes_in_use,
+               8000));
+  fill(t, 9);
+  cr_assert(eq(sz, wrong_bytes(t, 9), 0));
+  ofl_pool_free(pool, t);
+  ofl_pool_destroy(pool);
+  cr_assert(eq(sz, dev_stats().pinned_bytes_in_use, before.pinned_bytes_in_use));
+}
+
+/* Three keys, four tensors each, ten iterations: the first is all misses,
+ * the rest all hits, and steady state never reaches the backend. */
+Test(pool, warmup_misses_then_steady_state_hits_without_backend_calls) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shapes[3][2] = {{8, 128}, {64, 64}, {3, 7}};
+  ofl_dtype_t dtypes[3] = {OFL_DTYPE_F32, OFL_DTYPE_F16, OFL_DTYPE_I8};
+  ofl_tensor_t *held[12];
+  ofl_device_stats_t warm = {0};
+  for (int it = 0; it < 10; ++it) {
+    if (it == 1)
+      warm = dev_stats();
+    for (int i = 0; i < 12; ++i) {
+      cr_assert(eq(int,
+                   ofl_pool_alloc(pool, shapes[i % 3], 2, dtypes[i % 3], NULL,
+                                  &held[i]),
+                   OFL_SUCCESS));
+      fill(held[i], (uint8_t)(it * 12 + i));
+    }
+    for (int i = 0; i < 12; ++i) {
+      cr_assert(eq(sz, wrong_bytes(held[i], (uint8_t)(it * 12 + i)), 0));
+      cr_assert(eq(int, ofl_pool_free(pool, held[i]), OFL_SUCCESS));
+    }
+    ofl_pool_stats_t s = stats_of(pool);
+    cr_assert(eq(u64, s.misses, 12));
+    cr_assert(eq(u64, s.hits, (uint64_t)it * 12));
+    cr_assert(eq(u64, s.requests, (uint64_t)(it + 1) * 12));
+    cr_assert(eq(u64, s.blocks_in_use, 0));
+  }
+  ofl_device_stats_t end = dev_stats();
+  cr_assert(eq(u64, end.device_allocs - warm.device_allocs, 0));
+  cr_assert(eq(u64, end.device_frees - warm.device_frees, 0));
+  ofl_pool_stats_t s = stats_of(pool);
+  cr_assert(eq(u64, s.backend_allocs, 12));
+  cr_assert(eq(u64, s.blocks_total, 12));
+  cr_assert(eq(sz, s.total_bytes, 4 * (8 * 128 * 4 + 64 * 64 * 2 + 3 * 7)));
+  cr_assert(eq(sz, s.peak_in_use_bytes, s.total_bytes));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, free_list_is_fifo_per_key) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, 0, 0);
+  int64_t shape[1] = {256};
+  ofl_tensor_t *a, *b, *c;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &a),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &b),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &c),
+               OFL_SUCCESS));
+  void *pa = ofl_tensor_data(a), *pb = ofl_tensor_data(b),
+       *pc = ofl_tensor_data(c);
+  ofl_pool_free(pool, b);
+  ofl_pool_free(pool, c);
+  ofl_pool_free(pool, a);
+  ofl_tensor_t *x, *y, *z;
+  ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &x);
+  ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &y);
+  ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &z);
+  cr_assert(eq(ptr, ofl_tensor_data(x), pb));
+  cr_assert(eq(ptr, ofl_tensor_data(y), pc));
+  cr_assert(eq(ptr, ofl_tensor_data(z), pa));
+  /* Same bytes, different key: not shared. */
+  int64_t other[2] = {16, 16};
+  ofl_tensor_t *o;
+  ofl_pool_alloc(pool, other, 2, OFL_DTYPE_F32, NULL, &o);
+  cr_assert(eq(u64, stats_of(pool).misses, 4));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, key_status_reports_total_allocated_free_and_utilization) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shape[3] = {2, 3, 4};
+  ofl_tensor_t *t[4];
+  for (int i = 0; i < 4; ++i)
+    ofl_pool_alloc(pool, shape, 3, OFL_DTYPE_I32, NULL, &t[i]);
+  ofl_pool_free(pool, t[0]);
+  ofl_pool_key_status_t ks;
+  cr_assert(eq(int, ofl_pool_key_status(pool, shape, 3, OFL_DTYPE_I32, &ks),
+               OFL_SUCCESS));
+  cr_assert(eq(sz, ks.block_bytes, 96));
+  cr_assert(eq(u64, ks.total, 4));
+  cr_assert(eq(u64, ks.allocated, 3));
+  cr_assert(eq(u64, ks.free, 1));
+  cr_assert(eq(dbl, ks.utilization, 75.0));
+  ofl_pool_key_status_t untouched = ks;
+  cr_assert(eq(int, ofl_pool_key_status(pool, shape, 3, OFL_DTYPE_F32, &ks),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(u64, ks.total, untouched.total));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "no key"), NULL));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, foreign_wrapped_and_double_free_are_rejected_and_change_nothing) {
+  ofl_pool_t *p1 = make_pool(OFL_POOL_DEVICE, 0, 0);
+  ofl_pool_t *p2 = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shape[1] = {100};
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(p1, shape, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_SUCCESS));
+  fill(t, 77);
+  ofl_pool_stats_t s1 = stats_of(p1), s2 = stats_of(p2);
+
+  cr_assert(eq(int, ofl_pool_free(p2, t), OFL_ERR_INVALID_ARG));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "belongs to pool"), NULL));
+  ofl_pool_stats_t a1 = stats_of(p1), a2 = stats_of(p2);
+  cr_assert(eq(int, memcmp(&s1, &a1, sizeof s1), 0));
+  cr_assert(eq(int, memcmp(&s2, &a2, sizeof s2), 0));
+  cr_assert(eq(int, ofl_pool_owns(p1, t), 1));
+  cr_assert(eq(int, ofl_pool_owns(p2, t), 0));
+  cr_assert(eq(sz, wrong_bytes(t, 77), 0)); /* tensor still intact */
+
+  char mem[100];
+  ofl_tensor_t *w = NULL;
+  cr_assert(eq(int,
+               ofl_tensor_wrap(mem, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE,
+                               NULL, NULL, &w),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(p1, w), OFL_ERR_INVALID_ARG));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "external"), NULL));
+  a1 = stats_of(p1);
+  cr_assert(eq(int, memcmp(&s1, &a1, sizeof s1), 0));
+  ofl_tensor_destroy(w);
+
+  cr_assert(eq(int, ofl_pool_free(p1, t), OFL_SUCCESS));
+  s1 = stats_of(p1);
+  cr_assert(eq(int, ofl_pool_free(p1, t), OFL_ERR_INVALID_ARG));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "already freed"), NULL));
+  a1 = stats_of(p1);
+  cr_assert(eq(int, memcmp(&s1, &a1, sizeof s1), 0));
+  ofl_pool_key_status_t ks;
+  ofl_pool_key_status(p1, shape, 1, OFL_DTYPE_U8, &ks);
+  cr_assert(eq(u64, ks.free, 1)); /* not listed twice */
+  ofl_tensor_t *x, *y;
+  ofl_pool_alloc(p1, shape, 1, OFL_DTYPE_U8, NULL, &x);
+  ofl_pool_alloc(p1, shape, 1, OFL_DTYPE_U8, NULL, &y);
+  cr_assert(ne(ptr, ofl_tensor_data(x), ofl_tensor_data(y)));
+  cr_assert(eq(int, ofl_pool_free(NULL, x), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_pool_free(p1, NULL), OFL_ERR_INVALID_ARG));
+  ofl_pool_destroy(p1);
+  ofl_pool_destroy(p2);
+}
+
+Test(pool, reset_frees_everything_and_keeps_the_memory) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shape[1] = {4096};
+  ofl_tensor_t *t[4];
+  void *ptrs[4];
+  for (int i = 0; i < 4; ++i) {
+    ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &t[i]);
+    ptrs[i] = ofl_tensor_data(t[i]);
+  }
+  ofl_pool_free(pool, t[2]);
+  ofl_device_stats_t before = dev_stats();
+  cr_assert(eq(int, ofl_pool_reset(pool), OFL_SUCCESS));
+  ofl_pool_stats_t s = stats_of(pool);
+  cr_assert(eq(u64, s.blocks_in_use, 0));
+  cr_assert(eq(sz, s.in_use_bytes, 0));
+  cr_assert(eq(u64, s.blocks_total, 4));
+  cr_assert(eq(sz, s.total_bytes, 4 * 16384));
+  cr_assert(eq(u64, s.misses, 4)); /* counters kept */
+  ofl_pool_key_status_t ks;
+  ofl_pool_key_status(pool, shape, 1, OFL_DTYPE_F32, &ks);
+  cr_assert(eq(u64, ks.free, 4));
+  cr_assert(eq(u64, ks.allocated, 0));
+  /* Handles held across the reset are stale: freeing them is refused. */
+  cr_assert(eq(int, ofl_pool_owns(pool, t[0]), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, t[0]), OFL_ERR_INVALID_ARG));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "stale"), NULL));
+  cr_assert(eq(int, ofl_tensor_destroy(t[1]), OFL_SUCCESS));
+  /* Reuse in creation order, no backend calls. */
+  for (int i = 0; i < 4; ++i) {
+    ofl_tensor_t *x;
+    cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &x),
+                 OFL_SUCCESS));
+    cr_assert(eq(ptr, ofl_tensor_data(x), ptrs[i]));
+  }
+  ofl_device_stats_t after = dev_stats();
+  cr_assert(eq(u64, after.device_allocs, before.device_allocs));
+  cr_assert(eq(u64, after.device_frees, before.device_frees));
+  cr_assert(eq(u64, stats_of(pool).hits, 4));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, clear_releases_free_memory_and_keeps_held_blocks) {
+  ofl_device_stats_t base = dev_stats();
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shape[1] = {1 << 16};
+  ofl_tensor_t *t[3];
+  for (int i = 0; i < 3; ++i)
+    ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t[i]);
+  fill(t[1], 3);
+  ofl_pool_free(pool, t[0]);
+  ofl_pool_free(pool, t[2]);
+  cr_assert(eq(sz, dev_stats().device_bytes_in_use - base.device_bytes_in_use,
+               3u << 16));
+  cr_assert(eq(int, ofl_pool_clear(pool), OFL_SUCCESS));
+  ofl_device_stats_t after = dev_stats();
+  cr_assert(eq(sz, after.device_bytes_in_use - base.device_bytes_in_use,
+               1u << 16));
+  cr_assert(eq(u64, after.device_frees - base.device_frees, 2));
+  ofl_pool_stats_t s = stats_of(pool);
+  cr_assert(eq(u64, s.blocks_total, 1));
+  cr_assert(eq(sz, s.total_bytes, 1u << 16));
+  cr_assert(eq(u64, s.backend_frees, 2));
+  cr_assert(eq(sz, wrong_bytes(t[1], 3), 0)); /* held block untouched */
+  cr_assert(eq(int, ofl_pool_free(pool, t[1]), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_clear(pool), OFL_SUCCESS));
+  cr_assert(eq(sz, dev_stats().device_bytes_in_use, base.device_bytes_in_use));
+  ofl_pool_key_status_t ks;
+  cr_assert(eq(int, ofl_pool_key_status(pool, shape, 1, OFL_DTYPE_U8, &ks),
+               OFL_ERR_INVALID_ARG)); /* key gone with its blocks */
+  ofl_tensor_t *x;
+  ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &x);
+  cr_assert(eq(u64, stats_of(pool).misses, 4));
+  ofl_pool_destroy(pool);
+  cr_assert(eq(sz, dev_stats().device_bytes_in_use, base.device_bytes_in_use));
+}
+
+Test(pool, dynamic_key_rounds_to_the_page_not_a_power_of_two) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, 0, 0);
+  int64_t s1[1] = {5000};     /* f32: 20000 bytes -> 20480 */
+  int64_t s2[2] = {100, 100}; /* bf16: 20000 bytes -> 20480 */
+  int64_t s3[1] = {20481};    /* u8: 20481 bytes -> 24576 */
+  ofl_tensor_t *a, *b, *c;
+  cr_assert(eq(int,
+               ofl_pool_alloc_dynamic(pool, s1, 1, OFL_DTYPE_F32, NULL, &a),
+               OFL_SUCCESS));
+  cr_assert(eq(sz, ofl_tensor_bytes(a), 20000));
+  cr_assert(eq(sz, ofl_tensor_storage_bytes(a), 20480));
+  void *pa = ofl_tensor_data(a);
+  ofl_pool_free(pool, a);
+  cr_assert(eq(int,
+               ofl_pool_alloc_dynamic(pool, s2, 2, OFL_DTYPE_BF16, NULL, &b),
+               OFL_SUCCESS));
+  cr_assert(eq(ptr, ofl_tensor_data(b), pa)); /* shared by byte size */
+  cr_assert(eq(int, ofl_tensor_dtype(b), OFL_DTYPE_BF16));
+  cr_assert(eq(i64, ofl_tensor_shape(b)[1], 100));
+  cr_assert(eq(int, ofl_pool_alloc_dynamic(pool, s3, 1, OFL_DTYPE_U8, NULL, &c),
+               OFL_SUCCESS));
+  cr_assert(eq(sz, ofl_tensor_storage_bytes(c), 24576));
+  ofl_pool_stats_t s = stats_of(pool);
+  cr_assert(eq(u64, s.hits, 1));
+  cr_assert(eq(u64, s.misses, 2));
+  cr_assert(eq(sz, s.total_bytes, 20480 + 24576));
+  ofl_pool_key_status_t ks;
+  cr_assert(eq(int, ofl_pool_dynamic_key_status(pool, 20000, &ks),
+               OFL_SUCCESS));
+  cr_assert(eq(sz, ks.block_bytes, 20480));
+  cr_assert(eq(u64, ks.total, 1));
+  cr_assert(eq(u64, ks.allocated, 1));
+  fill(c, 1);
+  cr_assert(eq(sz, wrong_bytes(c, 1), 0));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, budget_exhaustion_returns_no_memory_and_changes_nothing) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, 3 * 4096, 0);
+  int64_t shape[1] = {1024};
+  ofl_tensor_t *t[3];
+  for (int i = 0; i < 3; ++i)
+    cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &t[i]),
+                 OFL_SUCCESS));
+  ofl_device_stats_t d0 = dev_stats();
+  ofl_pool_stats_t s0 = stats_of(pool);
+  ofl_tensor_t *x = (ofl_tensor_t *)0x1;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &x),
+               OFL_ERR_NO_MEMORY));
+  cr_assert(eq(ptr, x, (ofl_tensor_t *)0x1)); /* output untouched */
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "budget"), NULL));
+  int64_t small[1] = {1};
+  cr_assert(eq(int, ofl_pool_alloc(pool, small, 1, OFL_DTYPE_U8, NULL, &x),
+               OFL_ERR_NO_MEMORY));
+  ofl_pool_stats_t s1 = stats_of(pool);
+  ofl_device_stats_t d1 = dev_stats();
+  cr_assert(eq(sz, s1.total_bytes, s0.total_bytes));
+  cr_assert(eq(u64, s1.blocks_total, s0.blocks_total));
+  cr_assert(eq(u64, s1.blocks_in_use, 3));
+  cr_assert(eq(u64, s1.budget_refusals, 2));
+  cr_assert(eq(u64, d1.pinned_allocs, d0.pinned_allocs));
+  /* A freed block of the key is still served. */
+  ofl_pool_free(pool, t[1]);
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &x),
+               OFL_SUCCESS));
+  /* Raising the budget lets new blocks in. */
+  cr_assert(eq(int, ofl_pool_set_budget(pool, 0), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_alloc(pool, small, 1, OFL_DTYPE_U8, NULL, &x),
+               OFL_SUCCESS));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, budget_comes_from_the_environment_when_asked) {
+  setenv("OFL_HOST_BUDGET", "8K", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, OFL_POOL_BUDGET_FROM_ENV, 0);
+  cr_assert(eq(sz, stats_of(pool).budget_bytes, 8192));
+  int64_t shape[1] = {8192};
+  ofl_tensor_t *a, *b;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &a),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &b),
+               OFL_ERR_NO_MEMORY));
+  ofl_pool_destroy(pool);
+  ofl_pool_t *dp = make_pool(OFL_POOL_DEVICE, OFL_POOL_BUDGET_FROM_ENV, 0);
+  cr_assert(eq(sz, stats_of(dp).budget_bytes, 0)); /* its own variable */
+  ofl_pool_destroy(dp);
+}
+
+Test(pool, reserve_is_one_backend_call_and_serves_later_misses) {
+  ofl_device_stats_t d0 = dev_stats();
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, (size_t)1 << 20);
+  ofl_device_stats_t d1 = dev_stats();
+  cr_assert(eq(u64, d1.device_allocs - d0.device_allocs, 1));
+  ofl_tensor_t *t[12];
+  for (int i = 0; i < 12; ++i) {
+    int64_t shape[1] = {(int64_t)(1000 * (i % 4 + 1))};
+    cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &t[i]),
+                 OFL_SUCCESS));
+    fill(t[i], (uint8_t)i);
+  }
+  for (int i = 0; i < 12; ++i) {
+    cr_assert(eq(sz, wrong_bytes(t[i], (uint8_t)i), 0));
+    /* Carved blocks are aligned and do not overlap. */
+    cr_assert(eq(u64, (uintptr_t)ofl_tensor_data(t[i]) % 256, 0));
+  }
+  ofl_device_stats_t d2 = dev_stats();
+  cr_assert(eq(u64, d2.device_allocs, d1.device_allocs));
+  ofl_pool_stats_t s = stats_of(pool);
+  cr_assert(eq(u64, s.misses, 12));
+  cr_assert(eq(u64, s.backend_allocs, 1));
+  cr_assert(eq(sz, s.reserve_bytes, (size_t)1 << 20));
+  /* Past the reserve, the backend is asked. */
+  int64_t big[1] = {1 << 20};
+  ofl_tensor_t *b;
+  cr_assert(eq(int, ofl_pool_alloc(pool, big, 1, OFL_DTYPE_U8, NULL, &b),
+               OFL_SUCCESS));
+  cr_assert(eq(u64, dev_stats().device_allocs - d1.device_allocs, 1));
+  for (int i = 0; i < 12; ++i)
+    ofl_pool_free(pool, t[i]);
+  ofl_pool_free(pool, b);
+  cr_assert(eq(int, ofl_pool_clear(pool), OFL_SUCCESS));
+  cr_assert(eq(sz, dev_stats().device_bytes_in_use, d0.device_bytes_in_use));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, reserve_larger_than_budget_is_rejected) {
+  ofl_pool_params_t p = OFL_POOL_PARAMS_INIT;
+  p.budget_bytes = 4096;
+  p.reserve_bytes = 8192;
+  ofl_pool_t *pool = NULL;
+  cr_assert(eq(int, ofl_pool_create(dev, &p, &pool), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(ptr, pool, NULL));
+  p.reserve_bytes = 0;
+  p.kind = (ofl_pool_kind_t)7;
+  cr_assert(eq(int, ofl_pool_create(dev, &p, &pool), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_pool_create(NULL, NULL, &pool), OFL_ERR_INVALID_ARG));
+}
+
+Test(pool, alloc_into_reuses_the_callers_handle) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shape[2] = {32, 32};
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_tensor_create(shape, 2, OFL_DTYPE_F16, &t),
+               OFL_SUCCESS));
+  ofl_tensor_set_flags(t, OFL_TENSOR_NOT_OFFLOADABLE);
+  cr_assert(eq(int, ofl_pool_alloc_into(pool, t, NULL), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_location(t), OFL_LOC_DEVICE));
+  cr_assert(eq(int, ofl_pool_alloc_into(pool, t, NULL), OFL_ERR_INVALID_USAGE));
+  fill(t, 4);
+  void *p1 = ofl_tensor_data(t);
+  cr_assert(eq(int, ofl_tensor_release_storage(t), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_location(t), OFL_LOC_NONE));
+  cr_assert(eq(u64, stats_of(pool).blocks_in_use, 0));
+  cr_assert(eq(int, ofl_pool_alloc_into(pool, t, NULL), OFL_SUCCESS));
+  cr_assert(eq(ptr, ofl_tensor_data(t), p1)); /* a hit on its key */
+  cr_assert(eq(u32, ofl_tensor_flags(t), OFL_TENSOR_NOT_OFFLOADABLE));
+  cr_assert(eq(u64, stats_of(pool).hits, 1));
+  cr_assert(eq(int, ofl_tensor_release_storage(t), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_alloc_into_dynamic(pool, t, NULL), OFL_SUCCESS));
+  cr_assert(eq(sz, ofl_tensor_storage_bytes(t), 4096));
+  cr_assert(eq(int, ofl_tensor_destroy(t), OFL_SUCCESS));
+  cr_assert(eq(u64, stats_of(pool).blocks_in_use, 0));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, a_view_keeps_the_block_out_of_the_free_list) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, 0, 0);
+  int64_t shape[1] = {64};
+  ofl_tensor_t *t, *v;
+  ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t);
+  fill(t, 8);
+  int64_t vs[1] = {32};
+  cr_assert(eq(int, ofl_tensor_view(t, 32, vs, 1, OFL_DTYPE_U8, &v),
+               OFL_SUCCESS));
+  cr_assert(eq(ptr, (void *)ofl_tensor_storage_id(v),
+               (void *)ofl_tensor_storage_id(t)));
+  cr_assert(eq(ptr, ofl_tensor_pool(v), pool));
+  cr_assert(eq(int, ofl_pool_free(pool, t), OFL_SUCCESS));
+  ofl_pool_stats_t s = stats_of(pool);
+  cr_assert(eq(u64, s.blocks_in_use, 1));
+  cr_assert(eq(u64, s.frees, 0));
+  const uint8_t *d = ofl_tensor_data(v);
+  cr_assert(eq(u8, d[0], (uint8_t)(8 + 32 * 13)));
+  cr_assert(eq(int, ofl_tensor_destroy(v), OFL_SUCCESS));
+  s = stats_of(pool);
+  cr_assert(eq(u64, s.blocks_in_use, 0));
+  cr_assert(eq(u64, s.frees, 1));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, strict_mode_poisons_a_freed_block) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shape[1] = {512};
+  ofl_tensor_t *t;
+  ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t);
+  fill(t, 1);
+  uint8_t *d = ofl_tensor_data(t);
+  ofl_pool_free(pool, t);
+  size_t poisoned = 0;
+  for (int i = 0; i < 512; ++i)
+    poisoned += d[i] == 0xDB;
+  cr_assert(eq(sz, poisoned, 512));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, invalid_arguments_are_rejected_with_a_message) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  ofl_tensor_t *t = NULL;
+  int64_t neg[1] = {-5};
+  cr_assert(eq(int, ofl_pool_alloc(pool, neg, 1, OFL_DTYPE_F32, NULL, &t),
+               OFL_ERR_INVALID_ARG));
+  int64_t ok[1] = {5};
+  cr_assert(eq(int, ofl_pool_alloc(pool, ok, 1, (ofl_dtype_t)-3, NULL, &t),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_pool_alloc(NULL, ok, 1, OFL_DTYPE_F32, NULL, &t),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_pool_alloc(pool, ok, 1, OFL_DTYPE_F32, NULL, NULL),
+               OFL_ERR_INVALID_ARG));
+  int64_t huge[2] = {INT64_MAX / 4, 16};
+  cr_assert(eq(int, ofl_pool_alloc(pool, huge, 2, OFL_DTYPE_F32, NULL, &t),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(gt(sz, strlen(ofl_last_error()), 0));
+  cr_assert(eq(ptr, t, NULL));
+  ofl_pool_stats_t s = stats_of(pool);
+  cr_assert(eq(u64, s.blocks_total, 0));
+  cr_assert(eq(int, ofl_pool_reset(NULL), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_pool_clear(NULL), OFL_ERR_INVALID_ARG));
+  ofl_pool_destroy(NULL);
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, device_pool_out_of_device_memory_is_no_memory) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shape[1] = {(int64_t)512 << 20}; /* past the 256 MiB capacity */
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_ERR_NO_MEMORY));
+  ofl_pool_stats_t s = stats_of(pool);
+  cr_assert(eq(u64, s.blocks_total, 0));
+  cr_assert(eq(sz, s.total_bytes, 0));
+  ofl_pool_destroy(pool);
+}
