@@ -11,5 +11,6 @@
 #include <ofl/device.h>
 #include <ofl/tensor.h>
 #include <ofl/pool.h>
+#include <ofl/safetensors.h>
 
 #endif /* OFL_OFL_H */

@@ -1,0 +1,101 @@
+/* ofl: the safetensors file format (what PyTorch and the Hugging Face
+ * ecosystem load directly). A file is an 8-byte little-endian header length
+ * N, N bytes of UTF-8 JSON padded with spaces so that the data starts on an
+ * 8-byte boundary, then the tensors' bytes packed without holes:
+ *
+ *   {"__metadata__":{"k":"v"},
+ *    "name":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}, ...}
+ *
+ * data_offsets are relative to the start of the data. The writer orders the
+ * data by element size (largest first) then by name, so every tensor starts
+ * on a multiple of its element size. Writing is atomic: a temporary file in
+ * the same directory, fsync, rename, fsync of the directory; on any error the
+ * temporary file is removed and nothing appears at the final path. */
+#ifndef OFL_SAFETENSORS_H
+#define OFL_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ofl/export.h>
+#include <ofl/status.h>
+#include <ofl/tensor.h>
+
+OFL_EXTERN_C_BEGIN
+
+/* Longest tensor name and metadata key or value, in bytes (UTF-8). */
+#define OFL_SAFETENSORS_NAME_MAX ((size_t)1024)
+/* Largest header a reader accepts (the reference implementation's limit). */
+#define OFL_SAFETENSORS_HEADER_MAX ((size_t)100 << 20)
+
+/* One tensor: name, dtype, shape and bytes (row-major, little-endian). */
+typedef struct ofl_safetensors_entry {
+  const char *name;
+  ofl_dtype_t dtype;
+  int ndim;
+  int64_t shape[OFL_MAX_DIMS];
+  const void *data;
+  size_t bytes; /* must equal ofl_shape_bytes(shape, ndim, dtype) */
+} ofl_safetensors_entry_t;
+
+/* One "__metadata__" pair (strings only, as the format requires). */
+typedef struct ofl_safetensors_kv {
+  const char *key;
+  const char *value;
+} ofl_safetensors_kv_t;
+
+/* Writes entries (names unique, non-empty, valid UTF-8, at most
+ * OFL_SAFETENSORS_NAME_MAX bytes, not "__metadata__") and metadata to path
+ * atomically. OFL_ERR_INVALID_ARG for bad entries or a file name too long for
+ * the file system, OFL_ERR_NO_SPACE when the disk is full, OFL_ERR_SYSTEM
+ * when the directory cannot be written, OFL_ERR_IO for other write
+ * errors; in every error case nothing is left at path (an older file there is
+ * kept as it was). */
+OFL_API ofl_status_t ofl_safetensors_write(const char *path,
+                                           const ofl_safetensors_entry_t *entries,
+                                           size_t n,
+                                           const ofl_safetensors_kv_t *metadata,
+                                           size_t n_metadata);
+
+/* A parsed file (read-only; the entries point into it). */
+typedef struct ofl_safetensors ofl_safetensors_t;
+
+/* Maps path and checks the header strictly: JSON syntax, known dtypes,
+ * shapes, offsets in range, matching the shape's size, neither overlapping
+ * nor leaving holes. OFL_ERR_CORRUPT with a message naming the problem (and
+ * the tensor) for a malformed file, OFL_ERR_SYSTEM when it cannot be opened. */
+OFL_API ofl_status_t ofl_safetensors_open(const char *path,
+                                          ofl_safetensors_t **out);
+/* Same checks on a file image in memory (copied). */
+OFL_API ofl_status_t ofl_safetensors_parse(const void *image, size_t bytes,
+                                           ofl_safetensors_t **out);
+/* NULL is accepted. Entries and strings obtained from st end with it. */
+OFL_API void ofl_safetensors_close(ofl_safetensors_t *st);
+
+/* Tensors in data order (index 0 has the lowest offset). */
+OFL_API size_t ofl_safetensors_count(const ofl_safetensors_t *st);
+OFL_API ofl_status_t ofl_safetensors_get(const ofl_safetensors_t *st,
+                                         size_t index,
+                                         ofl_safetensors_entry_t *out);
+/* OFL_ERR_INVALID_ARG when no tensor has that name. */
+OFL_API ofl_status_t ofl_safetensors_find(const ofl_safetensors_t *st,
+                                          const char *name,
+                                          ofl_safetensors_entry_t *out);
+/* The "__metadata__" pairs, in file order. */
+OFL_API size_t ofl_safetensors_metadata_count(const ofl_safetensors_t *st);
+OFL_API ofl_status_t ofl_safetensors_metadata(const ofl_safetensors_t *st,
+                                              size_t index,
+                                              ofl_safetensors_kv_t *out);
+/* The value of key, NULL when absent. */
+OFL_API const char *ofl_safetensors_metadata_get(const ofl_safetensors_t *st,
+                                                 const char *key);
+/* Byte offset of the data in the file (8 + header length; a multiple of 8). */
+OFL_API size_t ofl_safetensors_data_offset(const ofl_safetensors_t *st);
+
+/* The format's dtype name ("F32", "BF16", "F8_E4M3", "BOOL", ...); NULL for
+ * an invalid dtype. */
+OFL_API const char *ofl_safetensors_dtype_name(ofl_dtype_t dtype);
+
+OFL_EXTERN_C_END
+
+#endif /* OFL_SAFETENSORS_H */

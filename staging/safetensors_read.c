@@ -1,0 +1,675 @@
+/* ofl: reading a safetensors file. The header is checked by a small strict
+ * JSON parser: anything the format does not allow is OFL_ERR_CORRUPT with a
+ * message naming the problem, never a guess. */
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "staging/staging_internal.h"
+
+typedef struct {
+  char *name;
+  ofl_dtype_t dtype;
+  int ndim;
+  int64_t shape[OFL_MAX_DIMS];
+  uint64_t begin, end;
+} rec_t;
+
+struct ofl_safetensors {
+  unsigned char *image;
+  size_t size;
+  bool mapped;
+  size_t data_offset;
+  rec_t *recs; /* sorted by offset */
+  size_t n, cap;
+  ofl_safetensors_kv_t *meta;
+  size_t n_meta, cap_meta;
+};
+
+/* ---- the parser ------------------------------------------------------------ */
+
+typedef struct {
+  const char *start, *p, *end;
+  const char *source; /* file name or "image" for messages */
+  ofl_status_t st;
+} parser_t;
+
+static ofl_status_t fail(parser_t *ps, const char *fmt, const char *detail) {
+  if (ps->st != OFL_SUCCESS)
+    return ps->st;
+  char what[256];
+  snprintf(what, sizeof what, fmt, detail ? detail : "");
+  ps->st = ofl__error(OFL_ERR_CORRUPT, OFL_SUBSYS_STAGING,
+                      "safetensors '%s': %s (header byte %zu); the file is not "
+                      "a valid safetensors file",
+                      ps->source, what, (size_t)(ps->p - ps->start));
+  return ps->st;
+}
+
+static void skip_ws(parser_t *ps) {
+  while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' ||
+                             *ps->p == '\n' || *ps->p == '\r'))
+    ps->p++;
+}
+
+static bool expect(parser_t *ps, char c) {
+  skip_ws(ps);
+  if (ps->p < ps->end && *ps->p == c) {
+    ps->p++;
+    return true;
+  }
+  char want[2] = {c, 0};
+  fail(ps, "expected '%s'", want);
+  return false;
+}
+
+static bool peek(parser_t *ps, char c) {
+  skip_ws(ps);
+  return ps->p < ps->end && *ps->p == c;
+}
+
+static int hex4(const char *p) {
+  int v = 0;
+  for (int i = 0; i < 4; i++) {
+    char c = p[i];
+    v <<= 4;
+    if (c >= '0' && c <= '9')
+      v |= c - '0';
+    else if (c >= 'a' && c <= 'f')
+      v |= c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      v |= c - 'A' + 10;
+    else
+      return -1;
+  }
+  return v;
+}
+
+static size_t put_utf8(char *o, uint32_t cp) {
+  if (cp < 0x80) {
+    o[0] = (char)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    o[0] = (char)(0xc0 | (cp >> 6));
+    o[1] = (char)(0x80 | (cp & 0x3f));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    o[0] = (char)(0xe0 | (cp >> 12));
+    o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+    o[2] = (char)(0x80 | (cp & 0x3f));
+    return 3;
+  }
+  o[0] = (char)(0xf0 | (cp >> 18));
+  o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+  o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
+  o[3] = (char)(0x80 | (cp & 0x3f));
+  return 4;
+}
+
+/* A JSON string, unescaped into a new NUL-terminated UTF-8 buffer. */
+static char *parse_string(parser_t *ps) {
+  if (!expect(ps, '"'))
+    return NULL;
+  const char *q = ps->p;
+  while (q < ps->end && *q != '"') /* the unescaped form is never longer */
+    q += (*q == '\\' && q + 1 < ps->end) ? 2 : 1;
+  if (q >= ps->end) {
+    fail(ps, "unterminated string", NULL);
+    return NULL;
+  }
+  char *out = malloc((size_t)(q - ps->p) + 1);
+  if (out == NULL) {
+    ps->st = ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
+                        "safetensors '%s': out of host memory", ps->source);
+    return NULL;
+  }
+  size_t n = 0;
+  while (ps->p < q) {
+    unsigned char c = (unsigned char)*ps->p;
+    if (c < 0x20) {
+      fail(ps, "control character inside a string", NULL);
+      goto bad;
+    }
+    if (c != '\\') {
+      out[n++] = (char)c;
+      ps->p++;
+      continue;
+    }
+    ps->p++;
+    char e = *ps->p++;
+    switch (e) {
+    case '"': out[n++] = '"'; break;
+    case '\\': out[n++] = '\\'; break;
+    case '/': out[n++] = '/'; break;
+    case 'b': out[n++] = '\b'; break;
+    case 'f': out[n++] = '\f'; break;
+    case 'n': out[n++] = '\n'; break;
+    case 'r': out[n++] = '\r'; break;
+    case 't': out[n++] = '\t'; break;
+    case 'u': {
+      int hi = (q - ps->p >= 4) ? hex4(ps->p) : -1;
+      if (hi < 0) {
+        fail(ps, "bad \\u escape", NULL);
+        goto bad;
+      }
+      ps->p += 4;
+      uint32_t cp = (uint32_t)hi;
+      if (hi >= 0xd800 && hi <= 0xdbff) {
+        int lo = (q - ps->p >= 6 && ps->p[0] == '\\' && ps->p[1] == 'u')
+                     ? hex4(ps->p + 2)
+                     : -1;
+        if (lo < 0xdc00 || lo > 0xdfff) {
+          fail(ps, "unpaired surrogate in a \\u escape", NULL);
+          goto bad;
+        }
+        ps->p += 6;
+        cp = 0x10000 + (((uint32_t)hi - 0xd800) << 10) + ((uint32_t)lo - 0xdc00);
+      } else if (hi >= 0xdc00 && hi <= 0xdfff) {
+        fail(ps, "unpaired surrogate in a \\u escape", NULL);
+        goto bad;
+      } else if (hi == 0) {
+        fail(ps, "NUL character in a string", NULL);
+        goto bad;
+      }
+      n += put_utf8(out + n, cp);
+      break;
+    }
+    default:
+      fail(ps, "bad escape in a string", NULL);
+      goto bad;
+    }
+  }
+  ps->p = q + 1;
+  out[n] = '\0';
+  if (!ofl__utf8_valid(out, n)) {
+    fail(ps, "string is not valid UTF-8", NULL);
+    goto bad;
+  }
+  return out;
+bad:
+  free(out);
+  return NULL;
+}
+
+/* A non-negative JSON integer that fits in 63 bits. */
+static bool parse_uint(parser_t *ps, uint64_t *out) {
+  skip_ws(ps);
+  const char *s = ps->p;
+  uint64_t v = 0;
+  while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') {
+    unsigned d = (unsigned)(*ps->p - '0');
+    if (v > ((uint64_t)INT64_MAX - d) / 10) {
+      fail(ps, "integer too large", NULL);
+      return false;
+    }
+    v = v * 10 + d;
+    ps->p++;
+  }
+  if (ps->p == s) {
+    fail(ps, "expected a non-negative integer", NULL);
+    return false;
+  }
+  if (ps->p - s > 1 && *s == '0') {
+    fail(ps, "integer with a leading zero", NULL);
+    return false;
+  }
+  if (ps->p < ps->end && (*ps->p == '.' || *ps->p == 'e' || *ps->p == 'E')) {
+    fail(ps, "expected an integer, found a fraction or exponent", NULL);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+static bool parse_dtype(parser_t *ps, ofl_dtype_t *out) {
+  char *s = parse_string(ps);
+  if (s == NULL)
+    return false;
+  for (int d = 0; d < OFL_DTYPE_COUNT; d++) {
+    if (strcmp(s, ofl_safetensors_dtype_name((ofl_dtype_t)d)) == 0) {
+      free(s);
+      *out = (ofl_dtype_t)d;
+      return true;
+    }
+  }
+  fail(ps, "unsupported dtype \"%.40s\"", s);
+  free(s);
+  return false;
+}
+
+/* {"dtype":..., "shape":[...], "data_offsets":[b,e]}, each exactly once. */
+static bool parse_tensor(parser_t *ps, rec_t *r) {
+  bool have_dtype = false, have_shape = false, have_offsets = false;
+  if (!expect(ps, '{'))
+    return false;
+  if (peek(ps, '}'))
+    return fail(ps, "tensor entry without dtype, shape, data_offsets", NULL),
+           false;
+  do {
+    char *key = parse_string(ps);
+    if (key == NULL || !expect(ps, ':')) {
+      free(key);
+      return false;
+    }
+    bool ok = true;
+    if (strcmp(key, "dtype") == 0 && !have_dtype) {
+      have_dtype = true;
+      ok = parse_dtype(ps, &r->dtype);
+    } else if (strcmp(key, "shape") == 0 && !have_shape) {
+      have_shape = true;
+      ok = expect(ps, '[');
+      r->ndim = 0;
+      if (ok && !peek(ps, ']')) {
+        do {
+          uint64_t v = 0;
+          if (r->ndim == OFL_MAX_DIMS) {
+            fail(ps, "shape has more than 8 dimensions", NULL);
+            ok = false;
+            break;
+          }
+          if (!(ok = parse_uint(ps, &v)))
+            break;
+          r->shape[r->ndim++] = (int64_t)v;
+          skip_ws(ps);
+        } while (ps->p < ps->end && *ps->p == ',' && ps->p++);
+      }
+      ok = ok && expect(ps, ']');
+    } else if (strcmp(key, "data_offsets") == 0 && !have_offsets) {
+      have_offsets = true;
+      ok = expect(ps, '[') && parse_uint(ps, &r->begin) && expect(ps, ',') &&
+           parse_uint(ps, &r->end) && expect(ps, ']');
+    } else {
+      fail(ps, "unknown or repeated key \"%.40s\" in a tensor entry", key);
+      ok = false;
+    }
+    free(key);
+    if (!ok)
+      return false;
+    skip_ws(ps);
+  } while (ps->p < ps->end && *ps->p == ',' && ps->p++);
+  if (!expect(ps, '}'))
+    return false;
+  if (!have_dtype || !have_shape || !have_offsets)
+    return fail(ps, "tensor entry misses dtype, shape or data_offsets", NULL),
+           false;
+  return true;
+}
+
+static bool add_meta(ofl_safetensors_t *st, parser_t *ps, char *k, char *v) {
+  if (st->n_meta == st->cap_meta) {
+    size_t cap = st->cap_meta ? 2 * st->cap_meta : 8;
+    ofl_safetensors_kv_t *m = realloc(st->meta, cap * sizeof *m);
+    if (m == NULL) {
+      free(k), free(v);
+      ps->st = ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
+                          "safetensors '%s': out of host memory", ps->source);
+      return false;
+    }
+    st->meta = m, st->cap_meta = cap;
+  }
+  st->meta[st->n_meta++] = (ofl_safetensors_kv_t){k, v};
+  return true;
+}
+
+static bool parse_metadata(ofl_safetensors_t *st, parser_t *ps) {
+  skip_ws(ps);
+  if (ps->end - ps->p >= 4 && memcmp(ps->p, "null", 4) == 0) {
+    ps->p += 4;
+    return true;
+  }
+  if (!expect(ps, '{'))
+    return false;
+  if (peek(ps, '}'))
+    return ps->p++, true;
+  do {
+    char *k = parse_string(ps);
+    if (k == NULL)
+      return false;
+    for (size_t i = 0; i < st->n_meta; i++)
+      if (strcmp(st->meta[i].key, k) == 0) {
+        fail(ps, "metadata key \"%.40s\" appears twice", k);
+        free(k);
+        return false;
+      }
+    char *v = NULL;
+    if (expect(ps, ':') && !peek(ps, '"'))
+      fail(ps, "metadata value of \"%.40s\" is not a string", k);
+    if (ps->st != OFL_SUCCESS || (v = parse_string(ps)) == NULL) {
+      free(k);
+      return false;
+    }
+    if (!add_meta(st, ps, k, v))
+      return false;
+    skip_ws(ps);
+  } while (ps->p < ps->end && *ps->p == ',' && ps->p++);
+  return expect(ps, '}');
+}
+
+static bool add_rec(ofl_safetensors_t *st, parser_t *ps, const rec_t *r) {
+  if (st->n == st->cap) {
+    size_t cap = st->cap ? 2 * st->cap : 16;
+    rec_t *nr = realloc(st->recs, cap * sizeof *nr);
+    if (nr == NULL) {
+      ps->st = ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
+                          "safetensors '%s': out of host memory", ps->source);
+      return false;
+    }
+    st->recs = nr, st->cap = cap;
+  }
+  st->recs[st->n++] = *r;
+  return true;
+}
+
+static ofl_status_t parse_header(ofl_safetensors_t *st, parser_t *ps) {
+  bool seen_meta = false;
+  if (ps->p >= ps->end || *ps->p != '{')
+    return fail(ps, "header does not start with '{'", NULL);
+  ps->p++;
+  if (peek(ps, '}')) {
+    ps->p++;
+  } else {
+    do {
+      char *key = parse_string(ps);
+      if (key == NULL || !expect(ps, ':')) {
+        free(key);
+        return ps->st;
+      }
+      if (strcmp(key, "__metadata__") == 0) {
+        free(key);
+        if (seen_meta)
+          return fail(ps, "__metadata__ appears twice", NULL);
+        seen_meta = true;
+        if (!parse_metadata(st, ps))
+          return ps->st;
+      } else {
+        rec_t r = {.name = key};
+        if (!parse_tensor(ps, &r) || !add_rec(st, ps, &r)) {
+          free(key);
+          return ps->st;
+        }
+      }
+      skip_ws(ps);
+    } while (ps->p < ps->end && *ps->p == ',' && ps->p++);
+    if (!expect(ps, '}'))
+      return ps->st;
+  }
+  skip_ws(ps); /* the writer pads with spaces */
+  if (ps->p != ps->end)
+    return fail(ps, "unexpected bytes after the header object", NULL);
+  return OFL_SUCCESS;
+}
+
+/* ---- checks on the parsed entries ------------------------------------------ */
+
+static int cmp_name(const void *a, const void *b) {
+  return strcmp(((const rec_t *)a)->name, ((const rec_t *)b)->name);
+}
+static int cmp_offset(const void *a, const void *b) {
+  const rec_t *x = a, *y = b;
+  if (x->begin != y->begin)
+    return x->begin < y->begin ? -1 : 1;
+  if (x->end != y->end)
+    return x->end < y->end ? -1 : 1;
+  return strcmp(x->name, y->name);
+}
+
+static ofl_status_t corrupt(const char *source, const char *fmt, ...)
+    OFL__PRINTF(2, 3);
+static ofl_status_t corrupt(const char *source, const char *fmt, ...) {
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  return ofl__error(OFL_ERR_CORRUPT, OFL_SUBSYS_STAGING,
+                    "safetensors '%s': %s; the file is not a valid safetensors "
+                    "file",
+                    source, what);
+}
+
+#define ULL(x) ((unsigned long long)(x))
+
+static ofl_status_t check_entries(ofl_safetensors_t *st, const char *source) {
+  uint64_t data_size = st->size - st->data_offset;
+  qsort(st->recs, st->n, sizeof *st->recs, cmp_name);
+  for (size_t i = 1; i < st->n; i++)
+    if (strcmp(st->recs[i - 1].name, st->recs[i].name) == 0)
+      return corrupt(source, "tensor '%.64s' appears twice",
+                     st->recs[i].name);
+  for (size_t i = 0; i < st->n; i++) {
+    const rec_t *r = &st->recs[i];
+    size_t need = 0;
+    if (r->end < r->begin)
+      return corrupt(source, "tensor '%.64s' has data_offsets [%llu, %llu] "
+                             "that end before they begin",
+                     r->name, ULL(r->begin), ULL(r->end));
+    if (r->end > data_size)
+      return corrupt(source, "tensor '%.64s' ends at data offset %llu, past "
+                             "the %llu data bytes in the file",
+                     r->name, ULL(r->end), ULL(data_size));
+    if (ofl__st_shape_bytes(r->shape, r->ndim, r->dtype, &need) !=
+            OFL_SUCCESS ||
+        need != r->end - r->begin)
+      return corrupt(source, "tensor '%.64s' has %llu data bytes but its shape "
+                             "and dtype need %llu",
+                     r->name, ULL(r->end - r->begin), ULL(need));
+  }
+  qsort(st->recs, st->n, sizeof *st->recs, cmp_offset);
+  uint64_t at = 0;
+  for (size_t i = 0; i < st->n; i++) {
+    const rec_t *r = &st->recs[i];
+    if (r->begin < at)
+      return corrupt(source, "tensor '%.64s' at data offset %llu overlaps the "
+                             "tensor before it (which ends at %llu)",
+                     r->name, ULL(r->begin), ULL(at));
+    if (r->begin > at)
+      return corrupt(source, "tensor '%.64s' starts at data offset %llu, "
+                             "leaving a hole after offset %llu",
+                     r->name, ULL(r->begin), ULL(at));
+    at = r->end;
+  }
+  if (at != data_size)
+    return corrupt(source, "%llu data bytes follow the last tensor, which "
+                           "ends at %llu",
+                   ULL(data_size - at), ULL(at));
+  return OFL_SUCCESS;
+}
+
+static ofl_status_t load(ofl_safetensors_t *st, const char *source) {
+  if (st->size < 8)
+    return corrupt(source, "file of %zu bytes is shorter than the 8-byte "
+                           "header length",
+                   st->size);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--)
+    n = (n << 8) | st->image[i];
+  if (n > OFL_SAFETENSORS_HEADER_MAX)
+    return corrupt(source, "header length %llu is larger than the limit %zu",
+                   ULL(n), OFL_SAFETENSORS_HEADER_MAX);
+  if (n > st->size - 8)
+    return corrupt(source, "header length %llu runs past the end of the "
+                           "file (%zu bytes)",
+                   ULL(n), st->size);
+  st->data_offset = 8 + (size_t)n;
+  parser_t ps = {(const char *)st->image + 8, (const char *)st->image + 8,
+                 (const char *)st->image + 8 + n, source, OFL_SUCCESS};
+  OFL_CHECK(parse_header(st, &ps));
+  return check_entries(st, source);
+}
+
+static ofl_status_t make(ofl_safetensors_t **out) {
+  ofl_safetensors_t *st = calloc(1, sizeof *st);
+  if (st == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
+                      "safetensors: out of host memory");
+  *out = st;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_safetensors_parse(const void *image, size_t bytes,
+                                   ofl_safetensors_t **out) {
+  if ((image == NULL && bytes > 0) || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,
+                      "safetensors parse: image or out is NULL");
+  ofl_safetensors_t *st = NULL;
+  OFL_CHECK(make(&st));
+  st->image = malloc(bytes ? bytes : 1);
+  if (st->image == NULL) {
+    free(st);
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
+                      "safetensors parse: out of host memory for %zu bytes",
+                      bytes);
+  }
+  if (bytes > 0)
+    memcpy(st->image, image, bytes);
+  st->size = bytes;
+  ofl_status_t s = load(st, "image");
+  if (s != OFL_SUCCESS) {
+    ofl_safetensors_close(st);
+    return s;
+  }
+  *out = st;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_safetensors_open(const char *path, ofl_safetensors_t **out) {
+  if (path == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,
+                      "safetensors open: path or out is NULL");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_STAGING,
+                      "safetensors open: cannot open '%s': %s; check the path",
+                      path, strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_STAGING,
+                      "safetensors open: '%s' is not a regular file", path);
+  }
+  ofl_safetensors_t *st = NULL;
+  ofl_status_t s = make(&st);
+  if (s != OFL_SUCCESS) {
+    close(fd);
+    return s;
+  }
+  st->size = (size_t)sb.st_size;
+  if (st->size > 0) {
+    void *m = mmap(NULL, st->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      int err = errno;
+      close(fd);
+      free(st);
+      return ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_STAGING,
+                        "safetensors open: cannot map '%s': %s", path,
+                        strerror(err));
+    }
+    st->image = m;
+    st->mapped = true;
+  }
+  close(fd);
+  s = load(st, path);
+  if (s != OFL_SUCCESS) {
+    ofl_safetensors_close(st);
+    return s;
+  }
+  *out = st;
+  return OFL_SUCCESS;
+}
+
+void ofl_safetensors_close(ofl_safetensors_t *st) {
+  if (st == NULL)
+    return;
+  for (size_t i = 0; i < st->n; i++)
+    free(st->recs[i].name);
+  for (size_t i = 0; i < st->n_meta; i++) {
+    free((char *)st->meta[i].key);
+    free((char *)st->meta[i].value);
+  }
+  free(st->recs);
+  free(st->meta);
+  if (st->mapped)
+    munmap(st->image, st->size);
+  else
+    free(st->image);
+  free(st);
+}
+
+size_t ofl_safetensors_count(const ofl_safetensors_t *st) {
+  return st != NULL ? st->n : 0;
+}
+
+static void fill(const ofl_safetensors_t *st, const rec_t *r,
+                 ofl_safetensors_entry_t *out) {
+  out->name = r->name;
+  out->dtype = r->dtype;
+  out->ndim = r->ndim;
+  memset(out->shape, 0, sizeof out->shape);
+  memcpy(out->shape, r->shape, (size_t)r->ndim * sizeof r->shape[0]);
+  out->data = st->image + st->data_offset + r->begin;
+  out->bytes = (size_t)(r->end - r->begin);
+}
+
+ofl_status_t ofl_safetensors_get(const ofl_safetensors_t *st, size_t index,
+                                 ofl_safetensors_entry_t *out) {
+  if (st == NULL || out == NULL || index >= st->n)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,
+                      "safetensors get: index %zu out of range (count %zu) or "
+                      "NULL argument",
+                      index, st != NULL ? st->n : 0);
+  fill(st, &st->recs[index], out);
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_safetensors_find(const ofl_safetensors_t *st,
+                                  const char *name,
+                                  ofl_safetensors_entry_t *out) {
+  if (st == NULL || name == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,
+                      "safetensors find: NULL argument");
+  for (size_t i = 0; i < st->n; i++) {
+    if (strcmp(st->recs[i].name, name) == 0) {
+      fill(st, &st->recs[i], out);
+      return OFL_SUCCESS;
+    }
+  }
+  return ofl__error_quiet(OFL_ERR_INVALID_ARG,
+                          "safetensors find: no tensor named '%.64s'", name);
+}
+
+size_t ofl_safetensors_metadata_count(const ofl_safetensors_t *st) {
+  return st != NULL ? st->n_meta : 0;
+}
+
+ofl_status_t ofl_safetensors_metadata(const ofl_safetensors_t *st,
+                                      size_t index, ofl_safetensors_kv_t *out) {
+  if (st == NULL || out == NULL || index >= st->n_meta)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,
+                      "safetensors metadata: index %zu out of range or NULL "
+                      "argument",
+                      index);
+  *out = st->meta[index];
+  return OFL_SUCCESS;
+}
+
+const char *ofl_safetensors_metadata_get(const ofl_safetensors_t *st,
+                                         const char *key) {
+  if (st == NULL || key == NULL)
+    return NULL;
+  for (size_t i = 0; i < st->n_meta; i++)
+    if (strcmp(st->meta[i].key, key) == 0)
+      return st->meta[i].value;
+  return NULL;
+}
+
+size_t ofl_safetensors_data_offset(const ofl_safetensors_t *st) {
+  return st != NULL ? st->data_offset : 0;
+}
