@@ -79,8 +79,12 @@ case "$task" in
     configure "$BUILD"
     ;;
   demo)
+    # The main job: the pipeline demo on 4 ranks (OFL_DEMO_RANKS to change),
+    # writing the memory curves next to the build.
     build "$BUILD"
-    exec "$BUILD/examples/ofl_demo_run" "$@"
+    exec mpirun -n "${OFL_DEMO_RANKS:-4}" --oversubscribe \
+      "$BUILD/examples/ofl_pipeline_demo" \
+      --memory-csv "$BUILD/demo-memory.csv" --memory-png "$BUILD/demo-memory.png" "$@"
     ;;
   test)
     build "$BUILD"

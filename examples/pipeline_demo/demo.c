@@ -1,0 +1,834 @@
+/* ofl pipeline demo: a multi-rank pipeline-parallel training run under
+ * mpirun, one pipeline stage per rank, 1F1B or interleaved 1F1B, layers made
+ * of the named groups of a transformer layer doing real CPU arithmetic. It
+ * trains twice in one invocation, without and with activation offload, and
+ * checks that losses, gradients and weights are bit-identical; it reports the
+ * offload summary, device memory saved, bytes moved, stalls and step times. */
+#include <errno.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ofl/ofl.h>
+
+#include "glue.h"
+#include "kernels.h"
+#include "schedule.h"
+
+/* ---- options ------------------------------------------------------------ */
+
+typedef struct {
+  int vpp, microbatches, layers, hidden, seq, iters;
+  char offload_groups[256];
+  size_t min_offload_bytes;
+  double link_gbps;
+  const char *csv, *trace, *png;
+  int check_memory; /* fail when saved bytes differ from the summary > 5% */
+  double mem_tolerance;
+  int quiet;
+  int timeout_s;
+} opts_t;
+
+static const char *usage_text =
+    "usage: mpirun -n P ofl_pipeline_demo [options]\n"
+    "  One pipeline stage per MPI rank (P ranks = pipeline size P).\n"
+    "  --vpp V             virtual stages per rank; V > 1 runs interleaved 1F1B\n"
+    "                      (microbatches must then be a multiple of P) [1]\n"
+    "  --microbatches M    microbatches per iteration [8]\n"
+    "  --layers L          layers per virtual stage [2]\n"
+    "  --hidden H          hidden size [128]\n"
+    "  --seq S             sequence length (rows per activation, <= 4096) [128]\n"
+    "  --iters N           iterations per run; the first is the warmup [4]\n"
+    "  --offload LIST      group names to offload, comma-separated, from\n"
+    "                      attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,\n"
+    "                      expert_fc1,moe_act, or 'all' [all]\n"
+    "  --min-offload-bytes B  smallest tensor offloaded [4096]\n"
+    "  --link-gbps G       emulate a host link of G GB/s per direction (0: off) [0]\n"
+    "  --memory-csv FILE   write device memory over time, both runs (rank 0)\n"
+    "  --memory-png FILE   render that CSV to a PNG with gnuplot (rank 0)\n"
+    "  --trace FILE        Chrome trace of the offload run (%r: rank)\n"
+    "  --check-memory      fail unless the device bytes saved are within\n"
+    "                      --mem-tolerance of the summary's bytes\n"
+    "  --mem-tolerance F   relative tolerance of --check-memory [0.05]\n"
+    "  --timeout S         seconds a rank waits for a peer's message [60]\n"
+    "  --quiet             no progress lines\n"
+    "  --help              this text\n";
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi)
+    return -1;
+  *out = (int)v;
+  return 0;
+}
+
+static int parse_opts(int argc, char **argv, opts_t *o, int rank) {
+  *o = (opts_t){.vpp = 1, .microbatches = 8, .layers = 2, .hidden = 128,
+                .seq = 128, .iters = 4, .min_offload_bytes = 4096,
+                .mem_tolerance = 0.05, .timeout_s = 60};
+  snprintf(o->offload_groups, sizeof o->offload_groups, "all");
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    int bad = 0;
+#define INT_OPT(flag, field, lo, hi)                                           \
+  if (strcmp(a, flag) == 0) {                                                  \
+    bad = !v || parse_int(v, lo, hi, &o->field);                               \
+    i++;                                                                       \
+    goto next;                                                                 \
+  }
+    INT_OPT("--vpp", vpp, 1, 16)
+    INT_OPT("--microbatches", microbatches, 1, 4096)
+    INT_OPT("--layers", layers, 1, 64)
+    INT_OPT("--hidden", hidden, 8, 8192)
+    INT_OPT("--seq", seq, 1, 4096)
+    INT_OPT("--iters", iters, 1, 100000)
+    INT_OPT("--timeout", timeout_s, 1, 86400)
+#undef INT_OPT
+    if (strcmp(a, "--offload") == 0 && v) {
+      snprintf(o->offload_groups, sizeof o->offload_groups, "%s", v);
+      i++;
+    } else if (strcmp(a, "--min-offload-bytes") == 0 && v) {
+      o->min_offload_bytes = (size_t)strtoull(v, NULL, 10);
+      i++;
+    } else if (strcmp(a, "--link-gbps") == 0 && v) {
+      o->link_gbps = atof(v);
+      bad = o->link_gbps < 0;
+      i++;
+    } else if (strcmp(a, "--memory-csv") == 0 && v) {
+      o->csv = v;
+      i++;
+    } else if (strcmp(a, "--memory-png") == 0 && v) {
+      o->png = v;
+      i++;
+    } else if (strcmp(a, "--trace") == 0 && v) {
+      o->trace = v;
+      i++;
+    } else if (strcmp(a, "--mem-tolerance") == 0 && v) {
+      o->mem_tolerance = atof(v);
+      i++;
+    } else if (strcmp(a, "--check-memory") == 0) {
+      o->check_memory = 1;
+    } else if (strcmp(a, "--quiet") == 0) {
+      o->quiet = 1;
+    } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      if (rank == 0)
+        fputs(usage_text, stdout);
+      return 1;
+    } else {
+      bad = 1;
+    }
+  next:
+    if (bad) {
+      if (rank == 0)
+        fprintf(stderr, "ofl_pipeline_demo: bad or incomplete option '%s'\n%s",
+                a, usage_text);
+      return -1;
+    }
+  }
+  if (strcmp(o->offload_groups, "all") == 0)
+    snprintf(o->offload_groups, sizeof o->offload_groups,
+             "attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,expert_fc1,"
+             "moe_act");
+  return 0;
+}
+
+/* ---- the model ---------------------------------------------------------- */
+
+typedef struct {
+  int s, h, f;
+} dims_t;
+
+enum { W_G1, W_QKV, W_O, W_G2, W_1, W_2, NW };
+
+typedef struct {
+  float *w[NW], *dw[NW];
+  size_t n[NW];
+} layer_t;
+
+typedef struct {
+  uint64_t x, y1, qkv, probs, a, x2, y2, u;
+} saved_t;
+
+typedef struct {
+  opts_t *o;
+  dims_t d;
+  int rank, pp;
+  ofl_device_t *dev;
+  ofl_pool_t *pool;
+  glue_t *glue;
+  layer_t *layers; /* vpp * layers */
+  saved_t *saved;  /* microbatches * vpp * layers */
+  ofl_tensor_t **stage_out; /* last-stage outputs per microbatch (loss) */
+  double *losses;  /* iters * microbatches, last stage only */
+  int iter;
+  /* memory samples */
+  double *mem_t;
+  double *mem_b;
+  size_t nmem, capmem;
+  double t0;
+  int failed;
+} run_t;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(run_t *r, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "ofl_pipeline_demo rank %d: ", r ? r->rank : -1);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  exit(2);
+}
+
+#define OK(r, call)                                                            \
+  do {                                                                         \
+    int st_ = (call);                                                          \
+    if (st_ != 0)                                                              \
+      die((r), "%s failed: %s (%s)", #call, ofl_status_str(st_),               \
+          ofl_last_error());                                                   \
+  } while (0)
+
+static ofl_tensor_t *act(run_t *r, int rows, int cols) {
+  int64_t shape[2] = {rows, cols};
+  ofl_tensor_t *t = NULL;
+  OK(r, ofl_pool_alloc(r->pool, shape, 2, OFL_DTYPE_F32, NULL, &t));
+  return t;
+}
+
+static float *F(const ofl_tensor_t *t) { return ofl_tensor_data(t); }
+
+static ofl_tensor_t *alias(run_t *r, ofl_tensor_t *t) {
+  ofl_tensor_t *a = NULL;
+  OK(r, ofl_tensor_alias(t, &a));
+  return a;
+}
+
+static void drop(ofl_tensor_t *t) { ofl_tensor_destroy(t); }
+
+static void sample_memory(run_t *r) {
+  if (r->nmem == r->capmem) {
+    r->capmem = r->capmem ? r->capmem * 2 : 1024;
+    r->mem_t = realloc(r->mem_t, r->capmem * sizeof *r->mem_t);
+    r->mem_b = realloc(r->mem_b, r->capmem * sizeof *r->mem_b);
+  }
+  ofl_device_stats_t st;
+  ofl_device_get_stats(r->dev, &st);
+  r->mem_t[r->nmem] = now_s() - r->t0;
+  r->mem_b[r->nmem] = (double)st.device_bytes_in_use;
+  r->nmem++;
+}
+
+static void init_layers(run_t *r, int nlayers) {
+  dims_t d = r->d;
+  for (int i = 0; i < nlayers; i++) {
+    layer_t *L = &r->layers[i];
+    size_t n[NW] = {(size_t)d.h, (size_t)d.h * 3 * d.h, (size_t)d.h * d.h,
+                    (size_t)d.h, (size_t)d.h * d.f, (size_t)d.f * d.h};
+    for (int k = 0; k < NW; k++) {
+      L->n[k] = n[k];
+      OK(r, ofl_device_malloc(r->dev, n[k] * sizeof(float), (void **)&L->w[k]));
+      OK(r, ofl_device_malloc(r->dev, n[k] * sizeof(float), (void **)&L->dw[k]));
+      unsigned long long seed = ((unsigned long long)r->rank << 32) ^
+                                ((unsigned long long)i << 8) ^ (unsigned)k;
+      if (k == W_G1 || k == W_G2) {
+        for (size_t j = 0; j < n[k]; j++)
+          L->w[k][j] = 1.0f;
+      } else {
+        k_fill(L->w[k], n[k], seed, 1.0f / sqrtf((float)d.h));
+      }
+      memset(L->dw[k], 0, n[k] * sizeof(float));
+    }
+  }
+}
+
+/* Forward of one layer; x is consumed (the caller's handle ends here). */
+static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
+                                   ofl_tensor_t *x) {
+  dims_t d = r->d;
+  glue_t *g = r->glue;
+  size_t sh = (size_t)d.s * d.h;
+
+  OK(r, glue_group_start(g, "attn_norm"));
+  ofl_tensor_t *y1 = act(r, d.s, d.h);
+  k_rmsnorm(F(y1), F(x), L->w[W_G1], d.s, d.h);
+  OK(r, glue_save(g, alias(r, x), &sv->x));
+  OK(r, glue_group_commit(g, "attn_norm"));
+
+  OK(r, glue_group_start(g, "qkv_linear"));
+  ofl_tensor_t *qkv = act(r, d.s, 3 * d.h);
+  k_matmul(F(qkv), F(y1), L->w[W_QKV], d.s, d.h, 3 * d.h, 0);
+  OK(r, glue_save(g, y1, &sv->y1));
+  OK(r, glue_group_commit(g, "qkv_linear"));
+
+  OK(r, glue_group_start(g, "core_attn"));
+  ofl_tensor_t *a = act(r, d.s, d.h);
+  ofl_tensor_t *probs = act(r, d.s, d.s);
+  k_attention(F(a), F(probs), F(qkv), d.s, d.h);
+  OK(r, glue_save(g, qkv, &sv->qkv));
+  OK(r, glue_save(g, probs, &sv->probs));
+  OK(r, glue_group_commit(g, "core_attn"));
+
+  OK(r, glue_group_start(g, "attn_proj"));
+  ofl_tensor_t *x2 = act(r, d.s, d.h);
+  k_matmul(F(x2), F(a), L->w[W_O], d.s, d.h, d.h, 0);
+  k_add(F(x2), F(x), sh);
+  OK(r, glue_save(g, a, &sv->a));
+  OK(r, glue_group_commit(g, "attn_proj"));
+  drop(x);
+
+  OK(r, glue_group_start(g, "mlp_norm"));
+  ofl_tensor_t *y2 = act(r, d.s, d.h);
+  k_rmsnorm(F(y2), F(x2), L->w[W_G2], d.s, d.h);
+  OK(r, glue_save(g, alias(r, x2), &sv->x2));
+  OK(r, glue_group_commit(g, "mlp_norm"));
+
+  OK(r, glue_group_start(g, "expert_fc1"));
+  ofl_tensor_t *u = act(r, d.s, d.f);
+  k_matmul(F(u), F(y2), L->w[W_1], d.s, d.h, d.f, 0);
+  OK(r, glue_save(g, y2, &sv->y2));
+  OK(r, glue_group_commit(g, "expert_fc1"));
+
+  OK(r, glue_group_start(g, "moe_act"));
+  ofl_tensor_t *av = act(r, d.s, d.f);
+  ofl_tensor_t *out = act(r, d.s, d.h);
+  k_silu(F(av), F(u), (size_t)d.s * d.f);
+  k_matmul(F(out), F(av), L->w[W_2], d.s, d.f, d.h, 0);
+  k_add(F(out), F(x2), sh);
+  OK(r, glue_save(g, u, &sv->u));
+  OK(r, glue_group_commit(g, "moe_act"));
+  drop(av);
+  drop(x2);
+  return out;
+}
+
+static ofl_tensor_t *load(run_t *r, uint64_t tag) {
+  ofl_tensor_t *t = NULL;
+  OK(r, glue_load(r->glue, tag, &t));
+  return t;
+}
+
+/* Backward of one layer; dout is consumed; returns d(input). */
+static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
+                                    ofl_tensor_t *dout) {
+  dims_t d = r->d;
+  glue_t *g = r->glue;
+
+  OK(r, glue_backward_begin(g, "moe_act"));
+  ofl_tensor_t *u = load(r, sv->u);
+  ofl_tensor_t *av = act(r, d.s, d.f), *dact = act(r, d.s, d.f);
+  k_silu(F(av), F(u), (size_t)d.s * d.f);
+  k_matmul_tn(L->dw[W_2], F(av), F(dout), d.f, d.s, d.h, 1);
+  k_matmul_nt(F(dact), F(dout), L->w[W_2], d.s, d.h, d.f, 0);
+  ofl_tensor_t *du = act(r, d.s, d.f);
+  k_silu_backward(F(du), F(dact), F(u), (size_t)d.s * d.f);
+  drop(av);
+  drop(dact);
+  drop(u);
+  OK(r, glue_backward_end(g, "moe_act"));
+  ofl_tensor_t *dx2 = dout; /* the residual passes the gradient through */
+
+  OK(r, glue_backward_begin(g, "expert_fc1"));
+  ofl_tensor_t *y2 = load(r, sv->y2);
+  k_matmul_tn(L->dw[W_1], F(y2), F(du), d.h, d.s, d.f, 1);
+  ofl_tensor_t *dy2 = act(r, d.s, d.h);
+  k_matmul_nt(F(dy2), F(du), L->w[W_1], d.s, d.f, d.h, 0);
+  drop(y2);
+  drop(du);
+  OK(r, glue_backward_end(g, "expert_fc1"));
+
+  OK(r, glue_backward_begin(g, "mlp_norm"));
+  ofl_tensor_t *x2 = load(r, sv->x2);
+  k_rmsnorm_backward(F(dx2), L->dw[W_G2], F(x2), L->w[W_G2], F(dy2), d.s, d.h);
+  drop(x2);
+  drop(dy2);
+  OK(r, glue_backward_end(g, "mlp_norm"));
+
+  OK(r, glue_backward_begin(g, "attn_proj"));
+  ofl_tensor_t *a = load(r, sv->a);
+  k_matmul_tn(L->dw[W_O], F(a), F(dx2), d.h, d.s, d.h, 1);
+  ofl_tensor_t *da = act(r, d.s, d.h);
+  k_matmul_nt(F(da), F(dx2), L->w[W_O], d.s, d.h, d.h, 0);
+  drop(a);
+  OK(r, glue_backward_end(g, "attn_proj"));
+  ofl_tensor_t *dx = dx2;
+
+  OK(r, glue_backward_begin(g, "core_attn"));
+  ofl_tensor_t *probs = load(r, sv->probs);
+  ofl_tensor_t *qkv = load(r, sv->qkv);
+  ofl_tensor_t *dqkv = act(r, d.s, 3 * d.h);
+  k_attention_backward(F(dqkv), F(da), F(qkv), F(probs), d.s, d.h);
+  drop(qkv);
+  drop(probs);
+  drop(da);
+  OK(r, glue_backward_end(g, "core_attn"));
+
+  OK(r, glue_backward_begin(g, "qkv_linear"));
+  ofl_tensor_t *y1 = load(r, sv->y1);
+  k_matmul_tn(L->dw[W_QKV], F(y1), F(dqkv), d.h, d.s, 3 * d.h, 1);
+  ofl_tensor_t *dy1 = act(r, d.s, d.h);
+  k_matmul_nt(F(dy1), F(dqkv), L->w[W_QKV], d.s, 3 * d.h, d.h, 0);
+  drop(y1);
+  drop(dqkv);
+  OK(r, glue_backward_end(g, "qkv_linear"));
+
+  OK(r, glue_backward_begin(g, "attn_norm"));
+  ofl_tensor_t *x = load(r, sv->x);
+  k_rmsnorm_backward(F(dx), L->dw[W_G1], F(x), L->w[W_G1], F(dy1), d.s, d.h);
+  drop(x);
+  drop(dy1);
+  OK(r, glue_backward_end(g, "attn_norm"));
+  return dx;
+}
+
+/* ---- messages between stages --------------------------------------------- */
+
+typedef struct {
+  MPI_Request req;
+  float *buf;
+} pending_t;
+
+static pending_t *pend;
+static int npend, cappend;
+
+static int tag_of(int mb, int vs, int dir, int nvs) {
+  return ((mb * nvs + vs) * 2 + dir) % 32000;
+}
+
+static void send_tensor(run_t *r, const ofl_tensor_t *t, int dst, int tag) {
+  size_t n = ofl_tensor_nelem(t);
+  if (npend == cappend) {
+    cappend = cappend ? cappend * 2 : 64;
+    pend = realloc(pend, (size_t)cappend * sizeof *pend);
+  }
+  pending_t *p = &pend[npend++];
+  p->buf = malloc(n * sizeof(float));
+  memcpy(p->buf, F(t), n * sizeof(float));
+  if (MPI_Isend(p->buf, (int)n, MPI_FLOAT, dst, tag, MPI_COMM_WORLD, &p->req))
+    die(r, "MPI_Isend to rank %d failed", dst);
+}
+
+/* Receives with a deadline: a peer that died shows up as an error. */
+static void recv_into(run_t *r, ofl_tensor_t *t, int src, int tag) {
+  MPI_Request req;
+  if (MPI_Irecv(F(t), (int)ofl_tensor_nelem(t), MPI_FLOAT, src, tag,
+                MPI_COMM_WORLD, &req))
+    die(r, "MPI_Irecv from rank %d failed", src);
+  double deadline = now_s() + r->o->timeout_s;
+  int done = 0;
+  unsigned nap = 1;
+  while (!done) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done)
+      break;
+    if (now_s() > deadline)
+      die(r, "no message from rank %d (tag %d) after %d s; is it alive?",
+          src, tag, r->o->timeout_s);
+    usleep(nap);
+    if (nap < 500)
+      nap *= 2;
+  }
+}
+
+static void complete_sends(run_t *r) {
+  for (int i = 0; i < npend; i++) {
+    double deadline = now_s() + r->o->timeout_s;
+    int done = 0;
+    while (!done) {
+      MPI_Test(&pend[i].req, &done, MPI_STATUS_IGNORE);
+      if (!done && now_s() > deadline)
+        die(r, "a send did not complete after %d s", r->o->timeout_s);
+      if (!done)
+        usleep(100);
+    }
+    free(pend[i].buf);
+  }
+  npend = 0;
+}
+
+/* ---- one iteration -------------------------------------------------------- */
+
+static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
+  opts_t *o = r->o;
+  dims_t d = r->d;
+  int P = r->pp, V = o->vpp, nvs = P * V;
+  ofl_tensor_t **grad_in = calloc((size_t)o->microbatches * V, sizeof *grad_in);
+  for (int i = 0; i < nsteps; i++) {
+    const sched_step_t *s = &steps[i];
+    int vs = s->chunk * P + r->rank; /* global virtual stage */
+    int mb = s->microbatch;
+    layer_t *L = &r->layers[s->chunk * o->layers];
+    saved_t *sv = &r->saved[((size_t)mb * V + s->chunk) * o->layers];
+    if (s->forward) {
+      ofl_tensor_t *x = act(r, d.s, d.h);
+      if (vs == 0)
+        k_fill(F(x), (size_t)d.s * d.h, 1000003ull * (unsigned)mb + 7, 1.0f);
+      else
+        recv_into(r, x, (r->rank + P - 1) % P, tag_of(mb, vs - 1, 0, nvs));
+      OK(r, glue_chunk_begin(r->glue, V, s->chunk, mb));
+      for (int l = 0; l < o->layers; l++)
+        x = layer_forward(r, &L[l], &sv[l], x);
+      if (vs == nvs - 1) {
+        r->stage_out[mb] = x; /* loss = 0.5 * mean(y^2) at backward */
+      } else {
+        send_tensor(r, x, (r->rank + 1) % P, tag_of(mb, vs, 0, nvs));
+        drop(x);
+      }
+    } else {
+      ofl_tensor_t *dy = act(r, d.s, d.h);
+      if (vs == nvs - 1) {
+        ofl_tensor_t *y = r->stage_out[mb];
+        size_t n = (size_t)d.s * d.h;
+        double loss = 0;
+        for (size_t k = 0; k < n; k++) {
+          loss += 0.5 * (double)F(y)[k] * (double)F(y)[k];
+          F(dy)[k] = F(y)[k] / (float)n;
+        }
+        r->losses[(size_t)r->iter * o->microbatches + mb] = loss / (double)n;
+        drop(y);
+        r->stage_out[mb] = NULL;
+      } else {
+        recv_into(r, dy, (r->rank + 1) % P, tag_of(mb, vs + 1, 1, nvs));
+      }
+      for (int l = o->layers - 1; l >= 0; l--)
+        dy = layer_backward(r, &L[l], &sv[l], dy);
+      if (vs > 0)
+        send_tensor(r, dy, (r->rank + P - 1) % P, tag_of(mb, vs, 1, nvs));
+      drop(dy);
+    }
+    sample_memory(r);
+  }
+  complete_sends(r);
+  free(grad_in);
+  OK(r, glue_iteration_end(r->glue));
+  /* SGD step; gradients are kept for the comparison after the last step. */
+  int nl = o->vpp * o->layers;
+  for (int i = 0; i < nl; i++)
+    for (int k = 0; k < NW; k++) {
+      if (r->iter + 1 < o->iters) {
+        for (size_t j = 0; j < r->layers[i].n[k]; j++)
+          r->layers[i].w[k][j] -= 1e-3f * r->layers[i].dw[k][j];
+        memset(r->layers[i].dw[k], 0, r->layers[i].n[k] * sizeof(float));
+      }
+    }
+}
+
+/* ---- a whole run ------------------------------------------------------------ */
+
+typedef struct {
+  double step_s;         /* mean steady-state step time */
+  size_t peak_bytes;     /* device peak over steady state */
+  size_t summary_bytes;  /* offload summary total (offload run) */
+  glue_stats_t stats;
+  unsigned char *state;  /* losses, weights, gradients: for the comparison */
+  size_t state_bytes;
+  double *mem_t, *mem_b;
+  size_t nmem;
+} result_t;
+
+static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
+  run_t r = {.o = o, .rank = rank, .pp = pp, .iter = 0};
+  r.d = (dims_t){o->seq, o->hidden, 2 * o->hidden};
+  ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
+  dp.backend = OFL_BACKEND_HOST;
+  dp.link_h2d_gbps = o->link_gbps;
+  dp.link_d2h_gbps = o->link_gbps;
+  if (o->trace && offload) {
+    char path[512];
+    snprintf(path, sizeof path, "%s", o->trace);
+    setenv("OFL_TRACE_FILE", path, 1);
+  } else {
+    unsetenv("OFL_TRACE_FILE");
+  }
+  OK(&r, ofl_config_reload());
+  OK(&r, ofl_device_open(&dp, &r.dev));
+  ofl_pool_params_t pp_ = OFL_POOL_PARAMS_INIT;
+  pp_.kind = OFL_POOL_DEVICE;
+  pp_.name = "activations";
+  pp_.budget_bytes = 0;
+  OK(&r, ofl_pool_create(r.dev, &pp_, &r.pool));
+  int nl = o->vpp * o->layers;
+  r.layers = calloc((size_t)nl, sizeof *r.layers);
+  r.saved = calloc((size_t)o->microbatches * nl, sizeof *r.saved);
+  r.stage_out = calloc((size_t)o->microbatches, sizeof *r.stage_out);
+  r.losses = calloc((size_t)o->iters * o->microbatches, sizeof *r.losses);
+  init_layers(&r, nl);
+
+  glue_params_t gp = {.dev = r.dev, .act_pool = r.pool, .offload = offload,
+                      .groups = o->offload_groups,
+                      .min_bytes = o->min_offload_bytes, .pp_rank = rank,
+                      .pp_size = pp, .mpi_comm = NULL};
+  MPI_Comm world = MPI_COMM_WORLD;
+  gp.mpi_comm = &world;
+  OK(&r, glue_open(&gp, &r.glue));
+
+  sched_step_t *steps = calloc((size_t)2 * o->microbatches * o->vpp, sizeof *steps);
+  int nsteps = sched_build(pp, rank, o->vpp, o->microbatches, steps);
+  if (nsteps < 0)
+    die(&r, "invalid schedule (vpp %d needs microbatches a multiple of %d)",
+        o->vpp, pp);
+
+  double steady = 0;
+  int nsteady = 0;
+  r.t0 = now_s();
+  for (r.iter = 0; r.iter < o->iters; r.iter++) {
+    if (r.iter == 1 || o->iters == 1)
+      ofl_device_reset_peak(r.dev);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t = now_s();
+    run_iteration(&r, steps, nsteps);
+    MPI_Barrier(MPI_COMM_WORLD);
+    t = now_s() - t;
+    if (r.iter > 0 || o->iters == 1) {
+      steady += t;
+      nsteady++;
+    }
+    if (!o->quiet && rank == pp - 1) {
+      double l = 0;
+      for (int m = 0; m < o->microbatches; m++)
+        l += r.losses[(size_t)r.iter * o->microbatches + m];
+      printf("[%s] iteration %d/%d%s  loss %.6f  step %.1f ms\n",
+             offload ? "offload" : "baseline", r.iter + 1, o->iters,
+             r.iter == 0 ? " (warmup)" : "", l / o->microbatches, t * 1e3);
+      fflush(stdout);
+    }
+  }
+  ofl_device_stats_t ds;
+  ofl_device_get_stats(r.dev, &ds);
+  res->peak_bytes = ds.device_bytes_peak;
+  res->step_s = steady / (nsteady ? nsteady : 1);
+  res->summary_bytes = glue_summary_total_bytes(r.glue);
+  glue_get_stats(r.glue, &res->stats);
+  if (offload)
+    glue_print_summary(r.glue, stdout);
+
+  /* State for the comparison: losses, then every weight and gradient. */
+  size_t bytes = (size_t)o->iters * o->microbatches * sizeof(double);
+  for (int i = 0; i < nl; i++)
+    for (int k = 0; k < NW; k++)
+      bytes += 2 * r.layers[i].n[k] * sizeof(float);
+  res->state = malloc(bytes);
+  res->state_bytes = bytes;
+  size_t off = 0;
+  memcpy(res->state, r.losses, (size_t)o->iters * o->microbatches * sizeof(double));
+  off += (size_t)o->iters * o->microbatches * sizeof(double);
+  for (int i = 0; i < nl; i++)
+    for (int k = 0; k < NW; k++) {
+      memcpy(res->state + off, r.layers[i].w[k], r.layers[i].n[k] * sizeof(float));
+      off += r.layers[i].n[k] * sizeof(float);
+      memcpy(res->state + off, r.layers[i].dw[k], r.layers[i].n[k] * sizeof(float));
+      off += r.layers[i].n[k] * sizeof(float);
+    }
+  res->mem_t = r.mem_t;
+  res->mem_b = r.mem_b;
+  res->nmem = r.nmem;
+
+  glue_close(r.glue);
+  for (int i = 0; i < nl; i++)
+    for (int k = 0; k < NW; k++) {
+      ofl_device_free(r.dev, r.layers[i].w[k]);
+      ofl_device_free(r.dev, r.layers[i].dw[k]);
+    }
+  ofl_pool_destroy(r.pool);
+  ofl_device_close(r.dev);
+  free(steps);
+  free(r.layers);
+  free(r.saved);
+  free(r.stage_out);
+  free(r.losses);
+}
+
+/* ---- reports ------------------------------------------------------------------ */
+
+static void write_memory_csv(const char *path, int rank, int pp,
+                             const result_t *base, const result_t *off) {
+  /* Every rank's samples are gathered on rank 0: rank, run, t, MiB. */
+  int counts[2] = {(int)base->nmem, (int)off->nmem};
+  int *all = rank == 0 ? malloc(sizeof(int) * 2 * (size_t)pp) : NULL;
+  MPI_Gather(counts, 2, MPI_INT, all, 2, MPI_INT, 0, MPI_COMM_WORLD);
+  FILE *f = NULL;
+  if (rank == 0) {
+    f = fopen(path, "w");
+    if (f == NULL)
+      fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
+    else
+      fprintf(f, "rank,run,seconds,device_mib\n");
+  }
+  const result_t *runs[2] = {base, off};
+  for (int k = 0; k < 2; k++) {
+    int n = counts[k];
+    double *buf = malloc(sizeof(double) * 2 * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++) {
+      buf[2 * i] = runs[k]->mem_t[i];
+      buf[2 * i + 1] = runs[k]->mem_b[i];
+    }
+    if (rank == 0) {
+      for (int src = 0; src < pp; src++) {
+        int m = all[2 * src + k];
+        double *rb = src == 0 ? buf : malloc(sizeof(double) * 2 * (size_t)(m ? m : 1));
+        if (src != 0)
+          MPI_Recv(rb, 2 * m, MPI_DOUBLE, src, 900 + k, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        for (int i = 0; f && i < m; i++)
+          fprintf(f, "%d,%s,%.6f,%.3f\n", src, k ? "offload" : "baseline",
+                  rb[2 * i], rb[2 * i + 1] / 1048576.0);
+        if (src != 0)
+          free(rb);
+      }
+    } else {
+      MPI_Send(buf, 2 * n, MPI_DOUBLE, 0, 900 + k, MPI_COMM_WORLD);
+    }
+    free(buf);
+  }
+  if (f)
+    fclose(f);
+  free(all);
+}
+
+static void render_png(const char *csv, const char *png, int pp) {
+  char script[4096];
+  int n = snprintf(script, sizeof script,
+                   "set terminal pngcairo size 1100,%d font 'sans,10'\n"
+                   "set output '%s'\nset datafile separator ','\n"
+                   "set multiplot layout %d,1 title 'ofl demo: device memory "
+                   "per rank, without and with activation offload'\n",
+                   260 * pp + 60, png, pp);
+  for (int r = 0; r < pp && n < (int)sizeof script - 400; r++)
+    n += snprintf(script + n, sizeof script - (size_t)n,
+                  "set title 'rank %d'\nset ylabel 'MiB'\nset xlabel 'seconds into the run'\n"
+                  "plot '%s' using ($1==%d && strcol(2) eq 'baseline' ? $3 : 1/0):4 "
+                  "with lines lw 2 title 'without offload', "
+                  "'' using ($1==%d && strcol(2) eq 'offload' ? $3 : 1/0):4 "
+                  "with lines lw 2 title 'with offload'\n",
+                  r, csv, r, r);
+  snprintf(script + n, sizeof script - (size_t)n, "unset multiplot\n");
+  FILE *g = popen("gnuplot 2>&1", "w");
+  if (g == NULL) {
+    fprintf(stderr, "gnuplot not available; no PNG written\n");
+    return;
+  }
+  fputs(script, g);
+  if (pclose(g) != 0)
+    fprintf(stderr, "gnuplot failed; no PNG written (is gnuplot installed?)\n");
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, pp = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &pp);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  ofl_log_set_rank(rank);
+  opts_t o;
+  int pr = parse_opts(argc, argv, &o, rank);
+  if (pr != 0) {
+    MPI_Finalize();
+    return pr > 0 ? 0 : 2;
+  }
+  if (o.vpp > 1 && o.microbatches % pp != 0) {
+    if (rank == 0)
+      fprintf(stderr, "ofl_pipeline_demo: interleaved 1F1B (--vpp %d) needs "
+                      "--microbatches to be a multiple of the %d ranks\n",
+              o.vpp, pp);
+    MPI_Finalize();
+    return 2;
+  }
+  if (rank == 0 && !o.quiet)
+    printf("ofl pipeline demo: %d stage(s), %s, vpp %d, %d microbatches, %d "
+           "layer(s) per stage, hidden %d, seq %d, %d iterations\n"
+           "offloading groups: %s (tensors >= %zu bytes); host backend%s\n",
+           pp, o.vpp > 1 ? "interleaved 1F1B" : "1F1B", o.vpp, o.microbatches,
+           o.layers, o.hidden, o.seq, o.iters, o.offload_groups,
+           o.min_offload_bytes,
+           o.link_gbps > 0 ? ", emulated host link" : "");
+
+  result_t base = {0}, off = {0};
+  run(&o, rank, pp, 0, &base);
+  run(&o, rank, pp, 1, &off);
+
+  /* Bit-identical: count differing bytes on each rank, sum over ranks. */
+  long long diff = base.state_bytes != off.state_bytes ? -1 : 0;
+  for (size_t i = 0; diff >= 0 && i < base.state_bytes; i++)
+    diff += base.state[i] != off.state[i];
+  long long diff_all = 0, bad_ranks = 0, bad = diff != 0;
+  MPI_Reduce(&diff, &diff_all, 1, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+  MPI_Reduce(&bad, &bad_ranks, 1, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+
+  /* Per-rank figures, printed by rank 0 in rank order. */
+  double mine[12] = {(double)base.peak_bytes, (double)off.peak_bytes,
+                     (double)off.summary_bytes,
+                     (double)off.stats.offloaded_bytes,
+                     (double)off.stats.reloaded_bytes,
+                     (double)off.stats.stalls, off.stats.stall_ms,
+                     base.step_s, off.step_s,
+                     (double)off.stats.inline_reloads,
+                     (double)off.stats.offloaded_tensors,
+                     (double)off.stats.kept_on_device};
+  double *all = rank == 0 ? malloc(sizeof mine * (size_t)pp) : NULL;
+  MPI_Gather(mine, 12, MPI_DOUBLE, all, 12, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  int mem_fail = 0;
+  if (rank == 0) {
+    printf("\n%-6s %12s %12s %12s %12s %8s %12s %12s %8s %8s %10s %10s\n",
+           "rank", "peak_base", "peak_offl", "saved_MiB", "summary_MiB",
+           "saved/sum", "offl_MiB", "reload_MiB", "stalls", "stall_ms",
+           "step_base", "step_offl");
+    for (int i = 0; i < pp; i++) {
+      double *v = &all[12 * i];
+      double saved = v[0] - v[1];
+      double ratio = v[2] > 0 ? saved / v[2] : (saved == 0 ? 1.0 : 0.0);
+      printf("%-6d %10.2fMi %10.2fMi %12.2f %12.2f %8.3f %12.2f %12.2f %8.0f "
+             "%8.2f %8.1fms %8.1fms\n",
+             i, v[0] / 1048576, v[1] / 1048576, saved / 1048576,
+             v[2] / 1048576, ratio, v[3] / 1048576, v[4] / 1048576, v[5],
+             v[6], v[7] * 1e3, v[8] * 1e3);
+      if (fabs(ratio - 1.0) > o.mem_tolerance)
+        mem_fail++;
+    }
+    double sb = 0, so = 0;
+    for (int i = 0; i < pp; i++) {
+      sb += all[12 * i + 7];
+      so += all[12 * i + 8];
+    }
+    printf("\nstep time with offload / without: %.3f (mean over ranks, "
+           "steady-state iterations)\n",
+           so / sb);
+    printf("device memory saved within %.0f%% of the summary on %d of %d "
+           "rank(s)\n",
+           o.mem_tolerance * 100, pp - mem_fail, pp);
+    printf("bit-identical losses, weights and gradients with and without "
+           "offload: %s (%lld differing bytes on %lld rank(s))\n",
+           diff_all == 0 ? "yes" : "NO", diff_all, bad_ranks);
+    fflush(stdout);
+  }
+  if (o.csv) {
+    write_memory_csv(o.csv, rank, pp, &base, &off);
+    if (rank == 0 && o.png)
+      render_png(o.csv, o.png, pp);
+  }
+  int fail = 0;
+  if (rank == 0)
+    fail = diff_all != 0 || (o.check_memory && mem_fail > 0);
+  MPI_Bcast(&fail, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  free(all);
+  free(base.state);
+  free(off.state);
+  free(base.mem_t);
+  free(base.mem_b);
+  free(off.mem_t);
+  free(off.mem_b);
+  MPI_Finalize();
+  return fail ? 1 : 0;
+}

@@ -1,0 +1,54 @@
+/* ofl pipeline demo: the offload calls a model makes, in one place. The
+ * demo's layers call these; glue.c maps them onto the ofl manager. */
+#ifndef OFL_DEMO_GLUE_H
+#define OFL_DEMO_GLUE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <ofl/ofl.h>
+
+typedef struct glue glue_t;
+
+typedef struct {
+  ofl_device_t *dev;
+  ofl_pool_t *act_pool;  /* device pool of activations and reload buffers */
+  int offload;           /* 0: the manager runs with offload disabled */
+  const char *groups;    /* comma-separated group names to offload */
+  size_t min_bytes;      /* smallest tensor offloaded */
+  int pp_rank, pp_size;
+  void *mpi_comm;        /* MPI_Comm * for the summary, NULL: self */
+} glue_params_t;
+
+int glue_open(const glue_params_t *p, glue_t **out);
+void glue_close(glue_t *g);
+
+/* Forward of one microbatch on one virtual stage starts. */
+int glue_chunk_begin(glue_t *g, int vpp, int vp_stage, int microbatch);
+int glue_group_start(glue_t *g, const char *name);
+/* Hands a saved activation to the manager; it owns the handle until pop. */
+int glue_save(glue_t *g, ofl_tensor_t *t, uint64_t *tag);
+int glue_group_commit(glue_t *g, const char *name);
+int glue_backward_begin(glue_t *g, const char *name);
+/* The saved activation back, with device storage; the caller destroys it. */
+int glue_load(glue_t *g, uint64_t tag, ofl_tensor_t **t);
+int glue_backward_end(glue_t *g, const char *name);
+/* End of an iteration (the schedule's reset). */
+int glue_iteration_end(glue_t *g);
+
+/* After warmup: the estimated device bytes saved (summary total), and the
+ * summary printed through the comm on rank 0 of it. */
+size_t glue_summary_total_bytes(glue_t *g);
+void glue_print_summary(glue_t *g, FILE *out);
+
+typedef struct {
+  uint64_t offloaded_bytes, reloaded_bytes;
+  uint64_t offloaded_tensors, reloaded_tensors;
+  uint64_t stalls;       /* reloads the compute stream had to wait for */
+  double stall_ms;
+  uint64_t inline_reloads;
+  uint64_t kept_on_device;
+} glue_stats_t;
+void glue_get_stats(glue_t *g, glue_stats_t *out);
+
+#endif
