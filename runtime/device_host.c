@@ -222,7 +222,8 @@ typedef struct host_event {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint64_t recorded;  /* records enqueued */
-  uint64_t completed; /* highest record reached by its stream */
+  uint64_t completed; /* every record <= completed reached by its stream */
+  uint64_t ahead;     /* bit i: record completed+1+i reached out of order */
 } host_event_t;
 
 static ofl_status_t host_event_create(ofl_event_t *e) {
@@ -243,10 +244,32 @@ static void host_event_destroy(ofl_event_t *e) {
   free(he);
 }
 
+/* Record `target` reached (mu held). */
+static bool event_reached(const host_event_t *he, uint64_t target) {
+  if (target <= he->completed)
+    return true;
+  uint64_t d = target - he->completed - 1;
+  return d < 64 && (he->ahead >> d) & 1u;
+}
+
+/* Records on different streams can complete out of order; a wait captured
+ * on an older record must not be released by a newer one (re-recorded on a
+ * faster stream), so completion advances only over a contiguous prefix. */
 static void event_complete(host_event_t *he, uint64_t target) {
   pthread_mutex_lock(&he->mu);
-  if (target > he->completed)
-    he->completed = target;
+  if (target > he->completed) {
+    uint64_t d = target - he->completed - 1;
+    if (d < 64) {
+      he->ahead |= 1ull << d;
+    } else { /* more than 64 records in flight: give up ordering them */
+      he->completed = target;
+      he->ahead = 0;
+    }
+    while (he->ahead & 1u) {
+      he->completed++;
+      he->ahead >>= 1;
+    }
+  }
   pthread_cond_broadcast(&he->cv);
   pthread_mutex_unlock(&he->mu);
 }
@@ -255,7 +278,7 @@ static void event_complete(host_event_t *he, uint64_t target) {
 static bool event_wait_target(host_event_t *he, uint64_t target,
                               uint64_t deadline_ns, const atomic_bool *stop) {
   pthread_mutex_lock(&he->mu);
-  while (he->completed < target) {
+  while (!event_reached(he, target)) {
     uint64_t now = ofl__now_ns();
     if (now >= deadline_ns || (stop != NULL && atomic_load(stop))) {
       pthread_mutex_unlock(&he->mu);
@@ -278,7 +301,7 @@ static bool event_wait_target(host_event_t *he, uint64_t target,
 static ofl_status_t host_event_query(ofl_event_t *e) {
   host_event_t *he = e->impl;
   pthread_mutex_lock(&he->mu);
-  bool done = he->completed >= he->recorded;
+  bool done = event_reached(he, he->recorded);
   pthread_mutex_unlock(&he->mu);
   return done ? OFL_SUCCESS : OFL_ERR_NOT_READY;
 }
@@ -742,7 +765,7 @@ static ofl_status_t host_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
   host_event_t *he = e->impl;
   pthread_mutex_lock(&he->mu);
   uint64_t target = he->recorded;
-  bool done = he->completed >= target;
+  bool done = event_reached(he, target);
   pthread_mutex_unlock(&he->mu);
   if (done)
     return OFL_SUCCESS;
