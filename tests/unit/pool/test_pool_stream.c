@@ -1,0 +1,436 @@
+/* Stream-ordered reuse of pool blocks (DESIGN.md section 5 rule 2): a block
+ * whose last use is still queued is not handed out unordered. */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ofl/ofl.h>
+
+static ofl_device_t *dev;
+
+static ofl_device_t *open_device(int strict) {
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  p.strict = strict;
+  p.jitter_max_us = 50;
+  p.jitter_seed = 20261122;
+  ofl_device_t *d = NULL;
+  cr_assert(eq(int, ofl_device_open(&p, &d), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  return d;
+}
+static void open_dev(void) { dev = open_device(1); }
+static void close_dev(void) { ofl_device_close(dev); }
+
+TestSuite(pool_stream, .init = open_dev, .fini = close_dev);
+
+static ofl_pool_t *make_pool(ofl_device_t *d, ofl_pool_kind_t kind) {
+  ofl_pool_params_t p = OFL_POOL_PARAMS_INIT;
+  p.kind = kind;
+  p.budget_bytes = 0;
+  ofl_pool_t *pool = NULL;
+  cr_assert(eq(int, ofl_pool_create(d, &p, &pool), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  return pool;
+}
+
+static ofl_stream_t *make_stream(ofl_device_t *d, const char *name) {
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(d, name, &s), OFL_SUCCESS));
+  return s;
+}
+
+static void sleep_ms(void *arg) { usleep((useconds_t)(uintptr_t)arg * 1000); }
+
+static uint8_t pattern(uint64_t seed, size_t i) {
+  return (uint8_t)((seed * 2654435761u) >> 7 ^ (i * 31 + seed));
+}
+
+static void fill(void *p, size_t n, uint64_t seed) {
+  uint8_t *d = p;
+  for (size_t i = 0; i < n; ++i)
+    d[i] = pattern(seed, i);
+}
+
+static size_t wrong(const void *p, size_t n, uint64_t seed) {
+  const uint8_t *d = p;
+  size_t w = 0;
+  for (size_t i = 0; i < n; ++i)
+    w += d[i] != pattern(seed, i);
+  return w;
+}
+
+#define N ((size_t)1 << 16)
+
+/* A pinned block filled with pattern 1 is being copied to device memory by
+ * a held-back H2D stream; returns the block. */
+static ofl_tensor_t *queue_upload(ofl_device_t *d, ofl_pool_t *pool,
+                                  ofl_stream_t *h2d, void *dst) {
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *src = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &src),
+               OFL_SUCCESS));
+  fill(ofl_tensor_data(src), N, 1);
+  /* Hold the stream so the copy is still queued when the block is freed. */
+  cr_assert(eq(int, ofl_stream_launch_host_func(h2d, sleep_ms, (void *)40),
+               OFL_SUCCESS));
+  cr_assert(eq(int,
+               ofl_memcpy_async(dst, ofl_tensor_data(src), N, OFL_COPY_H2D,
+                                h2d),
+               OFL_SUCCESS));
+  (void)d;
+  return src;
+}
+
+Test(pool_stream, strict_mode_reports_an_unordered_free_of_a_block_in_use) {
+  ofl_pool_t *pool = make_pool(dev, OFL_POOL_PINNED);
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(dev, pool, h2d, dst);
+  ofl_pool_stats_t before;
+  ofl_pool_get_stats(pool, &before);
+  cr_assert(eq(int, ofl_pool_free(pool, src), OFL_ERR_INVALID_USAGE));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "ofl_pool_free_after"), NULL));
+  ofl_pool_stats_t after;
+  ofl_pool_get_stats(pool, &after);
+  cr_assert(eq(int, memcmp(&before, &after, sizeof before), 0));
+  cr_assert(eq(int, ofl_pool_owns(pool, src), 1));
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, src), OFL_SUCCESS));
+  ofl_stream_destroy(h2d);
+  ofl_device_free(dev, dst);
+  ofl_pool_destroy(pool);
+}
+
+/* The hazard the rule exists for: without the event, the block is handed
+ * out again and overwritten before the queued copy reads it. */
+Test(pool_stream, omitting_the_event_lets_reuse_corrupt_a_queued_copy) {
+  ofl_device_t *lax = open_device(0);
+  ofl_pool_t *pool = make_pool(lax, OFL_POOL_PINNED);
+  ofl_stream_t *h2d = make_stream(lax, "h2d");
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(lax, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(lax, pool, h2d, dst);
+  void *block = ofl_tensor_data(src);
+  cr_assert(eq(int, ofl_pool_free(pool, src), OFL_SUCCESS)); /* no event */
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *again = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &again),
+               OFL_SUCCESS));
+  cr_assert(eq(ptr, ofl_tensor_data(again), block));
+  fill(ofl_tensor_data(again), N, 2);
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), wrong(ofl_tensor_data(again), N, 1)));
+  cr_assert(gt(sz, wrong(dst, N, 1), N / 2));
+  ofl_stream_destroy(h2d);
+  ofl_device_free(lax, dst);
+  ofl_pool_destroy(pool);
+  ofl_device_close(lax);
+}
+
+Test(pool_stream, free_after_skips_the_block_until_its_copy_completes) {
+  ofl_pool_t *pool = make_pool(dev, OFL_POOL_PINNED);
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(dev, pool, h2d, dst);
+  void *block = ofl_tensor_data(src);
+  cr_assert(eq(int, ofl_pool_free_after(pool, src, h2d), OFL_SUCCESS));
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *other = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &other),
+               OFL_SUCCESS));
+  cr_assert(ne(ptr, ofl_tensor_data(other), block));
+  fill(ofl_tensor_data(other), N, 2);
+  ofl_pool_stats_t s;
+  ofl_pool_get_stats(pool, &s);
+  cr_assert(eq(u64, s.pending_skips, 1));
+  cr_assert(eq(u64, s.misses, 2));
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  /* Complete now: the block is a hit again. */
+  ofl_tensor_t *again = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &again),
+               OFL_SUCCESS));
+  cr_assert(eq(ptr, ofl_tensor_data(again), block));
+  ofl_pool_get_stats(pool, &s);
+  cr_assert(eq(u64, s.hits, 1));
+  ofl_stream_destroy(h2d);
+  ofl_device_free(dev, dst);
+  ofl_pool_destroy(pool);
+}
+
+Test(pool_stream, alloc_on_a_stream_hands_out_the_block_behind_a_wait) {
+  ofl_pool_t *pool = make_pool(dev, OFL_POOL_PINNED);
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  ofl_stream_t *work = make_stream(dev, "work");
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(dev, pool, h2d, dst);
+  void *block = ofl_tensor_data(src);
+  cr_assert(eq(int, ofl_pool_free_after(pool, src, h2d), OFL_SUCCESS));
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *again = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, work, &again),
+               OFL_SUCCESS));
+  cr_assert(eq(ptr, ofl_tensor_data(again), block));
+  cr_assert(eq(int, ofl_memset_async(block, 0x55, N, work), OFL_SUCCESS));
+  ofl_pool_stats_t s;
+  ofl_pool_get_stats(pool, &s);
+  cr_assert(eq(u64, s.stream_waits, 1));
+  cr_assert(eq(u64, s.hits, 1));
+  cr_assert(eq(int, ofl_stream_synchronize(work, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  size_t fives = 0;
+  for (size_t i = 0; i < N; ++i)
+    fives += ((uint8_t *)block)[i] == 0x55;
+  cr_assert(eq(sz, fives, N));
+  ofl_pool_free(pool, again);
+  ofl_stream_destroy(work);
+  ofl_stream_destroy(h2d);
+  ofl_device_free(dev, dst);
+  ofl_pool_destroy(pool);
+}
+
+Test(pool_stream, alloc_on_the_compute_stream_blocks_until_the_last_use) {
+  ofl_pool_t *pool = make_pool(dev, OFL_POOL_PINNED);
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(dev, pool, h2d, dst);
+  cr_assert(eq(int, ofl_pool_free_after(pool, src, h2d), OFL_SUCCESS));
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *again = NULL;
+  cr_assert(eq(int,
+               ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8,
+                              ofl_device_compute_stream(dev), &again),
+               OFL_SUCCESS));
+  /* The compute stream is this thread: the wait returned after the copy. */
+  fill(ofl_tensor_data(again), N, 3);
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  ofl_stream_destroy(h2d);
+  ofl_device_free(dev, dst);
+  ofl_pool_destroy(pool);
+}
+
+Test(pool_stream, free_after_event_captures_the_event_when_called) {
+  ofl_pool_t *pool = make_pool(dev, OFL_POOL_PINNED);
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  ofl_event_t *ev = NULL;
+  cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(dev, pool, h2d, dst);
+  void *block = ofl_tensor_data(src);
+  cr_assert(eq(int, ofl_event_record(ev, h2d), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free_after_event(pool, src, ev), OFL_SUCCESS));
+  /* The caller records its event again at once, on an idle stream. */
+  cr_assert(eq(int, ofl_event_record(ev, ofl_device_compute_stream(dev)),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *other = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &other),
+               OFL_SUCCESS));
+  cr_assert(ne(ptr, ofl_tensor_data(other), block));
+  fill(ofl_tensor_data(other), N, 4);
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  ofl_event_destroy(ev);
+  ofl_stream_destroy(h2d);
+  ofl_device_free(dev, dst);
+  ofl_pool_destroy(pool);
+}
+
+/* What the pool relies on: a wait refers to the record before it, even
+ * when the event is recorded again on a faster stream. */
+Test(pool_stream, a_wait_is_not_released_by_a_later_record_elsewhere) {
+  ofl_stream_t *slow = make_stream(dev, "slow");
+  ofl_stream_t *waiter = make_stream(dev, "waiter");
+  ofl_event_t *ev = NULL;
+  cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
+  uint8_t *a = calloc(1, 4096), *b = calloc(1, 4096);
+  memset(a, 0x11, 4096);
+  cr_assert(eq(int, ofl_stream_launch_host_func(slow, sleep_ms, (void *)40),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memset_async(a, 0x22, 4096, slow), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_record(ev, slow), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_wait_event(waiter, ev), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(b, a, 4096, OFL_COPY_H2H, waiter),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_record(ev, ofl_device_compute_stream(dev)),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS)); /* the last record */
+  cr_assert(eq(int, ofl_stream_synchronize(waiter, 10000), OFL_SUCCESS));
+  size_t w = 0;
+  for (int i = 0; i < 4096; ++i)
+    w += b[i] != 0x22;
+  cr_assert(eq(sz, w, 0));
+  ofl_event_destroy(ev);
+  ofl_stream_destroy(waiter);
+  ofl_stream_destroy(slow);
+  free(a);
+  free(b);
+}
+
+Test(pool_stream, release_storage_after_orders_a_device_block) {
+  ofl_pool_t *pool = make_pool(dev, OFL_POOL_DEVICE);
+  ofl_stream_t *d2h = make_stream(dev, "d2h");
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_tensor_create(shape, 1, OFL_DTYPE_U8, &t),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_alloc_into(pool, t, NULL), OFL_SUCCESS));
+  void *block = ofl_tensor_data(t);
+  fill(block, N, 5);
+  uint8_t *host = malloc(N);
+  cr_assert(eq(int, ofl_stream_launch_host_func(d2h, sleep_ms, (void *)40),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(host, block, N, OFL_COPY_D2H, d2h),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_release_storage_after(t, d2h), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_location(t), OFL_LOC_NONE));
+  /* Reload into the same handle while the offload copy is still queued. */
+  cr_assert(eq(int, ofl_pool_alloc_into(pool, t, NULL), OFL_SUCCESS));
+  cr_assert(ne(ptr, ofl_tensor_data(t), block));
+  fill(ofl_tensor_data(t), N, 6);
+  cr_assert(eq(int, ofl_stream_synchronize(d2h, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(host, N, 5), 0));
+  ofl_tensor_destroy(t);
+  free(host);
+  ofl_stream_destroy(d2h);
+  ofl_pool_destroy(pool);
+}
+
+typedef struct {
+  ofl_pool_t *pool;
+  ofl_tensor_t *t;
+  ofl_status_t status;
+} cb_free_t;
+
+static void free_in_callback(void *arg) {
+  cb_free_t *c = arg;
+  c->status = ofl_pool_free(c->pool, c->t);
+}
+
+Test(pool_stream, a_stream_callback_can_free_a_block) {
+  ofl_pool_t *pool = make_pool(dev, OFL_POOL_PINNED);
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(dev, pool, h2d, dst);
+  cb_free_t c = {pool, src, OFL_ERR_INTERNAL};
+  cr_assert(eq(int, ofl_stream_launch_host_func(h2d, free_in_callback, &c),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, c.status, OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  ofl_pool_stats_t s;
+  ofl_pool_get_stats(pool, &s);
+  cr_assert(eq(u64, s.blocks_in_use, 0));
+  cr_assert(eq(u64, s.frees, 1));
+  ofl_stream_destroy(h2d);
+  ofl_device_free(dev, dst);
+  ofl_pool_destroy(pool);
+}
+
+/* 1,000 seeded iterations of upload, download and immediate reuse of the
+ * freed blocks (unordered scribbles from the host, ordered ones on a
+ * stream), with jitter on every worker stream: zero wrong bytes. */
+Test(pool_stream, seeded_reuse_with_jitter_never_corrupts_data) {
+  enum { ITERS = 1000 };
+  static const size_t sizes[4] = {4096, 12000, 32768, 777};
+  ofl_pool_t *pinned = make_pool(dev, OFL_POOL_PINNED);
+  ofl_pool_t *device = make_pool(dev, OFL_POOL_DEVICE);
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  ofl_stream_t *d2h = make_stream(dev, "d2h");
+  ofl_event_t *up = NULL;
+  cr_assert(eq(int, ofl_event_create(dev, &up), OFL_SUCCESS));
+  uint8_t *out = calloc(ITERS, 32768);
+  size_t *len = calloc(ITERS, sizeof *len);
+  uint64_t rng = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < ITERS; ++i) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    size_t n = sizes[rng % 4];
+    len[i] = n;
+    int64_t shape[1] = {(int64_t)n};
+    ofl_tensor_t *src = NULL, *dblk = NULL;
+    cr_assert(eq(int,
+                 ofl_pool_alloc(pinned, shape, 1, OFL_DTYPE_U8, NULL, &src),
+                 OFL_SUCCESS));
+    fill(ofl_tensor_data(src), n, (uint64_t)i + 100);
+    ofl_stream_t *dev_req = (rng >> 8) % 2 ? h2d : NULL;
+    cr_assert(eq(int,
+                 ofl_pool_alloc(device, shape, 1, OFL_DTYPE_U8, dev_req, &dblk),
+                 OFL_SUCCESS));
+    cr_assert(eq(int,
+                 ofl_memcpy_async(ofl_tensor_data(dblk), ofl_tensor_data(src),
+                                  n, OFL_COPY_H2D, h2d),
+                 OFL_SUCCESS));
+    cr_assert(eq(int, ofl_pool_free_after(pinned, src, h2d), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_event_record(up, h2d), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_stream_wait_event(d2h, up), OFL_SUCCESS));
+    cr_assert(eq(int,
+                 ofl_memcpy_async(out + (size_t)i * 32768, ofl_tensor_data(dblk),
+                                  n, OFL_COPY_D2H, d2h),
+                 OFL_SUCCESS));
+    cr_assert(eq(int, ofl_pool_free_after(device, dblk, d2h), OFL_SUCCESS));
+
+    /* Reuse at once: host scribbles on blocks handed out unordered, stream
+     * scribbles on blocks handed out behind a wait. */
+    ofl_tensor_t *s1 = NULL, *s2 = NULL;
+    bool ordered = (rng >> 16) % 3 == 0;
+    ofl_stream_t *req = ordered ? d2h : NULL;
+    cr_assert(eq(int, ofl_pool_alloc(pinned, shape, 1, OFL_DTYPE_U8, req, &s1),
+                 OFL_SUCCESS));
+    cr_assert(eq(int, ofl_pool_alloc(device, shape, 1, OFL_DTYPE_U8, req, &s2),
+                 OFL_SUCCESS));
+    if (ordered) {
+      cr_assert(eq(int, ofl_memset_async(ofl_tensor_data(s1), 0xEE, n, d2h),
+                   OFL_SUCCESS));
+      cr_assert(eq(int, ofl_memset_async(ofl_tensor_data(s2), 0xEE, n, d2h),
+                   OFL_SUCCESS));
+      cr_assert(eq(int, ofl_pool_free_after(pinned, s1, d2h), OFL_SUCCESS));
+      cr_assert(eq(int, ofl_pool_free_after(device, s2, d2h), OFL_SUCCESS));
+    } else {
+      memset(ofl_tensor_data(s1), 0xEE, n);
+      memset(ofl_tensor_data(s2), 0xEE, n);
+      cr_assert(eq(int, ofl_pool_free(pinned, s1), OFL_SUCCESS));
+      cr_assert(eq(int, ofl_pool_free(device, s2), OFL_SUCCESS));
+    }
+  }
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 30000), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(d2h, 30000), OFL_SUCCESS));
+  size_t bad = 0;
+  for (int i = 0; i < ITERS; ++i)
+    bad += wrong(out + (size_t)i * 32768, len[i], (uint64_t)i + 100);
+  cr_assert(eq(sz, bad, 0));
+  ofl_pool_stats_t ps, ds;
+  ofl_pool_get_stats(pinned, &ps);
+  ofl_pool_get_stats(device, &ds);
+  cr_assert(eq(u64, ps.blocks_in_use, 0));
+  cr_assert(eq(u64, ds.blocks_in_use, 0));
+  cr_assert(eq(u64, ps.hits + ps.misses, ps.requests));
+  cr_log_info("pinned hits %llu misses %llu device hits %llu misses %llu", (unsigned long long)ps.hits, (unsigned long long)ps.misses, (unsigned long long)ds.hits, (unsigned long long)ds.misses);
+  cr_assert(gt(u64, ps.hits, ITERS / 2)); /* reuse actually happened */
+  cr_assert(gt(u64, ds.hits, ITERS / 2));
+  ofl_device_stats_t dst;
+  ofl_device_get_stats(dev, &dst);
+  cr_assert(eq(u64, dst.strict_violations, 0));
+  ofl_event_destroy(up);
+  ofl_stream_destroy(h2d);
+  ofl_stream_destroy(d2h);
+  ofl_pool_destroy(pinned);
+  ofl_pool_destroy(device);
+  free(out);
+  free(len);
+}
