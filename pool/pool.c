@@ -577,8 +577,11 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
   } else if (pick == PICK_SYNC) {
     s = ofl_event_synchronize(b->ev, OFL_TIMEOUT_DEFAULT);
   }
-  if (s == OFL_SUCCESS && pick != PICK_READY && pick != PICK_NONE)
-    atomic_store(&b->pending, false); /* the order is established now */
+  /* After a host wait the last use is over. After a stream wait it may
+   * still be queued: pending stays set, so that the next release chains on
+   * it (block_order) and an unordered reuse still queries it. */
+  if (s == OFL_SUCCESS && pick == PICK_SYNC)
+    atomic_store(&b->pending, false);
   if (s == OFL_SUCCESS && t == NULL) {
     t = handle_make(p);
     if (t == NULL)

@@ -198,6 +198,38 @@ Test(pool_stream, alloc_on_a_stream_hands_out_the_block_behind_a_wait) {
   ofl_pool_destroy(pool);
 }
 
+/* A block handed out behind a stream wait and returned unused still
+ * carries the earlier last use. */
+Test(pool_stream, a_block_returned_unused_after_a_stream_wait_keeps_its_order) {
+  ofl_device_t *lax = open_device(0);
+  ofl_pool_t *pool = make_pool(lax, OFL_POOL_PINNED);
+  ofl_stream_t *h2d = make_stream(lax, "h2d");
+  ofl_stream_t *work = make_stream(lax, "work");
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(lax, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(lax, pool, h2d, dst);
+  void *block = ofl_tensor_data(src);
+  cr_assert(eq(int, ofl_pool_free_after(pool, src, h2d), OFL_SUCCESS));
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, work, &t),
+               OFL_SUCCESS));
+  cr_assert(eq(ptr, ofl_tensor_data(t), block));
+  cr_assert(eq(int, ofl_pool_free(pool, t), OFL_SUCCESS)); /* unused */
+  ofl_tensor_t *other = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &other),
+               OFL_SUCCESS));
+  cr_assert(ne(ptr, ofl_tensor_data(other), block));
+  fill(ofl_tensor_data(other), N, 9);
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  ofl_stream_destroy(work);
+  ofl_stream_destroy(h2d);
+  ofl_device_free(lax, dst);
+  ofl_pool_destroy(pool);
+  ofl_device_close(lax);
+}
+
 Test(pool_stream, alloc_on_the_compute_stream_blocks_until_the_last_use) {
   ofl_pool_t *pool = make_pool(dev, OFL_POOL_PINNED);
   ofl_stream_t *h2d = make_stream(dev, "h2d");
