@@ -414,7 +414,7 @@ typedef enum pick {
  * that used it has completed). */
 static pick_t block_pick(ofl_pool_t *p, pool_key_t *k, ofl_stream_t *stream,
                          pool_block_t **prev_out, pool_block_t **out) {
-  pool_block_t *prev = NULL;
+  pool_block_t *prev = NULL, *oldest = NULL, *oldest_prev = NULL;
   for (pool_block_t *b = k->free_head; b != NULL; prev = b, b = b->next) {
     if (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS) {
       atomic_store(&b->pending, false);
@@ -422,12 +422,17 @@ static pick_t block_pick(ofl_pool_t *p, pool_key_t *k, ofl_stream_t *stream,
       *out = b;
       return PICK_READY;
     }
-    if (stream != NULL) {
-      *prev_out = prev;
-      *out = b;
-      return PICK_WAIT;
+    if (oldest == NULL) {
+      oldest = b;
+      oldest_prev = prev;
     }
     p->stats.pending_skips++;
+  }
+  if (stream != NULL && oldest != NULL) {
+    p->stats.pending_skips--; /* handed out after all */
+    *prev_out = oldest_prev;
+    *out = oldest;
+    return PICK_WAIT;
   }
   return PICK_NONE;
 }

@@ -15,10 +15,13 @@
  *     creating is refused by the budget and a skipped block exists, the
  *     oldest one is waited for (bounded by OFL_WAIT_TIMEOUT_MS) and handed
  *     out.
- *   - stream != NULL: the oldest free block is handed out; if its last use is
- *     still queued, ofl_stream_wait_event(stream, ...) orders everything the
- *     caller queues on stream after it. Touching the memory from the host
- *     before that stream reaches the wait is the caller's hazard.
+ *   - stream != NULL: the oldest free block whose last use is complete is
+ *     handed out; when there is none, the oldest free block is handed out at
+ *     once and ofl_stream_wait_event(stream, ...) orders everything the
+ *     caller queues on stream after its last use. Touching the memory from
+ *     the host before that stream reaches the wait is the caller's hazard
+ *     (on the host backend a wait on the compute stream blocks the caller
+ *     until the last use is over, so the host may touch it at once).
  *
  * Counting: every request is a hit (a free block reused) or a miss (a block
  * created); backend_allocs counts calls that reached ofl_device_malloc /
