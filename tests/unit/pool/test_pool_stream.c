@@ -341,6 +341,124 @@ Test(pool_stream, release_storage_after_orders_a_device_block) {
   ofl_pool_destroy(pool);
 }
 
+Test(pool_stream, a_stream_request_prefers_a_block_whose_last_use_is_over) {
+  ofl_pool_t *pool = make_pool(dev, OFL_POOL_PINNED);
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  ofl_stream_t *work = make_stream(dev, "work");
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *idle = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &idle),
+               OFL_SUCCESS));
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(dev, pool, h2d, dst);
+  void *busy = ofl_tensor_data(src);
+  void *ready = ofl_tensor_data(idle);
+  /* FIFO order: the busy block first, then the idle one. */
+  cr_assert(eq(int, ofl_pool_free_after(pool, src, h2d), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, idle), OFL_SUCCESS));
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, work, &t),
+               OFL_SUCCESS));
+  cr_assert(eq(ptr, ofl_tensor_data(t), ready));
+  cr_assert(ne(ptr, ofl_tensor_data(t), busy));
+  ofl_pool_stats_t s;
+  ofl_pool_get_stats(pool, &s);
+  cr_assert(eq(u64, s.stream_waits, 0));
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  ofl_stream_destroy(work);
+  ofl_stream_destroy(h2d);
+  ofl_device_free(dev, dst);
+  ofl_pool_destroy(pool);
+}
+
+Test(pool_stream, full_budget_waits_on_the_host_for_a_pending_block) {
+  ofl_pool_params_t p = OFL_POOL_PARAMS_INIT;
+  p.kind = OFL_POOL_PINNED;
+  p.budget_bytes = N;
+  ofl_pool_t *pool = NULL;
+  cr_assert(eq(int, ofl_pool_create(dev, &p, &pool), OFL_SUCCESS));
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(dev, pool, h2d, dst);
+  void *block = ofl_tensor_data(src);
+  cr_assert(eq(int, ofl_pool_free_after(pool, src, h2d), OFL_SUCCESS));
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_SUCCESS));
+  cr_assert(eq(ptr, ofl_tensor_data(t), block));
+  fill(block, N, 7); /* the copy has read it: dst must be intact */
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  ofl_pool_stats_t s;
+  ofl_pool_get_stats(pool, &s);
+  cr_assert(eq(u64, s.blocks_total, 1));
+  cr_assert(eq(u64, s.budget_refusals, 0));
+  ofl_stream_destroy(h2d);
+  ofl_device_free(dev, dst);
+  ofl_pool_destroy(pool);
+}
+
+Test(pool_stream, views_released_on_two_streams_order_both_uses) {
+  ofl_pool_t *pool = make_pool(dev, OFL_POOL_DEVICE);
+  ofl_stream_t *a = make_stream(dev, "a");
+  ofl_stream_t *b = make_stream(dev, "b");
+  int64_t shape[1] = {(int64_t)N};
+  ofl_tensor_t *t = NULL, *v = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_SUCCESS));
+  void *block = ofl_tensor_data(t);
+  fill(block, N, 8);
+  cr_assert(eq(int, ofl_tensor_alias(t, &v), OFL_SUCCESS));
+  uint8_t *out_a = malloc(N), *out_b = malloc(N);
+  /* Stream a is slow; stream b is quick. */
+  cr_assert(eq(int, ofl_stream_launch_host_func(a, sleep_ms, (void *)40),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(out_a, block, N, OFL_COPY_D2H, a),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(out_b, block, N, OFL_COPY_D2H, b),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_release_storage_after(t, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free_after(pool, v, b), OFL_SUCCESS));
+  ofl_tensor_t *x = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &x),
+               OFL_SUCCESS));
+  cr_assert(ne(ptr, ofl_tensor_data(x), block));
+  cr_assert(eq(int, ofl_stream_synchronize(b, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(a, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(out_a, N, 8), 0));
+  cr_assert(eq(sz, wrong(out_b, N, 8), 0));
+  ofl_tensor_destroy(t);
+  free(out_a);
+  free(out_b);
+  ofl_stream_destroy(a);
+  ofl_stream_destroy(b);
+  ofl_pool_destroy(pool);
+}
+
+Test(pool_stream, clear_waits_for_queued_last_uses_before_freeing) {
+  ofl_pool_t *pool = make_pool(dev, OFL_POOL_PINNED);
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(dev, pool, h2d, dst);
+  cr_assert(eq(int, ofl_pool_free_after(pool, src, h2d), OFL_SUCCESS));
+  ofl_device_stats_t d0;
+  ofl_device_get_stats(dev, &d0);
+  cr_assert(eq(int, ofl_pool_clear(pool), OFL_SUCCESS));
+  ofl_device_stats_t d1;
+  ofl_device_get_stats(dev, &d1);
+  cr_assert(eq(u64, d1.pinned_frees - d0.pinned_frees, 1));
+  cr_assert(eq(u64, d1.strict_violations, d0.strict_violations));
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  ofl_stream_destroy(h2d);
+  ofl_device_free(dev, dst);
+  ofl_pool_destroy(pool);
+}
+
 typedef struct {
   ofl_pool_t *pool;
   ofl_tensor_t *t;
