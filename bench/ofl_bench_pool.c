@@ -16,7 +16,7 @@
   do {                                                                         \
     ofl_status_t st_ = (call);                                                 \
     if (st_ != OFL_SUCCESS) {                                                  \
-      fprintf(stderr, "%s failed: %s\n", #call, ofl_last_error());            \
+      fprintf(stderr, "%s failed: %s\n", #call, ofl_last_error());             \
       exit(1);                                                                 \
     }                                                                          \
   } while (0)
@@ -146,8 +146,8 @@ int main(void) {
       ofl_device_get_stats(dev, &d0);
       double ns = ns_pool_loop(&j);
       ofl_device_get_stats(dev, &d1);
-      printf("%-10zu %-22s %10.1f %12.1f %8.2f %14llu\n", n, modes[mi].name,
-             ns, m, ns / m,
+      printf("%-10zu %-22s %10.1f %12.1f %8.2f %14llu\n", n, modes[mi].name, ns,
+             m, ns / m,
              (unsigned long long)(d1.pinned_allocs - d0.pinned_allocs));
     }
   }

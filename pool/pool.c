@@ -224,9 +224,9 @@ ofl_status_t ofl_pool_create(ofl_device_t *dev, const ofl_pool_params_t *params,
   p->loc = prm.kind == OFL_POOL_PINNED ? OFL_LOC_PINNED : OFL_LOC_DEVICE;
   p->strict = ofl_device_is_strict(dev) != 0;
   snprintf(p->name, sizeof p->name, "%s",
-           prm.name != NULL ? prm.name
-                            : (prm.kind == OFL_POOL_PINNED ? "pinned"
-                                                           : "device"));
+           prm.name != NULL
+               ? prm.name
+               : (prm.kind == OFL_POOL_PINNED ? "pinned" : "device"));
   p->stats.budget_bytes = budget;
   if (prm.reserve_bytes > 0) {
     ofl_status_t s = backend_alloc(p, prm.reserve_bytes, &p->arena);
@@ -403,10 +403,10 @@ static void block_untake(ofl_pool_t *p, pool_key_t *k, pool_block_t *b) {
 }
 
 typedef enum pick {
-  PICK_NONE,    /* nothing usable: create */
-  PICK_READY,   /* last use complete */
-  PICK_WAIT,    /* requester's stream must wait on the block's event */
-  PICK_SYNC     /* budget full: wait for the block's last use on the host */
+  PICK_NONE,  /* nothing usable: create */
+  PICK_READY, /* last use complete */
+  PICK_WAIT,  /* requester's stream must wait on the block's event */
+  PICK_SYNC   /* budget full: wait for the block's last use on the host */
 } pick_t;
 
 /* Lock held. Chooses a free block of k following the rules at the top of
@@ -680,8 +680,8 @@ static ofl_status_t release_check(const ofl_pool_t *expect,
   const char *pn = expect != NULL ? expect->name : "";
   if (t->state != OFL__TENSOR_LIVE)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
-                      "pool %s: tensor %p was already freed (double free)",
-                      pn, (const void *)t);
+                      "pool %s: tensor %p was already freed (double free)", pn,
+                      (const void *)t);
   if (t->st == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
                       "pool %s: tensor %p has no storage (already freed or "
@@ -737,14 +737,13 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
     if (t->state != OFL__TENSOR_LIVE || t->st == NULL ||
         t->st->kind != OFL__STORAGE_BLOCK)
       return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
-                        "tensor %p has no pool block to release",
-                        (void *)t);
+                        "tensor %p has no pool block to release", (void *)t);
     p = ((pool_block_t *)t->st)->pool;
   }
   pthread_mutex_lock(&p->mu);
   ofl_status_t s = release_check(expect, t);
-  if (s != OFL_SUCCESS && expect == NULL &&
-      t->state == OFL__TENSOR_LIVE && t->st != NULL) {
+  if (s != OFL_SUCCESS && expect == NULL && t->state == OFL__TENSOR_LIVE &&
+      t->st != NULL) {
     /* A stale handle (reset reclaimed its block): it just lets go. */
     t->st = NULL;
     t->data = NULL;
@@ -791,8 +790,7 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
   t->offset = 0;
   t->loc = OFL_LOC_NONE;
   /* A reset between the two locks already made the block free. */
-  if (b->st.gen == gen && b->held &&
-      atomic_fetch_sub(&b->st.refs, 1) == 1) {
+  if (b->st.gen == gen && b->held && atomic_fetch_sub(&b->st.refs, 1) == 1) {
     b->held = false;
     b->key->allocated--;
     p->stats.frees++;
@@ -1058,16 +1056,18 @@ static ofl_status_t key_status(const ofl_pool_t *pool, bool dynamic,
     r.total = k->total;
     r.allocated = k->allocated;
     r.free = k->nfree;
-    r.utilization = k->total ? 100.0 * (double)k->allocated / (double)k->total
-                             : 0.0;
+    r.utilization =
+        k->total ? 100.0 * (double)k->allocated / (double)k->total : 0.0;
   }
   pthread_mutex_unlock(&p->mu);
   if (k == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
                       "pool %s has no key for %s; it was never allocated "
                       "(or was cleared)",
-                      pool->name, dynamic ? "these bytes" : "this shape and "
-                                                            "dtype");
+                      pool->name,
+                      dynamic ? "these bytes"
+                              : "this shape and "
+                                "dtype");
   *out = r;
   return OFL_SUCCESS;
 }

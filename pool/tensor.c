@@ -193,7 +193,8 @@ ofl_status_t ofl_tensor_wrap(void *data, const int64_t *shape, int ndim,
                       "ofl_tensor_wrap: data is NULL for %zu bytes", tb);
   }
   ofl__storage_t *st = NULL;
-  ofl_status_t s = external_new(data, t->bytes, loc, release, release_user, &st);
+  ofl_status_t s =
+      external_new(data, t->bytes, loc, release, release_user, &st);
   if (s != OFL_SUCCESS) {
     free(t);
     return s;
@@ -244,8 +245,8 @@ ofl_status_t ofl_tensor_view(const ofl_tensor_t *base, size_t offset_bytes,
   OFL_CHECK(handle_new(shape, ndim, dtype, &t));
   ofl__storage_t *st = base->st;
   size_t off = base->offset;
-  if (__builtin_add_overflow(off, offset_bytes, &off) ||
-      off > st->bytes || t->bytes > st->bytes - off) {
+  if (__builtin_add_overflow(off, offset_bytes, &off) || off > st->bytes ||
+      t->bytes > st->bytes - off) {
     size_t tb = t->bytes;
     free(t);
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,

@@ -87,10 +87,10 @@ typedef struct ofl_pool_stats {
 /* Status of one key (the reference pool's get_pool_status(shape, dtype)). */
 typedef struct ofl_pool_key_status {
   size_t block_bytes;
-  uint64_t total;      /* blocks created for the key */
-  uint64_t allocated;  /* handed out */
-  uint64_t free;       /* in the free list */
-  double utilization;  /* allocated / total * 100; 0 when total is 0 */
+  uint64_t total;     /* blocks created for the key */
+  uint64_t allocated; /* handed out */
+  uint64_t free;      /* in the free list */
+  double utilization; /* allocated / total * 100; 0 when total is 0 */
 } ofl_pool_key_status_t;
 
 /* Creates a pool on dev. params NULL: a device pool with the budget from

@@ -14,7 +14,7 @@
 enum { THREADS = 4, ITERS = 4000 };
 
 static ofl_device_t *dev;
-static ofl_pool_t *pools[2];   /* device, pinned (budgeted) */
+static ofl_pool_t *pools[2]; /* device, pinned (budgeted) */
 static atomic_size_t wrong_bytes;
 static atomic_int errors;
 static atomic_int callback_frees;
@@ -151,8 +151,9 @@ int main(void) {
   tap_ok(consistent, "counters add up and nothing is held at the end");
   ofl_pool_stats_t s;
   ofl_pool_get_stats(pools[1], &s);
-  tap_ok(s.total_bytes <= 24 * 4096, "pinned pool stayed in its budget "
-                                     "(%zu bytes)",
+  tap_ok(s.total_bytes <= 24 * 4096,
+         "pinned pool stayed in its budget "
+         "(%zu bytes)",
          s.total_bytes);
   ofl_pool_destroy(pools[0]);
   ofl_pool_destroy(pools[1]);

@@ -93,13 +93,14 @@ Test(pool, pinned_pool_uses_pinned_memory) {
   ofl_device_stats_t after = dev_stats();
   cr_assert(eq(u64, after.pinned_allocs - before.pinned_allocs, 1));
   cr_assert(eq(u64, after.device_allocs - before.device_allocs, 0));
-  cr_assert(eq(sz, after.pinned_bytes_in_use - before.pinned_bytes_in_use,
-               8000));
+  cr_assert(
+      eq(sz, after.pinned_bytes_in_use - before.pinned_bytes_in_use, 8000));
   fill(t, 9);
   cr_assert(eq(sz, wrong_bytes(t, 9), 0));
   ofl_pool_free(pool, t);
   ofl_pool_destroy(pool);
-  cr_assert(eq(sz, dev_stats().pinned_bytes_in_use, before.pinned_bytes_in_use));
+  cr_assert(
+      eq(sz, dev_stats().pinned_bytes_in_use, before.pinned_bytes_in_use));
 }
 
 /* Three keys, four tensors each, ten iterations: the first is all misses,
@@ -114,10 +115,10 @@ Test(pool, warmup_misses_then_steady_state_hits_without_backend_calls) {
     if (it == 1)
       warm = dev_stats();
     for (int i = 0; i < 12; ++i) {
-      cr_assert(eq(int,
-                   ofl_pool_alloc(pool, shapes[i % 3], 2, dtypes[i % 3], NULL,
-                                  &held[i]),
-                   OFL_SUCCESS));
+      cr_assert(eq(
+          int,
+          ofl_pool_alloc(pool, shapes[i % 3], 2, dtypes[i % 3], NULL, &held[i]),
+          OFL_SUCCESS));
       fill(held[i], (uint8_t)(it * 12 + i));
     }
     for (int i = 0; i < 12; ++i) {
@@ -299,8 +300,8 @@ Test(pool, clear_releases_free_memory_and_keeps_held_blocks) {
                3u << 16));
   cr_assert(eq(int, ofl_pool_clear(pool), OFL_SUCCESS));
   ofl_device_stats_t after = dev_stats();
-  cr_assert(eq(sz, after.device_bytes_in_use - base.device_bytes_in_use,
-               1u << 16));
+  cr_assert(
+      eq(sz, after.device_bytes_in_use - base.device_bytes_in_use, 1u << 16));
   cr_assert(eq(u64, after.device_frees - base.device_frees, 2));
   ofl_pool_stats_t s = stats_of(pool);
   cr_assert(eq(u64, s.blocks_total, 1));
@@ -347,8 +348,8 @@ Test(pool, dynamic_key_rounds_to_the_page_not_a_power_of_two) {
   cr_assert(eq(u64, s.misses, 2));
   cr_assert(eq(sz, s.total_bytes, 20480 + 24576));
   ofl_pool_key_status_t ks;
-  cr_assert(eq(int, ofl_pool_dynamic_key_status(pool, 20000, &ks),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_pool_dynamic_key_status(pool, 20000, &ks), OFL_SUCCESS));
   cr_assert(eq(sz, ks.block_bytes, 20480));
   cr_assert(eq(u64, ks.total, 1));
   cr_assert(eq(u64, ks.allocated, 1));
@@ -362,7 +363,8 @@ Test(pool, budget_exhaustion_returns_no_memory_and_changes_nothing) {
   int64_t shape[1] = {1024};
   ofl_tensor_t *t[3];
   for (int i = 0; i < 3; ++i)
-    cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &t[i]),
+    cr_assert(eq(int,
+                 ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &t[i]),
                  OFL_SUCCESS));
   ofl_device_stats_t d0 = dev_stats();
   ofl_pool_stats_t s0 = stats_of(pool);
@@ -417,7 +419,8 @@ Test(pool, reserve_is_one_backend_call_and_serves_later_misses) {
   ofl_tensor_t *t[12];
   for (int i = 0; i < 12; ++i) {
     int64_t shape[1] = {(int64_t)(1000 * (i % 4 + 1))};
-    cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &t[i]),
+    cr_assert(eq(int,
+                 ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_F32, NULL, &t[i]),
                  OFL_SUCCESS));
     fill(t[i], (uint8_t)i);
   }
@@ -463,8 +466,8 @@ Test(pool, alloc_into_reuses_the_callers_handle) {
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
   int64_t shape[2] = {32, 32};
   ofl_tensor_t *t = NULL;
-  cr_assert(eq(int, ofl_tensor_create(shape, 2, OFL_DTYPE_F16, &t),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_tensor_create(shape, 2, OFL_DTYPE_F16, &t), OFL_SUCCESS));
   ofl_tensor_set_flags(t, OFL_TENSOR_NOT_OFFLOADABLE);
   cr_assert(eq(int, ofl_pool_alloc_into(pool, t, NULL), OFL_SUCCESS));
   cr_assert(eq(int, ofl_tensor_location(t), OFL_LOC_DEVICE));
@@ -493,8 +496,8 @@ Test(pool, a_view_keeps_the_block_out_of_the_free_list) {
   ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t);
   fill(t, 8);
   int64_t vs[1] = {32};
-  cr_assert(eq(int, ofl_tensor_view(t, 32, vs, 1, OFL_DTYPE_U8, &v),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_tensor_view(t, 32, vs, 1, OFL_DTYPE_U8, &v), OFL_SUCCESS));
   cr_assert(eq(ptr, (void *)ofl_tensor_storage_id(v),
                (void *)ofl_tensor_storage_id(t)));
   cr_assert(eq(ptr, ofl_tensor_pool(v), pool));

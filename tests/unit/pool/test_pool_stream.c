@@ -77,10 +77,9 @@ static ofl_tensor_t *queue_upload(ofl_device_t *d, ofl_pool_t *pool,
   /* Hold the stream so the copy is still queued when the block is freed. */
   cr_assert(eq(int, ofl_stream_launch_host_func(h2d, sleep_ms, (void *)40),
                OFL_SUCCESS));
-  cr_assert(eq(int,
-               ofl_memcpy_async(dst, ofl_tensor_data(src), N, OFL_COPY_H2D,
-                                h2d),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_memcpy_async(dst, ofl_tensor_data(src), N, OFL_COPY_H2D, h2d),
+         OFL_SUCCESS));
   (void)d;
   return src;
 }
@@ -295,8 +294,8 @@ Test(pool_stream, a_wait_is_not_released_by_a_later_record_elsewhere) {
   cr_assert(eq(int, ofl_memset_async(a, 0x22, 4096, slow), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_record(ev, slow), OFL_SUCCESS));
   cr_assert(eq(int, ofl_stream_wait_event(waiter, ev), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_memcpy_async(b, a, 4096, OFL_COPY_H2H, waiter),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_memcpy_async(b, a, 4096, OFL_COPY_H2H, waiter), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_record(ev, ofl_device_compute_stream(dev)),
                OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS)); /* the last record */
@@ -317,8 +316,8 @@ Test(pool_stream, release_storage_after_orders_a_device_block) {
   ofl_stream_t *d2h = make_stream(dev, "d2h");
   int64_t shape[1] = {(int64_t)N};
   ofl_tensor_t *t = NULL;
-  cr_assert(eq(int, ofl_tensor_create(shape, 1, OFL_DTYPE_U8, &t),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_tensor_create(shape, 1, OFL_DTYPE_U8, &t), OFL_SUCCESS));
   cr_assert(eq(int, ofl_pool_alloc_into(pool, t, NULL), OFL_SUCCESS));
   void *block = ofl_tensor_data(t);
   fill(block, N, 5);
@@ -416,10 +415,10 @@ Test(pool_stream, views_released_on_two_streams_order_both_uses) {
   /* Stream a is slow; stream b is quick. */
   cr_assert(eq(int, ofl_stream_launch_host_func(a, sleep_ms, (void *)40),
                OFL_SUCCESS));
-  cr_assert(eq(int, ofl_memcpy_async(out_a, block, N, OFL_COPY_D2H, a),
-               OFL_SUCCESS));
-  cr_assert(eq(int, ofl_memcpy_async(out_b, block, N, OFL_COPY_D2H, b),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_memcpy_async(out_a, block, N, OFL_COPY_D2H, a), OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_memcpy_async(out_b, block, N, OFL_COPY_D2H, b), OFL_SUCCESS));
   cr_assert(eq(int, ofl_tensor_release_storage_after(t, a), OFL_SUCCESS));
   cr_assert(eq(int, ofl_pool_free_after(pool, v, b), OFL_SUCCESS));
   ofl_tensor_t *x = NULL;
@@ -530,8 +529,8 @@ Test(pool_stream, seeded_reuse_with_jitter_never_corrupts_data) {
     cr_assert(eq(int, ofl_event_record(up, h2d), OFL_SUCCESS));
     cr_assert(eq(int, ofl_stream_wait_event(d2h, up), OFL_SUCCESS));
     cr_assert(eq(int,
-                 ofl_memcpy_async(out + (size_t)i * 32768, ofl_tensor_data(dblk),
-                                  n, OFL_COPY_D2H, d2h),
+                 ofl_memcpy_async(out + (size_t)i * 32768,
+                                  ofl_tensor_data(dblk), n, OFL_COPY_D2H, d2h),
                  OFL_SUCCESS));
     cr_assert(eq(int, ofl_pool_free_after(device, dblk, d2h), OFL_SUCCESS));
 
@@ -570,7 +569,9 @@ Test(pool_stream, seeded_reuse_with_jitter_never_corrupts_data) {
   cr_assert(eq(u64, ps.blocks_in_use, 0));
   cr_assert(eq(u64, ds.blocks_in_use, 0));
   cr_assert(eq(u64, ps.hits + ps.misses, ps.requests));
-  cr_log_info("pinned hits %llu misses %llu device hits %llu misses %llu", (unsigned long long)ps.hits, (unsigned long long)ps.misses, (unsigned long long)ds.hits, (unsigned long long)ds.misses);
+  cr_log_info("pinned hits %llu misses %llu device hits %llu misses %llu",
+              (unsigned long long)ps.hits, (unsigned long long)ps.misses,
+              (unsigned long long)ds.hits, (unsigned long long)ds.misses);
   cr_assert(gt(u64, ps.hits, ITERS / 2)); /* reuse actually happened */
   cr_assert(gt(u64, ds.hits, ITERS / 2));
   ofl_device_stats_t dst;

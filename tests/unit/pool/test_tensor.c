@@ -80,8 +80,8 @@ Test(tensor, shape_bytes_counts_scalars_zero_dims_and_products) {
 Test(tensor, invalid_shapes_dtypes_and_overflow_are_rejected) {
   size_t b = 123;
   int64_t neg[2] = {4, -1};
-  cr_assert(eq(int, ofl_shape_bytes(neg, 2, OFL_DTYPE_F32, &b),
-               OFL_ERR_INVALID_ARG));
+  cr_assert(
+      eq(int, ofl_shape_bytes(neg, 2, OFL_DTYPE_F32, &b), OFL_ERR_INVALID_ARG));
   cr_assert(ne(ptr, strstr(ofl_last_error(), "negative"), NULL));
   int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
   cr_assert(eq(int, ofl_shape_bytes(nine, 9, OFL_DTYPE_F32, &b),
@@ -89,8 +89,8 @@ Test(tensor, invalid_shapes_dtypes_and_overflow_are_rejected) {
   cr_assert(eq(int, ofl_shape_bytes(nine, -1, OFL_DTYPE_F32, &b),
                OFL_ERR_INVALID_ARG));
   int64_t big[3] = {INT64_MAX / 2, 4, 4};
-  cr_assert(eq(int, ofl_shape_bytes(big, 3, OFL_DTYPE_F32, &b),
-               OFL_ERR_INVALID_ARG));
+  cr_assert(
+      eq(int, ofl_shape_bytes(big, 3, OFL_DTYPE_F32, &b), OFL_ERR_INVALID_ARG));
   cr_assert(ne(ptr, strstr(ofl_last_error(), "overflow"), NULL));
   int64_t one[1] = {1};
   cr_assert(eq(int, ofl_shape_bytes(one, 1, (ofl_dtype_t)42, &b),
@@ -243,8 +243,7 @@ Test(tensor, release_keeps_the_handle_and_attach_gives_new_storage) {
   cr_assert(eq(int,
                ofl_tensor_attach(t, b, 40, OFL_LOC_PINNED, log_release, &log2),
                OFL_SUCCESS));
-  cr_assert(eq(int,
-               ofl_tensor_attach(t, a, 40, OFL_LOC_PINNED, NULL, NULL),
+  cr_assert(eq(int, ofl_tensor_attach(t, a, 40, OFL_LOC_PINNED, NULL, NULL),
                OFL_ERR_INVALID_USAGE));
   cr_assert(ne(ptr, (void *)ofl_tensor_storage_id(t), NULL));
   cr_assert(eq(int, ofl_tensor_location(t), OFL_LOC_PINNED));
@@ -277,8 +276,8 @@ Test(tensor, stream_ordered_release_waits_for_the_queued_copy) {
   /* Hold the stream so that the copy is still queued at the release. */
   cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_ms, (void *)30),
                OFL_SUCCESS));
-  cr_assert(eq(int, ofl_memcpy_async(dst, src, n, OFL_COPY_D2H, s),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_memcpy_async(dst, src, n, OFL_COPY_D2H, s), OFL_SUCCESS));
   cr_assert(eq(int, ofl_tensor_release_storage_after(t, s), OFL_SUCCESS));
   cr_assert(eq(int, ofl_tensor_location(t), OFL_LOC_NONE));
   cr_assert(eq(int, atomic_load(&log.calls), 0));
@@ -288,8 +287,8 @@ Test(tensor, stream_ordered_release_waits_for_the_queued_copy) {
   for (size_t i = 0; i < n; ++i)
     wrong += dst[i] != (uint8_t)(i * 7 + 3);
   cr_assert(eq(sz, wrong, 0));
-  cr_assert(eq(int, ofl_tensor_release_storage_after(t, NULL),
-               OFL_ERR_INVALID_ARG));
+  cr_assert(
+      eq(int, ofl_tensor_release_storage_after(t, NULL), OFL_ERR_INVALID_ARG));
   ofl_tensor_destroy(t);
   ofl_device_free(dev, src);
   ofl_stream_destroy(s);
@@ -298,15 +297,15 @@ Test(tensor, stream_ordered_release_waits_for_the_queued_copy) {
 
 Test(tensor, null_and_destroyed_handles_are_rejected) {
   cr_assert(eq(int, ofl_tensor_release_storage(NULL), OFL_ERR_INVALID_ARG));
-  cr_assert(eq(int, ofl_tensor_attach(NULL, NULL, 0, OFL_LOC_DEVICE, NULL,
-                                      NULL),
+  cr_assert(eq(int,
+               ofl_tensor_attach(NULL, NULL, 0, OFL_LOC_DEVICE, NULL, NULL),
                OFL_ERR_INVALID_ARG));
   ofl_tensor_t *v = NULL;
   cr_assert(eq(int, ofl_tensor_alias(NULL, &v), OFL_ERR_INVALID_ARG));
   int64_t shape[1] = {4};
   ofl_tensor_t *t = NULL;
-  cr_assert(eq(int, ofl_tensor_create(shape, 1, OFL_DTYPE_F16, &t),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_tensor_create(shape, 1, OFL_DTYPE_F16, &t), OFL_SUCCESS));
   cr_assert(eq(int, ofl_tensor_location(t), OFL_LOC_NONE));
   cr_assert(eq(int, ofl_tensor_view(t, 0, shape, 1, OFL_DTYPE_U8, &v),
                OFL_ERR_INVALID_USAGE)); /* no storage to view */

@@ -1,0 +1,182 @@
+/* ofl: disk store internals shared by disk.c (store, extents), disk_io.c
+ * (io_uring and thread engines), disk_space.c (space inside the file) and
+ * disk_crc.c. Not installed. */
+#ifndef OFL_POOL_DISK_INTERNAL_H
+#define OFL_POOL_DISK_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ofl/disk.h>
+#include <ofl/version.h>
+
+#if OFL_HAVE_LIBURING
+#include <liburing.h>
+#endif
+
+#define OFL__DISK_ALIGN ((size_t)4096)
+
+static inline size_t ofl__disk_round(size_t bytes) {
+  return (bytes + OFL__DISK_ALIGN - 1) & ~(OFL__DISK_ALIGN - 1);
+}
+
+/* ---- CRC32C (Castagnoli), reflected, init and final xor ~0 ---------------
+ * ofl__crc32c(0, "123456789", 9) == 0xE3069283. Pass the previous result as
+ * crc to continue over more bytes. */
+uint32_t ofl__crc32c(uint32_t crc, const void *data, size_t bytes);
+/* The portable table version (the hardware one is checked against it). */
+uint32_t ofl__crc32c_sw(uint32_t crc, const void *data, size_t bytes);
+int ofl__crc32c_hw_available(void);
+
+/* ---- space inside the file ------------------------------------------------
+ * Free ranges sorted by offset, coalesced; the file grows at its end. */
+typedef struct disk_range {
+  uint64_t off, len;
+} disk_range_t;
+
+typedef struct disk_space {
+  disk_range_t *free;
+  size_t nfree, cap;
+  uint64_t file_bytes;
+} disk_space_t;
+
+void ofl__disk_space_init(disk_space_t *s);
+void ofl__disk_space_fini(disk_space_t *s);
+/* First fit; false when no free range is long enough. */
+bool ofl__disk_space_take(disk_space_t *s, uint64_t len, uint64_t *off);
+/* Returns a range (coalesced with its neighbours); false only when the list
+ * cannot grow (out of memory), in which case the range is lost to reuse. */
+bool ofl__disk_space_give(disk_space_t *s, uint64_t off, uint64_t len);
+/* Bytes of the free range that ends at file_bytes (0 when none). */
+uint64_t ofl__disk_space_tail_free(const disk_space_t *s);
+
+/* ---- fault injection (tests) ---------------------------------------------- */
+typedef enum ofl__disk_fault {
+  OFL__DISK_FAULT_NONE = 0,
+  OFL__DISK_FAULT_WRITE_EIO,
+  OFL__DISK_FAULT_WRITE_ENOSPC,
+  OFL__DISK_FAULT_WRITE_SHORT,
+  OFL__DISK_FAULT_READ_EIO,
+  OFL__DISK_FAULT_READ_SHORT,
+  OFL__DISK_FAULT_READ_CORRUPT /* the read succeeds, one byte is flipped */
+} ofl__disk_fault_t;
+
+/* The fault hits `count` I/O requests of its direction after `after_n`
+ * more requests of that direction have gone through untouched. */
+void ofl__disk_inject_fault(ofl_disk_t *disk, ofl__disk_fault_t kind,
+                            unsigned after_n, unsigned count);
+/* The file descriptor and an extent's file offset (tests that corrupt the
+ * file behind the store's back). */
+int ofl__disk_fd(const ofl_disk_t *disk);
+uint64_t ofl__disk_extent_offset(const ofl_disk_extent_t *e);
+
+/* ---- store and extents ------------------------------------------------------ */
+enum { DISK_OP_NONE = 0, DISK_OP_WRITE, DISK_OP_READ };
+
+struct ofl_disk_extent {
+  ofl_disk_t *disk;
+  size_t bytes; /* payload */
+  size_t span;  /* bytes rounded to 4 KiB: file space and buffer capacity */
+  uint64_t off; /* file offset */
+  ofl_tensor_t *buf; /* bounce buffer (pool block) or NULL */
+  void *data;
+  ofl_disk_extent_state_t state;
+  /* The operation in flight (engine side). */
+  int op;
+  bool submitted;    /* write_after: false until the stream reached it */
+  bool keep_buffer;  /* a reload/prefetch came while writing */
+  size_t carved;     /* bytes cut into requests so far */
+  unsigned inflight; /* requests issued and not completed */
+  int err;           /* first errno of the op (EIO, ENOSPC, ...) */
+  bool short_io;
+  bool corrupt_injected;
+  ofl_status_t last;    /* outcome of the last finished operation */
+  ofl_status_t pending; /* read error not yet returned by reload */
+  uint32_t crc;
+  struct ofl_disk_extent *next_queued; /* FIFO of ops with uncarved bytes */
+  struct ofl_disk_extent *prev, *next; /* live list */
+};
+
+typedef struct disk_req {
+  ofl_disk_extent_t *ext;
+  uint64_t file_off;
+  size_t buf_off;
+  size_t len;
+  int write;
+  ofl__disk_fault_t fault; /* injected outcome, NONE: real I/O */
+  bool busy;
+} disk_req_t;
+
+typedef struct disk_engine_ops {
+  const char *name;
+  ofl_status_t (*start)(ofl_disk_t *d);
+  void (*kick)(ofl_disk_t *d); /* lock held: new requests are queued */
+  void (*stop)(ofl_disk_t *d); /* lock not held; I/O has drained */
+} disk_engine_ops_t;
+
+struct ofl_disk {
+  ofl_device_t *dev;
+  ofl_pool_t *pool;
+  bool own_pool;
+  int fd;
+  char dir[4096];
+  int rank;
+  bool direct, checksum, preallocate;
+  int queue_depth;
+  size_t block_bytes;
+  uint64_t budget, grow;
+  int prefetch_groups;
+  char *groups; /* comma list, owned */
+
+  pthread_mutex_t mu;
+  pthread_cond_t done_cv; /* an operation finished */
+  pthread_cond_t work_cv; /* thread engine: requests are queued */
+  disk_space_t space;
+  ofl_disk_extent_t *live; /* list of live extents */
+  ofl_disk_extent_t *q_head, *q_tail;
+  disk_req_t *reqs; /* queue_depth slots */
+  int reqs_busy;
+  unsigned ops_inflight; /* extent operations not finished */
+  bool degraded;
+  bool stop;
+
+  /* fault injection */
+  ofl__disk_fault_t inj_kind;
+  unsigned inj_after, inj_count;
+
+  /* busy time per direction, for GB/s */
+  int busy_dir[2];
+  uint64_t busy_since[2], busy_ns[2];
+  ofl_disk_stats_t st;
+
+  const disk_engine_ops_t *eng;
+  pthread_t *threads;
+  int nthreads;
+#if OFL_HAVE_LIBURING
+  struct io_uring ring;
+  bool ring_ok;
+#endif
+};
+
+extern const disk_engine_ops_t ofl__disk_engine_threads;
+#if OFL_HAVE_LIBURING
+extern const disk_engine_ops_t ofl__disk_engine_uring;
+/* 1 when the kernel lets this process use io_uring (with timed waits). */
+int ofl__disk_uring_usable(void);
+#endif
+
+/* Lock held: cuts the next request from the queue into a free slot; NULL
+ * when the queue is empty or every slot is busy. */
+disk_req_t *ofl__disk_next_req(ofl_disk_t *d);
+/* Lock held: records the result of a request (bytes done or -errno) and
+ * frees its slot. Returns the extent when its operation has no request left
+ * in flight and nothing left to cut: the caller then calls
+ * ofl__disk_finish without the lock. */
+ofl_disk_extent_t *ofl__disk_complete_req(ofl_disk_t *d, disk_req_t *r,
+                                          long res);
+/* Lock not held: verifies, updates state and counters, wakes waiters. */
+void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e);
+
+#endif /* OFL_POOL_DISK_INTERNAL_H */
