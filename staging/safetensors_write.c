@@ -401,6 +401,8 @@ static ofl_status_t gather_flush(gather_t *g) {
 }
 
 static ofl_status_t gather_put(gather_t *g, const void *data, size_t bytes) {
+  if (bytes == 0)
+    return OFL_SUCCESS;
   if (g->buf != NULL && bytes <= GATHER_BYTES / 4) {
     if (g->len + bytes > GATHER_BYTES)
       OFL_CHECK(gather_flush(g));

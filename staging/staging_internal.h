@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include <ofl/safetensors.h>
 
@@ -30,5 +31,87 @@ bool ofl__utf8_valid(const char *s, size_t len);
  * OFL_SAFETENSORS_NAME_MAX bytes, valid UTF-8, not "__metadata__". Reports
  * the error (what names the caller: "stage", "write"). */
 ofl_status_t ofl__safetensors_check_name(const char *name, const char *what);
+
+
+/* ---- the stager (stager.c) and its saves (save.c) ------------------------ */
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <ofl/staging.h>
+
+/* One copy: a span of one source storage into the host buffer. */
+typedef struct {
+  const void *storage_id;
+  const char *src;   /* lowest source address of the tensors in the group */
+  size_t span_bytes; /* up to the highest end */
+  size_t buf_off;    /* where the span lands in the host buffer */
+  ofl_copy_kind_t kind;
+} ofl__stage_group_t;
+
+/* Where one tensor of a set lives. */
+typedef struct {
+  ofl_dtype_t dtype;
+  int ndim;
+  int64_t shape[OFL_MAX_DIMS];
+  size_t group;
+  size_t off_in_span;
+  size_t bytes;
+} ofl__stage_slot_t;
+
+struct ofl_staged {
+  ofl_device_t *dev;
+  const ofl_stager_t *owner;
+  atomic_int refs;   /* caller, the stager's cache or pending join, saves */
+  size_t n, n_groups;
+  char **names;      /* n copies */
+  size_t *by_name;   /* indices sorted by name */
+  ofl__stage_slot_t *slots;
+  ofl__stage_group_t *groups;
+  ofl_tensor_t **tensors; /* views into buf */
+  void *buf;
+  size_t buf_bytes;
+  bool pinned;
+  ofl_event_t *done;      /* recorded after the copies */
+  /* Join state, under join_lock. */
+  pthread_mutex_t join_lock;
+  bool pending;           /* copies queued, not yet joined */
+  ofl_tensor_t **keep;    /* one alias per group: source storage held */
+  const char **keep_name; /* a tensor name of each group, for messages */
+  ofl_status_t status;
+  char message[512];
+  atomic_int saves;       /* saves in flight reading buf */
+};
+
+struct ofl_stager {
+  ofl_device_t *dev;
+  ofl_stager_params_t p;
+  ofl_stream_t *stream;
+  bool own_stream;
+  ofl_event_t *compute_done;
+  ofl_staged_t *cached;  /* cache_staged: the reused set (a reference) */
+  ofl_staged_t *last;    /* the last stage, while not joined (a reference) */
+  /* Scratch reused across calls so that a cached stage allocates nothing. */
+  size_t *scratch;
+  size_t scratch_cap;
+  ofl__stage_slot_t *plan_slots;
+  ofl__stage_group_t *plan_groups;
+  size_t plan_cap;
+  atomic_int refs;       /* the caller and every save in flight */
+  pthread_mutex_t lock;  /* inflight, stats, save bookkeeping */
+  pthread_cond_t cond;
+  int inflight;
+  int max_inflight;
+  ofl_stager_stats_t stats;
+};
+
+/* Waits (bounded) for set's copies, checks its sources, drops the source
+ * references; records and returns the outcome. Idempotent. */
+ofl_status_t ofl__staged_join(ofl_staged_t *set, int64_t timeout_ms);
+void ofl__staged_ref(ofl_staged_t *set);
+void ofl__stager_ref(ofl_stager_t *s);
+void ofl__stager_unref(ofl_stager_t *s);
+/* Absolute CLOCK_MONOTONIC deadline timeout_ms from now (resolved). */
+void ofl__deadline(int64_t timeout_ms, struct timespec *ts);
 
 #endif /* OFL_STAGING_INTERNAL_H */

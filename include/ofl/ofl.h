@@ -12,5 +12,6 @@
 #include <ofl/tensor.h>
 #include <ofl/pool.h>
 #include <ofl/safetensors.h>
+#include <ofl/staging.h>
 
 #endif /* OFL_OFL_H */
