@@ -57,6 +57,7 @@ struct ofl_pool {
   ofl_pool_kind_t kind;
   ofl_location_t loc;
   bool strict;
+  bool evict;
   char name[32];
   pool_key_t *buckets[NBUCKETS];
   pool_key_t *keys;
@@ -223,6 +224,7 @@ ofl_status_t ofl_pool_create(ofl_device_t *dev, const ofl_pool_params_t *params,
   p->kind = prm.kind;
   p->loc = prm.kind == OFL_POOL_PINNED ? OFL_LOC_PINNED : OFL_LOC_DEVICE;
   p->strict = ofl_device_is_strict(dev) != 0;
+  p->evict = prm.evict != 0;
   snprintf(p->name, sizeof p->name, "%s",
            prm.name != NULL
                ? prm.name
@@ -457,6 +459,71 @@ static void *arena_carve(ofl_pool_t *p, size_t bytes) {
   return (char *)p->arena + off;
 }
 
+/* Lock held: removes b from its key's list of blocks (b is free and
+ * unlinked from the free list already). */
+static void key_forget(ofl_pool_t *p, pool_block_t *b) {
+  pool_key_t *k = b->key;
+  pool_block_t *prev = NULL;
+  for (pool_block_t *x = k->all_head; x != b; prev = x, x = x->key_next) {
+  }
+  if (prev != NULL)
+    prev->key_next = b->key_next;
+  else
+    k->all_head = b->key_next;
+  if (k->all_tail == b)
+    k->all_tail = prev;
+  b->key_next = NULL;
+  k->total--;
+  p->stats.blocks_total--;
+  p->stats.total_bytes -= b->st.bytes;
+  if (b->carved)
+    p->arena_live--;
+}
+
+/* Lock held. Makes room for bytes by taking free blocks of keys other than
+ * k whose last use is over, oldest first per key; returns them in *victims
+ * for block_destroy outside the lock. Takes nothing when that cannot make
+ * enough room (the refusal then changes nothing). */
+static bool evict_for(ofl_pool_t *p, pool_key_t *k, size_t bytes,
+                      pool_block_t **victims) {
+  size_t budget = p->stats.budget_bytes;
+  size_t used = p->stats.total_bytes + p->creating_bytes;
+  if (bytes > budget)
+    return false;
+  size_t need = used + bytes > budget ? used + bytes - budget : 0;
+  size_t avail = 0;
+  for (pool_key_t *o = p->keys; o != NULL && avail < need; o = o->lnext) {
+    if (o == k)
+      continue;
+    for (pool_block_t *b = o->free_head; b != NULL && avail < need; b = b->next)
+      if (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS)
+        avail += b->st.bytes;
+  }
+  if (avail < need)
+    return false;
+  size_t got = 0;
+  for (pool_key_t *o = p->keys; o != NULL && got < need; o = o->lnext) {
+    if (o == k)
+      continue;
+    pool_block_t *prev = NULL, *b = o->free_head;
+    while (b != NULL && got < need) {
+      pool_block_t *next = b->next;
+      if (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS) {
+        free_unlink(o, prev, b);
+        key_forget(p, b);
+        got += b->st.bytes;
+        p->stats.evictions++;
+        b->next = *victims;
+        *victims = b;
+      } else {
+        prev = b;
+      }
+      b = next;
+    }
+  }
+  return true;
+}
+
 /* Creates a block of k outside the lock; the budget was already held in
  * creating_bytes and k->creating. Lock not held on entry or exit. */
 static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
@@ -538,15 +605,16 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_POOL,
                       "pool %s: cannot allocate a key record", p->name);
   }
-  pool_block_t *prev = NULL, *b = NULL;
+  pool_block_t *prev = NULL, *b = NULL, *victims = NULL;
   pick_t pick = block_pick(p, k, stream, &prev, &b);
   if (pick == PICK_NONE && !budget_allows(p, key_bytes)) {
-    /* Budget full: rather than fail, wait for the oldest queued last use. */
+    /* Budget full: rather than fail, wait for the oldest queued last use of
+     * this key, or release free blocks of other keys. */
     if (k->free_head != NULL) {
       pick = PICK_SYNC;
       prev = NULL;
       b = k->free_head;
-    } else {
+    } else if (!p->evict || !evict_for(p, k, key_bytes, &victims)) {
       p->stats.budget_refusals++;
       size_t total = p->stats.total_bytes, budget = p->stats.budget_bytes;
       pthread_mutex_unlock(&p->mu);
@@ -574,6 +642,11 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
   }
   pthread_mutex_unlock(&p->mu);
 
+  while (victims != NULL) { /* their last uses are over (evict_for) */
+    pool_block_t *v = victims;
+    victims = v->next;
+    block_destroy(p, v);
+  }
   ofl_status_t s = OFL_SUCCESS;
   if (pick == PICK_NONE) {
     s = block_create(p, k, carved, &b);

@@ -58,10 +58,15 @@ typedef struct ofl_pool_params {
   size_t reserve_bytes; /* preallocated at creation (one backend call);
                            blocks are carved from it before the backend is
                            asked again. Must fit the budget. 0: none */
+  int evict;            /* 1: when the budget refuses a new block, release
+                           free blocks of other keys (whose last use is over)
+                           if that makes room; dynamic shapes otherwise fill
+                           the budget with sizes never asked for again.
+                           0: refuse */
 } ofl_pool_params_t;
 
 #define OFL_POOL_PARAMS_INIT                                                   \
-  { OFL_POOL_DEVICE, NULL, OFL_POOL_BUDGET_FROM_ENV, 0 }
+  { OFL_POOL_DEVICE, NULL, OFL_POOL_BUDGET_FROM_ENV, 0, 1 }
 
 /* Global counters of a pool. Bytes are block bytes (a byte-keyed block is
  * rounded to the page). */
@@ -82,6 +87,7 @@ typedef struct ofl_pool_stats {
   uint64_t stream_waits;    /* blocks handed out with a stream wait */
   uint64_t backend_allocs;  /* calls to ofl_device_malloc/ofl_pinned_malloc */
   uint64_t backend_frees;
+  uint64_t evictions; /* free blocks released to make room in the budget */
 } ofl_pool_stats_t;
 
 /* Status of one key (the reference pool's get_pool_status(shape, dtype)). */
@@ -111,7 +117,8 @@ OFL_API ofl_location_t ofl_pool_location(const ofl_pool_t *pool);
 
 /* A new handle on a block of key (shape, dtype). stream may be NULL (see the
  * top of this file). OFL_ERR_NO_MEMORY (quiet: the caller falls back) when
- * the budget or the backend refuses; nothing changes then. End the handle
+ * the budget (after eviction, when enabled) or the backend refuses; nothing
+ * changes then. End the handle
  * with ofl_pool_free[_after] or ofl_tensor_destroy. Handles come from a
  * per-pool cache: the hit path does not call malloc. */
 OFL_API ofl_status_t ofl_pool_alloc(ofl_pool_t *pool, const int64_t *shape,

@@ -394,6 +394,66 @@ Test(pool, budget_exhaustion_returns_no_memory_and_changes_nothing) {
   ofl_pool_destroy(pool);
 }
 
+Test(pool, full_budget_releases_free_blocks_of_other_keys_to_make_room) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, 3 * 4096, 0);
+  int64_t one[1] = {4096}, two[1] = {8192}, three[1] = {12288};
+  ofl_tensor_t *a, *b, *c;
+  cr_assert(eq(int,
+               ofl_pool_alloc_dynamic(pool, one, 1, OFL_DTYPE_U8, NULL, &a),
+               OFL_SUCCESS));
+  cr_assert(eq(int,
+               ofl_pool_alloc_dynamic(pool, two, 1, OFL_DTYPE_U8, NULL, &b),
+               OFL_SUCCESS));
+  ofl_pool_free(pool, a);
+  /* 4096 free + 8192 held: a 12288-byte block cannot fit even by evicting. */
+  ofl_pool_stats_t s0 = stats_of(pool);
+  cr_assert(eq(int,
+               ofl_pool_alloc_dynamic(pool, three, 1, OFL_DTYPE_U8, NULL, &c),
+               OFL_ERR_NO_MEMORY));
+  ofl_pool_stats_t s1 = stats_of(pool);
+  cr_assert(eq(u64, s1.evictions, 0));
+  cr_assert(eq(u64, s1.blocks_total, s0.blocks_total));
+  ofl_pool_free(pool, b);
+  ofl_device_stats_t d0 = dev_stats();
+  cr_assert(eq(int,
+               ofl_pool_alloc_dynamic(pool, three, 1, OFL_DTYPE_U8, NULL, &c),
+               OFL_SUCCESS));
+  fill(c, 6);
+  cr_assert(eq(sz, wrong_bytes(c, 6), 0));
+  ofl_device_stats_t d1 = dev_stats();
+  ofl_pool_stats_t s2 = stats_of(pool);
+  cr_assert(eq(u64, s2.evictions, 2));
+  cr_assert(eq(u64, s2.blocks_total, 1));
+  cr_assert(eq(sz, s2.total_bytes, 12288));
+  cr_assert(eq(u64, d1.pinned_frees - d0.pinned_frees, 2));
+  /* 12288 bytes released, 12288 allocated. */
+  cr_assert(eq(sz, d1.pinned_bytes_in_use, d0.pinned_bytes_in_use));
+  ofl_pool_key_status_t ks;
+  cr_assert(eq(int, ofl_pool_dynamic_key_status(pool, 4096, &ks), OFL_SUCCESS));
+  cr_assert(eq(u64, ks.total, 0));
+  ofl_pool_destroy(pool);
+}
+
+Test(pool, eviction_can_be_turned_off) {
+  ofl_pool_params_t p = OFL_POOL_PARAMS_INIT;
+  p.kind = OFL_POOL_PINNED;
+  p.budget_bytes = 8192;
+  p.evict = 0;
+  ofl_pool_t *pool = NULL;
+  cr_assert(eq(int, ofl_pool_create(dev, &p, &pool), OFL_SUCCESS));
+  int64_t one[1] = {8192}, other[1] = {100};
+  ofl_tensor_t *a, *b;
+  cr_assert(eq(int, ofl_pool_alloc(pool, one, 1, OFL_DTYPE_U8, NULL, &a),
+               OFL_SUCCESS));
+  ofl_pool_free(pool, a);
+  cr_assert(eq(int, ofl_pool_alloc(pool, other, 1, OFL_DTYPE_U8, NULL, &b),
+               OFL_ERR_NO_MEMORY));
+  ofl_pool_stats_t s = stats_of(pool);
+  cr_assert(eq(u64, s.evictions, 0));
+  cr_assert(eq(u64, s.blocks_total, 1));
+  ofl_pool_destroy(pool);
+}
+
 Test(pool, budget_comes_from_the_environment_when_asked) {
   setenv("OFL_HOST_BUDGET", "8K", 1);
   cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));

@@ -458,6 +458,37 @@ Test(pool_stream, clear_waits_for_queued_last_uses_before_freeing) {
   ofl_pool_destroy(pool);
 }
 
+Test(pool_stream, eviction_never_takes_a_block_whose_last_use_is_queued) {
+  ofl_pool_params_t p = OFL_POOL_PARAMS_INIT;
+  p.kind = OFL_POOL_PINNED;
+  p.budget_bytes = N;
+  ofl_pool_t *pool = NULL;
+  cr_assert(eq(int, ofl_pool_create(dev, &p, &pool), OFL_SUCCESS));
+  ofl_stream_t *h2d = make_stream(dev, "h2d");
+  void *dst = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, N, &dst), OFL_SUCCESS));
+  ofl_tensor_t *src = queue_upload(dev, pool, h2d, dst);
+  cr_assert(eq(int, ofl_pool_free_after(pool, src, h2d), OFL_SUCCESS));
+  int64_t other[1] = {(int64_t)N / 2};
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, other, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_ERR_NO_MEMORY));
+  ofl_pool_stats_t s;
+  ofl_pool_get_stats(pool, &s);
+  cr_assert(eq(u64, s.evictions, 0));
+  cr_assert(eq(u64, s.blocks_total, 1));
+  cr_assert(eq(int, ofl_stream_synchronize(h2d, 10000), OFL_SUCCESS));
+  cr_assert(eq(sz, wrong(dst, N, 1), 0));
+  /* Now over: the block may go. */
+  cr_assert(eq(int, ofl_pool_alloc(pool, other, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_SUCCESS));
+  ofl_pool_get_stats(pool, &s);
+  cr_assert(eq(u64, s.evictions, 1));
+  ofl_stream_destroy(h2d);
+  ofl_device_free(dev, dst);
+  ofl_pool_destroy(pool);
+}
+
 typedef struct {
   ofl_pool_t *pool;
   ofl_tensor_t *t;
