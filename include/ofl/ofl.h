@@ -13,5 +13,6 @@
 #include <ofl/pool.h>
 #include <ofl/safetensors.h>
 #include <ofl/staging.h>
+#include <ofl/manager.h>
 
 #endif /* OFL_OFL_H */

@@ -1,0 +1,299 @@
+/* ofl: the pipeline offload manager. It moves the activations a model saves
+ * for backward to pinned host memory during the forward pass of a
+ * pipeline-parallel schedule and brings them back, one group ahead, during
+ * the backward pass. All copies run on the manager's D2H and H2D streams and
+ * overlap with compute; the ordering rules are those of DESIGN.md section 5.
+ *
+ * How a model uses it (C has no autograd, so the application calls the
+ * backward markers itself):
+ *
+ *   forward of one microbatch on one virtual stage:
+ *     ofl_manager_chunk_begin(m, vp_size, vp_stage);
+ *     per module call:  group_start("core_attn");
+ *                       tensor_push(q) -> tag_q; tensor_push(k) -> tag_k; ...
+ *                       group_commit("core_attn", forced, n, 0);
+ *   backward of the same microbatch (modules in reverse order):
+ *     group_backward_begin("core_attn");
+ *     tensor_pop(tag_k) -> k; tensor_pop(tag_q) -> q;     (device storage)
+ *     group_backward_end("core_attn");
+ *   end of the iteration (the schedule's reset):
+ *     ofl_manager_reset(m);
+ *
+ * The first iteration is the warmup: every eligible tensor is offloaded and
+ * the structure (chunks, groups, names, bytes, backward order) is recorded.
+ * The reset that ends it applies the steady-state policy; later iterations
+ * replay the record and a structure that does not match it is an error
+ * (OFL_ERR_MISMATCH naming the group and the chunk).
+ *
+ * Names against the reference (Megatron-Core fine-grained activation
+ * offloading, megatron/core/pipeline_parallel/fine_grained_activation_offload.py):
+ *
+ *   ofl                                  reference
+ *   ------------------------------------ -------------------------------------
+ *   ofl_manager_t                        PipelineOffloadManager
+ *   ofl_manager_get                      PipelineOffloadManager.get_instance
+ *   ofl_manager_reset_instance           PipelineOffloadManager.reset_instance
+ *   ofl_manager_chunk_begin              init_model_chunk_offload_handler
+ *                                        (+ pop_forward_chunk after warmup)
+ *   ofl_manager_group_start              fine_grained_offloading_group_start /
+ *                                        GroupStart.forward
+ *   ofl_manager_tensor_push              on_save_for_backward -> tensor_push
+ *   ofl_manager_group_commit             fine_grained_offloading_group_commit /
+ *                                        GroupCommit.forward -> bulk_offload
+ *   ofl_manager_flush_delayed_groups     flush_delayed_groups
+ *   ofl_manager_group_backward_begin     GroupCommit.backward ->
+ *                                        on_group_commit_backward
+ *   ofl_manager_tensor_pop               on_get_saved_tensor -> tensor_pop
+ *   ofl_manager_group_backward_end       GroupStart.backward ->
+ *                                        on_group_start_backward (bulk_reload)
+ *   ofl_manager_reset                    reset (+ post_warmup_callback)
+ *   ofl_manager_mark_not_offloadable     mark_not_offloadable / mark_not_offload
+ *   ofl_manager_disable_offload/enable   disable_offload / enable_offload
+ *   ofl_manager_set_forward_only         (none: NeMo RL suspends offloading)
+ *   ofl_manager_forward_record           forward_record
+ *   ofl_manager_backward_record          backward_record
+ *   ofl_manager_summary_bytes/_total     offload_summary_bytes / _total_bytes
+ *   ofl_tag_t                            tag (group_idx, k)
+ *   params.min_offload_elems             min_offloaded_tensor_size
+ *   params.fraction                      activation_offload_fraction
+ *   params.rank_delta_bytes              delta_offload_bytes_across_pp_ranks
+ *   params.max_inflight                  max_inflight_offloads (0 here means
+ *                                        unlimited, not "join every commit")
+ *
+ * Where ofl differs on purpose (DESIGN.md section 5 rules): an inline reload
+ * waits for its group's offload (rule 1); pinned and device buffers are
+ * reused only after the copies that read them (rule 2); the compute stream
+ * is looked up at every use (rule 3); a forward-only pass neither consumes
+ * the warmup nor creates chunks (rule 4); a structure mismatch is an error
+ * (rule 5); the same storage pushed twice in a group is copied once
+ * (rule 6); the summary is gathered on the user's comm (rule 7).
+ *
+ * Threads: one manager is driven by one thread at a time (the training
+ * loop); the copy streams run on their own. */
+#ifndef OFL_MANAGER_H
+#define OFL_MANAGER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <ofl/device.h>
+#include <ofl/export.h>
+#include <ofl/pool.h>
+#include <ofl/status.h>
+#include <ofl/tensor.h>
+
+OFL_EXTERN_C_BEGIN
+
+typedef struct ofl_manager ofl_manager_t;
+typedef struct ofl_comm ofl_comm_t;
+
+/* The handle of a pushed tensor between push and pop; single use. 0 is never
+ * a valid tag. */
+typedef uint64_t ofl_tag_t;
+#define OFL_TAG_INVALID ((ofl_tag_t)0)
+
+/* Parameters of ofl_manager_create. Fields left at their *_INIT value are
+ * read from the OFL_* environment (see ofl_config_print). */
+typedef struct ofl_manager_params {
+  ofl_device_t *device;      /* NULL: opened from the environment (owned) */
+  ofl_pool_t *device_pool;   /* reload buffers; NULL: the manager's own */
+  int offload;               /* master switch; <0: OFL_OFFLOAD */
+  const char *groups;        /* comma-separated names offloaded; NULL:
+                                OFL_OFFLOAD_GROUPS; "": every name */
+  int64_t min_offload_elems; /* smallest tensor offloaded, in elements;
+                                <0: OFL_MIN_OFFLOAD_ELEMS */
+  int64_t min_offload_bytes; /* in bytes, wins over elems when > 0;
+                                <0: OFL_MIN_OFFLOAD_BYTES */
+  double fraction;           /* of groups of each chunk kept offloaded after
+                                warmup, in [0, 1]; <0: OFL_OFFLOAD_FRACTION */
+  int64_t rank_delta_bytes;  /* bytes kept on the device per pipeline rank
+                                (pp_rank x delta); <0: OFL_RANK_DELTA_BYTES */
+  int max_inflight;          /* offloads in flight per group name before
+                                compute waits; 0 unlimited; <0: env */
+  int64_t host_budget_bytes; /* pinned pool budget; 0 unlimited; <0: env */
+  int pp_rank;               /* pipeline rank of this process */
+  int rank;                  /* rank written in log lines; <0: the log rank */
+  ofl_comm_t *comm;          /* summary gather at the end of warmup; NULL:
+                                this rank only, nothing printed */
+  const char *dynamic_groups; /* names whose shapes change per microbatch
+                                 (byte-keyed pool blocks); NULL:
+                                 "expert_fc1,moe_act,fused_group_mlp" */
+  FILE *summary_out;          /* where rank 0 of comm prints the summary
+                                 table; NULL: not printed */
+} ofl_manager_params_t;
+
+#define OFL_MANAGER_PARAMS_INIT                                                \
+  { NULL, NULL, -1, NULL, -1, -1, -1.0, -1, -1, -1, 0, -1, NULL, NULL, NULL }
+
+/* Counters since creation (per group name: ofl_manager_group_stats). */
+typedef struct ofl_manager_stats {
+  uint64_t iterations;        /* resets */
+  uint64_t offloaded_tensors; /* D2H copies made (one per storage) */
+  uint64_t offloaded_bytes;
+  uint64_t reloaded_tensors;  /* H2D copies made */
+  uint64_t reloaded_bytes;
+  uint64_t inline_reloads;    /* tensors reloaded inside tensor_pop */
+  uint64_t stalls;            /* backward_begin found its reload unfinished */
+  uint64_t stall_ns;          /* time compute waited for them (host backend:
+                                 measured; cuda: not measured, 0) */
+  uint64_t kept_groups;       /* groups the policy kept on the device */
+  uint64_t kept_tensors;      /* tensors kept: policy, size, flag */
+  uint64_t budget_kept_tensors; /* kept because the host budget was full */
+  uint64_t budget_kept_bytes;
+  uint64_t dedup_tensors;     /* pushes sharing a storage already copied */
+  uint64_t unpopped_tensors;  /* pushed but never popped before reset */
+  size_t device_bytes_peak;   /* of the manager's device */
+  size_t host_bytes_peak;     /* pinned pool peak in use */
+} ofl_manager_stats_t;
+
+/* Counters of one group name. */
+typedef struct ofl_manager_group_stats {
+  const char *name;
+  uint64_t offloaded_tensors;
+  uint64_t offloaded_bytes;
+  uint64_t reloaded_tensors;
+  uint64_t reloaded_bytes;
+  uint64_t inline_reloads;
+  uint64_t stalls;
+  uint64_t stall_ns;
+  uint64_t kept_groups;
+  uint64_t budget_kept_bytes;
+  uint64_t summary_bytes; /* offload_summary_bytes of this name (0 before the
+                             end of warmup) */
+} ofl_manager_group_stats_t;
+
+/* ---- lifecycle ------------------------------------------------------------ */
+
+/* An independent manager. params NULL: everything from the environment. */
+OFL_API ofl_status_t ofl_manager_create(const ofl_manager_params_t *params,
+                                        ofl_manager_t **out);
+/* Drains the copy streams (bounded), releases every buffer, the streams and
+ * the device if the manager opened it. Tensors never popped are destroyed.
+ * NULL is accepted. */
+OFL_API void ofl_manager_destroy(ofl_manager_t *m);
+
+/* The process-wide manager, created from the environment on first use. */
+OFL_API ofl_status_t ofl_manager_get(ofl_manager_t **out);
+/* Destroys the process-wide manager; the next ofl_manager_get makes a new
+ * one (tests). */
+OFL_API void ofl_manager_reset_instance(void);
+
+OFL_API ofl_device_t *ofl_manager_device(const ofl_manager_t *m);
+OFL_API ofl_stream_t *ofl_manager_d2h_stream(const ofl_manager_t *m);
+OFL_API ofl_stream_t *ofl_manager_h2d_stream(const ofl_manager_t *m);
+OFL_API ofl_pool_t *ofl_manager_host_pool(const ofl_manager_t *m);
+OFL_API ofl_pool_t *ofl_manager_device_pool(const ofl_manager_t *m);
+
+/* ---- forward ----------------------------------------------------------------- */
+
+/* The forward of one microbatch on virtual stage vp_stage (0 .. vp_size-1)
+ * begins. During warmup it records a chunk and its place in the backward
+ * order; afterwards it moves to the next recorded chunk and checks that the
+ * stage matches (OFL_ERR_MISMATCH otherwise). */
+OFL_API ofl_status_t ofl_manager_chunk_begin(ofl_manager_t *m, int vp_size,
+                                             int vp_stage);
+/* A module call named name begins; tensors pushed until its commit belong to
+ * it (the most recently started open group receives pushes). Names outside
+ * params.groups are not offloaded, but still pair with their commit. */
+OFL_API ofl_status_t ofl_manager_group_start(ofl_manager_t *m,
+                                             const char *name);
+/* Hands t to the manager until ofl_manager_tensor_pop returns it; *tag names
+ * it. Outside a group, with offload disabled or in forward-only mode the
+ * tensor is only held (never copied). */
+OFL_API ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
+                                             ofl_tag_t *tag);
+/* Ends the open group name: its eligible tensors (size threshold, not marked
+ * not-offloadable, each storage once) are copied to pinned memory on the D2H
+ * stream after the compute stream's work so far, and their device storage is
+ * released after that copy. forced_release (n tensors the caller still
+ * holds, e.g. the module input) lose their device storage after the copy too
+ * when their storage was offloaded with the group. delay != 0 queues the
+ * commit until ofl_manager_flush_delayed_groups. */
+OFL_API ofl_status_t ofl_manager_group_commit(ofl_manager_t *m,
+                                              const char *name,
+                                              ofl_tensor_t *const *forced_release,
+                                              size_t n, int delay);
+/* Runs the delayed commits in the order they were made. */
+OFL_API ofl_status_t ofl_manager_flush_delayed_groups(ofl_manager_t *m);
+
+/* ---- backward ---------------------------------------------------------------- */
+
+/* The backward of group name begins: selects the chunk that runs backward
+ * (the recorded backward order) and makes the compute stream wait for the
+ * group's reload. Groups run backward in the reverse order of their
+ * commits. */
+OFL_API ofl_status_t ofl_manager_group_backward_begin(ofl_manager_t *m,
+                                                      const char *name);
+/* The tensor pushed under tag, with device storage (reloaded inline, after
+ * the group's offload, when it was not prefetched). The caller owns it
+ * again. A tag pops once. */
+OFL_API ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
+                                            ofl_tensor_t **out);
+/* The backward of group name ends: the H2D stream waits for compute and
+ * prefetches the next group to run backward (the next chunk's last group
+ * when this chunk has none left). */
+OFL_API ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
+                                                    const char *name);
+
+/* ---- iteration ------------------------------------------------------------ */
+
+/* End of an iteration (call it after every schedule call, training or not).
+ * The first reset that saw chunks ends the warmup: the steady-state policy
+ * runs and the summary is gathered on params.comm (collective over it).
+ * Tensors never popped are destroyed (counted). OFL_ERR_INVALID_USAGE, with
+ * nothing changed, while a group is open; OFL_ERR_MISMATCH (after resetting)
+ * when fewer chunks ran than recorded. */
+OFL_API ofl_status_t ofl_manager_reset(ofl_manager_t *m);
+/* 1 until the end of the warmup. */
+OFL_API int ofl_manager_is_warmup(const ofl_manager_t *m);
+
+/* ---- switches ------------------------------------------------------------- */
+
+/* The tensor (and every handle made from it later) is never offloaded. */
+OFL_API void ofl_manager_mark_not_offloadable(ofl_tensor_t *t);
+/* With offload disabled, chunks, groups and backward markers do nothing and
+ * pushed tensors are only held (CUDA-graph warmup passes). */
+OFL_API void ofl_manager_disable_offload(ofl_manager_t *m);
+OFL_API void ofl_manager_enable_offload(ofl_manager_t *m);
+/* Forward-only passes (evaluation, log-probs): like disabled, and the reset
+ * that ends such a pass neither ends the warmup nor checks the structure
+ * (rule 4). Turn it on before the pass and off before the next training
+ * iteration. */
+OFL_API void ofl_manager_set_forward_only(ofl_manager_t *m, int on);
+
+/* Graph-capture boundaries: forward_record records event on the compute
+ * stream and makes compute wait for the D2H stream; backward_record records
+ * event on the compute stream and makes compute wait for the H2D stream. */
+OFL_API ofl_status_t ofl_manager_forward_record(ofl_manager_t *m,
+                                                ofl_event_t *event);
+OFL_API ofl_status_t ofl_manager_backward_record(ofl_manager_t *m,
+                                                 ofl_event_t *event);
+
+/* Waits (bounded) until both copy streams are idle. */
+OFL_API ofl_status_t ofl_manager_synchronize(ofl_manager_t *m,
+                                             int64_t timeout_ms);
+
+/* ---- summary and statistics ----------------------------------------------- */
+
+/* offload_summary_bytes of name: bytes offloaded by the groups of that name
+ * from the first chunk up to the first chunk to run backward, i.e. the
+ * estimate of device bytes removed from the memory peak. OFL_ERR_NOT_READY
+ * before the end of warmup; 0 bytes for a name never offloaded. */
+OFL_API ofl_status_t ofl_manager_summary_bytes(const ofl_manager_t *m,
+                                               const char *name,
+                                               uint64_t *out);
+/* Sum over names (0 before the end of warmup). */
+OFL_API uint64_t ofl_manager_summary_total_bytes(const ofl_manager_t *m);
+
+OFL_API void ofl_manager_get_stats(const ofl_manager_t *m,
+                                   ofl_manager_stats_t *out);
+/* Group names seen so far (in order of first use), and their counters. */
+OFL_API size_t ofl_manager_group_count(const ofl_manager_t *m);
+OFL_API ofl_status_t ofl_manager_group_stats(const ofl_manager_t *m,
+                                             size_t i,
+                                             ofl_manager_group_stats_t *out);
+
+OFL_EXTERN_C_END
+
+#endif /* OFL_MANAGER_H */
