@@ -1116,6 +1116,43 @@ void ofl_pool_get_stats(const ofl_pool_t *pool, ofl_pool_stats_t *out) {
   pthread_mutex_unlock(&p->mu);
 }
 
+static ofl_pool_key_status_t status_of(const pool_key_t *k) {
+  ofl_pool_key_status_t r;
+  r.block_bytes = k->block_bytes;
+  r.total = k->total;
+  r.allocated = k->allocated;
+  r.free = k->nfree;
+  r.utilization =
+      k->total ? 100.0 * (double)k->allocated / (double)k->total : 0.0;
+  return r;
+}
+
+ofl_status_t ofl_pool_list_keys(const ofl_pool_t *pool,
+                                ofl_pool_key_info_t *out, size_t cap,
+                                size_t *count) {
+  if (pool == NULL || count == NULL || (out == NULL && cap > 0))
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
+                      "ofl_pool_list_keys: pool and count must not be NULL, "
+                      "nor out when cap > 0");
+  ofl_pool_t *p = (ofl_pool_t *)pool;
+  size_t n = 0;
+  pthread_mutex_lock(&p->mu);
+  for (const pool_key_t *k = p->keys; k != NULL; k = k->lnext, ++n) {
+    if (n >= cap)
+      continue;
+    ofl_pool_key_info_t *ki = &out[n];
+    memset(ki, 0, sizeof *ki);
+    ki->dynamic = k->dynamic;
+    ki->ndim = k->ndim;
+    ki->dtype = k->dtype;
+    memcpy(ki->shape, k->shape, sizeof ki->shape);
+    ki->status = status_of(k);
+  }
+  pthread_mutex_unlock(&p->mu);
+  *count = n;
+  return OFL_SUCCESS;
+}
+
 static ofl_status_t key_status(const ofl_pool_t *pool, bool dynamic,
                                const int64_t *shape, int ndim,
                                ofl_dtype_t dtype, size_t bytes,
@@ -1124,14 +1161,8 @@ static ofl_status_t key_status(const ofl_pool_t *pool, bool dynamic,
   pthread_mutex_lock(&p->mu);
   pool_key_t *k = key_find(p, dynamic, shape, ndim, dtype, bytes);
   ofl_pool_key_status_t r = {0, 0, 0, 0, 0.0};
-  if (k != NULL) {
-    r.block_bytes = k->block_bytes;
-    r.total = k->total;
-    r.allocated = k->allocated;
-    r.free = k->nfree;
-    r.utilization =
-        k->total ? 100.0 * (double)k->allocated / (double)k->total : 0.0;
-  }
+  if (k != NULL)
+    r = status_of(k);
   pthread_mutex_unlock(&p->mu);
   if (k == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,

@@ -185,6 +185,24 @@ OFL_API ofl_status_t ofl_pool_key_status(const ofl_pool_t *pool,
                                          const int64_t *shape, int ndim,
                                          ofl_dtype_t dtype,
                                          ofl_pool_key_status_t *out);
+/* One key and its status (the reference's get_pool_status() without a key
+ * lists every key). For a byte-size key, dynamic is 1 and shape/dtype are
+ * unused. */
+typedef struct ofl_pool_key_info {
+  int dynamic;
+  int ndim;
+  ofl_dtype_t dtype;
+  int64_t shape[OFL_MAX_DIMS];
+  ofl_pool_key_status_t status;
+} ofl_pool_key_info_t;
+
+/* Copies up to cap keys into out (most recently created first) and sets
+ * *count to the number of keys the pool has (which may exceed cap). out may
+ * be NULL when cap is 0. */
+OFL_API ofl_status_t ofl_pool_list_keys(const ofl_pool_t *pool,
+                                        ofl_pool_key_info_t *out, size_t cap,
+                                        size_t *count);
+
 /* Status of the byte-size key that bytes rounds to. */
 OFL_API ofl_status_t ofl_pool_dynamic_key_status(const ofl_pool_t *pool,
                                                  size_t bytes,

@@ -195,6 +195,41 @@ Test(pool, key_status_reports_total_allocated_free_and_utilization) {
   ofl_pool_destroy(pool);
 }
 
+Test(pool, list_keys_reports_every_key_with_its_status) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t a[2] = {3, 5}, b[1] = {7000};
+  ofl_tensor_t *t1, *t2, *t3;
+  ofl_pool_alloc(pool, a, 2, OFL_DTYPE_F16, NULL, &t1);
+  ofl_pool_alloc(pool, a, 2, OFL_DTYPE_F16, NULL, &t2);
+  ofl_pool_alloc_dynamic(pool, b, 1, OFL_DTYPE_U8, NULL, &t3);
+  ofl_pool_free(pool, t2);
+  size_t n = 0;
+  cr_assert(eq(int, ofl_pool_list_keys(pool, NULL, 0, &n), OFL_SUCCESS));
+  cr_assert(eq(sz, n, 2));
+  ofl_pool_key_info_t info[2];
+  cr_assert(eq(int, ofl_pool_list_keys(pool, info, 2, &n), OFL_SUCCESS));
+  int seen_exact = 0, seen_dynamic = 0;
+  for (int i = 0; i < 2; ++i) {
+    if (info[i].dynamic) {
+      seen_dynamic = 1;
+      cr_assert(eq(sz, info[i].status.block_bytes, 8192));
+      cr_assert(eq(u64, info[i].status.allocated, 1));
+    } else {
+      seen_exact = 1;
+      cr_assert(eq(int, info[i].ndim, 2));
+      cr_assert(eq(i64, info[i].shape[1], 5));
+      cr_assert(eq(int, info[i].dtype, OFL_DTYPE_F16));
+      cr_assert(eq(u64, info[i].status.total, 2));
+      cr_assert(eq(u64, info[i].status.free, 1));
+      cr_assert(eq(dbl, info[i].status.utilization, 50.0));
+    }
+  }
+  cr_assert(seen_exact && seen_dynamic);
+  cr_assert(
+      eq(int, ofl_pool_list_keys(pool, NULL, 2, &n), OFL_ERR_INVALID_ARG));
+  ofl_pool_destroy(pool);
+}
+
 Test(pool, foreign_wrapped_and_double_free_are_rejected_and_change_nothing) {
   ofl_pool_t *p1 = make_pool(OFL_POOL_DEVICE, 0, 0);
   ofl_pool_t *p2 = make_pool(OFL_POOL_DEVICE, 0, 0);
