@@ -2,7 +2,8 @@
 """An independent reader for files ofl writes: parses the safetensors layout
 with the standard library only and recomputes every value.
 
-Usage: check_safetensors.py WRITER_EXE DIR  (runs WRITER_EXE DIR/sample.safetensors)
+Usage: check_safetensors.py WRITER_EXE DIR [ARGS...]
+         (runs WRITER_EXE DIR/sample.safetensors ARGS...)
        check_safetensors.py --file PATH     (checks an existing file's layout)
 Prints TAP."""
 import json
@@ -97,10 +98,10 @@ def check_values(header, data):
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--file":
         parse(sys.argv[2])
-    elif len(sys.argv) == 3:
+    elif len(sys.argv) >= 3:
         with tempfile.TemporaryDirectory(dir=sys.argv[2]) as d:
             path = os.path.join(d, "sample.safetensors")
-            rc = subprocess.run([sys.argv[1], path]).returncode
+            rc = subprocess.run([sys.argv[1], path] + sys.argv[3:]).returncode
             if not check(rc == 0, "ofl writer exited 0"):
                 pass
             else:

@@ -1,6 +1,10 @@
 /* Writes a safetensors file with one tensor of every dtype holding values a
  * reader can recompute (see check_safetensors.py, which parses it with the
- * Python standard library only). Usage: st_sample_writer PATH */
+ * Python standard library only).
+ * Usage: st_sample_writer PATH            (ofl_safetensors_write)
+ *        st_sample_writer PATH --stager   (device tensors staged by an
+ *                                          async cached stager, saved in the
+ *                                          background) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,9 +59,63 @@ static void fill(ofl_dtype_t dt, void *p, size_t n) {
   }
 }
 
+/* Copies the entries into device tensors, stages them twice (async, cached:
+ * the second stage reuses the pinned copy) and saves the second. */
+static ofl_status_t save_through_stager(const char *path,
+                                        const ofl_safetensors_entry_t *e,
+                                        const ofl_safetensors_kv_t *meta) {
+  ofl_device_t *dev = NULL;
+  ofl_stager_t *s = NULL;
+  ofl_tensor_t *t[OFL_DTYPE_COUNT] = {0};
+  ofl_named_tensor_t nt[OFL_DTYPE_COUNT];
+  ofl_staged_t *set = NULL;
+  ofl_save_future_t *f = NULL;
+  ofl_status_t st = ofl_device_open(NULL, &dev);
+  ofl_stager_params_t p = OFL_STAGER_PARAMS_INIT;
+  p.cache_staged = 1;
+  p.async_staging = 1;
+  if (st == OFL_SUCCESS)
+    st = ofl_stager_create(dev, &p, &s);
+  for (int d = 0; d < OFL_DTYPE_COUNT && st == OFL_SUCCESS; d++) {
+    void *mem = NULL;
+    st = ofl_device_malloc(dev, e[d].bytes, &mem);
+    if (st == OFL_SUCCESS)
+      st = ofl_tensor_wrap(mem, e[d].shape, e[d].ndim, e[d].dtype,
+                           OFL_LOC_DEVICE, NULL, NULL, &t[d]);
+    if (st == OFL_SUCCESS)
+      st = ofl_memcpy_async(mem, e[d].data, e[d].bytes, OFL_COPY_H2D,
+                            ofl_device_compute_stream(dev));
+    nt[d] = (ofl_named_tensor_t){e[d].name, t[d]};
+  }
+  for (int round = 0; round < 2 && st == OFL_SUCCESS; round++) {
+    ofl_staged_release(set);
+    set = NULL;
+    st = ofl_stager_stage(s, nt, OFL_DTYPE_COUNT, &set);
+    if (st == OFL_SUCCESS)
+      st = ofl_stager_synchronize(s, -1);
+  }
+  if (st == OFL_SUCCESS)
+    st = ofl_stager_save(s, set, path, meta, 1, &f);
+  if (st == OFL_SUCCESS)
+    st = ofl_save_wait(f, -1);
+  ofl_save_release(f);
+  ofl_staged_release(set);
+  ofl_stager_destroy(s);
+  for (int d = 0; d < OFL_DTYPE_COUNT; d++) {
+    if (t[d] != NULL) {
+      void *mem = ofl_tensor_data(t[d]);
+      ofl_tensor_destroy(t[d]);
+      ofl_device_free(dev, mem);
+    }
+  }
+  ofl_device_close(dev);
+  return st;
+}
+
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s PATH\n", argv[0]);
+  int stager_mode = argc == 3 && strcmp(argv[2], "--stager") == 0;
+  if (argc != 2 && !stager_mode) {
+    fprintf(stderr, "usage: %s PATH [--stager]\n", argv[0]);
     return 2;
   }
   ofl_safetensors_entry_t e[OFL_DTYPE_COUNT];
@@ -82,7 +140,11 @@ int main(int argc, char **argv) {
                                      .data = bufs[d], .bytes = n * elem};
   }
   ofl_safetensors_kv_t meta[2] = {{"format", "pt"}, {"writer", "ofl"}};
-  ofl_status_t st = ofl_safetensors_write(argv[1], e, OFL_DTYPE_COUNT, meta, 2);
+  ofl_status_t st;
+  if (stager_mode)
+    st = save_through_stager(argv[1], e, meta + 1);
+  else
+    st = ofl_safetensors_write(argv[1], e, OFL_DTYPE_COUNT, meta, 2);
   for (int d = 0; d < OFL_DTYPE_COUNT; d++)
     free(bufs[d]);
   if (st != OFL_SUCCESS) {

@@ -679,3 +679,50 @@ Test(stager, failed_saves_report_the_error_and_leave_no_file) {
   free_state(t);
   ofl_stager_destroy(s);
 }
+
+Test(stager, cached_stage_waits_for_the_save_reading_the_cached_copy) {
+  ofl_stager_params_t p = OFL_STAGER_PARAMS_INIT;
+  p.cache_staged = 1;
+  ofl_stager_t *s = NULL;
+  cr_assert(eq(int, ofl_stager_create(dev, &p, &s), OFL_SUCCESS));
+  ofl_tensor_t *t[NT];
+  ofl_named_tensor_t nt[NT];
+  make_state(t, nt, 300);
+  ofl_staged_t *set = NULL;
+  cr_assert(eq(int, ofl_stager_stage(s, nt, NT, &set), OFL_SUCCESS));
+  ofl_staged_release(set);
+  ofl__safetensors_set_write_hook(gated_write);
+  char path[300];
+  snprintf(path, sizeof path, "%s/step1.safetensors", dir);
+  ofl_save_future_t *f = NULL;
+  cr_assert(eq(int, ofl_stager_save(s, set, path, NULL, 0, &f), OFL_SUCCESS));
+  wait_entered();
+  for (int i = 0; i < NT; i++)
+    update(t[i], 0x77); /* the next step's values */
+  pthread_t th;
+  pthread_create(&th, NULL, open_gate_later, NULL);
+  /* Must not overwrite the pinned copy while the save writes it. */
+  cr_assert(eq(int, ofl_stager_stage(s, nt, NT, &set), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_save_query(f), OFL_SUCCESS),
+            "the stage waited for the save");
+  pthread_join(th, NULL);
+  ofl__safetensors_set_write_hook(NULL);
+  ofl_safetensors_t *rd = NULL;
+  cr_assert(eq(int, ofl_safetensors_open(path, &rd), OFL_SUCCESS));
+  for (int i = 0; i < NT; i++) {
+    ofl_safetensors_entry_t e;
+    cr_assert(eq(int, ofl_safetensors_find(rd, names[i], &e), OFL_SUCCESS));
+    unsigned char *want = malloc(e.bytes);
+    pattern(want, e.bytes, 300u + (unsigned)i);
+    cr_assert(eq(int, memcmp(e.data, want, e.bytes), 0),
+              "file holds step 1 values of %s", names[i]);
+    free(want);
+    const unsigned char *now = ofl_tensor_data(ofl_staged_tensor(set, (size_t)i));
+    cr_assert(eq(int, now[0], 0x77), "staged set holds step 2");
+  }
+  ofl_safetensors_close(rd);
+  ofl_save_release(f);
+  ofl_staged_release(set);
+  free_state(t);
+  ofl_stager_destroy(s);
+}
