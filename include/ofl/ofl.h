@@ -12,7 +12,10 @@
 #include <ofl/tensor.h>
 #include <ofl/pool.h>
 #include <ofl/safetensors.h>
+#include <ofl/comm.h>
+#include <ofl/summary.h>
 #include <ofl/staging.h>
 #include <ofl/manager.h>
+#include <ofl/disk.h>
 
 #endif /* OFL_OFL_H */

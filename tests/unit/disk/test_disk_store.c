@@ -1,0 +1,350 @@
+/* Disk store: CRC32C, space inside the file, round trips byte for byte
+ * through both engines, prefetch and stalls, budget, timeouts, buffers. */
+#include <pthread.h>
+#include <time.h>
+
+#include "disk_test_util.h"
+
+TestSuite(disk, .init = disk_setup, .fini = disk_teardown);
+
+Test(disk, crc32c_matches_known_vectors) {
+  cr_expect(eq(u32, ofl__crc32c(0, "123456789", 9), 0xE3069283u));
+  cr_expect(eq(u32, ofl__crc32c_sw(0, "123456789", 9), 0xE3069283u));
+  cr_expect(eq(u32, ofl__crc32c(0, "", 0), 0u));
+  unsigned char zeros[32] = {0}, ones[32];
+  memset(ones, 0xff, sizeof ones);
+  /* RFC 3720 (iSCSI) test vectors. */
+  cr_expect(eq(u32, ofl__crc32c(0, zeros, 32), 0x8A9136AAu));
+  cr_expect(eq(u32, ofl__crc32c(0, ones, 32), 0x62A8AB43u));
+}
+
+Test(disk, crc32c_hardware_agrees_with_table_at_every_alignment) {
+  unsigned char buf[4200];
+  fill(buf, sizeof buf, 7);
+  for (size_t off = 0; off < 9; off++)
+    for (size_t n = 0; n < 4100; n += 37) {
+      uint32_t a = ofl__crc32c(0, buf + off, n);
+      uint32_t b = ofl__crc32c_sw(0, buf + off, n);
+      cr_assert(eq(u32, a, b), "off %zu n %zu", off, n);
+    }
+  /* Continuing over a split equals one pass. */
+  uint32_t one = ofl__crc32c(0, buf, 4000);
+  uint32_t two = ofl__crc32c(ofl__crc32c(0, buf, 1234), buf + 1234, 2766);
+  cr_expect(eq(u32, one, two));
+}
+
+Test(disk, space_first_fit_and_coalescing) {
+  disk_space_t s;
+  ofl__disk_space_init(&s);
+  uint64_t off = 99;
+  cr_expect(not(ofl__disk_space_take(&s, 4096, &off)));
+  cr_assert(ofl__disk_space_give(&s, 0, 40960));
+  s.file_bytes = 40960;
+  uint64_t a, b, c;
+  cr_assert(ofl__disk_space_take(&s, 8192, &a));
+  cr_assert(ofl__disk_space_take(&s, 8192, &b));
+  cr_assert(ofl__disk_space_take(&s, 8192, &c));
+  cr_expect(eq(u64, a, 0));
+  cr_expect(eq(u64, b, 8192));
+  cr_expect(eq(u64, c, 16384));
+  cr_expect(eq(u64, ofl__disk_space_tail_free(&s), 16384));
+  ofl__disk_space_give(&s, a, 8192);
+  ofl__disk_space_give(&s, c, 8192); /* joins the tail */
+  cr_expect(eq(sz, s.nfree, 2));
+  cr_expect(eq(u64, ofl__disk_space_tail_free(&s), 24576));
+  ofl__disk_space_give(&s, b, 8192); /* joins both sides */
+  cr_expect(eq(sz, s.nfree, 1));
+  cr_expect(eq(u64, s.free[0].off, 0));
+  cr_expect(eq(u64, s.free[0].len, 40960));
+  ofl__disk_space_fini(&s);
+}
+
+Test(disk, group_selection_reads_the_list) {
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 0);
+  p.groups = "core_attn, expert_fc1,moe_act";
+  ofl_disk_t *d = open_with(&p);
+  cr_expect(eq(int, ofl_disk_group_selected(d, "core_attn"), 1));
+  cr_expect(eq(int, ofl_disk_group_selected(d, "expert_fc1"), 1));
+  cr_expect(eq(int, ofl_disk_group_selected(d, "moe_act"), 1));
+  cr_expect(eq(int, ofl_disk_group_selected(d, "core"), 0));
+  cr_expect(eq(int, ofl_disk_group_selected(d, "attn_norm"), 0));
+  ofl_disk_close(d);
+  p.groups = "*";
+  d = open_with(&p);
+  cr_expect(eq(int, ofl_disk_group_selected(d, "anything"), 1));
+  ofl_disk_close(d);
+}
+
+static void round_trips(ofl_disk_engine_t engine, int checksum) {
+  ofl_disk_t *d = open_store(engine, checksum);
+  static const size_t sizes[] = {1,        2,           511,
+                                 4095,     4096,        4097,
+                                 65537,    (1u << 20) - 3, (1u << 20),
+                                 (3u << 20) + 17, (9u << 20) + 4093};
+  size_t n = sizeof sizes / sizeof sizes[0];
+  ofl_disk_extent_t *e[sizeof sizes / sizeof sizes[0]];
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    e[i] = put(d, sizes[i], 100 + i);
+    total += sizes[i];
+  }
+  for (size_t i = 0; i < n; i++) {
+    cr_assert(eq(int, ofl_disk_extent_wait(e[i], -1), OFL_SUCCESS), "%s",
+              ofl_last_error());
+    cr_expect(eq(int, ofl_disk_extent_state(e[i]), OFL_DISK_EXTENT_ON_DISK));
+    /* the bounce buffer went back once the write completed */
+    cr_expect(eq(ptr, ofl_disk_extent_data(e[i]), NULL));
+  }
+  for (size_t i = n; i-- > 0;) { /* reverse order, like backward */
+    void *p = NULL;
+    cr_assert(eq(int, ofl_disk_extent_reload(e[i], -1, &p), OFL_SUCCESS),
+              "%s", ofl_last_error());
+    cr_assert(eq(sz, count_wrong(p, sizes[i], 100 + i), 0), "size %zu",
+              sizes[i]);
+    cr_expect(eq(u64, (uintptr_t)p % 4096, 0));
+    cr_assert(eq(int, ofl_disk_extent_destroy(e[i]), OFL_SUCCESS));
+  }
+  ofl_disk_stats_t s = disk_stats(d);
+  cr_expect(eq(u64, s.bytes_written, total));
+  cr_expect(eq(u64, s.bytes_read, total));
+  cr_expect(eq(u64, s.writes, n));
+  cr_expect(eq(u64, s.reads, n));
+  cr_expect(eq(int, s.uring, engine == OFL_DISK_ENGINE_URING));
+  cr_expect(eq(int, s.checksum, checksum));
+  cr_expect(ge(int, s.queue_depth_max, 2)); /* requests overlapped */
+  cr_expect(le(int, s.queue_depth_max, 8));
+  cr_expect(eq(u64, s.extents, 0));
+  cr_expect(eq(sz, s.extent_bytes, 0));
+  cr_expect(eq(u64, s.faults_eio + s.faults_short + s.faults_corrupt +
+                        s.faults_enospc,
+               0));
+  cr_expect(gt(dbl, s.write_gbps, 0.0));
+  cr_expect(gt(dbl, s.read_gbps, 0.0));
+  ofl_disk_close(d);
+}
+
+#if OFL_HAVE_LIBURING
+Test(disk, round_trip_every_size_io_uring) {
+  round_trips(OFL_DISK_ENGINE_URING, 0);
+}
+Test(disk, round_trip_every_size_io_uring_checksummed) {
+  round_trips(OFL_DISK_ENGINE_URING, 1);
+}
+#endif
+Test(disk, round_trip_every_size_threads) {
+  round_trips(OFL_DISK_ENGINE_THREADS, 0);
+}
+Test(disk, round_trip_every_size_threads_checksummed) {
+  round_trips(OFL_DISK_ENGINE_THREADS, 1);
+}
+
+Test(disk, buffered_io_when_direct_is_off) {
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 1);
+  p.direct = OFL_DISK_DIRECT_OFF;
+  ofl_disk_t *d = open_with(&p);
+  cr_expect(eq(int, disk_stats(d).direct, 0));
+  ofl_disk_extent_t *e = put(d, 12345, 5);
+  void *data = NULL;
+  cr_assert(eq(int, ofl_disk_extent_wait(e, -1), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_reload(e, -1, &data), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(data, 12345, 5), 0));
+  ofl_disk_extent_destroy(e);
+  ofl_disk_close(d);
+}
+
+Test(disk, direct_io_on_a_file_system_that_takes_it) {
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 0);
+  p.direct = OFL_DISK_DIRECT_ON; /* /tmp is ext4 on the project's machines */
+  ofl_disk_t *d = NULL;
+  ofl_status_t st = ofl_disk_open(&p, &d);
+  if (st == OFL_ERR_NOT_SUPPORTED)
+    cr_skip_test("O_DIRECT not available in %s", tdir);
+  cr_assert(eq(int, st, OFL_SUCCESS), "%s", ofl_last_error());
+  cr_expect(eq(int, disk_stats(d).direct, 1));
+  ofl_disk_close(d);
+}
+
+Test(disk, prefetched_reload_does_not_stall_and_cold_reload_does) {
+  ofl_disk_t *d = open_store(OFL_DISK_ENGINE_AUTO, 1);
+  ofl_disk_extent_t *a = put(d, 3 << 20, 1), *b = put(d, 3 << 20, 2);
+  cr_assert(eq(int, ofl_disk_extent_wait(a, -1), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_wait(b, -1), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_prefetch(a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_wait(a, -1), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_disk_extent_state(a), OFL_DISK_EXTENT_RESIDENT));
+  void *pa = NULL, *pb = NULL;
+  cr_assert(eq(int, ofl_disk_extent_reload(a, -1, &pa), OFL_SUCCESS));
+  ofl_disk_stats_t s = disk_stats(d);
+  cr_expect(eq(u64, s.prefetch_hits, 1));
+  cr_expect(eq(u64, s.stalls, 0));
+  cr_assert(eq(int, ofl_disk_extent_reload(b, -1, &pb), OFL_SUCCESS));
+  s = disk_stats(d);
+  cr_expect(eq(u64, s.stalls, 1));
+  cr_expect(gt(u64, s.stall_ns, 0));
+  cr_expect(eq(u64, s.reloads, 2));
+  cr_expect(eq(sz, count_wrong(pa, 3 << 20, 1), 0));
+  cr_expect(eq(sz, count_wrong(pb, 3 << 20, 2), 0));
+  /* evict keeps the disk copy; a second reload reads it again */
+  cr_assert(eq(int, ofl_disk_extent_evict(a), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_disk_extent_state(a), OFL_DISK_EXTENT_ON_DISK));
+  cr_assert(eq(int, ofl_disk_extent_reload(a, -1, &pa), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(pa, 3 << 20, 1), 0));
+  ofl_disk_extent_destroy(a);
+  ofl_disk_extent_destroy(b);
+  ofl_disk_close(d);
+}
+
+Test(disk, reload_while_writing_keeps_the_buffer) {
+  ofl_disk_t *d = open_store(OFL_DISK_ENGINE_AUTO, 0);
+  ofl_disk_extent_t *e = put(d, 8 << 20, 9);
+  void *p = NULL;
+  cr_assert(eq(int, ofl_disk_extent_reload(e, -1, &p), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_wait(e, -1), OFL_SUCCESS));
+  /* written, and still in memory: no read was needed */
+  cr_expect(eq(int, ofl_disk_extent_state(e), OFL_DISK_EXTENT_RESIDENT));
+  cr_expect(eq(sz, count_wrong(p, 8 << 20, 9), 0));
+  cr_expect(eq(u64, disk_stats(d).reads, 0));
+  ofl_disk_extent_destroy(e);
+  ofl_disk_close(d);
+}
+
+Test(disk, budget_refuses_quietly_and_freed_space_is_reused) {
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 0);
+  p.budget_bytes = 4 << 20;
+  ofl_disk_t *d = open_with(&p);
+  ofl_disk_extent_t *a = put(d, 3 << 20, 1), *b = NULL;
+  cr_expect(eq(int, ofl_disk_extent_create(d, 2 << 20, &b), OFL_ERR_NO_SPACE));
+  cr_expect(eq(ptr, b, NULL));
+  cr_expect(eq(int, ofl_disk_is_degraded(d), 0)); /* a budget is no fault */
+  cr_expect(eq(u64, disk_stats(d).budget_refusals, 1));
+  cr_assert(eq(int, ofl_disk_extent_wait(a, -1), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_destroy(a), OFL_SUCCESS));
+  b = put(d, 4 << 20, 2);
+  cr_assert(eq(int, ofl_disk_extent_wait(b, -1), OFL_SUCCESS));
+  ofl_disk_stats_t s = disk_stats(d);
+  cr_expect(le(sz, s.file_bytes, 4 << 20));
+  void *data = NULL;
+  cr_assert(eq(int, ofl_disk_extent_reload(b, -1, &data), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(data, 4 << 20, 2), 0));
+  ofl_disk_extent_destroy(b);
+  ofl_disk_close(d);
+}
+
+Test(disk, bounce_budget_refusal_leaves_no_space_held) {
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 0);
+  p.bounce_budget_bytes = 1 << 20;
+  ofl_disk_t *d = open_with(&p);
+  ofl_disk_extent_t *e = NULL;
+  cr_expect(eq(int, ofl_disk_extent_create(d, 2 << 20, &e), OFL_ERR_NO_MEMORY));
+  ofl_disk_stats_t s = disk_stats(d);
+  cr_expect(eq(u64, s.buffer_refusals, 1));
+  cr_expect(eq(sz, s.extent_bytes, 0));
+  cr_expect(eq(u64, s.extents, 0));
+  ofl_disk_close(d);
+}
+
+Test(disk, bad_arguments_are_errors_with_messages) {
+  ofl_disk_t *d = NULL;
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 0);
+  p.dev = NULL;
+  cr_expect(eq(int, ofl_disk_open(&p, &d), OFL_ERR_INVALID_ARG));
+  cr_expect(gt(sz, strlen(ofl_last_error()), 0));
+  p = params_for(OFL_DISK_ENGINE_AUTO, 0);
+  p.dir = "/nonexistent/ofl-disk";
+  cr_expect(eq(int, ofl_disk_open(&p, &d), OFL_ERR_SYSTEM));
+  cr_expect(eq(ptr, d, NULL));
+  d = open_store(OFL_DISK_ENGINE_AUTO, 0);
+  ofl_disk_extent_t *e = NULL;
+  cr_expect(eq(int, ofl_disk_extent_create(d, 0, &e), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_disk_extent_create(d, 100, &e), OFL_SUCCESS));
+  void *data = NULL;
+  cr_expect(eq(int, ofl_disk_extent_reload(e, -1, &data), OFL_ERR_INVALID_USAGE));
+  cr_expect(eq(int, ofl_disk_extent_evict(e), OFL_ERR_INVALID_USAGE));
+  cr_assert(eq(int, ofl_disk_extent_write(e), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_disk_extent_write(e), OFL_ERR_INVALID_USAGE));
+  cr_assert(eq(int, ofl_disk_extent_destroy(e), OFL_SUCCESS));
+  ofl_disk_close(d);
+}
+
+static void sleep_fn(void *arg) {
+  (void)arg;
+  struct timespec ts = {0, 400 * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+Test(disk, waits_time_out_and_write_after_follows_the_stream) {
+  ofl_disk_t *d = open_store(OFL_DISK_ENGINE_AUTO, 1);
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "d2h", &s), OFL_SUCCESS));
+  ofl_disk_extent_t *e = NULL;
+  cr_assert(eq(int, ofl_disk_extent_create(d, 1 << 20, &e), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_fn, NULL),
+               OFL_SUCCESS));
+  fill(ofl_disk_extent_data(e), 1 << 20, 3);
+  cr_assert(eq(int, ofl_disk_extent_write_after(e, s), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_disk_extent_query(e), OFL_ERR_NOT_READY));
+  cr_expect(eq(int, ofl_disk_extent_wait(e, 50), OFL_ERR_TIMEOUT));
+  cr_expect(gt(sz, strlen(ofl_last_error()), 0));
+  cr_assert(eq(int, ofl_disk_extent_wait(e, -1), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_disk_extent_query(e), OFL_SUCCESS));
+  void *p = NULL;
+  cr_assert(eq(int, ofl_disk_extent_reload(e, -1, &p), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(p, 1 << 20, 3), 0));
+  ofl_disk_extent_destroy(e);
+  ofl_stream_destroy(s);
+  ofl_disk_close(d);
+}
+
+Test(disk, close_destroys_live_extents) {
+  ofl_disk_t *d = open_store(OFL_DISK_ENGINE_AUTO, 0);
+  for (int i = 0; i < 5; i++)
+    put(d, 100000, (uint64_t)i);
+  ofl_disk_close(d); /* waits for the writes, frees all; teardown checks dir */
+}
+
+struct writer_arg {
+  ofl_disk_t *d;
+  int id;
+  size_t wrong;
+  int errors;
+};
+
+static void *writer_main(void *p) {
+  struct writer_arg *a = p;
+  for (int i = 0; i < 20; i++) {
+    size_t n = 1000 + (size_t)(mix((uint64_t)(a->id * 100 + i)) % 300000);
+    uint64_t seed = (uint64_t)(a->id * 1000 + i);
+    ofl_disk_extent_t *e = NULL;
+    if (ofl_disk_extent_create(a->d, n, &e) != OFL_SUCCESS) {
+      a->errors++;
+      continue;
+    }
+    fill(ofl_disk_extent_data(e), n, seed);
+    void *data = NULL;
+    if (ofl_disk_extent_write(e) != OFL_SUCCESS ||
+        ofl_disk_extent_wait(e, -1) != OFL_SUCCESS ||
+        ofl_disk_extent_reload(e, -1, &data) != OFL_SUCCESS)
+      a->errors++;
+    else
+      a->wrong += count_wrong(data, n, seed);
+    ofl_disk_extent_destroy(e);
+  }
+  return NULL;
+}
+
+Test(disk, threads_share_one_store) {
+  ofl_disk_t *d = open_store(OFL_DISK_ENGINE_AUTO, 1);
+  pthread_t t[4];
+  struct writer_arg a[4];
+  for (int i = 0; i < 4; i++) {
+    a[i] = (struct writer_arg){d, i, 0, 0};
+    pthread_create(&t[i], NULL, writer_main, &a[i]);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    cr_expect(eq(int, a[i].errors, 0));
+    cr_expect(eq(sz, a[i].wrong, 0));
+  }
+  cr_expect(eq(u64, disk_stats(d).extents, 0));
+  ofl_disk_close(d);
+}
