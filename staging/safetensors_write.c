@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,10 +58,10 @@ ofl_status_t ofl__st_shape_bytes(const int64_t *shape, int ndim,
 static ssize_t system_write(int fd, const void *buf, size_t bytes) {
   return write(fd, buf, bytes);
 }
-static ofl__write_fn write_fn = system_write;
+static _Atomic(ofl__write_fn) write_fn = system_write;
 
 void ofl__safetensors_set_write_hook(ofl__write_fn fn) {
-  write_fn = fn != NULL ? fn : system_write;
+  atomic_store(&write_fn, fn != NULL ? fn : system_write);
 }
 
 /* ---- names ---------------------------------------------------------------- */
@@ -368,7 +369,7 @@ static ofl_status_t write_all(int fd, const void *buf, size_t bytes,
   const char *p = buf;
   while (bytes > 0) {
     size_t chunk = bytes < ((size_t)1 << 30) ? bytes : ((size_t)1 << 30);
-    ssize_t w = write_fn(fd, p, chunk);
+    ssize_t w = atomic_load(&write_fn)(fd, p, chunk);
     if (w < 0 && errno == EINTR)
       continue;
     if (w < 0)
