@@ -20,7 +20,7 @@ static ofl_device_t *dev;
 static char tdir[256];
 
 /* Entries of a directory other than . and ..; -1 when it cannot be read. */
-static int dir_entries(const char *path) {
+static inline int dir_entries(const char *path) {
   DIR *dd = opendir(path);
   if (dd == NULL)
     return -1;
@@ -33,7 +33,7 @@ static int dir_entries(const char *path) {
   return n;
 }
 
-static void disk_setup(void) {
+static inline void disk_setup(void) {
   ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
   p.backend = OFL_BACKEND_HOST;
   p.strict = 1;
@@ -45,14 +45,14 @@ static void disk_setup(void) {
   cr_assert(not(eq(ptr, mkdtemp(tdir), NULL)));
 }
 
-static void disk_teardown(void) {
+static inline void disk_teardown(void) {
   ofl_device_close(dev);
   int n = dir_entries(tdir);
   rmdir(tdir);
   cr_expect(eq(int, n, 0), "files left in %s", tdir);
 }
 
-static ofl_disk_params_t params_for(ofl_disk_engine_t engine, int checksum) {
+static inline ofl_disk_params_t params_for(ofl_disk_engine_t engine, int checksum) {
   ofl_disk_params_t p = OFL_DISK_PARAMS_INIT;
   p.dev = dev;
   p.dir = tdir;
@@ -65,19 +65,19 @@ static ofl_disk_params_t params_for(ofl_disk_engine_t engine, int checksum) {
   return p;
 }
 
-static ofl_disk_t *open_with(const ofl_disk_params_t *p) {
+static inline ofl_disk_t *open_with(const ofl_disk_params_t *p) {
   ofl_disk_t *d = NULL;
   cr_assert(eq(int, ofl_disk_open(p, &d), OFL_SUCCESS), "%s",
             ofl_last_error());
   return d;
 }
 
-static ofl_disk_t *open_store(ofl_disk_engine_t engine, int checksum) {
+static inline ofl_disk_t *open_store(ofl_disk_engine_t engine, int checksum) {
   ofl_disk_params_t p = params_for(engine, checksum);
   return open_with(&p);
 }
 
-static uint64_t mix(uint64_t x) {
+static inline uint64_t mix(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdull;
   x ^= x >> 33;
@@ -86,7 +86,7 @@ static uint64_t mix(uint64_t x) {
 }
 
 /* Byte i of pattern seed: differs between seeds and between positions. */
-static void fill(void *p, size_t n, uint64_t seed) {
+static inline void fill(void *p, size_t n, uint64_t seed) {
   unsigned char *b = p;
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -98,7 +98,7 @@ static void fill(void *p, size_t n, uint64_t seed) {
     b[i] = (unsigned char)v;
 }
 
-static size_t count_wrong(const void *p, size_t n, uint64_t seed) {
+static inline size_t count_wrong(const void *p, size_t n, uint64_t seed) {
   unsigned char *ref = malloc(n ? n : 1);
   cr_assert(not(eq(ptr, ref, NULL)));
   fill(ref, n, seed);
@@ -110,7 +110,7 @@ static size_t count_wrong(const void *p, size_t n, uint64_t seed) {
   return wrong;
 }
 
-static ofl_disk_stats_t disk_stats(const ofl_disk_t *d) {
+static inline ofl_disk_stats_t disk_stats(const ofl_disk_t *d) {
   ofl_disk_stats_t s;
   memset(&s, 0, sizeof s);
   ofl_disk_get_stats(d, &s);
@@ -118,7 +118,7 @@ static ofl_disk_stats_t disk_stats(const ofl_disk_t *d) {
 }
 
 /* Creates an extent of n bytes holding pattern seed and writes it. */
-static ofl_disk_extent_t *put(ofl_disk_t *d, size_t n, uint64_t seed) {
+static inline ofl_disk_extent_t *put(ofl_disk_t *d, size_t n, uint64_t seed) {
   ofl_disk_extent_t *e = NULL;
   cr_assert(eq(int, ofl_disk_extent_create(d, n, &e), OFL_SUCCESS), "%s",
             ofl_last_error());
