@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ofl/device.h>
+
 #include "staging/staging_internal.h"
 
 typedef struct {
@@ -672,4 +674,40 @@ const char *ofl_safetensors_metadata_get(const ofl_safetensors_t *st,
 
 size_t ofl_safetensors_data_offset(const ofl_safetensors_t *st) {
   return st != NULL ? st->data_offset : 0;
+}
+
+ofl_status_t ofl_safetensors_copy_to(const ofl_safetensors_t *st,
+                                     const char *name, ofl_tensor_t *dst,
+                                     ofl_stream_t *stream) {
+  if (st == NULL || name == NULL || dst == NULL || stream == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,
+                      "safetensors copy_to: NULL argument");
+  ofl_safetensors_entry_t e;
+  if (ofl_safetensors_find(st, name, &e) != OFL_SUCCESS)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,
+                      "safetensors copy_to: the file has no tensor '%.128s'",
+                      name);
+  int ndim = ofl_tensor_ndim(dst);
+  const int64_t *shape = ofl_tensor_shape(dst);
+  bool same = ofl_tensor_dtype(dst) == e.dtype && ndim == e.ndim;
+  for (int d = 0; same && d < ndim; d++)
+    same = shape[d] == e.shape[d];
+  if (!same)
+    return ofl__error(OFL_ERR_MISMATCH, OFL_SUBSYS_STAGING,
+                      "safetensors copy_to: tensor '%.128s' is %s with %d "
+                      "dims in the file but the destination is %s with %d "
+                      "dims; restore into a tensor of the saved shape",
+                      name, ofl_safetensors_dtype_name(e.dtype), e.ndim,
+                      ofl_safetensors_dtype_name(ofl_tensor_dtype(dst)), ndim);
+  ofl_location_t loc = ofl_tensor_location(dst);
+  if (loc != OFL_LOC_DEVICE && loc != OFL_LOC_PINNED)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,
+                      "safetensors copy_to: destination of '%.128s' has no "
+                      "device or host storage",
+                      name);
+  if (e.bytes == 0)
+    return OFL_SUCCESS;
+  return ofl_memcpy_async(ofl_tensor_data(dst), e.data, e.bytes,
+                          loc == OFL_LOC_DEVICE ? OFL_COPY_H2D : OFL_COPY_H2H,
+                          stream);
 }

@@ -92,6 +92,16 @@ OFL_API const char *ofl_safetensors_metadata_get(const ofl_safetensors_t *st,
 /* Byte offset of the data in the file (8 + header length; a multiple of 8). */
 OFL_API size_t ofl_safetensors_data_offset(const ofl_safetensors_t *st);
 
+/* Restores one tensor: copies the tensor called name from st into dst
+ * (same dtype and shape; dst on the device or in pinned memory) on stream.
+ * The copy reads st's memory, so synchronize stream before closing st.
+ * OFL_ERR_INVALID_ARG when st has no such tensor, OFL_ERR_MISMATCH naming
+ * the tensor when the dtype or shape differ. */
+OFL_API ofl_status_t ofl_safetensors_copy_to(const ofl_safetensors_t *st,
+                                             const char *name,
+                                             ofl_tensor_t *dst,
+                                             ofl_stream_t *stream);
+
 /* The format's dtype name ("F32", "BF16", "F8_E4M3", "BOOL", ...); NULL for
  * an invalid dtype. */
 OFL_API const char *ofl_safetensors_dtype_name(ofl_dtype_t dtype);

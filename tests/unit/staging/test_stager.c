@@ -726,3 +726,43 @@ Test(stager, cached_stage_waits_for_the_save_reading_the_cached_copy) {
   free_state(t);
   ofl_stager_destroy(s);
 }
+
+Test(stager, saved_checkpoint_restores_into_device_tensors) {
+  ofl_stager_t *s = NULL;
+  cr_assert(eq(int, ofl_stager_create(dev, NULL, &s), OFL_SUCCESS));
+  ofl_tensor_t *t[NT];
+  ofl_named_tensor_t nt[NT];
+  make_state(t, nt, 400);
+  ofl_staged_t *set = NULL;
+  cr_assert(eq(int, ofl_stager_stage(s, nt, NT, &set), OFL_SUCCESS));
+  char path[300];
+  snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
+  ofl_save_future_t *f = NULL;
+  cr_assert(eq(int, ofl_stager_save(s, set, path, NULL, 0, &f), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_save_wait(f, 20000), OFL_SUCCESS));
+  ofl_save_release(f);
+  for (int i = 0; i < NT; i++)
+    update(t[i], 0); /* lose the state */
+  ofl_safetensors_t *rd = NULL;
+  cr_assert(eq(int, ofl_safetensors_open(path, &rd), OFL_SUCCESS));
+  ofl_stream_t *c = ofl_device_compute_stream(dev);
+  for (int i = 0; i < NT; i++)
+    cr_assert(eq(int, ofl_safetensors_copy_to(rd, names[i], t[i], c),
+                 OFL_SUCCESS));
+  int64_t other[2] = {17, 6};
+  ofl_tensor_t *u = dev_tensor(other, 2, OFL_DTYPE_BF16, 1);
+  cr_assert(eq(int, ofl_safetensors_copy_to(rd, names[1], u, c),
+               OFL_ERR_MISMATCH));
+  cr_assert(not(eq(ptr, strstr(ofl_last_error(), "'layers.0.norm'"), NULL)));
+  cr_assert(eq(int, ofl_safetensors_copy_to(rd, "nope", u, c),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_stream_synchronize(c, 10000), OFL_SUCCESS));
+  ofl_safetensors_close(rd);
+  for (int i = 0; i < NT; i++)
+    cr_assert(eq(sz, wrong_bytes(t[i], 400u + (unsigned)i), 0), "%s",
+              names[i]);
+  ofl_pool_free(pool, u);
+  ofl_staged_release(set);
+  free_state(t);
+  ofl_stager_destroy(s);
+}
