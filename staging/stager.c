@@ -418,23 +418,25 @@ static ofl_status_t set_new(ofl_stager_t *s, const ofl_named_tensor_t *in,
   OFL_CHECK_GOTO(ofl_event_create(s->dev, &set->done), st, fail);
   /* The staged tensors share storage as their sources did: one wrapped
    * span per group, a view per tensor. */
-  for (size_t g = 0; g < n_groups; g++) {
-    ofl_tensor_t *base = NULL;
+  ofl_tensor_t **bases = calloc(ng, sizeof *bases);
+  if (bases == NULL)
+    goto oom;
+  st = OFL_SUCCESS;
+  for (size_t g = 0; g < n_groups && st == OFL_SUCCESS; g++) {
     int64_t span = (int64_t)set->groups[g].span_bytes;
-    OFL_CHECK_GOTO(ofl_tensor_wrap((char *)set->buf + set->groups[g].buf_off,
-                                   &span, 1, OFL_DTYPE_U8, OFL_LOC_PINNED, NULL,
-                                   NULL, &base),
-                   st, fail);
-    for (size_t i = 0; i < n && st == OFL_SUCCESS; i++) {
-      const ofl__stage_slot_t *sl = &set->slots[i];
-      if (sl->group == g)
-        st = ofl_tensor_view(base, sl->off_in_span, sl->shape, sl->ndim,
-                             sl->dtype, &set->tensors[i]);
-    }
-    ofl_tensor_destroy(base);
-    if (st != OFL_SUCCESS)
-      goto fail;
+    st = ofl_tensor_wrap((char *)set->buf + set->groups[g].buf_off, &span, 1,
+                         OFL_DTYPE_U8, OFL_LOC_PINNED, NULL, NULL, &bases[g]);
   }
+  for (size_t i = 0; i < n && st == OFL_SUCCESS; i++) {
+    const ofl__stage_slot_t *sl = &set->slots[i];
+    st = ofl_tensor_view(bases[sl->group], sl->off_in_span, sl->shape,
+                         sl->ndim, sl->dtype, &set->tensors[i]);
+  }
+  for (size_t g = 0; g < n_groups; g++)
+    ofl_tensor_destroy(bases[g]); /* the views keep the storage */
+  free(bases);
+  if (st != OFL_SUCCESS)
+    goto fail;
   pthread_mutex_lock(&s->lock);
   s->stats.buffer_allocs++;
   s->stats.buffer_bytes += alloc;
