@@ -25,7 +25,8 @@ enum {
   TAG_HDR = 0x0f11,
   TAG_DATA = 0x0f12,
   TAG_REPLY_HDR = 0x0f13,
-  TAG_REPLY_DATA = 0x0f14
+  TAG_REPLY_DATA = 0x0f14,
+  TAG_GAVE_UP = 0x0f15
 };
 
 #define WIRE_MAGIC 0x434c464fu /* "OFLC" */
@@ -325,6 +326,37 @@ static void root_reply(ofl_comm_t *c, mpi_impl_t *m, ofl_status_t status,
   free(reqs);
 }
 
+/* A rank that timed out waiting for rank 0 tells it so (best effort): a rank
+ * 0 that arrives late must not report success while the others failed. */
+static ofl_status_t root_check_gave_up(ofl_comm_t *c, mpi_impl_t *m) {
+  int *who = malloc(sizeof(int) * (size_t)c->size);
+  int n = 0;
+  for (int r = 1; r < c->size; r++) {
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(r, TAG_GAVE_UP, m->comm, &flag, &status) != MPI_SUCCESS ||
+        !flag)
+      continue;
+    unsigned char seq[4];
+    MPI_Recv(seq, 4, MPI_BYTE, r, TAG_GAVE_UP, m->comm, MPI_STATUS_IGNORE);
+    if (ofl__get_u32(seq) == c->seq && who)
+      who[n++] = r;
+  }
+  ofl_status_t st = OFL_SUCCESS;
+  if (n > 0) {
+    char list[160];
+    ofl__comm_format_ranks(who, n, list, sizeof(list));
+    st = ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
+                    "mpi comm: rank%s %s gave up waiting for rank 0 in "
+                    "operation %u (rank 0 called more than %lld ms after "
+                    "them)",
+                    n > 1 ? "s" : "", list, c->seq,
+                    (long long)(2 * c->timeout_ms));
+  }
+  free(who);
+  return st;
+}
+
 static ofl_status_t root_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
                                 size_t len, bool to_all, ofl__blobs_t *out) {
   root_peer_t *p = calloc((size_t)c->size, sizeof(*p));
@@ -333,6 +365,8 @@ static ofl_status_t root_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
                       "mpi comm: cannot allocate the state of %d ranks",
                       c->size);
   ofl_status_t st = root_collect(c, m, p, to_all);
+  if (st == OFL_SUCCESS)
+    st = root_check_gave_up(c, m);
   ofl__blobs_t b = {0};
   if (st == OFL_SUCCESS)
     st = ofl__blobs_alloc(&b, c->size);
@@ -397,7 +431,7 @@ static ofl_status_t peer_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
   unsigned char rhdr[HDR_BYTES];
   unsigned char *rdata = NULL;
   ofl_status_t st = OFL_SUCCESS;
-  bool timed_out = false;
+  bool timed_out = false, rank0_said = false;
   wire_hdr_t r;
   /* Rank 0 may itself wait the full timeout for another rank before it
    * answers, so the others wait twice as long. */
@@ -453,6 +487,7 @@ static ofl_status_t peer_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
     ofl_status_t why = r.status > 0 && r.status <= OFL_ERR_INTERNAL
                            ? (ofl_status_t)r.status
                            : OFL_ERR_INTERNAL;
+    rank0_said = true;
     st = ofl__error(why, OFL_SUBSYS_COLL,
                     "mpi comm: operation %u failed on rank 0 (this is rank "
                     "%d): %s",
@@ -477,6 +512,20 @@ out:
                     "mpi comm: rank 0 did not answer rank %d within %lld ms "
                     "(died, never called, or stuck); check rank 0's log",
                     c->rank, (long long)(2 * c->timeout_ms));
+  if (st != OFL_SUCCESS && !rank0_said) {
+    unsigned char *note = malloc(4);
+    MPI_Request nreq = MPI_REQUEST_NULL;
+    if (note) {
+      ofl__put_u32(note, c->seq);
+      if (MPI_Isend(note, 4, MPI_BYTE, 0, TAG_GAVE_UP, m->comm, &nreq) !=
+          MPI_SUCCESS)
+        nreq = MPI_REQUEST_NULL;
+    }
+    int done = 0;
+    if (nreq != MPI_REQUEST_NULL)
+      MPI_Test(&nreq, &done, MPI_STATUS_IGNORE);
+    abandon(m, &nreq, note);
+  }
   abandon(m, &rreq, NULL);
   abandon(m, &sreq[0], hdr);
   abandon(m, &sreq[1], data);

@@ -1,0 +1,309 @@
+/* The summary gather under mpirun (1 to 4 ranks): rank-specific tables with
+ * disjoint and overlapping names and an empty rank, compared cell by cell
+ * with values computed here independently of the library; the result on rank
+ * 0 only and on every rank; sub-communicators (groups of two); tables large
+ * enough for MPI's rendezvous protocol; repeated gathers and barriers. Wrong
+ * values are counted on every rank and summed on rank 0, which prints TAP. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ofl/ofl.h>
+
+#include "tests/tap.h"
+
+#define MAX_NAMES 1024 /* per rank and in the union */
+
+/* ---- the tables each rank contributes, as plain data ----------------------
+ * Rank r of a comm of n ranks (case c) holds:
+ *   "shared"          (r + 1) * 1 MiB          on every rank but the empty one
+ *   "only_r<r>"       r * 1000 + 7             disjoint names
+ *   "pair_<r/2>"      2^(32 + r) + c           overlapping between neighbours
+ *   "big_<k>" k < nbig(c): a long name         many names (rendezvous sizes)
+ * and rank 2 (when n > 2) holds nothing at all. */
+typedef struct {
+  char name[200];
+  uint64_t bytes;
+} entry_t;
+
+static int nbig(int c) { return c == 2 ? 300 : 0; }
+
+static int rank_entries(int r, int n, int c, entry_t *e) {
+  int k = 0;
+  if (n > 2 && r == 2)
+    return 0;
+  snprintf(e[k].name, sizeof(e[k].name), "shared");
+  e[k++].bytes = (uint64_t)(r + 1) << 20;
+  snprintf(e[k].name, sizeof(e[k].name), "only_r%d", r);
+  e[k++].bytes = (uint64_t)r * 1000u + 7u;
+  snprintf(e[k].name, sizeof(e[k].name), "pair_%d", r / 2);
+  e[k++].bytes = (1ull << (32 + r)) + (uint64_t)c;
+  for (int b = 0; b < nbig(c); b++) {
+    snprintf(e[k].name, sizeof(e[k].name),
+             "big_%03d_a_rather_long_group_name_to_make_the_payload_large_%d",
+             b, r % 2);
+    e[k++].bytes = (uint64_t)b * 4096u + (uint64_t)r;
+  }
+  return k;
+}
+
+/* Expected matrix: names sorted (insertion into a sorted list), cells. */
+typedef struct {
+  int nnames;
+  char names[MAX_NAMES + 8][200];
+  uint64_t cell[4][MAX_NAMES + 8];
+} expect_t;
+
+static void expect_build(int n, int c, expect_t *x) {
+  static entry_t e[MAX_NAMES];
+  memset(x, 0, sizeof(*x));
+  for (int r = 0; r < n; r++) {
+    int k = rank_entries(r, n, c, e);
+    for (int i = 0; i < k; i++) {
+      int at = 0;
+      while (at < x->nnames && strcmp(x->names[at], e[i].name) < 0)
+        at++;
+      if (at == x->nnames || strcmp(x->names[at], e[i].name) != 0) {
+        if (x->nnames == MAX_NAMES) {
+          fprintf(stderr, "test bug: more than %d names\n", MAX_NAMES);
+          exit(2);
+        }
+        memmove(x->names[at + 1], x->names[at],
+                sizeof(x->names[0]) * (size_t)(x->nnames - at));
+        for (int q = 0; q < 4; q++)
+          memmove(&x->cell[q][at + 1], &x->cell[q][at],
+                  sizeof(uint64_t) * (size_t)(x->nnames - at));
+        strcpy(x->names[at], e[i].name);
+        for (int q = 0; q < 4; q++)
+          x->cell[q][at] = 0;
+        x->nnames++;
+      }
+      x->cell[r][at] = e[i].bytes;
+    }
+  }
+}
+
+static ofl_byte_table_t *my_table(int r, int n, int c) {
+  static entry_t e[MAX_NAMES];
+  ofl_byte_table_t *t = NULL;
+  if (ofl_byte_table_create(&t) != OFL_SUCCESS)
+    return NULL;
+  int k = rank_entries(r, n, c, e);
+  for (int i = 0; i < k; i++)
+    if (ofl_byte_table_add(t, e[i].name, e[i].bytes) != OFL_SUCCESS) {
+      ofl_byte_table_destroy(t);
+      return NULL;
+    }
+  return t;
+}
+
+/* Number of wrong values in s against x (every cell and total). */
+static long count_wrong(const ofl_summary_t *s, int n, const expect_t *x) {
+  long bad = 0;
+  if (ofl_summary_nranks(s) != n || (int)ofl_summary_ngroups(s) != x->nnames)
+    return 1000000;
+  uint64_t grand = 0;
+  for (int g = 0; g < x->nnames; g++) {
+    bad += strcmp(ofl_summary_group_name(s, (size_t)g), x->names[g]) != 0;
+    uint64_t col = 0;
+    for (int r = 0; r < n; r++) {
+      bad += ofl_summary_bytes(s, r, (size_t)g) != x->cell[r][g];
+      col += x->cell[r][g];
+    }
+    bad += ofl_summary_group_total(s, (size_t)g) != col;
+    grand += col;
+  }
+  for (int r = 0; r < n; r++) {
+    uint64_t row = 0;
+    for (int g = 0; g < x->nnames; g++)
+      row += x->cell[r][g];
+    bad += ofl_summary_rank_total(s, r) != row;
+  }
+  bad += ofl_summary_total(s) != grand;
+  return bad;
+}
+
+static expect_t g_expect;
+
+/* One gather on comm (case c); wrong values and failures counted into *bad.
+ * Returns whether this rank got a summary. */
+static int run_case(MPI_Comm mc, int c, int root_only, long *bad,
+                    char **text_out) {
+  int r, n;
+  MPI_Comm_rank(mc, &r);
+  MPI_Comm_size(mc, &n);
+  ofl_comm_params_t p = OFL_COMM_PARAMS_INIT;
+  p.timeout_ms = 20000;
+  ofl_comm_t *comm = NULL;
+  if (ofl_comm_create_mpi(mc, &p, &comm) != OFL_SUCCESS) {
+    fprintf(stderr, "rank %d: create: %s\n", r, ofl_last_error());
+    *bad += 1000;
+    return 0;
+  }
+  *bad += ofl_comm_rank(comm) != r || ofl_comm_size(comm) != n ||
+          ofl_comm_kind(comm) != OFL_COMM_MPI;
+  ofl_byte_table_t *t = my_table(r, n, c);
+  ofl_summary_t *s = NULL;
+  ofl_status_t st = ofl_summary_gather(comm, t, root_only, &s);
+  int got = s != NULL;
+  if (st != OFL_SUCCESS) {
+    fprintf(stderr, "rank %d: gather: %s\n", r, ofl_last_error());
+    *bad += 1000;
+  } else if (root_only && r != 0) {
+    *bad += s != NULL; /* nothing on the other ranks */
+  } else {
+    expect_build(n, c, &g_expect);
+    *bad += count_wrong(s, n, &g_expect);
+    if (text_out)
+      ofl_summary_render(s, OFL_SUMMARY_TEXT, text_out, NULL);
+  }
+  ofl_summary_destroy(s);
+  ofl_byte_table_destroy(t);
+  ofl_comm_destroy(comm);
+  return got;
+}
+
+static long sum_to_root(long v) {
+  long total = 0;
+  MPI_Reduce(&v, &total, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+  return total;
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int wr, wn;
+  MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+  MPI_Comm_size(MPI_COMM_WORLD, &wn);
+  ofl_log_set_rank(wr);
+  if (wr == 0)
+    tap_plan(8);
+  long bad, total;
+
+  /* 1, 2: tables on rank 0 only, then on every rank. */
+  bad = 0;
+  char *text = NULL;
+  int got = run_case(MPI_COMM_WORLD, 0, 1, &bad, wr == 0 ? &text : NULL);
+  total = sum_to_root(bad);
+  if (wr == 0)
+    tap_ok(total == 0 && got, "root_only: rank 0's table and totals equal "
+                              "the expected values on %d ranks (%ld wrong)",
+           wn, total);
+  bad = 0;
+  run_case(MPI_COMM_WORLD, 1, 0, &bad, NULL);
+  total = sum_to_root(bad);
+  if (wr == 0)
+    tap_ok(total == 0, "all ranks: every rank's summary equals the expected "
+                       "values (%ld wrong)",
+           total);
+
+  /* 3: the text rank 0 prints is the one built from the same tables
+   * locally (rendering itself is unit-tested). */
+  if (wr == 0) {
+    ofl_byte_table_t *tabs[4] = {0};
+    for (int r = 0; r < wn; r++)
+      tabs[r] = my_table(r, wn, 0);
+    ofl_summary_t *local = NULL;
+    char *want = NULL;
+    ofl_summary_from_tables((const ofl_byte_table_t *const *)tabs, wn, &local);
+    ofl_summary_render(local, OFL_SUMMARY_TEXT, &want, NULL);
+    tap_ok(text && want && strcmp(text, want) == 0 &&
+               strstr(text, "Activation Offload Summary (MB)"),
+           "rank 0's text table equals the table of the same data");
+    for (char *line = text, *nl; line && (nl = strchr(line, '\n'));
+         line = nl + 1)
+      printf("# %.*s\n", (int)(nl - line), line);
+    free(want);
+    ofl_summary_destroy(local);
+    for (int r = 0; r < wn; r++)
+      ofl_byte_table_destroy(tabs[r]);
+  }
+  free(text);
+
+  /* 4: 300 long names per rank: payloads beyond the eager limit. */
+  bad = 0;
+  run_case(MPI_COMM_WORLD, 2, 0, &bad, NULL);
+  total = sum_to_root(bad);
+  if (wr == 0)
+    tap_ok(total == 0, "large tables (%d names per rank) gathered exactly "
+                       "(%ld wrong)",
+           nbig(2), total);
+
+  /* 5: sub-communicators: groups of two ranks gather separately; each row
+   * is the sub-rank's table, each group sees only its own ranks. */
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, wr / 2, wr, &sub);
+  bad = 0;
+  got = run_case(sub, 3, 1, &bad, NULL);
+  int sr, sn;
+  MPI_Comm_rank(sub, &sr);
+  MPI_Comm_size(sub, &sn);
+  long roots_with_summary = 0, mine = got && sr == 0;
+  MPI_Reduce(&mine, &roots_with_summary, 1, MPI_LONG, MPI_SUM, 0,
+             MPI_COMM_WORLD);
+  total = sum_to_root(bad);
+  if (wr == 0)
+    tap_ok(total == 0 && roots_with_summary == (wn + 1) / 2,
+           "sub-communicators of two: %ld group roots got their group's "
+           "exact summary (%ld wrong)",
+           roots_with_summary, total);
+
+  /* 6: several gathers and barriers in a row on one comm. */
+  ofl_comm_params_t p = OFL_COMM_PARAMS_INIT;
+  p.timeout_ms = 20000;
+  ofl_comm_t *comm = NULL;
+  bad = ofl_comm_create_mpi(MPI_COMM_WORLD, &p, &comm) != OFL_SUCCESS;
+  for (int it = 0; it < 20 && comm; it++) {
+    ofl_byte_table_t *t = my_table(wr, wn, it % 2);
+    ofl_summary_t *s = NULL;
+    if (ofl_summary_gather(comm, t, it % 3 == 0, &s) != OFL_SUCCESS)
+      bad += 1000;
+    else if (s) {
+      expect_build(wn, it % 2, &g_expect);
+      bad += count_wrong(s, wn, &g_expect);
+    }
+    bad += ofl_comm_barrier(comm) != OFL_SUCCESS;
+    ofl_summary_destroy(s);
+    ofl_byte_table_destroy(t);
+  }
+  total = sum_to_root(bad);
+  if (wr == 0)
+    tap_ok(total == 0, "20 gathers with barriers in between on one comm "
+                       "(%ld wrong)",
+           total);
+
+  /* 7: the application's communicator is not disturbed: its own messages
+   * on the same tags still match, and its error handler is unchanged. */
+  MPI_Errhandler eh;
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &eh);
+  int same = eh == MPI_ERRORS_ARE_FATAL;
+  MPI_Errhandler_free(&eh);
+  int token = wr, from = -1;
+  MPI_Sendrecv(&token, 1, MPI_INT, (wr + 1) % wn, 0x0f11, &from, 1, MPI_INT,
+               (wr + wn - 1) % wn, 0x0f11, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  bad = !same || from != (wr + wn - 1) % wn;
+  total = sum_to_root(bad);
+  if (wr == 0)
+    tap_ok(total == 0, "the application's communicator keeps its error "
+                       "handler and its messages");
+
+  /* 8: ranks that disagree on root_only all get OFL_ERR_MISMATCH (with one
+   * rank this is simply a successful gather). */
+  ofl_log_set_level(OFL_LOG_NONE);
+  ofl_summary_t *s = NULL;
+  ofl_status_t st = comm ? ofl_summary_gather(comm, NULL, wr == wn - 1, &s)
+                         : OFL_ERR_INTERNAL;
+  bad = wn == 1 ? st != OFL_SUCCESS : st != OFL_ERR_MISMATCH;
+  bad += wn > 1 && !ofl_comm_is_broken(comm);
+  ofl_summary_destroy(s);
+  total = sum_to_root(bad);
+  if (wr == 0)
+    tap_ok(total == 0, "ranks disagreeing on root_only: every rank reports "
+                       "a mismatch and the comm is marked broken");
+
+  ofl_comm_destroy(comm);
+  MPI_Comm_free(&sub);
+  int rc = wr == 0 ? tap_done() : 0;
+  MPI_Finalize();
+  return rc;
+}
