@@ -1,0 +1,777 @@
+/* ofl: groups (the tensors of one named module call inside a chunk): start,
+ * push, commit (bulk offload), backward markers (bulk reload, prefetch) and
+ * pop (inline reload). The stream-ordering rules of DESIGN.md section 5 are
+ * enforced here; each line that does so cites its rule. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/pipeline_internal.h"
+#include "pool/pool_internal.h"
+
+/* ---- tags -------------------------------------------------------------------
+ * bit 63: held outside a group; bits 48..62: iteration; managed: bits 32..47
+ * chunk, 16..31 group, 0..15 entry + 1; held: bits 0..47 slot + 1. */
+#define TAG_HELD (UINT64_C(1) << 63)
+#define TAG_GEN(m) ((uint64_t)((m)->gen & 0x7fffu) << 48)
+
+static ofl_tag_t tag_make(const ofl_manager_t *m, uint32_t c, uint32_t g,
+                          uint32_t k) {
+  return TAG_GEN(m) | ((uint64_t)c << 32) | ((uint64_t)g << 16) |
+         (uint64_t)(k + 1);
+}
+
+/* ---- group records -------------------------------------------------------- */
+
+void ofl__group_free(group_t *g) {
+  if (g == NULL)
+    return;
+  ofl_event_destroy(g->offload_ev);
+  ofl_event_destroy(g->reload_ev);
+  free(g->entries);
+  free(g);
+}
+
+static ofl_status_t group_new(ofl_manager_t *m, chunk_t *c, int nid,
+                              group_t **out) {
+  if (c->ngroups >= 0xffffu)
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, c, m->names[nid].name,
+                     "more than %u groups in one chunk", 0xffffu);
+  OFL_CHECK(ofl__grow((void **)&c->groups, &c->cap, c->ngroups + 1,
+                      sizeof *c->groups));
+  group_t *g = calloc(1, sizeof *g);
+  uint32_t *order = realloc(c->commit_order, c->cap * sizeof *order);
+  group_t **stack = realloc(c->stack, c->cap * sizeof *stack);
+  if (order != NULL)
+    c->commit_order = order;
+  if (stack != NULL)
+    c->stack = stack;
+  if (g == NULL || order == NULL || stack == NULL) {
+    free(g);
+    return OFL__PERR(OFL_ERR_NO_MEMORY, m, c, m->names[nid].name,
+                     "no memory for a group record%s", "");
+  }
+  ofl_status_t s = ofl_event_create(m->dev, &g->offload_ev);
+  if (s == OFL_SUCCESS)
+    s = ofl_event_create(m->dev, &g->reload_ev);
+  if (s != OFL_SUCCESS) {
+    ofl__group_free(g);
+    return s;
+  }
+  g->chunk = c;
+  g->index = c->ngroups;
+  g->nid = nid;
+  g->policy_offload = true;
+  c->groups[c->ngroups++] = g;
+  c->name_mask |= UINT64_C(1) << nid;
+  *out = g;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_manager_group_start(ofl_manager_t *m, const char *name) {
+  if (m == NULL || name == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_start: manager and name must not be "
+                      "NULL");
+  if (!ofl__manager_active(m))
+    return OFL_SUCCESS;
+  chunk_t *c = m->cur_fwd;
+  if (c == NULL)
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, c, name,
+                     "group_start without a chunk; call "
+                     "ofl_manager_chunk_begin at the start of each "
+                     "microbatch's forward%s",
+                     "");
+  int nid;
+  OFL_CHECK(ofl__name_intern(m, name, &nid));
+  OFL_CHECK(ofl__grow((void **)&m->open, &m->capopen, m->nopen + 1,
+                      sizeof *m->open));
+  group_t *g = NULL;
+  if (m->names[nid].selected) {
+    if (m->warmup) {
+      OFL_CHECK(group_new(m, c, nid, &g));
+    } else {
+      if (c->fwd_cursor >= c->ngroups)
+        return OFL__PERR(OFL_ERR_MISMATCH, m, c, name,
+                         "group %u of this chunk started, the warmup "
+                         "recorded %u groups here",
+                         c->fwd_cursor + 1, c->ngroups);
+      g = c->groups[c->fwd_cursor];
+      if (g->nid != nid) /* rule 5: never realign silently */
+        return OFL__PERR(OFL_ERR_MISMATCH, m, c, name,
+                         "group %u of this chunk is %s in the warmup record; "
+                         "the schedule must repeat the warmup's structure",
+                         c->fwd_cursor, m->names[g->nid].name);
+    }
+    c->fwd_cursor++;
+    g->open = true;
+  }
+  m->open[m->nopen++] = (open_group_t){g, nid};
+  OFL__PLOG(OFL_LOG_TRACE, m, c, name, "start%s", g ? "" : " (not offloaded)");
+  return OFL_SUCCESS;
+}
+
+/* ---- push ----------------------------------------------------------------- */
+
+static ofl_status_t hold(ofl_manager_t *m, ofl_tensor_t *t, ofl_tag_t *tag) {
+  if (m->nheld >= (UINT32_C(1) << 30))
+    return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_PIPELINE,
+                      "rank %d: %u tensors held without a reset", m->rank,
+                      m->nheld);
+  OFL_CHECK(ofl__grow((void **)&m->held, &m->capheld, m->nheld + 1,
+                      sizeof *m->held));
+  m->held[m->nheld] = t;
+  *tag = TAG_HELD | TAG_GEN(m) | (uint64_t)(m->nheld + 1);
+  m->nheld++;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
+                                     ofl_tag_t *tag) {
+  if (m == NULL || t == NULL || tag == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_tensor_push: manager, tensor and tag must "
+                      "not be NULL");
+  group_t *g = m->nopen > 0 ? m->open[m->nopen - 1].g : NULL;
+  if (!ofl__manager_active(m) || g == NULL)
+    return hold(m, t, tag);
+  if (!ofl_tensor_has_storage(t))
+    return OFL__PERR(OFL_ERR_INVALID_ARG, m, g->chunk, ofl__gname(m, g),
+                     "pushed tensor %p has no storage", (void *)t);
+  if (g->n >= 0xffffu)
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, g->chunk, ofl__gname(m, g),
+                     "more than %u tensors pushed in one group", 0xffffu);
+  OFL_CHECK(ofl__grow((void **)&g->entries, &g->cap, g->n + 1,
+                      sizeof *g->entries));
+  entry_t *e = &g->entries[g->n];
+  memset(e, 0, sizeof *e);
+  e->t = t;
+  e->leader = g->n;
+  e->state = E_HELD;
+  *tag = tag_make(m, g->chunk->index, g->index, g->n);
+  g->n++;
+  return OFL_SUCCESS;
+}
+
+/* ---- commit --------------------------------------------------------------- */
+
+static bool tensor_big_enough(const ofl_manager_t *m, const ofl_tensor_t *t) {
+  if (m->min_bytes > 0)
+    return ofl_tensor_bytes(t) >= m->min_bytes;
+  return ofl_tensor_nelem(t) >= m->min_elems;
+}
+
+/* Groups entries by storage (rule 6: one copy per storage) and decides which
+ * clusters are eligible: none of its tensors marked not-offloadable and at
+ * least one big enough. Eligible leaders get E_HELD, the others E_KEPT.
+ * Returns the number of eligible clusters. */
+static uint32_t build_clusters(ofl_manager_t *m, group_t *g) {
+  bool dedup = !(m->rules_off & OFL__RULE6_OFF);
+  for (uint32_t i = 0; i < g->n; i++) {
+    entry_t *e = &g->entries[i];
+    const ofl_tensor_t *t = e->t;
+    e->sid = ofl_tensor_storage_id(t);
+    e->leader = i;
+    e->nmembers = 1;
+    e->flag = 0;
+    e->lo = t->offset;
+    e->span = t->bytes;
+    for (uint32_t j = 0; dedup && j < i; j++) {
+      entry_t *l = &g->entries[j];
+      if (l->leader != j || l->sid != e->sid)
+        continue;
+      size_t hi = l->lo + l->span;
+      if (t->offset + t->bytes > hi)
+        hi = t->offset + t->bytes;
+      if (t->offset < l->lo)
+        l->lo = t->offset;
+      l->span = hi - l->lo;
+      l->nmembers++;
+      e->leader = j;
+      break;
+    }
+  }
+  for (uint32_t i = 0; i < g->n; i++) {
+    entry_t *l = &g->entries[g->entries[i].leader];
+    if (ofl_tensor_flags(g->entries[i].t) & OFL_TENSOR_NOT_OFFLOADABLE)
+      l->flag |= 2;
+    else if (tensor_big_enough(m, g->entries[i].t))
+      l->flag |= 1;
+  }
+  uint32_t eligible = 0;
+  for (uint32_t i = 0; i < g->n; i++) {
+    entry_t *e = &g->entries[i];
+    e->state = E_KEPT;
+    if (e->leader == i && e->flag == 1) {
+      e->state = E_HELD;
+      eligible++;
+    }
+  }
+  return eligible;
+}
+
+/* The reference's should_bulk_offload after warmup: the policy switch, and
+ * keep the last group of a name when this chunk is next in backward. */
+static bool should_offload(ofl_manager_t *m, group_t *g) {
+  if (m->warmup)
+    return true;
+  if (!g->policy_offload)
+    return false;
+  if (g->last_of_name && ofl__front_backward_chunk(m, g->nid) == g->chunk)
+    return false;
+  return true;
+}
+
+static void keep_all(ofl_manager_t *m, group_t *g) {
+  for (uint32_t i = 0; i < g->n; i++)
+    g->entries[i].state = E_KEPT;
+  m->st.kept_tensors += g->n;
+}
+
+static ofl_status_t host_alloc(ofl_manager_t *m, group_t *g, entry_t *l,
+                               ofl_tensor_t **out) {
+  const ofl_tensor_t *t = l->t;
+  if (l->nmembers == 1 && !m->names[g->nid].dynamic)
+    return ofl_pool_alloc(m->host_pool, ofl_tensor_shape(t), ofl_tensor_ndim(t),
+                          ofl_tensor_dtype(t), m->d2h, out);
+  int64_t shape[1] = {(int64_t)l->span};
+  return ofl_pool_alloc_dynamic(m->host_pool, shape, 1, OFL_DTYPE_U8, m->d2h,
+                                out);
+}
+
+/* Copies one eligible cluster to pinned memory on the D2H stream. Returns
+ * false when the host budget is full (the cluster stays on the device). */
+static ofl_status_t offload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
+                                    bool *done) {
+  ofl_tensor_t *h = NULL;
+  ofl_status_t s = host_alloc(m, g, l, &h);
+  if (s == OFL_ERR_NO_MEMORY) {
+    /* The next tier (disk) would take it here; until then it stays. */
+    m->st.budget_kept_tensors += l->nmembers;
+    m->st.budget_kept_bytes += l->span;
+    m->names[g->nid].st.budget_kept_bytes += l->span;
+    OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
+              "host budget full: %zu bytes stay on the device", l->span);
+    *done = false;
+    return OFL_SUCCESS;
+  }
+  OFL_CHECK(s);
+  const char *src = (const char *)l->t->st->base + l->lo;
+  s = ofl_memcpy_async(ofl_tensor_data(h), src, l->span, OFL_COPY_D2H, m->d2h);
+  if (s != OFL_SUCCESS) {
+    ofl_pool_free(m->host_pool, h);
+    return s;
+  }
+  l->host = h;
+  *done = true;
+  return OFL_SUCCESS;
+}
+
+static ofl_status_t release_device(ofl_manager_t *m, ofl_tensor_t *t) {
+  if (!ofl_tensor_has_storage(t))
+    return OFL_SUCCESS;
+  if (m->rules_off & OFL__RULE2_OFF)
+    return ofl_tensor_release_storage(t);
+  /* Rule 2: the device block is reused only after the D2H that reads it. */
+  return ofl_tensor_release_storage_after(t, m->d2h);
+}
+
+static void throttle(ofl_manager_t *m, group_t *g) {
+  name_info_t *ni = &m->names[g->nid];
+  if (m->max_inflight == 0 || ni->ring == NULL)
+    return;
+  uint32_t cap = m->max_inflight + 1;
+  ni->ring[(ni->ring_head + ni->ring_len) % cap] = g;
+  ni->ring_len++;
+  while (ni->ring_len > m->max_inflight) {
+    group_t *old = ni->ring[ni->ring_head];
+    ni->ring_head = (ni->ring_head + 1) % cap;
+    ni->ring_len--;
+    ofl_stream_wait_event(ofl__compute(m), old->offload_ev);
+  }
+}
+
+ofl_status_t ofl__group_commit_now(ofl_manager_t *m, group_t *g,
+                                   ofl_tensor_t *const *forced, size_t n) {
+  chunk_t *c = g->chunk;
+  name_info_t *ni = &m->names[g->nid];
+  g->committed = true;
+  uint32_t eligible = build_clusters(m, g);
+  if (!should_offload(m, g) || eligible == 0) {
+    if (eligible > 0) {
+      m->st.kept_groups++;
+      ni->st.kept_groups++;
+    }
+    keep_all(m, g);
+    OFL__PLOG(OFL_LOG_TRACE, m, c, ofl__gname(m, g),
+              "commit: kept on device (%u tensors)", g->n);
+    return OFL_SUCCESS;
+  }
+  /* The D2H copies start after the compute stream's work so far. */
+  ofl_stream_t *compute = ofl__compute(m);
+  OFL_CHECK(ofl_event_record(m->ev_compute, compute));
+  OFL_CHECK(ofl_stream_wait_event(m->d2h, m->ev_compute));
+  uint32_t copied = 0;
+  for (uint32_t i = 0; i < g->n; i++) {
+    entry_t *l = &g->entries[i];
+    if (l->leader != i || l->state != E_HELD)
+      continue;
+    bool done = false;
+    OFL_CHECK(offload_cluster(m, g, l, &done));
+    if (!done) {
+      l->state = E_KEPT;
+      continue;
+    }
+    copied++;
+    l->state = E_OFFLOADED;
+    m->st.offloaded_tensors++;
+    m->st.offloaded_bytes += l->span;
+    ni->st.offloaded_tensors++;
+    ni->st.offloaded_bytes += l->span;
+    m->st.dedup_tensors += l->nmembers - 1;
+    if (m->warmup) {
+      g->warm_bytes += l->span;
+      g->warm_tensors++;
+    }
+  }
+  OFL_CHECK(ofl_event_record(g->offload_ev, m->d2h));
+  /* Forced releases: tensors the caller holds whose storage went with the
+   * group lose it after the copy, like the group's own tensors. */
+  for (size_t f = 0; f < n; f++) {
+    const void *sid = ofl_tensor_storage_id(forced[f]);
+    for (uint32_t i = 0; sid != NULL && i < g->n; i++) {
+      entry_t *l = &g->entries[i];
+      if (l->leader == i && l->state == E_OFFLOADED && l->sid == sid) {
+        OFL_CHECK(release_device(m, forced[f]));
+        break;
+      }
+    }
+  }
+  for (uint32_t i = 0; i < g->n; i++) {
+    entry_t *e = &g->entries[i];
+    entry_t *l = &g->entries[e->leader];
+    if (l->state == E_OFFLOADED) {
+      e->state = E_OFFLOADED;
+      OFL_CHECK(release_device(m, e->t));
+    } else {
+      e->state = E_KEPT;
+      m->st.kept_tensors++;
+    }
+  }
+  if (copied > 0) {
+    g->offloaded = true;
+    c->stack[c->nstack++] = g;
+    throttle(m, g);
+  }
+  OFL__PLOG(OFL_LOG_TRACE, m, c, ofl__gname(m, g),
+            "commit: %u copies of %u tensors on d2h", copied, g->n);
+  return OFL_SUCCESS;
+}
+
+static int open_find(const ofl_manager_t *m, int nid) {
+  for (int i = (int)m->nopen - 1; i >= 0; i--)
+    if (m->open[i].nid == nid)
+      return i;
+  return -1;
+}
+
+static ofl_status_t delay_commit(ofl_manager_t *m, group_t *g,
+                                 ofl_tensor_t *const *forced, size_t n) {
+  OFL_CHECK(ofl__grow((void **)&m->delayed, &m->capdelayed, m->ndelayed + 1,
+                      sizeof *m->delayed));
+  delayed_t *d = &m->delayed[m->ndelayed];
+  if (n > d->cap) {
+    ofl_tensor_t **f = realloc(d->forced, n * sizeof *f);
+    if (f == NULL)
+      return OFL__PERR(OFL_ERR_NO_MEMORY, m, g->chunk, ofl__gname(m, g),
+                       "no memory to delay a commit%s", "");
+    d->forced = f;
+    d->cap = n;
+  }
+  if (n > 0)
+    memcpy(d->forced, forced, n * sizeof *forced);
+  d->n = n;
+  d->g = g;
+  g->delayed = true;
+  m->ndelayed++;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_manager_group_commit(ofl_manager_t *m, const char *name,
+                                      ofl_tensor_t *const *forced_release,
+                                      size_t n, int delay) {
+  if (m == NULL || name == NULL || (n > 0 && forced_release == NULL))
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_commit: manager and name must not be "
+                      "NULL, nor forced_release when n > 0");
+  if (!ofl__manager_active(m))
+    return OFL_SUCCESS;
+  int nid = ofl__name_find(m, name);
+  int at = nid < 0 ? -1 : open_find(m, nid);
+  if (at < 0)
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, m->cur_fwd, name,
+                     "commit without a matching group_start (%u groups "
+                     "open); call ofl_manager_group_start(\"%s\") first",
+                     m->nopen, name);
+  group_t *g = m->open[at].g;
+  memmove(&m->open[at], &m->open[at + 1],
+          (m->nopen - (uint32_t)at - 1) * sizeof *m->open);
+  m->nopen--;
+  if (g == NULL)
+    return OFL_SUCCESS;
+  g->open = false;
+  chunk_t *c = g->chunk;
+  /* The backward of the commit marker runs in reverse commit order. */
+  c->commit_order[c->ncommit++] = g->index;
+  c->bwd_left++;
+  if (delay)
+    return delay_commit(m, g, forced_release, n);
+  return ofl__group_commit_now(m, g, forced_release, n);
+}
+
+ofl_status_t ofl_manager_flush_delayed_groups(ofl_manager_t *m) {
+  if (m == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_flush_delayed_groups: manager is NULL");
+  ofl_status_t first = OFL_SUCCESS;
+  for (uint32_t i = 0; i < m->ndelayed; i++) {
+    delayed_t *d = &m->delayed[i];
+    d->g->delayed = false;
+    ofl_status_t s = ofl__group_commit_now(m, d->g, d->forced, d->n);
+    if (s != OFL_SUCCESS && first == OFL_SUCCESS)
+      first = s;
+  }
+  m->ndelayed = 0;
+  return first;
+}
+
+/* ---- reload --------------------------------------------------------------- */
+
+/* Gives the cluster of leader l device storage and queues the H2D copy on
+ * stream (h2d for a prefetch, compute for an inline reload). */
+static ofl_status_t reload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
+                                   ofl_stream_t *stream) {
+  bool dyn = m->names[g->nid].dynamic;
+  ofl_tensor_t *dst = l->t;
+  ofl_tensor_t *carrier = NULL;
+  if (l->nmembers == 1) {
+    OFL_CHECK(dyn ? ofl_pool_alloc_into_dynamic(m->dev_pool, dst, stream)
+                  : ofl_pool_alloc_into(m->dev_pool, dst, stream));
+  } else {
+    int64_t shape[1] = {(int64_t)l->span};
+    OFL_CHECK(ofl_pool_alloc_dynamic(m->dev_pool, shape, 1, OFL_DTYPE_U8,
+                                     stream, &carrier));
+    dst = carrier;
+  }
+  ofl_status_t s = ofl_memcpy_async(ofl_tensor_data(dst),
+                                    ofl_tensor_data(l->host), l->span,
+                                    OFL_COPY_H2D, stream);
+  if (s != OFL_SUCCESS) {
+    if (carrier != NULL)
+      ofl_tensor_destroy(carrier);
+    else
+      ofl_tensor_release_storage(dst);
+    return s;
+  }
+  uint32_t li = (uint32_t)(l - g->entries);
+  for (uint32_t i = li; carrier != NULL && i < g->n; i++) {
+    entry_t *e = &g->entries[i];
+    if (e->leader != li || e->state != E_OFFLOADED)
+      continue;
+    /* Members become views of the one reloaded block (rule 6). */
+    ofl_tensor_t *t = e->t;
+    OFL_CHECK(ofl__pool_block_ref(carrier));
+    t->st = carrier->st;
+    t->st_gen = carrier->st_gen;
+    t->offset = carrier->offset + (t->offset - l->lo);
+    t->data = (char *)t->st->base + t->offset;
+    t->loc = t->st->loc;
+  }
+  if (carrier != NULL)
+    OFL_CHECK(ofl_tensor_destroy(carrier));
+  /* Rule 2: the pinned block returns to its pool only after this H2D. */
+  s = (m->rules_off & OFL__RULE2_OFF) ? ofl_pool_free(m->host_pool, l->host)
+                                      : ofl_pool_free_after(m->host_pool,
+                                                            l->host, stream);
+  l->host = NULL;
+  OFL_CHECK(s);
+  for (uint32_t i = li; i < g->n; i++)
+    if (g->entries[i].leader == li && g->entries[i].state == E_OFFLOADED)
+      g->entries[i].state = E_RELOADED;
+  name_info_t *ni = &m->names[g->nid];
+  m->st.reloaded_tensors++;
+  m->st.reloaded_bytes += l->span;
+  ni->st.reloaded_tensors++;
+  ni->st.reloaded_bytes += l->span;
+  return OFL_SUCCESS;
+}
+
+static void stack_remove(chunk_t *c, group_t *g) {
+  for (uint32_t i = c->nstack; i-- > 0;) {
+    if (c->stack[i] == g) {
+      memmove(&c->stack[i], &c->stack[i + 1],
+              (c->nstack - i - 1) * sizeof *c->stack);
+      c->nstack--;
+      return;
+    }
+  }
+}
+
+/* Bulk reload of a group on the H2D stream (prefetch). */
+ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g) {
+  stack_remove(g->chunk, g);
+  /* Rule 1: the H2D reads the pinned copy only after the D2H filled it. */
+  if (!(m->rules_off & OFL__RULE1_OFF))
+    OFL_CHECK(ofl_stream_wait_event(m->h2d, g->offload_ev));
+  for (uint32_t i = 0; i < g->n; i++) {
+    entry_t *l = &g->entries[i];
+    if (l->leader == i && l->state == E_OFFLOADED && l->host != NULL)
+      OFL_CHECK(reload_cluster(m, g, l, m->h2d));
+  }
+  OFL_CHECK(ofl_event_record(g->reload_ev, m->h2d));
+  g->reload_issued = true;
+  g->reload_joined = false;
+  OFL__PLOG(OFL_LOG_TRACE, m, g->chunk, ofl__gname(m, g), "prefetch on h2d%s",
+            "");
+  return OFL_SUCCESS;
+}
+
+/* Compute waits for the group's prefetch (counted as a stall when it has not
+ * finished yet). */
+static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
+  if (!g->reload_issued || g->reload_joined)
+    return OFL_SUCCESS;
+  name_info_t *ni = &m->names[g->nid];
+  bool late = ofl_event_query(g->reload_ev) == OFL_ERR_NOT_READY;
+  uint64_t t0 = late ? ofl__now_ns() : 0;
+  OFL_CHECK(ofl_stream_wait_event(ofl__compute(m), g->reload_ev));
+  if (late) {
+    uint64_t dt = ofl_device_backend(m->dev) == OFL_BACKEND_HOST
+                      ? ofl__now_ns() - t0
+                      : 0;
+    m->st.stalls++;
+    m->st.stall_ns += dt;
+    ni->st.stalls++;
+    ni->st.stall_ns += dt;
+  }
+  g->reload_joined = true;
+  return OFL_SUCCESS;
+}
+
+/* ---- backward ------------------------------------------------------------- */
+
+/* The group whose commit-backward comes next: the current backward chunk's
+ * next commit in reverse order, or the first chunk in backward order that
+ * still has commits (rule 5: its next group must be name). */
+static ofl_status_t select_backward(ofl_manager_t *m, int nid, const char *name,
+                                    group_t **out) {
+  chunk_t *c = m->cur_bwd;
+  if (c == NULL || c->bwd_left == 0) {
+    c = NULL;
+    while (m->bwd_cursor < m->nbwd) {
+      chunk_t *x = m->bwd[m->bwd_cursor];
+      if (x->ngroups == 0 || (x->ncommit > 0 && x->bwd_left == 0)) {
+        m->bwd_cursor++; /* nothing to run backward, or done */
+        continue;
+      }
+      if (x->bwd_left == 0)
+        return OFL__PERR(OFL_ERR_MISMATCH, m, x, name,
+                         "backward of this group, but the next chunk in "
+                         "backward order has not run its forward in this "
+                         "iteration%s",
+                         "");
+      m->bwd_cursor++;
+      c = x;
+      break;
+    }
+    if (c == NULL)
+      return OFL__PERR(OFL_ERR_INVALID_USAGE, m, m->cur_bwd, name,
+                       "backward of a group that no chunk has waiting (%u "
+                       "chunks in backward order, all done or never "
+                       "offloaded); each committed group runs backward once",
+                       m->nbwd);
+    m->cur_bwd = c;
+  }
+  group_t *g = c->groups[c->commit_order[c->bwd_left - 1]];
+  if (g->nid != nid)
+    return OFL__PERR(OFL_ERR_MISMATCH, m, c, name,
+                     "backward of this group, but the next group to run "
+                     "backward in this chunk is %s (reverse commit order)",
+                     m->names[g->nid].name);
+  c->bwd_left--;
+  *out = g;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_manager_group_backward_begin(ofl_manager_t *m,
+                                              const char *name) {
+  if (m == NULL || name == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_backward_begin: manager and name "
+                      "must not be NULL");
+  if (!ofl__manager_active(m))
+    return OFL_SUCCESS;
+  int nid = ofl__name_find(m, name);
+  if (nid < 0)
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, m->cur_bwd, name,
+                     "backward of a group never started in forward%s", "");
+  if (!m->names[nid].selected)
+    return OFL_SUCCESS;
+  group_t *g = NULL;
+  OFL_CHECK(select_backward(m, nid, name, &g));
+  g->bwd = 1;
+  if (g->offloaded && !g->reload_issued) {
+    /* Not prefetched (first group of a chunk in warmup): tensor_pop
+     * reloads each tensor inline. */
+    stack_remove(g->chunk, g);
+    g->inline_reload = true;
+  }
+  OFL_CHECK(join_reload(m, g));
+  OFL__PLOG(OFL_LOG_TRACE, m, g->chunk, name, "backward begins%s",
+            g->inline_reload ? " (inline reload)" : "");
+  return OFL_SUCCESS;
+}
+
+static ofl_status_t prefetch_next(ofl_manager_t *m, chunk_t *c) {
+  if (c->nstack > 0)
+    return ofl__group_reload(m, c->stack[c->nstack - 1]);
+  chunk_t *next = ofl__front_backward_chunk(m, -1);
+  if (next == NULL || next == c || !next->fwd_done || next->nstack == 0)
+    return OFL_SUCCESS;
+  return ofl__group_reload(m, next->stack[next->nstack - 1]);
+}
+
+ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
+                                            const char *name) {
+  if (m == NULL || name == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_backward_end: manager and name must "
+                      "not be NULL");
+  if (!ofl__manager_active(m))
+    return OFL_SUCCESS;
+  int nid = ofl__name_find(m, name);
+  if (nid >= 0 && !m->names[nid].selected)
+    return OFL_SUCCESS;
+  chunk_t *c = m->cur_bwd;
+  group_t *g = NULL;
+  for (uint32_t i = c ? c->bwd_left : 0; c && i < c->ncommit; i++) {
+    group_t *x = c->groups[c->commit_order[i]];
+    if (x->nid == nid && x->bwd == 1) {
+      g = x;
+      break;
+    }
+  }
+  if (g == NULL)
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, c, name,
+                     "backward_end without a matching backward_begin in the "
+                     "current backward chunk%s",
+                     "");
+  g->bwd = 2;
+  /* The prefetch's device blocks may be ones compute just let go of: the
+   * H2D stream starts after compute's work so far. */
+  OFL_CHECK(ofl_event_record(m->ev_compute, ofl__compute(m)));
+  OFL_CHECK(ofl_stream_wait_event(m->h2d, m->ev_compute));
+  OFL_CHECK(prefetch_next(m, c));
+  OFL__PLOG(OFL_LOG_TRACE, m, c, name, "backward ends%s", "");
+  return OFL_SUCCESS;
+}
+
+/* ---- pop ------------------------------------------------------------------ */
+
+static ofl_status_t pop_held(ofl_manager_t *m, ofl_tag_t tag,
+                             ofl_tensor_t **out) {
+  uint64_t slot = (tag & ((UINT64_C(1) << 48) - 1));
+  if ((tag & (UINT64_C(0x7fff) << 48)) != TAG_GEN(m) || slot == 0 ||
+      slot > m->nheld || m->held[slot - 1] == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "rank %d: tensor_pop of tag 0x%llx: unknown, from an "
+                      "earlier iteration or already popped (tensor held "
+                      "outside any group)",
+                      m->rank, (unsigned long long)tag);
+  *out = m->held[slot - 1];
+  m->held[slot - 1] = NULL;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
+                                    ofl_tensor_t **out) {
+  if (m == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_tensor_pop: manager and out must not be "
+                      "NULL");
+  if (tag & TAG_HELD)
+    return pop_held(m, tag, out);
+  uint32_t ci = (uint32_t)(tag >> 32) & 0xffffu;
+  uint32_t gi = (uint32_t)(tag >> 16) & 0xffffu;
+  uint32_t k = (uint32_t)tag & 0xffffu;
+  if ((tag & (UINT64_C(0x7fff) << 48)) != TAG_GEN(m) || k == 0 ||
+      ci >= m->nfwd || gi >= m->fwd[ci]->ngroups ||
+      k > m->fwd[ci]->groups[gi]->n)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "rank %d chunk %u group %u: tensor_pop of unknown tag "
+                      "0x%llx (never pushed, or pushed in an earlier "
+                      "iteration)",
+                      m->rank, ci, gi, (unsigned long long)tag);
+  group_t *g = m->fwd[ci]->groups[gi];
+  entry_t *e = &g->entries[k - 1];
+  if (e->state == E_POPPED)
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, g->chunk, ofl__gname(m, g),
+                     "tensor_pop of tag 0x%llx (tensor %u) that was already "
+                     "popped; a tag pops once",
+                     (unsigned long long)tag, k - 1);
+  if (e->state == E_HELD)
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, g->chunk, ofl__gname(m, g),
+                     "tensor_pop of tag 0x%llx before its group was "
+                     "committed",
+                     (unsigned long long)tag);
+  if (e->state == E_OFFLOADED) {
+    entry_t *l = &g->entries[e->leader];
+    ofl_stream_t *compute = ofl__compute(m);
+    /* Rule 1 (#7398): the inline H2D reads the pinned copy only after the
+     * group's D2H has filled it. */
+    if (!(m->rules_off & OFL__RULE1_OFF))
+      OFL_CHECK(ofl_stream_wait_event(compute, g->offload_ev));
+    stack_remove(g->chunk, g);
+    OFL_CHECK(reload_cluster(m, g, l, compute));
+    m->st.inline_reloads++;
+    m->names[g->nid].st.inline_reloads++;
+    OFL__PLOG(OFL_LOG_TRACE, m, g->chunk, ofl__gname(m, g),
+              "inline reload of tensor %u", k - 1);
+  } else if (e->state == E_RELOADED) {
+    OFL_CHECK(join_reload(m, g));
+  }
+  *out = e->t;
+  e->t = NULL;
+  e->state = E_POPPED;
+  return OFL_SUCCESS;
+}
+
+/* ---- end of iteration ------------------------------------------------------ */
+
+/* Releases what an iteration left in the group (tensors never popped) and
+ * clears the per-iteration state. */
+void ofl__group_end_iteration(ofl_manager_t *m, group_t *g) {
+  for (uint32_t i = 0; i < g->n; i++) {
+    entry_t *e = &g->entries[i];
+    if (e->host != NULL) {
+      /* Its D2H may still be queued: reuse waits for the offload event. */
+      if (ofl_pool_free_after_event(m->host_pool, e->host, g->offload_ev) !=
+          OFL_SUCCESS)
+        OFL_WARN(OFL_SUBSYS_PIPELINE,
+                 "rank %d group %s: pinned copy not returned to its pool",
+                 m->rank, ofl__gname(m, g));
+      e->host = NULL;
+    }
+    if (e->state != E_POPPED && e->t != NULL) {
+      m->st.unpopped_tensors++;
+      if (e->state == E_RELOADED && ofl_tensor_has_storage(e->t))
+        ofl_tensor_release_storage_after(
+            e->t, g->inline_reload ? ofl__compute(m) : m->h2d);
+      ofl_tensor_destroy(e->t);
+      e->t = NULL;
+    }
+  }
+  g->n = 0;
+  g->open = g->delayed = g->committed = g->offloaded = false;
+  g->reload_issued = g->reload_joined = g->inline_reload = false;
+  g->bwd = 0;
+}

@@ -1,0 +1,510 @@
+/* ofl: the pipeline offload manager: lifecycle (instances and the process
+ * singleton), configuration, group names, the per-iteration reset, switches
+ * and statistics. Chunks are in chunk.c, groups in group.c, the end of
+ * warmup in policy.c. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/pipeline_internal.h"
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+/* Grows *arr to hold need elements (doubling); new elements are zeroed. */
+ofl_status_t ofl__grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
+  if (need <= *cap)
+    return OFL_SUCCESS;
+  uint32_t n = *cap ? *cap * 2 : 8;
+  while (n < need)
+    n *= 2;
+  char *p = realloc(*arr, (size_t)n * elem);
+  if (p == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "no memory to grow a pipeline record to %u entries", n);
+  memset(p + (size_t)*cap * elem, 0, (size_t)(n - *cap) * elem);
+  *arr = p;
+  *cap = n;
+  return OFL_SUCCESS;
+}
+
+bool ofl__manager_active(const ofl_manager_t *m) {
+  bool fwd_only = m->forward_only && !(m->rules_off & OFL__RULE4_OFF);
+  return m->offload && m->enabled && !fwd_only;
+}
+
+/* Rule 3: the compute stream is looked up at each use, never kept. */
+ofl_stream_t *ofl__compute(ofl_manager_t *m) {
+  if (m->rules_off & OFL__RULE3_OFF)
+    return m->compute_at_create;
+  return ofl_device_compute_stream(m->dev);
+}
+
+/* 1 when name is an item of the comma-separated list (spaces ignored). */
+static bool list_has(const char *list, const char *name) {
+  size_t n = strlen(name);
+  const char *p = list;
+  while (p != NULL && *p != '\0') {
+    while (*p == ' ' || *p == ',')
+      p++;
+    const char *end = p;
+    while (*end != '\0' && *end != ',')
+      end++;
+    const char *last = end;
+    while (last > p && last[-1] == ' ')
+      last--;
+    if ((size_t)(last - p) == n && strncmp(p, name, n) == 0)
+      return true;
+    p = end;
+  }
+  return false;
+}
+
+int ofl__name_find(const ofl_manager_t *m, const char *name) {
+  for (int i = 0; i < m->nnames; i++)
+    if (strcmp(m->names[i].name, name) == 0)
+      return i;
+  return -1;
+}
+
+ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out) {
+  int i = ofl__name_find(m, name);
+  if (i >= 0) {
+    *out = i;
+    return OFL_SUCCESS;
+  }
+  if (name[0] == '\0')
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "rank %d: a group name must not be empty", m->rank);
+  if (!m->warmup)
+    return OFL__PERR(OFL_ERR_MISMATCH, m, m->cur_fwd, name,
+                     "group name not seen in the warmup iteration%s", "");
+  if (m->nnames >= OFL__MAX_NAMES)
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, m->cur_fwd, name,
+                     "more than %d distinct group names", OFL__MAX_NAMES);
+  name_info_t *ni = &m->names[m->nnames];
+  memset(ni, 0, sizeof *ni);
+  ni->name = strdup(name);
+  if (m->max_inflight > 0)
+    ni->ring = calloc(m->max_inflight + 1, sizeof *ni->ring);
+  if (ni->name == NULL || (m->max_inflight > 0 && ni->ring == NULL)) {
+    free(ni->name);
+    free(ni->ring);
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "rank %d: no memory for group name %s", m->rank, name);
+  }
+  ni->selected = m->groups_cfg[0] == '\0' || list_has(m->groups_cfg, name);
+  ni->dynamic = list_has(m->dynamic_cfg, name);
+  ni->st.name = ni->name;
+  *out = m->nnames++;
+  return OFL_SUCCESS;
+}
+
+/* ---- configuration ---------------------------------------------------------- */
+
+static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
+  bool b;
+  if (p->offload >= 0) {
+    m->offload = p->offload != 0;
+  } else {
+    OFL_CHECK(ofl__config_bool("OFL_OFFLOAD", &b));
+    m->offload = b;
+  }
+  const char *groups = p->groups;
+  if (groups == NULL)
+    OFL_CHECK(ofl__config_str("OFL_OFFLOAD_GROUPS", &groups));
+  const char *dyn = p->dynamic_groups != NULL
+                        ? p->dynamic_groups
+                        : "expert_fc1,moe_act,fused_group_mlp";
+  m->groups_cfg = strdup(groups ? groups : "");
+  m->dynamic_cfg = strdup(dyn);
+  if (m->groups_cfg == NULL || m->dynamic_cfg == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "no memory for the manager's configuration");
+  int64_t v;
+  if (p->min_offload_elems >= 0) {
+    m->min_elems = (uint64_t)p->min_offload_elems;
+  } else {
+    OFL_CHECK(ofl__config_int("OFL_MIN_OFFLOAD_ELEMS", &v));
+    m->min_elems = v < 0 ? 0 : (uint64_t)v;
+  }
+  if (p->min_offload_bytes >= 0)
+    m->min_bytes = (size_t)p->min_offload_bytes;
+  else
+    OFL_CHECK(ofl__config_size("OFL_MIN_OFFLOAD_BYTES", &m->min_bytes));
+  double f = p->fraction;
+  if (f < 0)
+    OFL_CHECK(ofl__config_double("OFL_OFFLOAD_FRACTION", &f));
+  if (!(f >= 0.0 && f <= 1.0))
+    return ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_PIPELINE,
+                      "offload fraction %g is outside [0, 1]; set "
+                      "OFL_OFFLOAD_FRACTION or params.fraction in that range",
+                      f);
+  m->fraction = f;
+  if (p->rank_delta_bytes >= 0) {
+    m->rank_delta_bytes = (uint64_t)p->rank_delta_bytes;
+  } else {
+    size_t d;
+    OFL_CHECK(ofl__config_size("OFL_RANK_DELTA_BYTES", &d));
+    m->rank_delta_bytes = d;
+  }
+  if (p->max_inflight >= 0) {
+    m->max_inflight = (uint32_t)p->max_inflight;
+  } else {
+    OFL_CHECK(ofl__config_int("OFL_MAX_INFLIGHT", &v));
+    if (v < 0 || v > 1000000)
+      return ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_PIPELINE,
+                        "OFL_MAX_INFLIGHT %lld is outside 0..1000000",
+                        (long long)v);
+    m->max_inflight = (uint32_t)v;
+  }
+  m->pp_rank = p->pp_rank < 0 ? 0 : p->pp_rank;
+  m->rank = p->rank >= 0 ? p->rank : ofl_log_get_rank();
+  m->comm = p->comm;
+  m->summary_out = p->summary_out;
+  return OFL_SUCCESS;
+}
+
+static ofl_status_t open_resources(ofl_manager_t *m,
+                                   const ofl_manager_params_t *p) {
+  if (p->device != NULL) {
+    m->dev = p->device;
+  } else {
+    OFL_CHECK(ofl_device_open(NULL, &m->dev));
+    m->own_dev = true;
+  }
+  m->compute_at_create = ofl_device_compute_stream(m->dev);
+  OFL_CHECK(ofl_stream_create(m->dev, "offload-d2h", &m->d2h));
+  OFL_CHECK(ofl_stream_create(m->dev, "offload-h2d", &m->h2d));
+  OFL_CHECK(ofl_event_create(m->dev, &m->ev_compute));
+  OFL_CHECK(ofl_event_create(m->dev, &m->ev_d2h));
+  OFL_CHECK(ofl_event_create(m->dev, &m->ev_h2d));
+  ofl_pool_params_t hp = OFL_POOL_PARAMS_INIT;
+  hp.kind = OFL_POOL_PINNED;
+  hp.name = "offload-host";
+  hp.budget_bytes = p->host_budget_bytes < 0 ? OFL_POOL_BUDGET_FROM_ENV
+                                             : (size_t)p->host_budget_bytes;
+  OFL_CHECK(ofl_pool_create(m->dev, &hp, &m->host_pool));
+  if (p->device_pool != NULL) {
+    m->dev_pool = p->device_pool;
+  } else {
+    ofl_pool_params_t dp = OFL_POOL_PARAMS_INIT;
+    dp.name = "offload-reload";
+    OFL_CHECK(ofl_pool_create(m->dev, &dp, &m->dev_pool));
+    m->own_dev_pool = true;
+  }
+  return OFL_SUCCESS;
+}
+
+/* ---- lifecycle ---------------------------------------------------------------- */
+
+ofl_status_t ofl_manager_create(const ofl_manager_params_t *params,
+                                ofl_manager_t **out) {
+  if (out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_create: out must not be NULL");
+  ofl_manager_params_t defaults = OFL_MANAGER_PARAMS_INIT;
+  const ofl_manager_params_t *p = params ? params : &defaults;
+  ofl_manager_t *m = calloc(1, sizeof *m);
+  if (m == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "no memory for the offload manager");
+  m->warmup = true;
+  m->enabled = true;
+  ofl_status_t s;
+  OFL_CHECK_GOTO(configure(m, p), s, fail);
+  OFL_CHECK_GOTO(open_resources(m, p), s, fail);
+  OFL_INFO(OFL_SUBSYS_PIPELINE,
+           "rank %d pp_rank %d: manager created (offload %d, groups '%s', "
+           "min bytes %zu elems %llu, fraction %g, delta %llu, inflight %u)",
+           m->rank, m->pp_rank, m->offload, m->groups_cfg, m->min_bytes,
+           (unsigned long long)m->min_elems, m->fraction,
+           (unsigned long long)m->rank_delta_bytes, m->max_inflight);
+  *out = m;
+  return OFL_SUCCESS;
+fail:
+  ofl_manager_destroy(m);
+  return s;
+}
+
+void ofl_manager_destroy(ofl_manager_t *m) {
+  if (m == NULL)
+    return;
+  if (m->d2h)
+    ofl_stream_synchronize(m->d2h, OFL_TIMEOUT_DEFAULT);
+  if (m->h2d)
+    ofl_stream_synchronize(m->h2d, OFL_TIMEOUT_DEFAULT);
+  for (uint32_t i = 0; i < m->nfwd; i++)
+    for (uint32_t j = 0; j < m->fwd[i]->ngroups; j++)
+      ofl__group_end_iteration(m, m->fwd[i]->groups[j]);
+  for (uint32_t i = 0; i < m->nheld; i++)
+    ofl_tensor_destroy(m->held[i]);
+  ofl_pool_destroy(m->host_pool);
+  for (uint32_t i = 0; i < m->nfwd; i++)
+    ofl__chunk_free(m->fwd[i]);
+  if (m->own_dev_pool)
+    ofl_pool_destroy(m->dev_pool);
+  if (m->d2h)
+    ofl_stream_destroy(m->d2h);
+  if (m->h2d)
+    ofl_stream_destroy(m->h2d);
+  ofl_event_destroy(m->ev_compute);
+  ofl_event_destroy(m->ev_d2h);
+  ofl_event_destroy(m->ev_h2d);
+  if (m->own_dev)
+    ofl_device_close(m->dev);
+  for (int i = 0; i < m->nnames; i++) {
+    free(m->names[i].name);
+    free(m->names[i].ring);
+  }
+  for (uint32_t i = 0; i < m->capdelayed; i++)
+    free(m->delayed[i].forced);
+  for (int s = 0; s < m->vpp; s++)
+    free(m->stages[s]);
+  free(m->stages);
+  free(m->nstage);
+  free(m->capstage);
+  free(m->stage_count);
+  free(m->fwd);
+  free(m->bwd);
+  free(m->open);
+  free(m->delayed);
+  free(m->held);
+  free(m->groups_cfg);
+  free(m->dynamic_cfg);
+  free(m);
+}
+
+static pthread_mutex_t instance_mu = PTHREAD_MUTEX_INITIALIZER;
+static ofl_manager_t *instance;
+
+ofl_status_t ofl_manager_get(ofl_manager_t **out) {
+  if (out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_get: out must not be NULL");
+  ofl_status_t s = OFL_SUCCESS;
+  pthread_mutex_lock(&instance_mu);
+  if (instance == NULL)
+    s = ofl_manager_create(NULL, &instance);
+  if (s == OFL_SUCCESS)
+    *out = instance;
+  pthread_mutex_unlock(&instance_mu);
+  return s;
+}
+
+void ofl_manager_reset_instance(void) {
+  pthread_mutex_lock(&instance_mu);
+  ofl_manager_t *m = instance;
+  instance = NULL;
+  pthread_mutex_unlock(&instance_mu);
+  ofl_manager_destroy(m);
+}
+
+ofl_device_t *ofl_manager_device(const ofl_manager_t *m) {
+  return m ? m->dev : NULL;
+}
+ofl_stream_t *ofl_manager_d2h_stream(const ofl_manager_t *m) {
+  return m ? m->d2h : NULL;
+}
+ofl_stream_t *ofl_manager_h2d_stream(const ofl_manager_t *m) {
+  return m ? m->h2d : NULL;
+}
+ofl_pool_t *ofl_manager_host_pool(const ofl_manager_t *m) {
+  return m ? m->host_pool : NULL;
+}
+ofl_pool_t *ofl_manager_device_pool(const ofl_manager_t *m) {
+  return m ? m->dev_pool : NULL;
+}
+
+/* ---- iteration ------------------------------------------------------------------ */
+
+/* Rule 5: a training iteration after warmup runs every recorded chunk. */
+static ofl_status_t check_structure(ofl_manager_t *m) {
+  if (m->warmup || m->fwd_cursor == 0)
+    return OFL_SUCCESS;
+  OFL_CHECK(ofl__chunk_check_done(m, m->cur_fwd));
+  if (m->fwd_cursor != m->nfwd)
+    return OFL__PERR(OFL_ERR_MISMATCH, m, m->cur_fwd, "-",
+                     "the iteration ran %u chunks, the warmup recorded %u; "
+                     "the schedule must repeat the warmup's structure",
+                     m->fwd_cursor, m->nfwd);
+  return OFL_SUCCESS;
+}
+
+static void end_iteration(ofl_manager_t *m) {
+  for (uint32_t i = 0; i < m->ndelayed; i++)
+    OFL__PLOG(OFL_LOG_WARN, m, m->delayed[i].g->chunk,
+              ofl__gname(m, m->delayed[i].g),
+              "delayed commit never flushed before reset; the group stayed "
+              "on the device%s",
+              "");
+  m->ndelayed = 0;
+  uint64_t unpopped = m->st.unpopped_tensors;
+  for (uint32_t i = 0; i < m->nfwd; i++) {
+    chunk_t *c = m->fwd[i];
+    for (uint32_t j = 0; j < c->ngroups; j++)
+      ofl__group_end_iteration(m, c->groups[j]);
+    c->fwd_cursor = c->ncommit = c->bwd_left = c->nstack = 0;
+    c->fwd_done = false;
+  }
+  for (uint32_t i = 0; i < m->nheld; i++) {
+    if (m->held[i] != NULL) {
+      m->st.unpopped_tensors++;
+      ofl_tensor_destroy(m->held[i]);
+    }
+  }
+  m->nheld = 0;
+  if (m->st.unpopped_tensors != unpopped && !m->forward_only)
+    OFL_INFO(OFL_SUBSYS_PIPELINE,
+             "rank %d: reset destroyed %llu tensors pushed and never popped",
+             m->rank, (unsigned long long)(m->st.unpopped_tensors - unpopped));
+  for (int i = 0; i < m->nnames; i++)
+    m->names[i].ring_head = m->names[i].ring_len = 0;
+  m->cur_fwd = m->cur_bwd = NULL;
+  m->fwd_cursor = m->bwd_cursor = 0;
+  m->gen++;
+  m->st.iterations++;
+}
+
+ofl_status_t ofl_manager_reset(ofl_manager_t *m) {
+  if (m == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_reset: manager is NULL");
+  if (m->nopen > 0) {
+    open_group_t *o = &m->open[m->nopen - 1];
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, o->g ? o->g->chunk : m->cur_fwd,
+                     m->names[o->nid].name,
+                     "reset while this group is open (started, not "
+                     "committed); commit it before the reset%s",
+                     "");
+  }
+  ofl_status_t s = check_structure(m);
+  bool end_warmup = m->warmup && m->nfwd > 0;
+  end_iteration(m);
+  if (end_warmup) {
+    ofl_status_t p = ofl__policy_end_warmup(m);
+    if (s == OFL_SUCCESS)
+      s = p;
+  }
+  return s;
+}
+
+int ofl_manager_is_warmup(const ofl_manager_t *m) { return m ? m->warmup : 0; }
+
+/* ---- switches ------------------------------------------------------------------- */
+
+void ofl_manager_mark_not_offloadable(ofl_tensor_t *t) {
+  if (t != NULL)
+    ofl_tensor_set_flags(t, ofl_tensor_flags(t) | OFL_TENSOR_NOT_OFFLOADABLE);
+}
+
+void ofl_manager_disable_offload(ofl_manager_t *m) {
+  if (m != NULL)
+    m->enabled = false;
+}
+
+void ofl_manager_enable_offload(ofl_manager_t *m) {
+  if (m != NULL)
+    m->enabled = true;
+}
+
+void ofl_manager_set_forward_only(ofl_manager_t *m, int on) {
+  if (m != NULL)
+    m->forward_only = on != 0;
+}
+
+ofl_status_t ofl_manager_forward_record(ofl_manager_t *m, ofl_event_t *event) {
+  if (m == NULL || event == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_forward_record: manager and event must "
+                      "not be NULL");
+  ofl_stream_t *compute = ofl__compute(m);
+  OFL_CHECK(ofl_event_record(event, compute));
+  OFL_CHECK(ofl_event_record(m->ev_d2h, m->d2h));
+  return ofl_stream_wait_event(compute, m->ev_d2h);
+}
+
+ofl_status_t ofl_manager_backward_record(ofl_manager_t *m, ofl_event_t *event) {
+  if (m == NULL || event == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_backward_record: manager and event must "
+                      "not be NULL");
+  ofl_stream_t *compute = ofl__compute(m);
+  OFL_CHECK(ofl_event_record(event, compute));
+  OFL_CHECK(ofl_event_record(m->ev_h2d, m->h2d));
+  return ofl_stream_wait_event(compute, m->ev_h2d);
+}
+
+ofl_status_t ofl_manager_synchronize(ofl_manager_t *m, int64_t timeout_ms) {
+  if (m == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_synchronize: manager is NULL");
+  OFL_CHECK(ofl_stream_synchronize(m->d2h, timeout_ms));
+  return ofl_stream_synchronize(m->h2d, timeout_ms);
+}
+
+/* ---- statistics ----------------------------------------------------------------- */
+
+ofl_status_t ofl_manager_summary_bytes(const ofl_manager_t *m,
+                                       const char *name, uint64_t *out) {
+  if (m == NULL || name == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_summary_bytes: arguments must not be NULL");
+  if (m->warmup)
+    return ofl__error_quiet(OFL_ERR_NOT_READY,
+                            "rank %d: the summary exists after the warmup "
+                            "iteration's reset",
+                            m->rank);
+  int i = ofl__name_find(m, name);
+  *out = i < 0 ? 0 : m->names[i].summary_bytes;
+  return OFL_SUCCESS;
+}
+
+uint64_t ofl_manager_summary_total_bytes(const ofl_manager_t *m) {
+  uint64_t total = 0;
+  for (int i = 0; m != NULL && !m->warmup && i < m->nnames; i++)
+    total += m->names[i].summary_bytes;
+  return total;
+}
+
+void ofl_manager_get_stats(const ofl_manager_t *m, ofl_manager_stats_t *out) {
+  if (out == NULL)
+    return;
+  memset(out, 0, sizeof *out);
+  if (m == NULL)
+    return;
+  *out = m->st;
+  ofl_device_stats_t ds;
+  ofl_device_get_stats(m->dev, &ds);
+  out->device_bytes_peak = ds.device_bytes_peak;
+  ofl_pool_stats_t ps;
+  ofl_pool_get_stats(m->host_pool, &ps);
+  out->host_bytes_peak = ps.peak_in_use_bytes;
+}
+
+size_t ofl_manager_group_count(const ofl_manager_t *m) {
+  return m ? (size_t)m->nnames : 0;
+}
+
+ofl_status_t ofl_manager_group_stats(const ofl_manager_t *m, size_t i,
+                                     ofl_manager_group_stats_t *out) {
+  if (m == NULL || out == NULL || i >= (size_t)m->nnames)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_stats: index %zu out of range (%d "
+                      "names) or NULL argument",
+                      i, m ? m->nnames : 0);
+  *out = m->names[i].st;
+  out->summary_bytes = m->names[i].summary_bytes;
+  return OFL_SUCCESS;
+}
+
+/* ---- tests only ----------------------------------------------------------------- */
+
+void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask) {
+  m->rules_off = mask;
+}
+
+void ofl__manager_set_next_tier(ofl_manager_t *m, ofl__next_tier_fn fn,
+                                void *user) {
+  m->next_tier = fn;
+  m->next_tier_user = user;
+}

@@ -1,0 +1,217 @@
+/* ofl: private structures of the pipeline offload manager, shared by
+ * pipeline/manager.c (lifecycle, iteration), chunk.c (chunks and backward
+ * order), group.c (push, commit, reload, pop) and policy.c (end of warmup).
+ * Not installed. */
+#ifndef OFL_PIPELINE_INTERNAL_H
+#define OFL_PIPELINE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <ofl/manager.h>
+
+#include "runtime/internal.h"
+
+/* Distinct group names per manager (a chunk keeps them as a bit mask). */
+#define OFL__MAX_NAMES 64
+
+/* One pushed tensor. Entries sharing a storage form a cluster copied once
+ * (rule 6); the leader holds the pinned copy. */
+typedef enum {
+  E_HELD = 0,  /* pushed, device storage, group not committed */
+  E_KEPT,      /* committed, stays on the device */
+  E_OFFLOADED, /* device storage released; bytes in the leader's host copy */
+  E_RELOADED,  /* device storage again */
+  E_POPPED     /* handed back to the caller */
+} entry_state_t;
+
+typedef struct entry {
+  ofl_tensor_t *t;
+  ofl_tensor_t *host;  /* leader: the pinned copy while offloaded */
+  const void *sid;     /* storage identity at commit */
+  size_t lo, span;     /* leader: byte range of the storage it copies */
+  uint32_t leader;     /* index of the cluster leader (itself for a leader) */
+  uint32_t nmembers;   /* leader: entries in the cluster */
+  uint8_t flag;        /* leader: 1 a tensor is big enough, 2 one is marked
+                          not-offloadable */
+  uint8_t state;
+} entry_t;
+
+typedef struct chunk chunk_t;
+
+typedef struct group {
+  chunk_t *chunk;
+  uint32_t index; /* in the chunk, forward (start) order */
+  int nid;        /* name id */
+  entry_t *entries;
+  uint32_t n, cap;
+  ofl_event_t *offload_ev; /* recorded on d2h after the group's copies */
+  ofl_event_t *reload_ev;  /* recorded on h2d after the group's reload */
+  /* Recorded in warmup. */
+  uint64_t warm_bytes;
+  uint64_t warm_tensors;
+  bool policy_offload; /* steady-state switch (policy.c) */
+  bool last_of_name;   /* no later group of the same name in the chunk */
+  /* Per iteration. */
+  bool open, delayed, committed, offloaded, reload_issued, reload_joined;
+  bool inline_reload;
+  uint8_t bwd; /* 0 not begun, 1 begun, 2 ended */
+} group_t;
+
+struct chunk {
+  uint32_t index; /* forward (creation) order */
+  int vp_stage;
+  int mb;       /* microbatch: creation order within the stage */
+  uint32_t bwd_pos; /* place in the backward order */
+  bool in_bwd;
+  group_t **groups;
+  uint32_t ngroups, cap;
+  uint64_t name_mask;
+  /* Per iteration. */
+  uint32_t fwd_cursor;   /* groups started */
+  uint32_t *commit_order; /* group indexes in commit order */
+  uint32_t ncommit;
+  uint32_t bwd_left; /* commits whose backward has not begun */
+  group_t **stack;   /* offloaded groups waiting for reload (LIFO) */
+  uint32_t nstack;
+  bool fwd_done;
+};
+
+typedef struct name_info {
+  char *name;
+  bool selected; /* offloaded at all (params.groups) */
+  bool dynamic;  /* byte-keyed pool blocks */
+  uint64_t summary_bytes;
+  ofl_manager_group_stats_t st;
+  /* max_inflight throttle: offload events of this name, oldest first. */
+  group_t **ring;
+  uint32_t ring_head, ring_len;
+} name_info_t;
+
+typedef struct open_group {
+  group_t *g; /* NULL for a name that is not offloaded */
+  int nid;
+} open_group_t;
+
+typedef struct delayed {
+  group_t *g;
+  ofl_tensor_t **forced;
+  size_t n, cap;
+} delayed_t;
+
+/* Test switches that turn one rule of DESIGN.md section 5 off, so that the
+ * tests can show they fail without it. Never set outside tests. */
+enum {
+  OFL__RULE1_OFF = 1u << 1,
+  OFL__RULE2_OFF = 1u << 2,
+  OFL__RULE3_OFF = 1u << 3,
+  OFL__RULE4_OFF = 1u << 4,
+  OFL__RULE6_OFF = 1u << 6
+};
+
+/* Where a cluster goes when the host budget is full (the disk tier). It
+ * returns OFL_SUCCESS when it took the bytes; ofl keeps the cluster on the
+ * device otherwise. Not connected yet. */
+typedef ofl_status_t (*ofl__next_tier_fn)(void *user, const void *src,
+                                          size_t bytes);
+
+struct ofl_manager {
+  ofl_device_t *dev;
+  bool own_dev;
+  ofl_stream_t *d2h, *h2d;
+  ofl_stream_t *compute_at_create; /* only for the rule 3 test switch */
+  ofl_event_t *ev_compute, *ev_d2h, *ev_h2d;
+  ofl_pool_t *host_pool, *dev_pool;
+  bool own_dev_pool;
+  ofl_comm_t *comm;
+  FILE *summary_out;
+
+  /* Configuration. */
+  bool offload;
+  size_t min_bytes;   /* > 0: threshold in bytes */
+  uint64_t min_elems; /* when min_bytes == 0 */
+  double fraction;
+  uint64_t rank_delta_bytes;
+  uint32_t max_inflight;
+  int pp_rank, rank;
+  char *groups_cfg, *dynamic_cfg;
+  unsigned rules_off;
+  ofl__next_tier_fn next_tier;
+  void *next_tier_user;
+
+  /* State. */
+  bool warmup, enabled, forward_only;
+  uint32_t gen; /* iteration count, for stale tags */
+  name_info_t names[OFL__MAX_NAMES];
+  int nnames;
+
+  chunk_t **fwd; /* every chunk, forward order */
+  uint32_t nfwd, capfwd;
+  chunk_t **bwd; /* backward order */
+  uint32_t nbwd, capbwd;
+  int vpp;
+  chunk_t ***stages; /* warmup: chunks per virtual stage not yet ordered */
+  uint32_t *nstage, *capstage, *stage_count;
+
+  chunk_t *cur_fwd, *cur_bwd;
+  uint32_t fwd_cursor; /* steady state: next recorded chunk */
+  uint32_t bwd_cursor; /* next place in the backward order */
+
+  open_group_t *open;
+  uint32_t nopen, capopen;
+  delayed_t *delayed;
+  uint32_t ndelayed, capdelayed;
+
+  ofl_tensor_t **held; /* tensors held outside groups */
+  uint32_t nheld, capheld;
+
+  ofl_manager_stats_t st;
+};
+
+/* manager.c */
+int ofl__name_find(const ofl_manager_t *m, const char *name);
+ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out);
+bool ofl__manager_active(const ofl_manager_t *m);
+ofl_stream_t *ofl__compute(ofl_manager_t *m);
+ofl_status_t ofl__grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
+
+/* chunk.c */
+ofl_status_t ofl__chunk_new(ofl_manager_t *m, int vp_stage, chunk_t **out);
+void ofl__chunk_free(chunk_t *c);
+ofl_status_t ofl__order_flush(ofl_manager_t *m, bool force);
+chunk_t *ofl__front_backward_chunk(ofl_manager_t *m, int nid);
+ofl_status_t ofl__chunk_check_done(ofl_manager_t *m, chunk_t *c);
+
+/* group.c */
+ofl_status_t ofl__group_commit_now(ofl_manager_t *m, group_t *g,
+                                   ofl_tensor_t *const *forced, size_t n);
+ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g);
+void ofl__group_free(group_t *g);
+void ofl__group_end_iteration(ofl_manager_t *m, group_t *g);
+
+/* policy.c */
+ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m);
+
+/* Tests only. */
+void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask);
+void ofl__manager_set_next_tier(ofl_manager_t *m, ofl__next_tier_fn fn,
+                                void *user);
+
+/* Log and error lines name the rank, chunk, microbatch and group. */
+#define OFL__PLOG(level, m, c, gname, fmt, ...)                                \
+  OFL__LOG((level), OFL_SUBSYS_PIPELINE,                                       \
+           "rank %d chunk %d stage %d mb %d group %s: " fmt, (m)->rank,        \
+           (c) ? (int)(c)->index : -1, (c) ? (c)->vp_stage : -1,               \
+           (c) ? (c)->mb : -1, (gname), __VA_ARGS__)
+
+#define OFL__PERR(status, m, c, gname, fmt, ...)                               \
+  ofl__error((status), OFL_SUBSYS_PIPELINE,                                    \
+             "rank %d chunk %d stage %d mb %d group %s: " fmt, (m)->rank,      \
+             (c) ? (int)(c)->index : -1, (c) ? (c)->vp_stage : -1,             \
+             (c) ? (c)->mb : -1, (gname), __VA_ARGS__)
+
+static inline const char *ofl__gname(const ofl_manager_t *m, const group_t *g) {
+  return g ? m->names[g->nid].name : "-";
+}
+
+#endif /* OFL_PIPELINE_INTERNAL_H */

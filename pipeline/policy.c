@@ -1,0 +1,150 @@
+/* ofl: the end of warmup (the reference's post_warmup_callback). From the
+ * recorded structure it decides which groups stay on the device in steady
+ * state and computes offload_summary_bytes per group name:
+ *   1. margin = the largest number of distinct names in one chunk; for each
+ *      name (up to margin names) the first group of that name to run
+ *      backward stays on the device, since nothing is prefetched for it;
+ *   2. per-pipeline-rank delta: pp_rank x delta bytes stay on the device,
+ *      whole groups, chunks in backward order;
+ *   3. fraction: per chunk, the latest (1 - fraction) of the offloaded
+ *      groups stay on the device;
+ *   4. summary: bytes of the groups still offloaded, per name, over the
+ *      chunks in forward order up to the first chunk to run backward (the
+ *      estimate of device bytes removed from the peak). */
+#include <string.h>
+
+#include "pipeline/pipeline_internal.h"
+
+static int popcount64(uint64_t x) {
+  int n = 0;
+  for (; x; x &= x - 1)
+    n++;
+  return n;
+}
+
+static void keep_first_backward_groups(ofl_manager_t *m) {
+  int margin = 0;
+  for (uint32_t i = 0; i < m->nfwd; i++) {
+    int d = popcount64(m->fwd[i]->name_mask);
+    if (d > margin)
+      margin = d;
+  }
+  /* name -> last group (forward order) of the earliest backward chunk that
+   * has the name; names in order of first sight walking backward order in
+   * reverse, as the reference's dict. */
+  group_t *pick[OFL__MAX_NAMES] = {0};
+  int order[OFL__MAX_NAMES];
+  int norder = 0;
+  for (uint32_t i = m->nbwd; i-- > 0;) {
+    chunk_t *c = m->bwd[i];
+    for (uint32_t j = 0; j < c->ngroups; j++) {
+      group_t *g = c->groups[j];
+      bool seen = false;
+      for (int k = 0; k < norder; k++)
+        seen |= order[k] == g->nid;
+      if (!seen)
+        order[norder++] = g->nid;
+      pick[g->nid] = g;
+    }
+  }
+  for (int k = 0; k < norder && margin > 0; k++, margin--) {
+    group_t *g = pick[order[k]];
+    g->policy_offload = false;
+    OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
+              "stays on the device (first of its name to run backward, %llu "
+              "bytes)",
+              (unsigned long long)g->warm_bytes);
+  }
+}
+
+static void keep_rank_delta(ofl_manager_t *m) {
+  uint64_t keep = (uint64_t)m->pp_rank * m->rank_delta_bytes;
+  for (uint32_t i = 0; i < m->nbwd && keep > 0; i++) {
+    chunk_t *c = m->bwd[i];
+    for (uint32_t j = 0; j < c->ngroups && keep > 0; j++) {
+      group_t *g = c->groups[j];
+      if (!g->policy_offload || g->warm_bytes == 0 || g->warm_bytes > keep)
+        continue;
+      g->policy_offload = false;
+      keep -= g->warm_bytes;
+      OFL__PLOG(OFL_LOG_INFO, m, c, ofl__gname(m, g),
+                "stays on the device (pp rank delta, %llu bytes)",
+                (unsigned long long)g->warm_bytes);
+    }
+  }
+}
+
+static void keep_fraction(ofl_manager_t *m) {
+  if (m->fraction >= 1.0)
+    return;
+  for (uint32_t i = 0; i < m->nfwd; i++) {
+    chunk_t *c = m->fwd[i];
+    uint32_t eligible = 0;
+    for (uint32_t j = 0; j < c->ngroups; j++)
+      eligible += c->groups[j]->policy_offload && c->groups[j]->warm_bytes > 0;
+    uint32_t drop = (uint32_t)((double)eligible * (1.0 - m->fraction));
+    for (uint32_t j = c->ngroups; j-- > 0 && drop > 0;) {
+      group_t *g = c->groups[j];
+      if (g->policy_offload && g->warm_bytes > 0) {
+        g->policy_offload = false;
+        drop--;
+      }
+    }
+  }
+}
+
+static void mark_last_of_name(ofl_manager_t *m) {
+  for (uint32_t i = 0; i < m->nfwd; i++) {
+    chunk_t *c = m->fwd[i];
+    uint64_t seen = 0;
+    for (uint32_t j = c->ngroups; j-- > 0;) {
+      group_t *g = c->groups[j];
+      g->last_of_name = !((seen >> g->nid) & 1u);
+      seen |= UINT64_C(1) << g->nid;
+    }
+  }
+}
+
+static void summarize(ofl_manager_t *m) {
+  for (int k = 0; k < m->nnames; k++)
+    m->names[k].summary_bytes = 0;
+  chunk_t *first_bwd = m->nbwd > 0 ? m->bwd[0] : NULL;
+  for (uint32_t i = 0; i < m->nfwd; i++) {
+    chunk_t *c = m->fwd[i];
+    for (uint32_t j = 0; j < c->ngroups; j++) {
+      group_t *g = c->groups[j];
+      if (g->policy_offload)
+        m->names[g->nid].summary_bytes += g->warm_bytes;
+    }
+    if (c == first_bwd)
+      break; /* from here on 1F1B runs: the peak does not grow */
+  }
+}
+
+ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m) {
+  ofl_status_t s = OFL_SUCCESS;
+  if (m->nbwd != m->nfwd) {
+    s = OFL__PERR(OFL_ERR_MISMATCH, m, m->cur_fwd, "-",
+                  "warmup ended with %u of %u chunks in backward order (the "
+                  "last virtual stage never caught up with the first); the "
+                  "rest are placed in reverse stage order",
+                  m->nbwd, m->nfwd);
+    ofl_status_t f = ofl__order_flush(m, true);
+    if (f != OFL_SUCCESS)
+      return f;
+  }
+  m->warmup = false;
+  keep_first_backward_groups(m);
+  keep_rank_delta(m);
+  keep_fraction(m);
+  mark_last_of_name(m);
+  summarize(m);
+  uint64_t total = 0;
+  for (int k = 0; k < m->nnames; k++)
+    total += m->names[k].summary_bytes;
+  OFL_INFO(OFL_SUBSYS_PIPELINE,
+           "rank %d: warmup ended: %u chunks, %d group names, summary %llu "
+           "bytes",
+           m->rank, m->nfwd, m->nnames, (unsigned long long)total);
+  return s;
+}

@@ -1,0 +1,361 @@
+/* A schedule driver for the manager tests: plays 1F1B or interleaved 1F1B
+ * for one pipeline stage with layers made of named groups, pushes tensors
+ * filled with a pattern, pops them in backward and counts wrong bytes.
+ * Header-only (static) so each test program includes it. */
+#ifndef OFL_TEST_PIPELINE_DRIVER_H
+#define OFL_TEST_PIPELINE_DRIVER_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ofl/ofl.h>
+
+#include "pipeline/pipeline_internal.h"
+
+static const char *const drv_names[7] = {"attn_norm", "qkv_linear",
+                                         "core_attn", "attn_proj",
+                                         "mlp_norm",  "expert_fc1",
+                                         "moe_act"};
+
+static inline uint64_t drv_mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static inline uint64_t drv_hash(uint64_t a, uint64_t b, uint64_t c,
+                                uint64_t d) {
+  return drv_mix(a ^ drv_mix(b ^ drv_mix(c ^ drv_mix(d))));
+}
+
+static inline void drv_fill(void *p, size_t n, uint64_t seed) {
+  uint8_t *d = p;
+  uint64_t x = seed;
+  for (size_t i = 0; i < n; i++) {
+    if ((i & 7) == 0)
+      x = drv_mix(x + i);
+    d[i] = (uint8_t)(x >> ((i & 7) * 8));
+  }
+}
+
+static inline size_t drv_wrong(const void *p, size_t n, uint64_t seed) {
+  const uint8_t *d = p;
+  uint64_t x = seed;
+  size_t w = 0;
+  for (size_t i = 0; i < n; i++) {
+    if ((i & 7) == 0)
+      x = drv_mix(x + i);
+    w += d[i] != (uint8_t)(x >> ((i & 7) * 8));
+  }
+  return w;
+}
+
+/* ---- schedule ------------------------------------------------------------ */
+
+typedef struct {
+  int fwd; /* 1 forward, 0 backward */
+  int chunk;
+  int mb;
+} drv_step_t;
+
+/* Megatron's 1F1B (vpp 1) and interleaved 1F1B (vpp > 1, microbatches a
+ * multiple of pp) order of steps on pipeline rank rank. Returns the count. */
+static inline int drv_schedule(int pp, int rank, int vpp, int mbs,
+                               drv_step_t *out) {
+  int total = mbs * vpp;
+  int warm;
+  if (vpp == 1) {
+    warm = pp - rank - 1;
+  } else {
+    warm = (pp - rank - 1) * 2 + (vpp - 1) * pp;
+    if (mbs == pp)
+      warm = total;
+  }
+  if (warm > total)
+    warm = total;
+  int n = 0, f = 0, b = 0;
+  int group = pp * vpp;
+#define DRV_F(k)                                                               \
+  out[n++] = (drv_step_t){1, ((k) % group) / pp, ((k) / group) * pp + (k) % pp}
+#define DRV_B(k)                                                               \
+  out[n++] = (drv_step_t){0, vpp - 1 - ((k) % group) / pp,                     \
+                          ((k) / group) * pp + (k) % pp}
+  for (; f < warm; f++)
+    DRV_F(f);
+  while (f < total) {
+    DRV_F(f);
+    f++;
+    DRV_B(b);
+    b++;
+  }
+  while (b < total) {
+    DRV_B(b);
+    b++;
+  }
+#undef DRV_F
+#undef DRV_B
+  return n;
+}
+
+/* ---- driver -------------------------------------------------------------- */
+
+typedef struct {
+  int pp, rank, vpp, mbs, layers;
+  unsigned names_mask; /* bit i: drv_names[i] */
+  int tensors_max;     /* tensors per group, 1.. (plus aliases) */
+  size_t thresh;       /* min offload bytes */
+  size_t size_lo, size_hi;
+  int iterations;
+  uint64_t seed;
+  int jitter_us;
+  int tricks; /* aliases with forced release, duplicates, not-offloadable */
+  int offload;
+  ofl_pool_t *act_pool; /* NULL: one per run */
+  ofl_device_t *dev;    /* NULL: one per run */
+} drv_cfg_t;
+
+#define DRV_MAX_T 8
+
+typedef struct {
+  ofl_tag_t tag[DRV_MAX_T];
+  uint64_t seed[DRV_MAX_T];
+  size_t bytes[DRV_MAX_T];
+  int n;
+} drv_group_rec_t;
+
+typedef struct {
+  drv_cfg_t cfg;
+  ofl_device_t *dev;
+  ofl_pool_t *pool;
+  ofl_manager_t *m;
+  drv_group_rec_t *rec; /* [vpp][mbs][layers][7] */
+  int iter;
+  size_t wrong_bytes;
+  size_t checked_tensors;
+  ofl_status_t err;
+  char msg[512];
+  int order_errors;
+} drv_t;
+
+static inline drv_group_rec_t *drv_rec(drv_t *d, int c, int mb, int l, int g) {
+  const drv_cfg_t *k = &d->cfg;
+  return &d->rec[(((size_t)c * k->mbs + mb) * k->layers + l) * 7 + g];
+}
+
+#define DRV_TRY(d, call)                                                       \
+  do {                                                                         \
+    ofl_status_t s_ = (call);                                                  \
+    if (s_ != OFL_SUCCESS) {                                                   \
+      if ((d)->err == OFL_SUCCESS) {                                           \
+        (d)->err = s_;                                                         \
+        snprintf((d)->msg, sizeof (d)->msg, "%s: %s (%s)", #call,             \
+                 ofl_status_str(s_), ofl_last_error());                        \
+      }                                                                        \
+      return s_;                                                               \
+    }                                                                          \
+  } while (0)
+
+static inline size_t drv_size(const drv_t *d, int c, int mb, int l, int g,
+                              int k) {
+  const drv_cfg_t *cfg = &d->cfg;
+  /* Dynamic names change shape every microbatch and iteration. */
+  uint64_t var = g >= 5 ? (uint64_t)(mb + 1) * 977 + (uint64_t)d->iter : 0;
+  uint64_t h = drv_hash(cfg->seed, (uint64_t)c * 131 + (uint64_t)l,
+                        (uint64_t)g * 17 + (uint64_t)k, var);
+  size_t span = cfg->size_hi - cfg->size_lo + 1;
+  return cfg->size_lo + (size_t)(h % span);
+}
+
+static inline ofl_status_t drv_alloc(drv_t *d, size_t bytes, uint64_t seed,
+                                     ofl_tensor_t **out) {
+  int64_t shape[1] = {(int64_t)bytes};
+  DRV_TRY(d, ofl_pool_alloc(d->pool, shape, 1, OFL_DTYPE_U8,
+                            ofl_device_compute_stream(d->dev), out));
+  drv_fill(ofl_tensor_data(*out), bytes, seed);
+  return OFL_SUCCESS;
+}
+
+static inline ofl_status_t drv_forward(drv_t *d, int c, int mb) {
+  const drv_cfg_t *cfg = &d->cfg;
+  ofl_manager_t *m = d->m;
+  DRV_TRY(d, ofl_manager_chunk_begin(m, cfg->vpp, c));
+  for (int l = 0; l < cfg->layers; l++) {
+    for (int g = 0; g < 7; g++) {
+      if (!((cfg->names_mask >> g) & 1u))
+        continue;
+      drv_group_rec_t *r = drv_rec(d, c, mb, l, g);
+      r->n = 0;
+      DRV_TRY(d, ofl_manager_group_start(m, drv_names[g]));
+      uint64_t hs = drv_hash(cfg->seed, (uint64_t)c, (uint64_t)l, (uint64_t)g);
+      int nt = 1 + (int)(hs % (uint64_t)cfg->tensors_max);
+      ofl_tensor_t *forced[DRV_MAX_T];
+      size_t nforced = 0;
+      for (int k = 0; k < nt && r->n < DRV_MAX_T - 1; k++) {
+        size_t bytes = drv_size(d, c, mb, l, g, k);
+        uint64_t seed = drv_hash(cfg->seed + (uint64_t)d->iter,
+                                 (uint64_t)c * 1000 + (uint64_t)mb,
+                                 (uint64_t)l * 10 + (uint64_t)g, (uint64_t)k);
+        ofl_tensor_t *t;
+        if (drv_alloc(d, bytes, seed, &t) != OFL_SUCCESS)
+          return d->err;
+        uint64_t trick = cfg->tricks ? drv_hash(hs, (uint64_t)k, 5, 7) % 8 : 0;
+        if (trick == 1)
+          ofl_manager_mark_not_offloadable(t);
+        if (trick == 2 || trick == 3) {
+          /* The module keeps t (e.g. the residual) and saves an alias; t is
+           * released with the group. */
+          ofl_tensor_t *a;
+          DRV_TRY(d, ofl_tensor_alias(t, &a));
+          forced[nforced++] = t;
+          t = a;
+        }
+        r->seed[r->n] = seed;
+        r->bytes[r->n] = bytes;
+        DRV_TRY(d, ofl_manager_tensor_push(m, t, &r->tag[r->n]));
+        r->n++;
+        if (trick == 4) {
+          /* The same storage saved twice. */
+          ofl_tensor_t *a;
+          DRV_TRY(d, ofl_tensor_alias(t, &a));
+          r->seed[r->n] = seed;
+          r->bytes[r->n] = bytes;
+          DRV_TRY(d, ofl_manager_tensor_push(m, a, &r->tag[r->n]));
+          r->n++;
+        }
+      }
+      DRV_TRY(d, ofl_manager_group_commit(m, drv_names[g], forced, nforced, 0));
+      for (size_t i = 0; i < nforced; i++)
+        DRV_TRY(d, ofl_tensor_destroy(forced[i]));
+    }
+  }
+  return OFL_SUCCESS;
+}
+
+static inline ofl_status_t drv_backward(drv_t *d, int c, int mb) {
+  const drv_cfg_t *cfg = &d->cfg;
+  ofl_manager_t *m = d->m;
+  int first = 1;
+  for (int l = cfg->layers - 1; l >= 0; l--) {
+    for (int g = 6; g >= 0; g--) {
+      if (!((cfg->names_mask >> g) & 1u))
+        continue;
+      drv_group_rec_t *r = drv_rec(d, c, mb, l, g);
+      DRV_TRY(d, ofl_manager_group_backward_begin(m, drv_names[g]));
+      if (first && cfg->offload) {
+        first = 0;
+        /* The manager selected the chunk the schedule runs. */
+        chunk_t *cb = m->cur_bwd;
+        if (cb == NULL || cb->vp_stage != c || cb->mb != mb)
+          d->order_errors++;
+      }
+      for (int k = r->n - 1; k >= 0; k--) {
+        ofl_tensor_t *t = NULL;
+        DRV_TRY(d, ofl_manager_tensor_pop(m, r->tag[k], &t));
+        if (ofl_tensor_bytes(t) != r->bytes[k] || !ofl_tensor_has_storage(t))
+          d->wrong_bytes += r->bytes[k];
+        else
+          d->wrong_bytes +=
+              drv_wrong(ofl_tensor_data(t), r->bytes[k], r->seed[k]);
+        d->checked_tensors++;
+        DRV_TRY(d, ofl_tensor_destroy(t));
+      }
+      DRV_TRY(d, ofl_manager_group_backward_end(m, drv_names[g]));
+    }
+  }
+  return OFL_SUCCESS;
+}
+
+static inline ofl_status_t drv_iteration(drv_t *d) {
+  const drv_cfg_t *cfg = &d->cfg;
+  drv_step_t *steps = calloc((size_t)2 * cfg->mbs * cfg->vpp, sizeof *steps);
+  if (steps == NULL)
+    return OFL_ERR_NO_MEMORY;
+  int n = drv_schedule(cfg->pp, cfg->rank, cfg->vpp, cfg->mbs, steps);
+  ofl_status_t s = OFL_SUCCESS;
+  for (int i = 0; i < n && s == OFL_SUCCESS; i++)
+    s = steps[i].fwd ? drv_forward(d, steps[i].chunk, steps[i].mb)
+                     : drv_backward(d, steps[i].chunk, steps[i].mb);
+  free(steps);
+  if (s != OFL_SUCCESS)
+    return s;
+  DRV_TRY(d, ofl_manager_reset(d->m));
+  d->iter++;
+  return OFL_SUCCESS;
+}
+
+static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
+  memset(d, 0, sizeof *d);
+  d->cfg = *cfg;
+  if (cfg->dev != NULL) {
+    d->dev = cfg->dev;
+  } else {
+    ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
+    dp.backend = OFL_BACKEND_HOST;
+    dp.strict = 1;
+    dp.jitter_seed = cfg->seed | 1;
+    dp.jitter_max_us = cfg->jitter_us;
+    DRV_TRY(d, ofl_device_open(&dp, &d->dev));
+  }
+  if (cfg->act_pool != NULL) {
+    d->pool = cfg->act_pool;
+  } else {
+    ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
+    pp.budget_bytes = 0;
+    pp.name = "activations";
+    DRV_TRY(d, ofl_pool_create(d->dev, &pp, &d->pool));
+  }
+  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
+  mp.device = d->dev;
+  mp.device_pool = d->pool;
+  mp.offload = cfg->offload;
+  mp.groups = "";
+  mp.min_offload_bytes = (int64_t)cfg->thresh;
+  mp.min_offload_elems = 0;
+  mp.fraction = 1.0;
+  mp.rank_delta_bytes = 0;
+  mp.max_inflight = 0;
+  mp.host_budget_bytes = 0;
+  mp.pp_rank = cfg->rank;
+  mp.rank = cfg->rank;
+  DRV_TRY(d, ofl_manager_create(&mp, &d->m));
+  /* Debugging aid: DRV_RULES_OFF=<mask> shows what the tests catch when a
+   * rule of DESIGN.md section 5 is turned off. */
+  if (getenv("DRV_RULES_OFF") != NULL)
+    ofl__manager_rules_off(d->m, (unsigned)atoi(getenv("DRV_RULES_OFF")));
+  d->rec = calloc((size_t)cfg->vpp * cfg->mbs * cfg->layers * 7,
+                  sizeof *d->rec);
+  return d->rec ? OFL_SUCCESS : OFL_ERR_NO_MEMORY;
+}
+
+static inline void drv_close(drv_t *d) {
+  ofl_manager_destroy(d->m);
+  if (d->cfg.act_pool == NULL)
+    ofl_pool_destroy(d->pool);
+  if (d->cfg.dev == NULL)
+    ofl_device_close(d->dev);
+  free(d->rec);
+}
+
+/* The recorded backward order equals the schedule's backward steps. */
+static inline int drv_check_order(drv_t *d) {
+  const drv_cfg_t *cfg = &d->cfg;
+  drv_step_t *steps = calloc((size_t)2 * cfg->mbs * cfg->vpp, sizeof *steps);
+  int n = drv_schedule(cfg->pp, cfg->rank, cfg->vpp, cfg->mbs, steps);
+  int bad = 0;
+  uint32_t j = 0;
+  for (int i = 0; i < n; i++) {
+    if (steps[i].fwd)
+      continue;
+    if (j >= d->m->nbwd || d->m->bwd[j]->vp_stage != steps[i].chunk ||
+        d->m->bwd[j]->mb != steps[i].mb)
+      bad++;
+    j++;
+  }
+  free(steps);
+  return bad + (j != d->m->nbwd);
+}
+
+#endif /* OFL_TEST_PIPELINE_DRIVER_H */
