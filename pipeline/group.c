@@ -173,6 +173,7 @@ static uint32_t build_clusters(ofl_manager_t *m, group_t *g) {
     e->leader = i;
     e->nmembers = 1;
     e->flag = 0;
+    e->off = t->offset;
     e->lo = t->offset;
     e->span = t->bytes;
     for (uint32_t j = 0; dedup && j < i; j++) {
@@ -269,7 +270,7 @@ static ofl_status_t offload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
 static ofl_status_t release_device(ofl_manager_t *m, ofl_tensor_t *t) {
   if (!ofl_tensor_has_storage(t))
     return OFL_SUCCESS;
-  if (m->rules_off & OFL__RULE2_OFF)
+  if (m->rules_off & OFL__RULE2D_OFF)
     return ofl_tensor_release_storage(t);
   /* Rule 2: the device block is reused only after the D2H that reads it. */
   return ofl_tensor_release_storage_after(t, m->d2h);
@@ -482,7 +483,7 @@ static ofl_status_t reload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
     OFL_CHECK(ofl__pool_block_ref(carrier));
     t->st = carrier->st;
     t->st_gen = carrier->st_gen;
-    t->offset = carrier->offset + (t->offset - l->lo);
+    t->offset = carrier->offset + (e->off - l->lo);
     t->data = (char *)t->st->base + t->offset;
     t->loc = t->st->loc;
   }

@@ -29,6 +29,7 @@ typedef struct entry {
   ofl_tensor_t *t;
   ofl_tensor_t *host;  /* leader: the pinned copy while offloaded */
   const void *sid;     /* storage identity at commit */
+  size_t off;          /* offset in the storage at commit */
   size_t lo, span;     /* leader: byte range of the storage it copies */
   uint32_t leader;     /* index of the cluster leader (itself for a leader) */
   uint32_t nmembers;   /* leader: entries in the cluster */
@@ -103,10 +104,11 @@ typedef struct delayed {
  * tests can show they fail without it. Never set outside tests. */
 enum {
   OFL__RULE1_OFF = 1u << 1,
-  OFL__RULE2_OFF = 1u << 2,
+  OFL__RULE2_OFF = 1u << 2, /* rule 2, pinned side */
   OFL__RULE3_OFF = 1u << 3,
   OFL__RULE4_OFF = 1u << 4,
-  OFL__RULE6_OFF = 1u << 6
+  OFL__RULE6_OFF = 1u << 6,
+  OFL__RULE2D_OFF = 1u << 7 /* rule 2, device side */
 };
 
 /* Where a cluster goes when the host budget is full (the disk tier). It
