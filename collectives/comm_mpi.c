@@ -650,6 +650,11 @@ ofl_status_t ofl_comm_create_mpi_handle(const void *mpi_comm,
   }
   c->impl = m;
   c->ops = &mpi_ops;
+  /* Log lines carry the world rank, which is what people grep for. */
+  int world_rank = -1;
+  if (ofl_log_get_rank() < 0 &&
+      MPI_Comm_rank(MPI_COMM_WORLD, &world_rank) == MPI_SUCCESS)
+    ofl_log_set_rank(world_rank);
   OFL_INFO(OFL_SUBSYS_COLL, "mpi comm: rank %d of %d, timeout %lld ms",
            c->rank, c->size, (long long)c->timeout_ms);
   *out = c;

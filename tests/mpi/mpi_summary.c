@@ -5,13 +5,24 @@
  * enough for MPI's rendezvous protocol; repeated gathers and barriers. Wrong
  * values are counted on every rank and summed on rank 0, which prints TAP. */
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <ofl/ofl.h>
 
 #include "tests/tap.h"
+
+/* Watchdog: a hang anywhere (in MPI too) becomes a failure with a message,
+ * well before meson's timeout. */
+static void on_alarm(int sig) {
+  static const char msg[] = "Bail out! watchdog: no progress in 25 s\n";
+  (void)sig;
+  (void)!write(STDOUT_FILENO, msg, sizeof(msg) - 1);
+  _exit(124);
+}
 
 #define MAX_NAMES 1024 /* per rank and in the union */
 
@@ -171,6 +182,8 @@ static long sum_to_root(long v) {
 }
 
 int main(int argc, char **argv) {
+  signal(SIGALRM, on_alarm);
+  alarm(25);
   MPI_Init(&argc, &argv);
   int wr, wn;
   MPI_Comm_rank(MPI_COMM_WORLD, &wr);

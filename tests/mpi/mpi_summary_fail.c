@@ -10,6 +10,7 @@
  * The ranks still alive count their wrong outcomes over a communicator
  * without the dead rank; world rank 0 prints TAP. */
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,15 @@
 #include <ofl/ofl.h>
 
 #include "tests/tap.h"
+
+/* Watchdog: a hang anywhere (in MPI too) becomes a failure with a message,
+ * well before meson's timeout. */
+static void on_alarm(int sig) {
+  static const char msg[] = "Bail out! watchdog: no progress in 25 s\n";
+  (void)sig;
+  (void)!write(STDOUT_FILENO, msg, sizeof(msg) - 1);
+  _exit(124);
+}
 
 #define TIMEOUT_MS 1000
 /* Scheduling slack on an oversubscribed 2-core machine. */
@@ -68,6 +78,8 @@ static outcome_t gather_once(ofl_comm_t *comm, int rank, int missing) {
 }
 
 int main(int argc, char **argv) {
+  signal(SIGALRM, on_alarm);
+  alarm(25);
   MPI_Init(&argc, &argv);
   int wr, wn;
   MPI_Comm_rank(MPI_COMM_WORLD, &wr);
