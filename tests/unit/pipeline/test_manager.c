@@ -1,0 +1,502 @@
+/* The manager's policy, misuse errors, memory accounting, statistics and
+ * switches. */
+#include <ofl/log.h>
+
+#include "tests/unit/pipeline/harness.h"
+
+#define KIB ((size_t)1024)
+
+/* One chunk per microbatch, `layers` layers of the given names with one
+ * tensor of `bytes` each; full forward then full backward per microbatch
+ * in the order of a 1F1B last stage (F0 B0 F1 B1 ...). Checks every byte. */
+static void run_simple(h_env_t *e, int mbs, int layers, const char *const *names,
+                       int nnames, size_t bytes, uint64_t seed) {
+  for (int mb = 0; mb < mbs; mb++) {
+    ofl_tag_t tags[8][4];
+    H_OK(ofl_manager_chunk_begin(e->m, 1, 0));
+    for (int l = 0; l < layers; l++)
+      for (int g = 0; g < nnames; g++) {
+        H_OK(ofl_manager_group_start(e->m, names[g]));
+        H_OK(ofl_manager_tensor_push(
+            e->m, h_tensor(e, bytes, seed + (uint64_t)(mb * 100 + l * 10 + g)),
+            &tags[l][g]));
+        H_OK(ofl_manager_group_commit(e->m, names[g], NULL, 0, 0));
+      }
+    for (int l = layers - 1; l >= 0; l--)
+      for (int g = nnames - 1; g >= 0; g--) {
+        H_OK(ofl_manager_group_backward_begin(e->m, names[g]));
+        cr_assert(eq(sz,
+                     h_pop_check(e, tags[l][g], bytes,
+                                 seed + (uint64_t)(mb * 100 + l * 10 + g)),
+                     0));
+        H_OK(ofl_manager_group_backward_end(e->m, names[g]));
+      }
+  }
+  H_OK(ofl_manager_reset(e->m));
+}
+
+static ofl_manager_stats_t stats(h_env_t *e) {
+  ofl_manager_stats_t st;
+  ofl_manager_get_stats(e->m, &st);
+  return st;
+}
+
+/* ---- policy --------------------------------------------------------------- */
+
+Test(pipeline_manager, first_group_of_each_name_to_run_backward_stays) {
+  h_env_t e;
+  h_open(&e, 10, 1);
+  const char *names[2] = {"core_attn", "expert_fc1"};
+  run_simple(&e, 1, 3, names, 2, 8 * KIB, 1);
+  ofl_manager_stats_t w = stats(&e);
+  cr_assert(eq(u64, w.offloaded_tensors, 6)); /* warmup offloads all */
+  run_simple(&e, 1, 3, names, 2, 8 * KIB, 2);
+  ofl_manager_stats_t s = stats(&e);
+  cr_assert(eq(u64, s.offloaded_tensors - w.offloaded_tensors, 4));
+  cr_assert(eq(u64, s.kept_groups - w.kept_groups, 2));
+  uint64_t b = 0;
+  H_OK(ofl_manager_summary_bytes(e.m, "core_attn", &b));
+  cr_assert(eq(u64, b, 2 * 8 * KIB));
+  H_OK(ofl_manager_summary_bytes(e.m, "expert_fc1", &b));
+  cr_assert(eq(u64, b, 2 * 8 * KIB));
+  cr_assert(eq(u64, ofl_manager_summary_total_bytes(e.m), 4 * 8 * KIB));
+  h_close(&e);
+}
+
+Test(pipeline_manager, last_group_stays_when_its_chunk_is_next_in_backward) {
+  h_env_t e;
+  h_open(&e, 10, 2);
+  const char *names[1] = {"core_attn"};
+  /* Last stage of 1F1B: every microbatch's backward follows its forward. */
+  run_simple(&e, 3, 2, names, 1, 8 * KIB, 3);
+  ofl_manager_stats_t w = stats(&e);
+  run_simple(&e, 3, 2, names, 1, 8 * KIB, 4);
+  ofl_manager_stats_t s = stats(&e);
+  cr_assert(eq(u64, s.kept_groups - w.kept_groups, 3));
+  cr_assert(eq(u64, s.offloaded_tensors - w.offloaded_tensors, 3));
+  h_close(&e);
+}
+
+static void policy_run(double fraction, int pp_rank, int64_t delta,
+                       uint64_t expect_offloaded, uint64_t expect_summary) {
+  h_env_t e;
+  h_open_dev(&e, 10, 5);
+  ofl_manager_params_t mp = h_params(&e);
+  mp.fraction = fraction;
+  mp.pp_rank = pp_rank;
+  mp.rank_delta_bytes = delta;
+  H_OK(ofl_manager_create(&mp, &e.m));
+  const char *names[1] = {"attn_proj"};
+  run_simple(&e, 1, 4, names, 1, 16 * KIB, 6);
+  ofl_manager_stats_t w = stats(&e);
+  run_simple(&e, 1, 4, names, 1, 16 * KIB, 7);
+  ofl_manager_stats_t s = stats(&e);
+  cr_assert(eq(u64, s.offloaded_tensors - w.offloaded_tensors,
+               expect_offloaded));
+  cr_assert(eq(u64, ofl_manager_summary_total_bytes(e.m), expect_summary));
+  h_close(&e);
+}
+
+Test(pipeline_manager, fraction_keeps_the_latest_groups_on_the_device) {
+  /* 4 groups, the last kept (first backward); of the 3 left, int(3 * 0.5)
+   * = 1 more from the end stays. */
+  policy_run(0.5, 0, 0, 2, 2 * 16 * KIB);
+  policy_run(0.0, 0, 0, 0, 0);
+  policy_run(1.0, 0, 0, 3, 3 * 16 * KIB);
+}
+
+Test(pipeline_manager, rank_delta_keeps_pp_rank_times_delta_bytes) {
+  policy_run(1.0, 2, (int64_t)(16 * KIB), 1, 16 * KIB); /* 2 groups kept */
+  policy_run(1.0, 0, (int64_t)(16 * KIB), 3, 3 * 16 * KIB);
+}
+
+Test(pipeline_manager, max_inflight_makes_compute_wait_for_the_oldest) {
+  for (int cap = 0; cap <= 1; cap++) {
+    h_env_t e;
+    h_open_dev(&e, 0, 8);
+    ofl_manager_params_t mp = h_params(&e);
+    mp.max_inflight = cap;
+    H_OK(ofl_manager_create(&mp, &e.m));
+    ofl_tag_t t1, t2;
+    H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+    h_stall(ofl_manager_d2h_stream(e.m), 40);
+    H_OK(ofl_manager_group_start(e.m, "core_attn"));
+    H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 4 * KIB, 1), &t1));
+    H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+    H_OK(ofl_manager_group_start(e.m, "core_attn"));
+    H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 8 * KIB, 2), &t2));
+    H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+    ofl_event_t *first = e.m->fwd[0]->groups[0]->offload_ev;
+    ofl_status_t q = ofl_event_query(first);
+    if (cap == 1)
+      cr_assert(eq(int, q, OFL_SUCCESS), "cap 1: compute waited");
+    else
+      cr_assert(eq(int, q, OFL_ERR_NOT_READY), "no cap: still in flight");
+    H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+    cr_assert(eq(sz, h_pop_check(&e, t2, 8 * KIB, 2), 0));
+    H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+    H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+    cr_assert(eq(sz, h_pop_check(&e, t1, 4 * KIB, 1), 0));
+    H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+    H_OK(ofl_manager_reset(e.m));
+    h_close(&e);
+  }
+}
+
+/* ---- memory ------------------------------------------------------------- */
+
+static size_t peak_of_run(int offload, uint64_t *summary) {
+  drv_cfg_t cfg = {0};
+  cfg.pp = 1;
+  cfg.vpp = 1;
+  cfg.mbs = 1;
+  cfg.layers = 4;
+  cfg.names_mask = (1u << 2) | (1u << 3); /* core_attn, attn_proj */
+  cfg.tensors_max = 1;
+  cfg.thresh = 1;
+  cfg.size_lo = cfg.size_hi = 64 * KIB;
+  cfg.seed = 99;
+  cfg.jitter_us = 20;
+  cfg.offload = offload;
+  drv_t d;
+  cr_assert(eq(int, drv_open(&d, &cfg), OFL_SUCCESS), "%s", d.msg);
+  for (int it = 0; it < 3; it++)
+    cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "%s", d.msg);
+  cr_assert(eq(sz, d.wrong_bytes, 0));
+  *summary = ofl_manager_summary_total_bytes(d.m);
+  ofl_device_stats_t ds;
+  ofl_device_get_stats(d.dev, &ds);
+  ofl_manager_stats_t ms;
+  ofl_manager_get_stats(d.m, &ms);
+  cr_assert(eq(sz, ms.device_bytes_peak, ds.device_bytes_peak));
+  drv_close(&d);
+  return ds.device_bytes_peak;
+}
+
+Test(pipeline_manager, peak_device_memory_drops_by_the_summary_bytes) {
+  uint64_t summary = 0, none = 0;
+  size_t peak_off = peak_of_run(1, &summary);
+  size_t peak_base = peak_of_run(0, &none);
+  cr_assert(eq(u64, none, 0));
+  cr_assert(gt(u64, summary, 0));
+  double saved = (double)peak_base - (double)peak_off;
+  cr_log_info("peak without %zu, with %zu, saved %.0f, summary %llu",
+              peak_base, peak_off, saved, (unsigned long long)summary);
+  cr_assert(le(dbl, saved > (double)summary ? saved - (double)summary
+                                            : (double)summary - saved,
+               0.05 * (double)summary));
+}
+
+Test(pipeline_manager, steady_state_allocates_no_pinned_or_device_memory) {
+  drv_cfg_t cfg = {0};
+  cfg.pp = 2;
+  cfg.rank = 0;
+  cfg.vpp = 2;
+  cfg.mbs = 4;
+  cfg.layers = 2;
+  cfg.names_mask = 0x1f; /* fixed shapes */
+  cfg.tensors_max = 3;
+  cfg.thresh = 256;
+  cfg.size_lo = 64;
+  cfg.size_hi = 2048;
+  cfg.seed = 1234;
+  cfg.jitter_us = 20;
+  cfg.tricks = 1;
+  cfg.offload = 1;
+  drv_t d;
+  cr_assert(eq(int, drv_open(&d, &cfg), OFL_SUCCESS), "%s", d.msg);
+  for (int it = 0; it < 2; it++)
+    cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "%s", d.msg);
+  ofl_device_stats_t d0, d1;
+  ofl_pool_stats_t h0, h1, a0, a1;
+  ofl_device_get_stats(d.dev, &d0);
+  ofl_pool_get_stats(ofl_manager_host_pool(d.m), &h0);
+  ofl_pool_get_stats(d.pool, &a0);
+  ofl_manager_stats_t m0 = stats(&(h_env_t){d.dev, d.pool, d.m});
+  for (int it = 0; it < 4; it++)
+    cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "%s", d.msg);
+  ofl_device_get_stats(d.dev, &d1);
+  ofl_pool_get_stats(ofl_manager_host_pool(d.m), &h1);
+  ofl_pool_get_stats(d.pool, &a1);
+  ofl_manager_stats_t m1 = stats(&(h_env_t){d.dev, d.pool, d.m});
+  cr_assert(eq(sz, d.wrong_bytes, 0));
+  cr_assert(gt(u64, m1.offloaded_tensors, m0.offloaded_tensors));
+  cr_assert(eq(u64, d1.pinned_allocs, d0.pinned_allocs));
+  cr_assert(eq(u64, d1.device_allocs, d0.device_allocs));
+  cr_assert(eq(u64, h1.backend_allocs, h0.backend_allocs));
+  cr_assert(eq(u64, h1.misses, h0.misses));
+  cr_assert(eq(u64, a1.backend_allocs, a0.backend_allocs));
+  drv_close(&d);
+}
+
+Test(pipeline_manager, host_budget_full_keeps_the_group_on_the_device) {
+  h_env_t e;
+  h_open_dev(&e, 10, 9);
+  ofl_manager_params_t mp = h_params(&e);
+  mp.host_budget_bytes = (int64_t)(100 * KIB);
+  H_OK(ofl_manager_create(&mp, &e.m));
+  const char *names[1] = {"mlp_norm"};
+  run_simple(&e, 1, 3, names, 1, 64 * KIB, 10);
+  ofl_manager_stats_t s = stats(&e);
+  cr_assert(eq(u64, s.offloaded_tensors, 1));
+  cr_assert(eq(u64, s.budget_kept_tensors, 2));
+  cr_assert(eq(u64, s.budget_kept_bytes, 128 * KIB));
+  ofl_manager_group_stats_t gs;
+  H_OK(ofl_manager_group_stats(e.m, 0, &gs));
+  cr_assert(eq(str, (char *)gs.name, "mlp_norm"));
+  cr_assert(eq(u64, gs.budget_kept_bytes, 128 * KIB));
+  h_close(&e);
+}
+
+/* ---- misuse --------------------------------------------------------------- */
+
+static int has(const char *needle) {
+  return strstr(ofl_last_error(), needle) != NULL;
+}
+
+Test(pipeline_manager, pop_of_unknown_or_used_tag_is_an_error) {
+  h_env_t e;
+  h_open(&e, 0, 11);
+  ofl_tag_t t;
+  ofl_tensor_t *out = NULL;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 4 * KIB, 1), &t));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  cr_assert(eq(int, ofl_manager_tensor_pop(e.m, t + 7, &out),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(has("chunk 0 group 0") && has("unknown tag"), "%s",
+            ofl_last_error());
+  cr_assert(eq(int, ofl_manager_tensor_pop(e.m, OFL_TAG_INVALID, &out),
+               OFL_ERR_INVALID_ARG));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  cr_assert(eq(sz, h_pop_check(&e, t, 4 * KIB, 1), 0));
+  cr_assert(eq(int, ofl_manager_tensor_pop(e.m, t, &out),
+               OFL_ERR_INVALID_USAGE));
+  cr_assert(has("group core_attn") && has("chunk 0") && has("already popped"),
+            "%s", ofl_last_error());
+  cr_assert(eq(ptr, out, NULL));
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_reset(e.m));
+  /* A tag of the previous iteration. */
+  cr_assert(eq(int, ofl_manager_tensor_pop(e.m, t, &out), OFL_ERR_INVALID_ARG));
+  h_close(&e);
+}
+
+Test(pipeline_manager, commit_without_start_is_an_error) {
+  h_env_t e;
+  h_open(&e, 0, 12);
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  cr_assert(eq(int, ofl_manager_group_commit(e.m, "attn_proj", NULL, 0, 0),
+               OFL_ERR_INVALID_USAGE));
+  cr_assert(has("group attn_proj") && has("chunk 0"), "%s", ofl_last_error());
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  cr_assert(eq(int, ofl_manager_group_commit(e.m, "attn_proj", NULL, 0, 0),
+               OFL_ERR_INVALID_USAGE));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  cr_assert(eq(int, ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0),
+               OFL_ERR_INVALID_USAGE));
+  h_close(&e);
+}
+
+Test(pipeline_manager, backward_of_a_group_never_offloaded_is_an_error) {
+  h_env_t e;
+  h_open(&e, 0, 13);
+  ofl_tag_t t;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 4 * KIB, 1), &t));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  cr_assert(eq(int, ofl_manager_group_backward_begin(e.m, "moe_act"),
+               OFL_ERR_INVALID_USAGE));
+  cr_assert(has("group moe_act") && has("never started"), "%s",
+            ofl_last_error());
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  cr_assert(eq(sz, h_pop_check(&e, t, 4 * KIB, 1), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  /* Its backward already ran. */
+  cr_assert(eq(int, ofl_manager_group_backward_begin(e.m, "core_attn"),
+               OFL_ERR_INVALID_USAGE));
+  cr_assert(has("group core_attn") && has("chunk 0"), "%s", ofl_last_error());
+  cr_assert(eq(int, ofl_manager_group_backward_end(e.m, "core_attn"),
+               OFL_ERR_INVALID_USAGE));
+  h_close(&e);
+}
+
+Test(pipeline_manager, reset_inside_a_group_is_an_error_without_effect) {
+  h_env_t e;
+  h_open(&e, 0, 14);
+  ofl_tag_t t;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "qkv_linear"));
+  H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 4 * KIB, 3), &t));
+  cr_assert(eq(int, ofl_manager_reset(e.m), OFL_ERR_INVALID_USAGE));
+  cr_assert(has("group qkv_linear") && has("chunk 0") && has("open"), "%s",
+            ofl_last_error());
+  cr_assert(ofl_manager_is_warmup(e.m));
+  H_OK(ofl_manager_group_commit(e.m, "qkv_linear", NULL, 0, 0));
+  H_OK(ofl_manager_group_backward_begin(e.m, "qkv_linear"));
+  cr_assert(eq(sz, h_pop_check(&e, t, 4 * KIB, 3), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "qkv_linear"));
+  H_OK(ofl_manager_reset(e.m));
+  cr_assert(not(ofl_manager_is_warmup(e.m)));
+  h_close(&e);
+}
+
+/* ---- switches, records, statistics, logging ------------------------------- */
+
+Test(pipeline_manager, disabled_offload_holds_tensors_and_copies_nothing) {
+  h_env_t e;
+  h_open(&e, 0, 15);
+  ofl_manager_disable_offload(e.m);
+  ofl_tensor_t *x = h_tensor(&e, 8 * KIB, 5);
+  ofl_tag_t t;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  H_OK(ofl_manager_tensor_push(e.m, x, &t));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  ofl_tensor_t *y = NULL;
+  H_OK(ofl_manager_tensor_pop(e.m, t, &y));
+  cr_assert(eq(ptr, y, x));
+  cr_assert(eq(sz, drv_wrong(ofl_tensor_data(y), 8 * KIB, 5), 0));
+  H_OK(ofl_tensor_destroy(y));
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_reset(e.m));
+  cr_assert(ofl_manager_is_warmup(e.m));
+  cr_assert(eq(u64, stats(&e).offloaded_tensors, 0));
+  ofl_manager_enable_offload(e.m);
+  const char *names[1] = {"core_attn"};
+  run_simple(&e, 1, 2, names, 1, 8 * KIB, 6);
+  cr_assert(eq(u64, stats(&e).offloaded_tensors, 2));
+  h_close(&e);
+}
+
+Test(pipeline_manager, delayed_commits_run_at_flush) {
+  h_env_t e;
+  h_open(&e, 20, 16);
+  ofl_tag_t t1, t2;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "expert_fc1"));
+  H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 12 * KIB + 5, 1), &t1));
+  H_OK(ofl_manager_group_commit(e.m, "expert_fc1", NULL, 0, 1));
+  H_OK(ofl_manager_group_start(e.m, "moe_act"));
+  H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 3 * KIB + 1, 2), &t2));
+  H_OK(ofl_manager_group_commit(e.m, "moe_act", NULL, 0, 1));
+  cr_assert(eq(u64, stats(&e).offloaded_tensors, 0));
+  H_OK(ofl_manager_flush_delayed_groups(e.m));
+  cr_assert(eq(u64, stats(&e).offloaded_tensors, 2));
+  H_OK(ofl_manager_group_backward_begin(e.m, "moe_act"));
+  cr_assert(eq(sz, h_pop_check(&e, t2, 3 * KIB + 1, 2), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "moe_act"));
+  H_OK(ofl_manager_group_backward_begin(e.m, "expert_fc1"));
+  cr_assert(eq(sz, h_pop_check(&e, t1, 12 * KIB + 5, 1), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "expert_fc1"));
+  H_OK(ofl_manager_reset(e.m));
+  h_close(&e);
+}
+
+Test(pipeline_manager, forward_record_joins_the_d2h_stream) {
+  h_env_t e;
+  h_open(&e, 0, 17);
+  ofl_event_t *ev = NULL;
+  H_OK(ofl_event_create(e.dev, &ev));
+  ofl_tag_t t;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 4 * KIB, 1), &t));
+  h_stall(ofl_manager_d2h_stream(e.m), 30);
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  cr_assert(eq(int, ofl_event_query(e.m->fwd[0]->groups[0]->offload_ev),
+               OFL_ERR_NOT_READY));
+  H_OK(ofl_manager_forward_record(e.m, ev));
+  cr_assert(eq(int, ofl_event_query(e.m->fwd[0]->groups[0]->offload_ev),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  cr_assert(eq(sz, h_pop_check(&e, t, 4 * KIB, 1), 0));
+  h_stall(ofl_manager_h2d_stream(e.m), 20);
+  H_OK(ofl_manager_backward_record(e.m, ev));
+  cr_assert(eq(int, ofl_stream_query(ofl_manager_h2d_stream(e.m)),
+               OFL_SUCCESS));
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_reset(e.m));
+  ofl_event_destroy(ev);
+  h_close(&e);
+}
+
+Test(pipeline_manager, statistics_count_bytes_per_group_name) {
+  h_env_t e;
+  h_open(&e, 10, 18);
+  const char *names[2] = {"attn_norm", "core_attn"};
+  run_simple(&e, 2, 3, names, 2, 12 * KIB, 20);
+  run_simple(&e, 2, 3, names, 2, 12 * KIB, 30);
+  ofl_manager_stats_t s = stats(&e);
+  cr_assert(eq(u64, s.iterations, 2));
+  cr_assert(eq(u64, s.offloaded_bytes, s.offloaded_tensors * 12 * KIB));
+  cr_assert(eq(u64, s.reloaded_bytes, s.offloaded_bytes));
+  cr_assert(eq(u64, s.reloaded_tensors, s.offloaded_tensors));
+  cr_assert(gt(u64, s.inline_reloads, 0)); /* warmup's first groups */
+  cr_assert(le(u64, s.stalls, s.reloaded_tensors));
+  cr_assert(eq(sz, ofl_manager_group_count(e.m), 2));
+  uint64_t sum = 0;
+  for (size_t i = 0; i < 2; i++) {
+    ofl_manager_group_stats_t gs;
+    H_OK(ofl_manager_group_stats(e.m, i, &gs));
+    cr_assert(eq(str, (char *)gs.name, (char *)names[i]));
+    cr_assert(eq(u64, gs.reloaded_bytes, gs.offloaded_bytes));
+    sum += gs.offloaded_bytes;
+  }
+  cr_assert(eq(u64, sum, s.offloaded_bytes));
+  ofl_manager_group_stats_t gs;
+  cr_assert(eq(int, ofl_manager_group_stats(e.m, 2, &gs), OFL_ERR_INVALID_ARG));
+  cr_assert(gt(sz, s.device_bytes_peak, 0));
+  cr_assert(gt(sz, s.host_bytes_peak, 0));
+  h_close(&e);
+}
+
+static char log_line[4096];
+static int log_lines;
+static void capture(ofl_log_level_t level, unsigned subsys, const char *msg,
+                    void *user) {
+  (void)level;
+  (void)user;
+  if ((subsys & OFL_SUBSYS_PIPELINE) && strstr(msg, "group core_attn") &&
+      strstr(msg, "commit")) {
+    snprintf(log_line, sizeof log_line, "%s", msg);
+    log_lines++;
+  }
+}
+
+Test(pipeline_manager, debug_lines_name_rank_chunk_microbatch_and_group) {
+  h_env_t e;
+  h_open_dev(&e, 0, 19);
+  ofl_manager_params_t mp = h_params(&e);
+  mp.rank = 3;
+  H_OK(ofl_manager_create(&mp, &e.m));
+  ofl_log_set_handler(capture, NULL);
+  ofl_log_set_level(OFL_LOG_TRACE);
+  const char *names[1] = {"core_attn"};
+  run_simple(&e, 2, 1, names, 1, 4 * KIB, 40);
+  ofl_log_set_level(OFL_LOG_WARN);
+  ofl_log_set_handler(NULL, NULL);
+  cr_assert(eq(int, log_lines, 2));
+  cr_assert(not(eq(ptr, strstr(log_line, "rank 3 chunk 1 stage 0 mb 1 group "
+                                         "core_attn"),
+                   NULL)),
+            "%s", log_line);
+  h_close(&e);
+}
+
+Test(pipeline_manager, singleton_is_created_once_and_reset) {
+  ofl_manager_t *a = NULL, *b = NULL, *c = NULL;
+  H_OK(ofl_manager_get(&a));
+  H_OK(ofl_manager_get(&b));
+  cr_assert(eq(ptr, a, b));
+  cr_assert(not(eq(ptr, ofl_manager_device(a), NULL)));
+  ofl_manager_reset_instance();
+  H_OK(ofl_manager_get(&c));
+  cr_assert(not(eq(ptr, c, NULL)));
+  cr_assert(ofl_manager_is_warmup(c));
+  ofl_manager_reset_instance();
+}
