@@ -258,7 +258,11 @@ static ofl_status_t read_config(const ofl_disk_params_t *p, ofl_disk_t *d,
 }
 
 static ofl_status_t start_engine(ofl_disk_t *d, ofl_disk_engine_t want) {
-  if (want == OFL_DISK_ENGINE_THREADS) {
+  /* Buffered writes through io_uring are handed to one kernel worker per
+   * file on ext4 (0.35 GB/s measured against 5.5 GB/s with pwrite threads),
+   * so auto picks the threads for buffered I/O. */
+  if (want == OFL_DISK_ENGINE_THREADS ||
+      (want == OFL_DISK_ENGINE_AUTO && !d->direct)) {
     d->eng = &ofl__disk_engine_threads;
     return d->eng->start(d);
   }

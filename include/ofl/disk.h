@@ -60,7 +60,8 @@ typedef enum ofl_disk_direct {
 } ofl_disk_direct_t;
 
 typedef enum ofl_disk_engine {
-  OFL_DISK_ENGINE_AUTO = 0,   /* io_uring when built and usable, else threads */
+  OFL_DISK_ENGINE_AUTO = 0,   /* io_uring for O_DIRECT when built and
+                                 usable; threads for buffered I/O */
   OFL_DISK_ENGINE_URING = 1,  /* io_uring or fail with OFL_ERR_NOT_SUPPORTED */
   OFL_DISK_ENGINE_THREADS = 2 /* pread/pwrite worker threads */
 } ofl_disk_engine_t;

@@ -143,6 +143,7 @@ Test(disk, buffered_io_when_direct_is_off) {
   p.direct = OFL_DISK_DIRECT_OFF;
   ofl_disk_t *d = open_with(&p);
   cr_expect(eq(int, disk_stats(d).direct, 0));
+  cr_expect(eq(int, disk_stats(d).uring, 0)); /* auto: threads when buffered */
   ofl_disk_extent_t *e = put(d, 12345, 5);
   void *data = NULL;
   cr_assert(eq(int, ofl_disk_extent_wait(e, -1), OFL_SUCCESS));
