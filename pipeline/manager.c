@@ -271,6 +271,7 @@ void ofl_manager_destroy(ofl_manager_t *m) {
   free(m->held);
   free(m->groups_cfg);
   free(m->dynamic_cfg);
+  ofl_summary_destroy(m->summary);
   free(m);
 }
 
@@ -464,6 +465,10 @@ uint64_t ofl_manager_summary_total_bytes(const ofl_manager_t *m) {
   for (int i = 0; m != NULL && !m->warmup && i < m->nnames; i++)
     total += m->names[i].summary_bytes;
   return total;
+}
+
+const ofl_summary_t *ofl_manager_summary(const ofl_manager_t *m) {
+  return m != NULL && !m->warmup ? m->summary : NULL;
 }
 
 void ofl_manager_get_stats(const ofl_manager_t *m, ofl_manager_stats_t *out) {

@@ -127,6 +127,7 @@ struct ofl_manager {
   bool own_dev_pool;
   ofl_comm_t *comm;
   FILE *summary_out;
+  ofl_summary_t *summary; /* gathered at the end of warmup */
 
   /* Configuration. */
   bool offload;

@@ -121,6 +121,34 @@ static void summarize(ofl_manager_t *m) {
   }
 }
 
+/* Rule 7: the per-name table is gathered on the user's comm (collective:
+ * every rank of it resets), an empty table still making a row. */
+static ofl_status_t gather_summary(ofl_manager_t *m) {
+  ofl_byte_table_t *table = NULL;
+  OFL_CHECK(ofl_byte_table_create(&table));
+  ofl_status_t s = OFL_SUCCESS;
+  for (int k = 0; k < m->nnames && s == OFL_SUCCESS; k++)
+    if (m->names[k].summary_bytes > 0)
+      s = ofl_byte_table_set(table, m->names[k].name,
+                             m->names[k].summary_bytes);
+  ofl_summary_t *sum = NULL;
+  if (s == OFL_SUCCESS && m->comm != NULL) {
+    s = ofl_summary_gather(m->comm, table, 0, &sum);
+  } else if (s == OFL_SUCCESS) {
+    const ofl_byte_table_t *one[1] = {table};
+    s = ofl_summary_from_tables(one, 1, &sum);
+  }
+  ofl_byte_table_destroy(table);
+  if (s != OFL_SUCCESS)
+    return s;
+  ofl_summary_destroy(m->summary);
+  m->summary = sum;
+  bool root = m->comm == NULL || ofl_comm_rank(m->comm) == 0;
+  if (root && m->summary_out != NULL)
+    s = ofl_summary_write(sum, OFL_SUMMARY_TEXT, m->summary_out);
+  return s;
+}
+
 ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m) {
   ofl_status_t s = OFL_SUCCESS;
   if (m->nbwd != m->nfwd) {
@@ -146,5 +174,6 @@ ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m) {
            "rank %d: warmup ended: %u chunks, %d group names, summary %llu "
            "bytes",
            m->rank, m->nfwd, m->nnames, (unsigned long long)total);
-  return s;
+  ofl_status_t g = gather_summary(m);
+  return s != OFL_SUCCESS ? s : g;
 }

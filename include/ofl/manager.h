@@ -77,16 +77,17 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <ofl/comm.h>
 #include <ofl/device.h>
 #include <ofl/export.h>
 #include <ofl/pool.h>
 #include <ofl/status.h>
+#include <ofl/summary.h>
 #include <ofl/tensor.h>
 
 OFL_EXTERN_C_BEGIN
 
 typedef struct ofl_manager ofl_manager_t;
-typedef struct ofl_comm ofl_comm_t;
 
 /* The handle of a pushed tensor between push and pop; single use. 0 is never
  * a valid tag. */
@@ -114,13 +115,13 @@ typedef struct ofl_manager_params {
   int64_t host_budget_bytes; /* pinned pool budget; 0 unlimited; <0: env */
   int pp_rank;               /* pipeline rank of this process */
   int rank;                  /* rank written in log lines; <0: the log rank */
-  ofl_comm_t *comm;          /* summary gather at the end of warmup; NULL:
-                                this rank only, nothing printed */
+  ofl_comm_t *comm;          /* summary gather at the end of warmup (every
+                                rank of it resets); NULL: this rank only */
   const char *dynamic_groups; /* names whose shapes change per microbatch
                                  (byte-keyed pool blocks); NULL:
                                  "expert_fc1,moe_act,fused_group_mlp" */
   FILE *summary_out;          /* where rank 0 of comm prints the summary
-                                 table; NULL: not printed */
+                                 table (text); NULL: not printed */
 } ofl_manager_params_t;
 
 #define OFL_MANAGER_PARAMS_INIT                                                \
@@ -285,6 +286,11 @@ OFL_API ofl_status_t ofl_manager_summary_bytes(const ofl_manager_t *m,
                                                uint64_t *out);
 /* Sum over names (0 before the end of warmup). */
 OFL_API uint64_t ofl_manager_summary_total_bytes(const ofl_manager_t *m);
+/* The summary gathered at the end of warmup over params.comm (one row per
+ * rank of it, a rank that offloaded nothing included), or of this rank alone
+ * without a comm. NULL before the end of warmup or when the gather failed.
+ * Owned by the manager. */
+OFL_API const ofl_summary_t *ofl_manager_summary(const ofl_manager_t *m);
 
 OFL_API void ofl_manager_get_stats(const ofl_manager_t *m,
                                    ofl_manager_stats_t *out);

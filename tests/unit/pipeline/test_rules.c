@@ -5,6 +5,12 @@
 
 #define MIB ((size_t)1 << 20)
 
+static ofl_manager_stats_t stats(h_env_t *e) {
+  ofl_manager_stats_t st;
+  ofl_manager_get_stats(e->m, &st);
+  return st;
+}
+
 /* Rule 1, the reference's #7398: warmup, the group's first tensor is popped
  * (inline reload) while the D2H stream is still busy. Returns wrong bytes,
  * or SIZE_MAX when a call failed. */
@@ -404,4 +410,86 @@ Test(pipeline_rules, rule6_same_storage_pushed_twice_is_copied_once) {
 Test(pipeline_rules, rule6_off_copies_the_storage_three_times) {
   cr_assert(eq(u64, same_storage_twice(OFL__RULE6_OFF),
                2 * 64 * 1024 + 4096));
+}
+
+/* Rule 7: the summary is gathered on the comm the user gave and printed on
+ * its rank 0; a rank that offloaded nothing still has a row. (The multi-rank
+ * form runs under mpirun in the demo tests.) */
+static const ofl_summary_t *warmup_with_comm(h_env_t *e, ofl_comm_t *comm,
+                                             FILE *out) {
+  h_open_dev(e, 10, 77);
+  ofl_manager_params_t mp = h_params(e);
+  mp.comm = comm;
+  mp.summary_out = out;
+  H_OK(ofl_manager_create(&mp, &e->m));
+  cr_assert(eq(ptr, (void *)ofl_manager_summary(e->m), NULL));
+  /* Two layers of core_attn: the second stays, the first is summarized. */
+  ofl_tag_t tags[2];
+  H_OK(ofl_manager_chunk_begin(e->m, 1, 0));
+  for (int i = 0; i < 2; i++) {
+    H_OK(ofl_manager_group_start(e->m, "core_attn"));
+    H_OK(ofl_manager_tensor_push(e->m, h_tensor(e, 4096, 80 + i), &tags[i]));
+    H_OK(ofl_manager_group_commit(e->m, "core_attn", NULL, 0, 0));
+  }
+  for (int i = 1; i >= 0; i--) {
+    H_OK(ofl_manager_group_backward_begin(e->m, "core_attn"));
+    cr_assert(eq(sz, h_pop_check(e, tags[i], 4096, 80 + i), 0));
+    H_OK(ofl_manager_group_backward_end(e->m, "core_attn"));
+  }
+  H_OK(ofl_manager_reset(e->m));
+  return ofl_manager_summary(e->m);
+}
+
+Test(pipeline_rules, rule7_summary_gathered_on_the_users_comm) {
+  ofl_comm_t *comm = NULL;
+  H_OK(ofl_comm_create_self(NULL, &comm));
+  FILE *out = tmpfile();
+  h_env_t e;
+  const ofl_summary_t *sum = warmup_with_comm(&e, comm, out);
+  cr_assert(not(eq(ptr, (void *)sum, NULL)));
+  cr_assert(eq(int, ofl_summary_nranks(sum), ofl_comm_size(comm)));
+  size_t gi = 0;
+  H_OK(ofl_summary_find_group(sum, "core_attn", &gi));
+  uint64_t b = 0;
+  H_OK(ofl_manager_summary_bytes(e.m, "core_attn", &b));
+  cr_assert(eq(u64, ofl_summary_bytes(sum, 0, gi), b));
+  cr_assert(eq(u64, b, 4096));
+  cr_assert(eq(u64, ofl_summary_total(sum), ofl_manager_summary_total_bytes(e.m)));
+  char text[4096] = {0};
+  rewind(out);
+  size_t n = fread(text, 1, sizeof text - 1, out);
+  cr_assert(gt(sz, n, 0));
+  cr_assert(not(eq(ptr, strstr(text, "Activation Offload Summary (MB)"), NULL)),
+            "%s", text);
+  fclose(out);
+  h_close(&e);
+  ofl_comm_destroy(comm);
+}
+
+Test(pipeline_rules, rule7_rank_with_nothing_offloaded_has_a_row) {
+  ofl_comm_t *comm = NULL;
+  H_OK(ofl_comm_create_self(NULL, &comm));
+  h_env_t e;
+  /* Only moe_act is offloaded, and this rank has none. */
+  h_open_dev(&e, 10, 78);
+  ofl_manager_params_t mp = h_params(&e);
+  mp.comm = comm;
+  mp.groups = "moe_act";
+  H_OK(ofl_manager_create(&mp, &e.m));
+  ofl_tag_t t;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 4096, 1), &t));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  cr_assert(eq(sz, h_pop_check(&e, t, 4096, 1), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_reset(e.m));
+  const ofl_summary_t *sum = ofl_manager_summary(e.m);
+  cr_assert(not(eq(ptr, (void *)sum, NULL)));
+  cr_assert(eq(int, ofl_summary_nranks(sum), 1));
+  cr_assert(eq(u64, ofl_summary_rank_total(sum, 0), 0));
+  cr_assert(eq(u64, stats(&e).offloaded_tensors, 0));
+  h_close(&e);
+  ofl_comm_destroy(comm);
 }
