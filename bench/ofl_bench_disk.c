@@ -27,7 +27,7 @@
   do {                                                                         \
     ofl_status_t st_ = (call);                                                 \
     if (st_ != OFL_SUCCESS) {                                                  \
-      fprintf(stderr, "%s failed: %s\n", #call, ofl_last_error());            \
+      fprintf(stderr, "%s failed: %s\n", #call, ofl_last_error());             \
       exit(1);                                                                 \
     }                                                                          \
   } while (0)
@@ -39,9 +39,12 @@ static size_t tensor_bytes, block;
 
 static double now_s(void) { return (double)ofl__now_ns() / 1e9; }
 
-static double gbps(double bytes, double s) { return s > 0 ? bytes / s / 1e9 : 0; }
+static double gbps(double bytes, double s) {
+  return s > 0 ? bytes / s / 1e9 : 0;
+}
 
-/* ---- fio ------------------------------------------------------------------ */
+/* ---- fio ------------------------------------------------------------------
+ */
 
 /* bw_bytes of the "read" or "write" section of fio's JSON output. */
 static double fio_bw(const char *json, const char *section) {
@@ -80,13 +83,14 @@ static double run_fio(const char *rw, size_t total) {
   if (buf == NULL)
     return -1;
   buf[n] = '\0';
-  double bw = rc == 0 ? fio_bw(buf, strcmp(rw, "write") == 0 ? "write" : "read")
-                      : -1;
+  double bw =
+      rc == 0 ? fio_bw(buf, strcmp(rw, "write") == 0 ? "write" : "read") : -1;
   free(buf);
   return bw / 1e9;
 }
 
-/* ---- the store ------------------------------------------------------------- */
+/* ---- the store -------------------------------------------------------------
+ */
 
 static ofl_disk_t *open_store(ofl_disk_direct_t direct) {
   ofl_disk_params_t p = OFL_DISK_PARAMS_INIT;
@@ -128,9 +132,9 @@ static void store_sequential(double *w, double *r, ofl_disk_stats_t *st) {
   for (int i = 0; i < count; i++) {
     void *p = NULL;
     CHECK(ofl_disk_extent_reload(e[i], -1, &p));
-    wrong += ((unsigned char *)p)[tensor_bytes - 1] !=
-             (unsigned char)(((unsigned)i * 31 + (tensor_bytes - 1) / 4096) &
-                             0xff);
+    wrong +=
+        ((unsigned char *)p)[tensor_bytes - 1] !=
+        (unsigned char)(((unsigned)i * 31 + (tensor_bytes - 1) / 4096) & 0xff);
   }
   double t2 = now_s();
   double total = (double)tensor_bytes * count;
@@ -284,8 +288,8 @@ int main(int argc, char **argv) {
          st.direct ? "ofl disk store (O_DIRECT)" : "ofl disk store (buffered)",
          sw, sr);
   if (fw > 0 && fr > 0)
-    printf("%-34s %10.2f %10.2f   (goal >= 0.80)\n", "ratio ofl / fio",
-           sw / fw, sr / fr);
+    printf("%-34s %10.2f %10.2f   (goal >= 0.80)\n", "ratio ofl / fio", sw / fw,
+           sr / fr);
   printf("# store: engine %s, queue depth reached %d, busy-time GB/s write "
          "%.3f read %.3f\n",
          st.uring ? "io_uring" : "threads", st.queue_depth_max, st.write_gbps,
@@ -327,17 +331,16 @@ int main(int argc, char **argv) {
   printf("\n## %d tensors of %zu MiB offloaded, reloaded in reverse with "
          "prefetch %d\n",
          count, tensor_bytes >> 20, prefetch);
-  printf("%-34s %9s %9s %8s %8s %7s\n", "", "time s", "GB/s", "stalls",
-         "hits", "wrong");
+  printf("%-34s %9s %9s %8s %8s %7s\n", "", "time s", "GB/s", "stalls", "hits",
+         "wrong");
   printf("%-34s %9.3f %9.3f %8llu %8llu %7zu\n", "ofl disk store, O_DIRECT", td,
          gbps(moved, td), (unsigned long long)sd.stalls,
          (unsigned long long)sd.prefetch_hits, wrong_d);
   printf("%-34s %9.3f %9.3f %8llu %8llu %7zu\n", "ofl disk store, buffered", tb,
          gbps(moved, tb), (unsigned long long)sb.stalls,
          (unsigned long long)sb.prefetch_hits, wrong_b);
-  printf("%-34s %9.3f %9.3f %8s %8s %7zu\n",
-         "file per tensor, write/read", tp, gbps(moved, tp), "-", "-",
-         wrong_p);
+  printf("%-34s %9.3f %9.3f %8s %8s %7zu\n", "file per tensor, write/read", tp,
+         gbps(moved, tp), "-", "-", wrong_p);
   printf("%-34s %9.2f\n", "speedup O_DIRECT store / per-file", tp / td);
   printf("%-34s %9.2f\n", "speedup buffered store / per-file", tp / tb);
   printf("# GB/s counts bytes both ways (offload + reload); the per-file "

@@ -16,7 +16,8 @@
 
 #define DEFAULT_GROW ((uint64_t)64 << 20)
 
-/* ---- small helpers --------------------------------------------------------- */
+/* ---- small helpers ---------------------------------------------------------
+ */
 
 static void lock(const ofl_disk_t *d) {
   pthread_mutex_lock((pthread_mutex_t *)&d->mu);
@@ -49,7 +50,8 @@ static ofl_status_t status_of_errno(int err) {
                                                         : OFL_ERR_IO;
 }
 
-/* ---- the file ---------------------------------------------------------------- */
+/* ---- the file
+ * ---------------------------------------------------------------- */
 
 /* An unnamed file: O_TMPFILE, else a named one unlinked at once (a crash
  * between the two leaves the name only for that instant). */
@@ -133,8 +135,8 @@ static ofl_status_t space_alloc(ofl_disk_t *d, uint64_t span, uint64_t *out) {
   if (ofl__disk_space_take(s, span, out))
     return OFL_SUCCESS;
   uint64_t need = span - ofl__disk_space_tail_free(s);
-  if (d->budget != 0 && (s->file_bytes > d->budget ||
-                         need > d->budget - s->file_bytes)) {
+  if (d->budget != 0 &&
+      (s->file_bytes > d->budget || need > d->budget - s->file_bytes)) {
     d->st.budget_refusals++;
     return ofl__error_quiet(OFL_ERR_NO_SPACE,
                             "disk store: %llu bytes do not fit the budget "
@@ -180,7 +182,8 @@ static ofl_status_t space_alloc(ofl_disk_t *d, uint64_t span, uint64_t *out) {
   return OFL_SUCCESS;
 }
 
-/* ---- configuration ---------------------------------------------------------- */
+/* ---- configuration ----------------------------------------------------------
+ */
 
 static ofl_status_t read_config(const ofl_disk_params_t *p, ofl_disk_t *d,
                                 ofl_disk_direct_t *direct) {
@@ -283,7 +286,8 @@ static ofl_status_t start_engine(ofl_disk_t *d, ofl_disk_engine_t want) {
   return d->eng->start(d);
 }
 
-/* ---- open / close ------------------------------------------------------------- */
+/* ---- open / close
+ * ------------------------------------------------------------- */
 
 static void free_store(ofl_disk_t *d) {
   if (d->fd >= 0)
@@ -372,9 +376,9 @@ ofl_status_t ofl_disk_open(const ofl_disk_params_t *params, ofl_disk_t **out) {
            "rank %d disk store dir %s file %s io %s engine %s queue_depth %d "
            "block %zu budget %llu checksum %d",
            d->rank, d->dir, how,
-           d->direct ? "O_DIRECT" : "buffered (no O_DIRECT here)",
-           d->eng->name, d->queue_depth, d->block_bytes,
-           (unsigned long long)d->budget, (int)d->checksum);
+           d->direct ? "O_DIRECT" : "buffered (no O_DIRECT here)", d->eng->name,
+           d->queue_depth, d->block_bytes, (unsigned long long)d->budget,
+           (int)d->checksum);
   *out = d;
   return OFL_SUCCESS;
 fail:
@@ -428,7 +432,8 @@ void ofl_disk_close(ofl_disk_t *d) {
   free_store(d);
 }
 
-/* ---- queries on the store --------------------------------------------------- */
+/* ---- queries on the store ---------------------------------------------------
+ */
 
 void ofl_disk_get_stats(const ofl_disk_t *d, ofl_disk_stats_t *out) {
   if (d == NULL || out == NULL)
@@ -491,9 +496,12 @@ int ofl_disk_prefetch_groups(const ofl_disk_t *d) {
   return d != NULL ? d->prefetch_groups : 0;
 }
 
-const char *ofl_disk_dir(const ofl_disk_t *d) { return d != NULL ? d->dir : ""; }
+const char *ofl_disk_dir(const ofl_disk_t *d) {
+  return d != NULL ? d->dir : "";
+}
 
-/* ---- extents ----------------------------------------------------------------- */
+/* ---- extents
+ * ----------------------------------------------------------------- */
 
 static ofl_status_t buffer_alloc(ofl_disk_t *d, size_t span, ofl_tensor_t **t) {
   int64_t shape[1] = {(int64_t)span};
@@ -903,7 +911,8 @@ ofl_status_t ofl_disk_extent_destroy_after(ofl_disk_extent_t *e,
   return destroy(e, stream, "ofl_disk_extent_destroy_after");
 }
 
-/* ---- completion (engine threads) ------------------------------------------------- */
+/* ---- completion (engine threads)
+ * ------------------------------------------------- */
 
 void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
   bool write = e->op == DISK_OP_WRITE;
@@ -914,8 +923,7 @@ void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
     st = status_of_errno(err);
   else if (shrt)
     st = OFL_ERR_IO;
-  else if (!write && d->checksum &&
-           ofl__crc32c(0, e->data, e->bytes) != e->crc)
+  else if (!write && d->checksum && ofl__crc32c(0, e->data, e->bytes) != e->crc)
     st = OFL_ERR_CORRUPT;
   size_t bytes = e->bytes;
   unsigned long long off = e->off;
@@ -971,8 +979,8 @@ void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
     ofl_pool_free(d->pool, drop);
   if (st != OFL_SUCCESS)
     OFL_WARN(OFL_SUBSYS_DISK,
-             "rank %d disk %s of %zu bytes at offset %llu failed: %s; %s",
-             rank, write ? "write" : "read", bytes, off,
+             "rank %d disk %s of %zu bytes at offset %llu failed: %s; %s", rank,
+             write ? "write" : "read", bytes, off,
              err ? strerror(err)
                  : (shrt ? "short transfer" : "crc32c mismatch"),
              write ? "the data stays in host memory and the store is "
@@ -980,7 +988,8 @@ void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
                    : "reload returns this error, never the data");
 }
 
-/* ---- test hooks ------------------------------------------------------------------- */
+/* ---- test hooks
+ * ------------------------------------------------------------------- */
 
 void ofl__disk_inject_fault(ofl_disk_t *d, ofl__disk_fault_t kind,
                             unsigned after_n, unsigned count) {

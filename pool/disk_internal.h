@@ -52,7 +52,8 @@ bool ofl__disk_space_give(disk_space_t *s, uint64_t off, uint64_t len);
 /* Bytes of the free range that ends at file_bytes (0 when none). */
 uint64_t ofl__disk_space_tail_free(const disk_space_t *s);
 
-/* ---- fault injection (tests) ---------------------------------------------- */
+/* ---- fault injection (tests) ----------------------------------------------
+ */
 typedef enum ofl__disk_fault {
   OFL__DISK_FAULT_NONE = 0,
   OFL__DISK_FAULT_WRITE_EIO,
@@ -72,7 +73,8 @@ void ofl__disk_inject_fault(ofl_disk_t *disk, ofl__disk_fault_t kind,
 int ofl__disk_fd(const ofl_disk_t *disk);
 uint64_t ofl__disk_extent_offset(const ofl_disk_extent_t *e);
 
-/* ---- store and extents ------------------------------------------------------ */
+/* ---- store and extents ------------------------------------------------------
+ */
 enum { DISK_OP_NONE = 0, DISK_OP_WRITE, DISK_OP_READ };
 
 struct ofl_disk_extent {

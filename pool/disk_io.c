@@ -129,7 +129,8 @@ ofl_disk_extent_t *ofl__disk_complete_req(ofl_disk_t *d, disk_req_t *r,
   return e->inflight == 0 && e->carved == e->span ? e : NULL;
 }
 
-/* ---- pread/pwrite threads ------------------------------------------------- */
+/* ---- pread/pwrite threads -------------------------------------------------
+ */
 
 static long do_io(ofl_disk_t *d, disk_req_t *r) {
   char *buf = (char *)r->ext->data + r->buf_off;
@@ -231,10 +232,11 @@ static void join_all(ofl_disk_t *d) {
   d->nthreads = 0;
 }
 
-const disk_engine_ops_t ofl__disk_engine_threads = {
-    "threads", threads_start, threads_kick, join_all};
+const disk_engine_ops_t ofl__disk_engine_threads = {"threads", threads_start,
+                                                    threads_kick, join_all};
 
-/* ---- io_uring -------------------------------------------------------------- */
+/* ---- io_uring --------------------------------------------------------------
+ */
 #if OFL_HAVE_LIBURING
 
 int ofl__disk_uring_usable(void) {

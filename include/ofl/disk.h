@@ -70,33 +70,35 @@ typedef enum ofl_disk_engine {
 #define OFL_DISK_FROM_ENV ((size_t)-1)
 
 typedef struct ofl_disk_params {
-  ofl_device_t *dev;     /* required: bounce buffers are its pinned memory */
+  ofl_device_t *dev;       /* required: bounce buffers are its pinned memory */
   ofl_pool_t *bounce_pool; /* pinned pool the bounce buffers come from; NULL:
                               the store makes its own (bounce_budget_bytes) */
   size_t bounce_budget_bytes; /* budget of the store's own pool; 0: none */
-  const char *dir;       /* NULL: OFL_DISK_DIR, else TMPDIR, else /tmp */
-  size_t budget_bytes;   /* file size cap; OFL_DISK_FROM_ENV: OFL_DISK_BUDGET;
-                            0: no cap but the file system's */
-  size_t initial_bytes;  /* preallocated at open (<= budget); 0: none */
-  size_t grow_bytes;     /* the file grows by at least this; 0: 64 MiB */
-  int preallocate;       /* 1: fallocate new space (ENOSPC shows at create);
-                            0: sparse growth (ENOSPC shows at write);
-                            -1: 1 */
-  int queue_depth;       /* requests in flight; 0: OFL_DISK_QUEUE_DEPTH */
-  size_t block_bytes;    /* request size; 0 or FROM_ENV: OFL_DISK_BLOCK;
-                            rounded up to 4 KiB */
-  int prefetch_groups;   /* read-ahead distance for the manager; -1: env */
-  int checksum;          /* CRC32C per extent; -1: OFL_DISK_CHECKSUM */
+  const char *dir;            /* NULL: OFL_DISK_DIR, else TMPDIR, else /tmp */
+  size_t budget_bytes;  /* file size cap; OFL_DISK_FROM_ENV: OFL_DISK_BUDGET;
+                           0: no cap but the file system's */
+  size_t initial_bytes; /* preallocated at open (<= budget); 0: none */
+  size_t grow_bytes;    /* the file grows by at least this; 0: 64 MiB */
+  int preallocate;      /* 1: fallocate new space (ENOSPC shows at create);
+                           0: sparse growth (ENOSPC shows at write);
+                           -1: 1 */
+  int queue_depth;      /* requests in flight; 0: OFL_DISK_QUEUE_DEPTH */
+  size_t block_bytes;   /* request size; 0 or FROM_ENV: OFL_DISK_BLOCK;
+                           rounded up to 4 KiB */
+  int prefetch_groups;  /* read-ahead distance for the manager; -1: env */
+  int checksum;         /* CRC32C per extent; -1: OFL_DISK_CHECKSUM */
   ofl_disk_direct_t direct;
   ofl_disk_engine_t engine;
-  const char *groups;    /* group names on disk (comma list, "*" all);
-                            NULL: OFL_DISK_GROUPS */
-  int rank;              /* for log lines; -1: unknown */
+  const char *groups; /* group names on disk (comma list, "*" all);
+                         NULL: OFL_DISK_GROUPS */
+  int rank;           /* for log lines; -1: unknown */
 } ofl_disk_params_t;
 
 #define OFL_DISK_PARAMS_INIT                                                   \
-  { NULL, NULL, 0, NULL, OFL_DISK_FROM_ENV, 0, 0, -1, 0, 0, -1, -1,           \
-    OFL_DISK_DIRECT_FROM_ENV, OFL_DISK_ENGINE_AUTO, NULL, -1 }
+  {                                                                            \
+    NULL, NULL, 0, NULL, OFL_DISK_FROM_ENV, 0, 0, -1, 0, 0, -1, -1,            \
+        OFL_DISK_DIRECT_FROM_ENV, OFL_DISK_ENGINE_AUTO, NULL, -1               \
+  }
 
 typedef enum ofl_disk_extent_state {
   OFL_DISK_EXTENT_STAGED = 0, /* buffer filled by the caller, not written */
@@ -108,14 +110,14 @@ typedef enum ofl_disk_extent_state {
 } ofl_disk_extent_state_t;
 
 typedef struct ofl_disk_stats {
-  uint64_t bytes_written;   /* payload bytes of completed writes */
-  uint64_t bytes_read;      /* payload bytes of completed reads */
-  double write_gbps;        /* bytes written / time with a write in flight */
-  double read_gbps;         /* bytes read / time with a read in flight */
-  uint64_t writes, reads;   /* extent operations completed (ok or not) */
-  uint64_t requests;        /* I/O requests (blocks) completed */
-  int queue_depth;          /* configured */
-  int queue_depth_max;      /* requests in flight at once, high-water mark */
+  uint64_t bytes_written; /* payload bytes of completed writes */
+  uint64_t bytes_read;    /* payload bytes of completed reads */
+  double write_gbps;      /* bytes written / time with a write in flight */
+  double read_gbps;       /* bytes read / time with a read in flight */
+  uint64_t writes, reads; /* extent operations completed (ok or not) */
+  uint64_t requests;      /* I/O requests (blocks) completed */
+  int queue_depth;        /* configured */
+  int queue_depth_max;    /* requests in flight at once, high-water mark */
   uint64_t reloads;
   uint64_t prefetch_hits;   /* reloads that found the bytes in memory */
   uint64_t stalls;          /* reloads that had to wait for a read */
@@ -130,9 +132,9 @@ typedef struct ofl_disk_stats {
   size_t budget_bytes;      /* 0: none */
   size_t extent_bytes;      /* file bytes held by live extents (4 KiB units) */
   size_t peak_extent_bytes;
-  uint64_t extents;         /* live extents */
-  int direct;               /* 1: O_DIRECT, 0: buffered */
-  int uring;                /* 1: io_uring, 0: threads */
+  uint64_t extents; /* live extents */
+  int direct;       /* 1: O_DIRECT, 0: buffered */
+  int uring;        /* 1: io_uring, 0: threads */
   int checksum;
   int degraded;
 } ofl_disk_stats_t;

@@ -145,14 +145,13 @@ static void run(ofl_disk_engine_t engine, const char *name) {
   ofl_disk_get_stats(d, &s);
   tap_diag("%s: faults eio %llu corrupt %llu, stalls %llu, hits %llu", name,
            (unsigned long long)s.faults_eio,
-           (unsigned long long)s.faults_corrupt,
-           (unsigned long long)s.stalls, (unsigned long long)s.prefetch_hits);
+           (unsigned long long)s.faults_corrupt, (unsigned long long)s.stalls,
+           (unsigned long long)s.prefetch_hits);
   tap_ok(wr == 0, "%s: zero wrong bytes over %zu reloads (wrong %zu)", name,
          done, wr);
   tap_ok(err == 0, "%s: no unexpected errors (%zu)", name, err);
   tap_ok(done > 100, "%s: reloads done %zu", name, done);
-  tap_ok(s.extents == 0 && s.extent_bytes == 0, "%s: every extent freed",
-         name);
+  tap_ok(s.extents == 0 && s.extent_bytes == 0, "%s: every extent freed", name);
   ofl_disk_close(d);
   tap_ok(rmdir(dir) == 0, "%s: directory left empty", name);
 }

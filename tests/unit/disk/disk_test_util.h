@@ -52,7 +52,8 @@ static inline void disk_teardown(void) {
   cr_expect(eq(int, n, 0), "files left in %s", tdir);
 }
 
-static inline ofl_disk_params_t params_for(ofl_disk_engine_t engine, int checksum) {
+static inline ofl_disk_params_t params_for(ofl_disk_engine_t engine,
+                                           int checksum) {
   ofl_disk_params_t p = OFL_DISK_PARAMS_INIT;
   p.dev = dev;
   p.dir = tdir;
@@ -67,8 +68,7 @@ static inline ofl_disk_params_t params_for(ofl_disk_engine_t engine, int checksu
 
 static inline ofl_disk_t *open_with(const ofl_disk_params_t *p) {
   ofl_disk_t *d = NULL;
-  cr_assert(eq(int, ofl_disk_open(p, &d), OFL_SUCCESS), "%s",
-            ofl_last_error());
+  cr_assert(eq(int, ofl_disk_open(p, &d), OFL_SUCCESS), "%s", ofl_last_error());
   return d;
 }
 

@@ -74,13 +74,13 @@ Test(disk_faults, short_write_keeps_data_in_host_memory_threads) {
                          OFL_ERR_IO);
 }
 Test(disk_faults, enospc_write_keeps_data_in_host_memory_threads) {
-  write_fault_keeps_data(OFL_DISK_ENGINE_THREADS,
-                         OFL__DISK_FAULT_WRITE_ENOSPC, OFL_ERR_NO_SPACE);
+  write_fault_keeps_data(OFL_DISK_ENGINE_THREADS, OFL__DISK_FAULT_WRITE_ENOSPC,
+                         OFL_ERR_NO_SPACE);
 }
 
 static void read_fault_is_an_error(ofl_disk_engine_t engine,
-                                   ofl__disk_fault_t kind,
-                                   ofl_status_t expect, int prefetch) {
+                                   ofl__disk_fault_t kind, ofl_status_t expect,
+                                   int prefetch) {
   ofl_disk_t *d = open_store(engine, 1);
   const size_t n = (3u << 20) + 77;
   ofl_disk_extent_t *e = put(d, n, 4);
@@ -127,8 +127,8 @@ Test(disk_faults, read_eio_is_returned_not_data_threads) {
                          OFL_ERR_IO, 0);
 }
 Test(disk_faults, corrupt_read_fails_the_checksum_threads) {
-  read_fault_is_an_error(OFL_DISK_ENGINE_THREADS,
-                         OFL__DISK_FAULT_READ_CORRUPT, OFL_ERR_CORRUPT, 1);
+  read_fault_is_an_error(OFL_DISK_ENGINE_THREADS, OFL__DISK_FAULT_READ_CORRUPT,
+                         OFL_ERR_CORRUPT, 1);
 }
 
 /* Flips one byte of the file behind the store's back (aligned I/O, since
@@ -137,11 +137,11 @@ static void corrupt_file(ofl_disk_t *d, uint64_t off) {
   unsigned char *blk = NULL;
   cr_assert(eq(int, posix_memalign((void **)&blk, 4096, 4096), 0));
   uint64_t base = off & ~(uint64_t)4095;
-  cr_assert(eq(long, (long)pread(ofl__disk_fd(d), blk, 4096, (off_t)base),
-               4096));
+  cr_assert(
+      eq(long, (long)pread(ofl__disk_fd(d), blk, 4096, (off_t)base), 4096));
   blk[off - base] ^= 0x01;
-  cr_assert(eq(long, (long)pwrite(ofl__disk_fd(d), blk, 4096, (off_t)base),
-               4096));
+  cr_assert(
+      eq(long, (long)pwrite(ofl__disk_fd(d), blk, 4096, (off_t)base), 4096));
   free(blk);
 }
 
@@ -271,9 +271,8 @@ Test(disk_faults, one_failed_write_among_many_loses_nothing) {
   for (int i = N; i-- > 0;) {
     void *p = NULL;
     cr_assert(eq(int, ofl_disk_extent_reload(e[i], -1, &p), OFL_SUCCESS));
-    cr_expect(eq(sz, count_wrong(p, (size_t)(i + 1) * 300007,
-                                 (uint64_t)(50 + i)),
-                 0));
+    cr_expect(eq(
+        sz, count_wrong(p, (size_t)(i + 1) * 300007, (uint64_t)(50 + i)), 0));
     ofl_disk_extent_destroy(e[i]);
   }
   ofl_disk_close(d);

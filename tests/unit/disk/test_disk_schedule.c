@@ -48,8 +48,8 @@ static void sched_close(sched_t *s) {
 }
 
 static void offload(sched_t *s, act_t *a) {
-  cr_assert(eq(int, ofl_device_malloc(dev, a->bytes, &a->dev_ptr),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_device_malloc(dev, a->bytes, &a->dev_ptr), OFL_SUCCESS));
   fill(a->dev_ptr, a->bytes, a->seed); /* host backend: CPU memory */
   int64_t shape[1] = {(int64_t)a->bytes};
   void *dst = NULL;
@@ -59,19 +59,19 @@ static void offload(sched_t *s, act_t *a) {
     dst = ofl_tensor_data(a->host);
     s->on_host++;
   } else { /* named for disk, or the host budget is exhausted: spill */
-    cr_assert(eq(int, ofl_disk_extent_create(s->d, a->bytes, &a->ext),
-                 OFL_SUCCESS),
-              "%s", ofl_last_error());
+    cr_assert(
+        eq(int, ofl_disk_extent_create(s->d, a->bytes, &a->ext), OFL_SUCCESS),
+        "%s", ofl_last_error());
     dst = ofl_disk_extent_data(a->ext);
     s->on_disk++;
     s->on_disk_bytes += a->bytes;
   }
-  cr_assert(eq(int, ofl_memcpy_async(dst, a->dev_ptr, a->bytes, OFL_COPY_D2H,
-                                     s->d2h),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_memcpy_async(dst, a->dev_ptr, a->bytes, OFL_COPY_D2H, s->d2h),
+         OFL_SUCCESS));
   if (a->ext != NULL) /* the bounce buffer is written once the copy is done */
-    cr_assert(eq(int, ofl_disk_extent_write_after(a->ext, s->d2h),
-                 OFL_SUCCESS));
+    cr_assert(
+        eq(int, ofl_disk_extent_write_after(a->ext, s->d2h), OFL_SUCCESS));
 }
 
 static void free_device(sched_t *s, act_t *acts, int n) {
@@ -89,15 +89,15 @@ static size_t reload(sched_t *s, act_t *a) {
               "%s", ofl_last_error());
   else
     src = ofl_tensor_data(a->host);
-  cr_assert(eq(int, ofl_device_malloc(dev, a->bytes, &a->dev_ptr),
-               OFL_SUCCESS));
-  cr_assert(eq(int, ofl_memcpy_async(a->dev_ptr, src, a->bytes, OFL_COPY_H2D,
-                                     s->h2d),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_device_malloc(dev, a->bytes, &a->dev_ptr), OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_memcpy_async(a->dev_ptr, src, a->bytes, OFL_COPY_H2D, s->h2d),
+         OFL_SUCCESS));
   /* buffers go back only after the H2D that reads them (rule 2) */
   if (a->ext != NULL)
-    cr_assert(eq(int, ofl_disk_extent_destroy_after(a->ext, s->h2d),
-                 OFL_SUCCESS));
+    cr_assert(
+        eq(int, ofl_disk_extent_destroy_after(a->ext, s->h2d), OFL_SUCCESS));
   else
     cr_assert(eq(int, ofl_pool_free_after(s->host_pool, a->host, s->h2d),
                  OFL_SUCCESS));
@@ -115,8 +115,7 @@ static size_t backward(sched_t *s, act_t *acts, int n) {
   for (int i = n - 1; i >= 0; i--) {
     for (int k = i; k >= 0 && k >= i - ahead; k--)
       if (acts[k].ext != NULL)
-        cr_assert(eq(int, ofl_disk_extent_prefetch(acts[k].ext),
-                     OFL_SUCCESS));
+        cr_assert(eq(int, ofl_disk_extent_prefetch(acts[k].ext), OFL_SUCCESS));
     wrong += reload(s, &acts[i]);
   }
   return wrong;

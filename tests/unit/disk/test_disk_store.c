@@ -77,10 +77,17 @@ Test(disk, group_selection_reads_the_list) {
 
 static void round_trips(ofl_disk_engine_t engine, int checksum) {
   ofl_disk_t *d = open_store(engine, checksum);
-  static const size_t sizes[] = {1,        2,           511,
-                                 4095,     4096,        4097,
-                                 65537,    (1u << 20) - 3, (1u << 20),
-                                 (3u << 20) + 17, (9u << 20) + 4093};
+  static const size_t sizes[] = {1,
+                                 2,
+                                 511,
+                                 4095,
+                                 4096,
+                                 4097,
+                                 65537,
+                                 (1u << 20) - 3,
+                                 (1u << 20),
+                                 (3u << 20) + 17,
+                                 (9u << 20) + 4093};
   size_t n = sizeof sizes / sizeof sizes[0];
   ofl_disk_extent_t *e[sizeof sizes / sizeof sizes[0]];
   uint64_t total = 0;
@@ -97,8 +104,8 @@ static void round_trips(ofl_disk_engine_t engine, int checksum) {
   }
   for (size_t i = n; i-- > 0;) { /* reverse order, like backward */
     void *p = NULL;
-    cr_assert(eq(int, ofl_disk_extent_reload(e[i], -1, &p), OFL_SUCCESS),
-              "%s", ofl_last_error());
+    cr_assert(eq(int, ofl_disk_extent_reload(e[i], -1, &p), OFL_SUCCESS), "%s",
+              ofl_last_error());
     cr_assert(eq(sz, count_wrong(p, sizes[i], 100 + i), 0), "size %zu",
               sizes[i]);
     cr_expect(eq(u64, (uintptr_t)p % 4096, 0));
@@ -115,9 +122,9 @@ static void round_trips(ofl_disk_engine_t engine, int checksum) {
   cr_expect(le(int, s.queue_depth_max, 8));
   cr_expect(eq(u64, s.extents, 0));
   cr_expect(eq(sz, s.extent_bytes, 0));
-  cr_expect(eq(u64, s.faults_eio + s.faults_short + s.faults_corrupt +
-                        s.faults_enospc,
-               0));
+  cr_expect(eq(
+      u64, s.faults_eio + s.faults_short + s.faults_corrupt + s.faults_enospc,
+      0));
   cr_expect(gt(dbl, s.write_gbps, 0.0));
   cr_expect(gt(dbl, s.read_gbps, 0.0));
   ofl_disk_close(d);
@@ -259,7 +266,8 @@ Test(disk, bad_arguments_are_errors_with_messages) {
   cr_expect(eq(int, ofl_disk_extent_create(d, 0, &e), OFL_ERR_INVALID_ARG));
   cr_assert(eq(int, ofl_disk_extent_create(d, 100, &e), OFL_SUCCESS));
   void *data = NULL;
-  cr_expect(eq(int, ofl_disk_extent_reload(e, -1, &data), OFL_ERR_INVALID_USAGE));
+  cr_expect(
+      eq(int, ofl_disk_extent_reload(e, -1, &data), OFL_ERR_INVALID_USAGE));
   cr_expect(eq(int, ofl_disk_extent_evict(e), OFL_ERR_INVALID_USAGE));
   cr_assert(eq(int, ofl_disk_extent_write(e), OFL_SUCCESS));
   cr_expect(eq(int, ofl_disk_extent_write(e), OFL_ERR_INVALID_USAGE));
@@ -279,8 +287,8 @@ Test(disk, waits_time_out_and_write_after_follows_the_stream) {
   cr_assert(eq(int, ofl_stream_create(dev, "d2h", &s), OFL_SUCCESS));
   ofl_disk_extent_t *e = NULL;
   cr_assert(eq(int, ofl_disk_extent_create(d, 1 << 20, &e), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_fn, NULL),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(s, sleep_fn, NULL), OFL_SUCCESS));
   fill(ofl_disk_extent_data(e), 1 << 20, 3);
   cr_assert(eq(int, ofl_disk_extent_write_after(e, s), OFL_SUCCESS));
   cr_expect(eq(int, ofl_disk_extent_query(e), OFL_ERR_NOT_READY));
