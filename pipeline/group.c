@@ -611,6 +611,8 @@ ofl_status_t ofl_manager_group_backward_begin(ofl_manager_t *m,
                       "must not be NULL");
   if (!ofl__manager_active(m))
     return OFL_SUCCESS;
+  if (m->warmup && m->fwd_before_bwd == 0)
+    m->fwd_before_bwd = m->nfwd; /* for the summary (policy.c) */
   int nid = ofl__name_find(m, name);
   if (nid < 0)
     return OFL__PERR(OFL_ERR_INVALID_USAGE, m, m->cur_bwd, name,

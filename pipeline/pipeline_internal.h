@@ -152,6 +152,8 @@ struct ofl_manager {
   uint32_t nfwd, capfwd;
   chunk_t **bwd; /* backward order */
   uint32_t nbwd, capbwd;
+  uint32_t fwd_before_bwd; /* warmup: chunks begun before the first backward
+                              (the microbatches in flight at the peak) */
   int vpp;
   chunk_t ***stages; /* warmup: chunks per virtual stage not yet ordered */
   uint32_t *nstage, *capstage, *stage_count;

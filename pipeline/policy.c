@@ -9,8 +9,8 @@
  *   3. fraction: per chunk, the latest (1 - fraction) of the offloaded
  *      groups stay on the device;
  *   4. summary: bytes of the groups still offloaded, per name, over the
- *      chunks in forward order up to the first chunk to run backward (the
- *      estimate of device bytes removed from the peak). */
+ *      chunks in forward order that began before the first backward (the
+ *      estimate of device bytes removed from the peak; see summarize()). */
 #include <string.h>
 
 #include "pipeline/pipeline_internal.h"
@@ -105,10 +105,18 @@ static void mark_last_of_name(ofl_manager_t *m) {
   }
 }
 
+/* The reference stops after the chunk that is first in backward order. On
+ * the last pipeline stage that is the first chunk, which is exactly what the
+ * peak holds; on every other stage more microbatches are in flight when the
+ * first backward runs (pp - rank of them in 1F1B), and the reference's
+ * figure undercounts the saving by that factor. ofl sums the chunks whose
+ * forward began before the first backward of the warmup iteration — the
+ * chunks alive at the peak — and never fewer than the reference's. */
 static void summarize(ofl_manager_t *m) {
   for (int k = 0; k < m->nnames; k++)
     m->names[k].summary_bytes = 0;
   chunk_t *first_bwd = m->nbwd > 0 ? m->bwd[0] : NULL;
+  bool reached_first_bwd = false;
   for (uint32_t i = 0; i < m->nfwd; i++) {
     chunk_t *c = m->fwd[i];
     for (uint32_t j = 0; j < c->ngroups; j++) {
@@ -116,7 +124,8 @@ static void summarize(ofl_manager_t *m) {
       if (g->policy_offload)
         m->names[g->nid].summary_bytes += g->warm_bytes;
     }
-    if (c == first_bwd)
+    reached_first_bwd = reached_first_bwd || c == first_bwd;
+    if (reached_first_bwd && i + 1 >= m->fwd_before_bwd)
       break; /* from here on 1F1B runs: the peak does not grow */
   }
 }

@@ -1116,6 +1116,14 @@ void ofl_pool_get_stats(const ofl_pool_t *pool, ofl_pool_stats_t *out) {
   pthread_mutex_unlock(&p->mu);
 }
 
+void ofl_pool_reset_peak(ofl_pool_t *pool) {
+  if (pool == NULL)
+    return;
+  pthread_mutex_lock(&pool->mu);
+  pool->stats.peak_in_use_bytes = pool->stats.in_use_bytes;
+  pthread_mutex_unlock(&pool->mu);
+}
+
 static ofl_pool_key_status_t status_of(const pool_key_t *k) {
   ofl_pool_key_status_t r;
   r.block_bytes = k->block_bytes;

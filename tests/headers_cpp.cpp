@@ -1,5 +1,6 @@
 // Every public header of ofl, included from C++ under -Wall -Wextra -Werror.
 #include <ofl/ofl.h>
+#include <ofl/ofl.hpp>
 
 #include <cstdio>
 #include <cstring>

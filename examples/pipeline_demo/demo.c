@@ -175,7 +175,7 @@ typedef struct {
   double *mem_b;
   size_t nmem, capmem;
   double t0;
-  int failed;
+  size_t weight_bytes; /* device bytes of weights and gradients */
 } run_t;
 
 static double now_s(void) {
@@ -226,10 +226,12 @@ static void sample_memory(run_t *r) {
     r->mem_t = realloc(r->mem_t, r->capmem * sizeof *r->mem_t);
     r->mem_b = realloc(r->mem_b, r->capmem * sizeof *r->mem_b);
   }
-  ofl_device_stats_t st;
-  ofl_device_get_stats(r->dev, &st);
+  /* Device memory allocated (as torch's memory_allocated): weights plus the
+   * activation pool's blocks in use; free pool blocks are cache, not use. */
+  ofl_pool_stats_t st;
+  ofl_pool_get_stats(r->pool, &st);
   r->mem_t[r->nmem] = now_s() - r->t0;
-  r->mem_b[r->nmem] = (double)st.device_bytes_in_use;
+  r->mem_b[r->nmem] = (double)(r->weight_bytes + st.in_use_bytes);
   r->nmem++;
 }
 
@@ -243,6 +245,7 @@ static void init_layers(run_t *r, int nlayers) {
       L->n[k] = n[k];
       OK(r, ofl_device_malloc(r->dev, n[k] * sizeof(float), (void **)&L->w[k]));
       OK(r, ofl_device_malloc(r->dev, n[k] * sizeof(float), (void **)&L->dw[k]));
+      r->weight_bytes += 2 * n[k] * sizeof(float);
       unsigned long long seed = ((unsigned long long)r->rank << 32) ^
                                 ((unsigned long long)i << 8) ^ (unsigned)k;
       if (k == W_G1 || k == W_G2) {
@@ -587,7 +590,7 @@ static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
   r.t0 = now_s();
   for (r.iter = 0; r.iter < o->iters; r.iter++) {
     if (r.iter == 1 || o->iters == 1)
-      ofl_device_reset_peak(r.dev);
+      ofl_pool_reset_peak(r.pool);
     MPI_Barrier(MPI_COMM_WORLD);
     double t = now_s();
     run_iteration(&r, steps, nsteps);
@@ -607,9 +610,9 @@ static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
       fflush(stdout);
     }
   }
-  ofl_device_stats_t ds;
-  ofl_device_get_stats(r.dev, &ds);
-  res->peak_bytes = ds.device_bytes_peak;
+  ofl_pool_stats_t ps;
+  ofl_pool_get_stats(r.pool, &ps);
+  res->peak_bytes = r.weight_bytes + ps.peak_in_use_bytes;
   res->step_s = steady / (nsteady ? nsteady : 1);
   res->summary_bytes = glue_summary_total_bytes(r.glue);
   glue_get_stats(r.glue, &res->stats);

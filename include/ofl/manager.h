@@ -277,9 +277,11 @@ OFL_API ofl_status_t ofl_manager_synchronize(ofl_manager_t *m,
 
 /* ---- summary and statistics ----------------------------------------------- */
 
-/* offload_summary_bytes of name: bytes offloaded by the groups of that name
- * from the first chunk up to the first chunk to run backward, i.e. the
- * estimate of device bytes removed from the memory peak. OFL_ERR_NOT_READY
+/* offload_summary_bytes of name: bytes offloaded (steady-state policy) by
+ * the groups of that name in the chunks whose forward began before the first
+ * backward of the warmup iteration, i.e. the device bytes removed from the
+ * memory peak. (The reference stops after the first chunk in backward order,
+ * which undercounts on every pipeline stage but the last.) OFL_ERR_NOT_READY
  * before the end of warmup; 0 bytes for a name never offloaded. */
 OFL_API ofl_status_t ofl_manager_summary_bytes(const ofl_manager_t *m,
                                                const char *name,

@@ -179,6 +179,8 @@ OFL_API ofl_status_t ofl_pool_clear(ofl_pool_t *pool);
 OFL_API ofl_status_t ofl_pool_set_budget(ofl_pool_t *pool, size_t budget_bytes);
 
 OFL_API void ofl_pool_get_stats(const ofl_pool_t *pool, ofl_pool_stats_t *out);
+/* Sets peak_in_use_bytes to the bytes in use now (a new measuring window). */
+OFL_API void ofl_pool_reset_peak(ofl_pool_t *pool);
 /* Status of the exact key (shape, dtype); OFL_ERR_INVALID_ARG for a key the
  * pool has never seen. */
 OFL_API ofl_status_t ofl_pool_key_status(const ofl_pool_t *pool,

@@ -1,0 +1,132 @@
+/* ofl pipeline demo: the model's offload calls mapped onto the ofl manager
+ * (one manager per run; the summary goes through an MPI comm). */
+#include <mpi.h>
+#include <stdlib.h>
+
+#include "glue.h"
+
+#include <ofl/comm.h>
+#include <ofl/manager.h>
+#include <ofl/summary.h>
+
+struct glue {
+  ofl_manager_t *m;
+  ofl_comm_t *comm;
+};
+
+int glue_open(const glue_params_t *p, glue_t **out) {
+  glue_t *g = calloc(1, sizeof *g);
+  if (g == NULL)
+    return OFL_ERR_NO_MEMORY;
+  ofl_status_t st = OFL_SUCCESS;
+  if (p->mpi_comm != NULL)
+    st = ofl_comm_create_mpi(*(MPI_Comm *)p->mpi_comm, NULL, &g->comm);
+  else
+    st = ofl_comm_create_self(NULL, &g->comm);
+  if (st != OFL_SUCCESS) {
+    free(g);
+    return st;
+  }
+  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
+  mp.device = p->dev;
+  mp.device_pool = p->act_pool;
+  mp.offload = p->offload;
+  mp.groups = p->groups;
+  mp.min_offload_bytes = (int64_t)p->min_bytes;
+  mp.pp_rank = p->pp_rank;
+  mp.rank = p->pp_rank;
+  mp.comm = g->comm;
+  st = ofl_manager_create(&mp, &g->m);
+  if (st != OFL_SUCCESS) {
+    ofl_comm_destroy(g->comm);
+    free(g);
+    return st;
+  }
+  *out = g;
+  return OFL_SUCCESS;
+}
+
+void glue_close(glue_t *g) {
+  if (g == NULL)
+    return;
+  ofl_manager_destroy(g->m);
+  ofl_comm_destroy(g->comm);
+  free(g);
+}
+
+int glue_chunk_begin(glue_t *g, int vpp, int vp_stage, int microbatch) {
+  (void)microbatch; /* chunks follow the order of the calls */
+  return ofl_manager_chunk_begin(g->m, vpp, vp_stage);
+}
+
+int glue_group_start(glue_t *g, const char *name) {
+  return ofl_manager_group_start(g->m, name);
+}
+
+int glue_save(glue_t *g, ofl_tensor_t *t, uint64_t *tag) {
+  ofl_tag_t tg = OFL_TAG_INVALID;
+  ofl_status_t st = ofl_manager_tensor_push(g->m, t, &tg);
+  if (st == OFL_SUCCESS)
+    *tag = tg;
+  return st;
+}
+
+int glue_group_commit(glue_t *g, const char *name) {
+  return ofl_manager_group_commit(g->m, name, NULL, 0, 0);
+}
+
+int glue_backward_begin(glue_t *g, const char *name) {
+  return ofl_manager_group_backward_begin(g->m, name);
+}
+
+int glue_load(glue_t *g, uint64_t tag, ofl_tensor_t **t) {
+  return ofl_manager_tensor_pop(g->m, (ofl_tag_t)tag, t);
+}
+
+int glue_backward_end(glue_t *g, const char *name) {
+  return ofl_manager_group_backward_end(g->m, name);
+}
+
+int glue_iteration_end(glue_t *g) { return ofl_manager_reset(g->m); }
+
+size_t glue_summary_total_bytes(glue_t *g) {
+  return (size_t)ofl_manager_summary_total_bytes(g->m);
+}
+
+/* Collective over the run's comm: every rank's per-name summary bytes, as
+ * the table the manager gathered at the end of warmup. */
+void glue_print_summary(glue_t *g, FILE *out) {
+  ofl_byte_table_t *t = NULL;
+  if (ofl_byte_table_create(&t) != OFL_SUCCESS)
+    return;
+  size_t n = ofl_manager_group_count(g->m);
+  for (size_t i = 0; i < n; i++) {
+    ofl_manager_group_stats_t gs;
+    if (ofl_manager_group_stats(g->m, i, &gs) == OFL_SUCCESS &&
+        gs.summary_bytes > 0)
+      ofl_byte_table_add(t, gs.name, gs.summary_bytes);
+  }
+  ofl_summary_t *s = NULL;
+  if (ofl_summary_gather(g->comm, t, 1, &s) == OFL_SUCCESS && s != NULL) {
+    fputc('\n', out);
+    ofl_summary_write(s, OFL_SUMMARY_TEXT, out);
+    fflush(out);
+  }
+  ofl_summary_destroy(s);
+  ofl_byte_table_destroy(t);
+}
+
+void glue_get_stats(glue_t *g, glue_stats_t *out) {
+  ofl_manager_stats_t s;
+  ofl_manager_get_stats(g->m, &s);
+  *out = (glue_stats_t){
+      .offloaded_bytes = s.offloaded_bytes,
+      .reloaded_bytes = s.reloaded_bytes,
+      .offloaded_tensors = s.offloaded_tensors,
+      .reloaded_tensors = s.reloaded_tensors,
+      .stalls = s.stalls,
+      .stall_ms = (double)s.stall_ns / 1e6,
+      .inline_reloads = s.inline_reloads,
+      .kept_on_device = s.kept_tensors,
+  };
+}
