@@ -202,17 +202,34 @@ Test(disk, prefetched_reload_does_not_stall_and_cold_reload_does) {
   ofl_disk_close(d);
 }
 
+static void sleep_fn(void *arg) {
+  (void)arg;
+  struct timespec ts = {0, 400 * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
 Test(disk, reload_while_writing_keeps_the_buffer) {
   ofl_disk_t *d = open_store(OFL_DISK_ENGINE_AUTO, 0);
-  ofl_disk_extent_t *e = put(d, 8 << 20, 9);
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "d2h", &s), OFL_SUCCESS));
+  ofl_disk_extent_t *e = NULL;
+  cr_assert(eq(int, ofl_disk_extent_create(d, 8 << 20, &e), OFL_SUCCESS));
+  fill(ofl_disk_extent_data(e), 8 << 20, 9);
+  /* the write is held behind the stream, so reload surely meets it */
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(s, sleep_fn, NULL), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_write_after(e, s), OFL_SUCCESS));
   void *p = NULL;
   cr_assert(eq(int, ofl_disk_extent_reload(e, -1, &p), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_disk_extent_state(e), OFL_DISK_EXTENT_WRITING));
   cr_assert(eq(int, ofl_disk_extent_wait(e, -1), OFL_SUCCESS));
   /* written, and still in memory: no read was needed */
   cr_expect(eq(int, ofl_disk_extent_state(e), OFL_DISK_EXTENT_RESIDENT));
   cr_expect(eq(sz, count_wrong(p, 8 << 20, 9), 0));
   cr_expect(eq(u64, disk_stats(d).reads, 0));
+  cr_expect(eq(u64, disk_stats(d).stalls, 0));
   ofl_disk_extent_destroy(e);
+  ofl_stream_destroy(s);
   ofl_disk_close(d);
 }
 
@@ -273,12 +290,6 @@ Test(disk, bad_arguments_are_errors_with_messages) {
   cr_expect(eq(int, ofl_disk_extent_write(e), OFL_ERR_INVALID_USAGE));
   cr_assert(eq(int, ofl_disk_extent_destroy(e), OFL_SUCCESS));
   ofl_disk_close(d);
-}
-
-static void sleep_fn(void *arg) {
-  (void)arg;
-  struct timespec ts = {0, 400 * 1000000L};
-  nanosleep(&ts, NULL);
 }
 
 Test(disk, waits_time_out_and_write_after_follows_the_stream) {
