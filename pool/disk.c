@@ -55,14 +55,18 @@ static ofl_status_t status_of_errno(int err) {
 
 /* An unnamed file: O_TMPFILE, else a named one unlinked at once (a crash
  * between the two leaves the name only for that instant). */
+int ofl__disk_no_tmpfile;
+
 static ofl_status_t open_private(ofl_disk_t *d, const char **how) {
-  int fd = open(d->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  int fd = ofl__disk_no_tmpfile
+               ? -1
+               : open(d->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (fd >= 0) {
     d->fd = fd;
     *how = "O_TMPFILE";
     return OFL_SUCCESS;
   }
-  int e1 = errno;
+  int e1 = ofl__disk_no_tmpfile ? EOPNOTSUPP : errno;
   char path[4200];
   snprintf(path, sizeof path, "%s/ofl-disk-XXXXXX", d->dir);
   fd = mkostemp(path, O_CLOEXEC);

@@ -68,6 +68,10 @@ typedef enum ofl__disk_fault {
  * more requests of that direction have gone through untouched. */
 void ofl__disk_inject_fault(ofl_disk_t *disk, ofl__disk_fault_t kind,
                             unsigned after_n, unsigned count);
+/* Tests: when set, the store skips O_TMPFILE and takes its fallback (a
+ * named file unlinked right after it is created). */
+extern int ofl__disk_no_tmpfile;
+
 /* The file descriptor and an extent's file offset (tests that corrupt the
  * file behind the store's back). */
 int ofl__disk_fd(const ofl_disk_t *disk);

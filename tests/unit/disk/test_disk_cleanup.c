@@ -1,6 +1,7 @@
 /* The disk store leaves no file behind: not while it is open (the file has
  * no name), not after a normal close, not after the process is killed. */
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "disk_test_util.h"
@@ -93,4 +94,23 @@ Test(disk_cleanup, killed_process_leaves_nothing) {
   cr_expect(eq(chr, ok, 'y'), "the child could not write its store");
   cr_expect(eq(int, WIFSIGNALED(status) ? WTERMSIG(status) : -1, SIGKILL));
   cr_expect(eq(int, dir_entries(tdir), 0));
+}
+
+Test(disk_cleanup, fallback_file_is_unlinked_at_once) {
+  open_device();
+  ofl__disk_no_tmpfile = 1; /* as on a file system without O_TMPFILE */
+  ofl_disk_t *d = open_store(OFL_DISK_ENGINE_AUTO, 1);
+  ofl_disk_extent_t *e = put(d, 3 << 20, 4);
+  cr_assert(eq(int, ofl_disk_extent_wait(e, -1), OFL_SUCCESS));
+  cr_expect(eq(int, dir_entries(tdir), 0));
+  struct stat sb;
+  cr_assert(eq(int, fstat(ofl__disk_fd(d), &sb), 0));
+  cr_expect(eq(int, (int)(sb.st_mode & 0777), 0600));
+  cr_expect(eq(int, (int)sb.st_nlink, 0)); /* no name anywhere */
+  void *p = NULL;
+  cr_assert(eq(int, ofl_disk_extent_reload(e, -1, &p), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(p, 3 << 20, 4), 0));
+  ofl_disk_extent_destroy(e);
+  ofl_disk_close(d);
+  ofl_device_close(dev);
 }

@@ -368,3 +368,33 @@ Test(disk, threads_share_one_store) {
   cr_expect(eq(u64, disk_stats(d).extents, 0));
   ofl_disk_close(d);
 }
+
+Test(disk, bounce_buffer_returns_only_after_the_write_completes) {
+  ofl_disk_t *d = open_store(OFL_DISK_ENGINE_AUTO, 0);
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "d2h", &s), OFL_SUCCESS));
+  ofl_disk_extent_t *e = NULL;
+  cr_assert(eq(int, ofl_disk_extent_create(d, (2 << 20) + 1, &e), OFL_SUCCESS));
+  fill(ofl_disk_extent_data(e), (2 << 20) + 1, 11);
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(s, sleep_fn, NULL), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_write_after(e, s), OFL_SUCCESS));
+  ofl_pool_stats_t ps;
+  ofl_pool_get_stats(d->pool, &ps);
+  cr_expect(eq(sz, ps.in_use_bytes, (2 << 20) + 4096)); /* held, rounded */
+  cr_assert(eq(int, ofl_disk_extent_wait(e, -1), OFL_SUCCESS));
+  ofl_pool_get_stats(d->pool, &ps);
+  cr_expect(eq(sz, ps.in_use_bytes, 0)); /* back once written */
+  /* the next extent reuses the block: no new pinned memory */
+  ofl_disk_extent_t *f = put(d, (2 << 20) + 1, 12);
+  cr_assert(eq(int, ofl_disk_extent_wait(f, -1), OFL_SUCCESS));
+  ofl_pool_get_stats(d->pool, &ps);
+  cr_expect(eq(u64, ps.backend_allocs, 1));
+  void *p = NULL;
+  cr_assert(eq(int, ofl_disk_extent_reload(e, -1, &p), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(p, (2 << 20) + 1, 11), 0));
+  ofl_disk_extent_destroy(e);
+  ofl_disk_extent_destroy(f);
+  ofl_stream_destroy(s);
+  ofl_disk_close(d);
+}
