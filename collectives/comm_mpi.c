@@ -86,35 +86,40 @@ static uint64_t deadline_after(int64_t ms) {
 
 static bool past(uint64_t deadline) { return ofl__now_ns() >= deadline; }
 
-/* Gives up on a request after a failure: a receive is cancelled (and
- * completed, or freed if the cancel does not finish promptly); a send is
- * freed and its buffer kept until the comm is destroyed. */
-static void abandon(mpi_impl_t *m, MPI_Request *req, void *send_buf) {
+static void bury(mpi_impl_t *m, void *buf) {
+  if (!buf)
+    return;
+  void **g = realloc(m->graveyard, (m->ngrave + 1) * sizeof(void *));
+  if (g) {
+    m->graveyard = g;
+    m->graveyard[m->ngrave++] = buf;
+  } /* else: leak it rather than free memory MPI may still use */
+}
+
+/* Gives up on a request after a failure and takes ownership of buf, the
+ * memory it reads or writes: a receive is cancelled; once the request is
+ * finished buf is freed. A send, or a receive whose cancel does not finish
+ * promptly, is freed as a request and buf kept until the comm is destroyed,
+ * since MPI may still use it. */
+static void abandon(mpi_impl_t *m, MPI_Request *req, void *buf, bool send) {
+  if (*req != MPI_REQUEST_NULL && !send) {
+    MPI_Cancel(req);
+    uint64_t until = deadline_after(100);
+    unsigned round = 0;
+    int done = 0;
+    while (!done && !past(until)) {
+      if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        break;
+      if (!done)
+        ofl__comm_poll_pause(&round);
+    }
+  }
   if (*req == MPI_REQUEST_NULL) {
-    free(send_buf);
+    free(buf);
     return;
   }
-  if (send_buf) {
-    MPI_Request_free(req);
-    void **g = realloc(m->graveyard, (m->ngrave + 1) * sizeof(void *));
-    if (g) {
-      m->graveyard = g;
-      m->graveyard[m->ngrave++] = send_buf;
-    } /* else: leak it rather than free memory MPI may still read */
-    return;
-  }
-  MPI_Cancel(req);
-  uint64_t until = deadline_after(100);
-  unsigned round = 0;
-  int done = 0;
-  while (!done && !past(until)) {
-    if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-      break;
-    if (!done)
-      ofl__comm_poll_pause(&round);
-  }
-  if (!done && *req != MPI_REQUEST_NULL)
-    MPI_Request_free(req);
+  MPI_Request_free(req);
+  bury(m, buf);
 }
 
 /* Polls one request until it completes or the deadline passes. */
@@ -143,7 +148,7 @@ typedef enum { WAIT_HDR, WAIT_DATA, DONE, FAILED } peer_state_t;
 
 typedef struct root_peer {
   peer_state_t state;
-  unsigned char hdr[HDR_BYTES];
+  unsigned char *hdr; /* HDR_BYTES */
   MPI_Request req;
   unsigned char *data;
   size_t len;
@@ -221,6 +226,14 @@ static ofl_status_t root_collect(ofl_comm_t *c, mpi_impl_t *m, root_peer_t *p,
   ofl_status_t first = OFL_SUCCESS;
   for (int r = 1; r < c->size; r++) {
     p[r].req = MPI_REQUEST_NULL;
+    p[r].hdr = malloc(HDR_BYTES);
+    if (!p[r].hdr) {
+      p[r].state = FAILED;
+      if (first == OFL_SUCCESS)
+        first = ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_COLL,
+                           "mpi comm: out of memory for rank %d's header", r);
+      continue;
+    }
     int rc = MPI_Irecv(p[r].hdr, HDR_BYTES, MPI_BYTE, r, TAG_HDR, m->comm,
                        &p[r].req);
     if (rc != MPI_SUCCESS) {
@@ -249,7 +262,14 @@ static ofl_status_t root_collect(ofl_comm_t *c, mpi_impl_t *m, root_peer_t *p,
   int nmissing = 0;
   for (int r = 1; r < c->size; r++) {
     if (p[r].state == WAIT_HDR || p[r].state == WAIT_DATA) {
-      abandon(m, &p[r].req, NULL);
+      /* the request's buffer passes to abandon */
+      if (p[r].state == WAIT_HDR) {
+        abandon(m, &p[r].req, p[r].hdr, false);
+        p[r].hdr = NULL;
+      } else {
+        abandon(m, &p[r].req, p[r].data, false);
+        p[r].data = NULL;
+      }
       if (missing)
         missing[nmissing] = r;
       nmissing++;
@@ -312,11 +332,7 @@ static void root_reply(ofl_comm_t *c, mpi_impl_t *m, ofl_status_t status,
     for (int i = 0; i < 2 * n; i++)
       if (reqs[i] != MPI_REQUEST_NULL)
         MPI_Request_free(&reqs[i]);
-    void **g = realloc(m->graveyard, (m->ngrave + 1) * sizeof(void *));
-    if (g) {
-      m->graveyard = g;
-      m->graveyard[m->ngrave++] = buf;
-    }
+    bury(m, buf);
     c->broken = true;
     OFL_WARN(OFL_SUBSYS_COLL,
              "mpi comm: reply of operation %u not taken by every rank "
@@ -397,8 +413,10 @@ static ofl_status_t root_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
     *out = b;
   }
   free(reply);
-  for (int r = 1; r < c->size; r++)
+  for (int r = 1; r < c->size; r++) {
     free(p[r].data);
+    free(p[r].hdr);
+  }
   free(p);
   return st;
 }
@@ -415,9 +433,11 @@ static ofl_status_t peer_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
    * and MPI may read the buffers later. */
   unsigned char *hdr = malloc(HDR_BYTES);
   unsigned char *data = len ? malloc(len) : NULL;
-  if (!hdr || (len && !data)) {
+  unsigned char *rhdr = malloc(HDR_BYTES);
+  if (!hdr || (len && !data) || !rhdr) {
     free(hdr);
     free(data);
+    free(rhdr);
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_COLL,
                       "mpi comm: cannot allocate %zu bytes to send", len);
   }
@@ -428,7 +448,6 @@ static ofl_status_t peer_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
 
   MPI_Request sreq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   MPI_Request rreq = MPI_REQUEST_NULL;
-  unsigned char rhdr[HDR_BYTES];
   unsigned char *rdata = NULL;
   ofl_status_t st = OFL_SUCCESS;
   bool timed_out = false, rank0_said = false;
@@ -524,12 +543,18 @@ out:
     int done = 0;
     if (nreq != MPI_REQUEST_NULL)
       MPI_Test(&nreq, &done, MPI_STATUS_IGNORE);
-    abandon(m, &nreq, note);
+    abandon(m, &nreq, note, true);
   }
-  abandon(m, &rreq, NULL);
-  abandon(m, &sreq[0], hdr);
-  abandon(m, &sreq[1], data);
-  free(rdata);
+  /* rreq, if still pending, writes into rdata once that was posted, else
+   * into rhdr; abandon takes that buffer. */
+  if (rdata) {
+    abandon(m, &rreq, rdata, false);
+    free(rhdr);
+  } else {
+    abandon(m, &rreq, rhdr, false);
+  }
+  abandon(m, &sreq[0], hdr, true);
+  abandon(m, &sreq[1], data, true);
   return st;
 }
 
