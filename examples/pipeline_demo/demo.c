@@ -271,12 +271,14 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   k_rmsnorm(F(y1), F(x), L->w[W_G1], d.s, d.h);
   OK(r, glue_save(g, alias(r, x), &sv->x));
   OK(r, glue_group_commit(g, "attn_norm"));
+  sample_memory(r);
 
   OK(r, glue_group_start(g, "qkv_linear"));
   ofl_tensor_t *qkv = act(r, d.s, 3 * d.h);
   k_matmul(F(qkv), F(y1), L->w[W_QKV], d.s, d.h, 3 * d.h, 0);
   OK(r, glue_save(g, y1, &sv->y1));
   OK(r, glue_group_commit(g, "qkv_linear"));
+  sample_memory(r);
 
   OK(r, glue_group_start(g, "core_attn"));
   ofl_tensor_t *a = act(r, d.s, d.h);
@@ -285,6 +287,7 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   OK(r, glue_save(g, qkv, &sv->qkv));
   OK(r, glue_save(g, probs, &sv->probs));
   OK(r, glue_group_commit(g, "core_attn"));
+  sample_memory(r);
 
   OK(r, glue_group_start(g, "attn_proj"));
   ofl_tensor_t *x2 = act(r, d.s, d.h);
@@ -292,6 +295,7 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   k_add(F(x2), F(x), sh);
   OK(r, glue_save(g, a, &sv->a));
   OK(r, glue_group_commit(g, "attn_proj"));
+  sample_memory(r);
   drop(x);
 
   OK(r, glue_group_start(g, "mlp_norm"));
@@ -299,12 +303,14 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   k_rmsnorm(F(y2), F(x2), L->w[W_G2], d.s, d.h);
   OK(r, glue_save(g, alias(r, x2), &sv->x2));
   OK(r, glue_group_commit(g, "mlp_norm"));
+  sample_memory(r);
 
   OK(r, glue_group_start(g, "expert_fc1"));
   ofl_tensor_t *u = act(r, d.s, d.f);
   k_matmul(F(u), F(y2), L->w[W_1], d.s, d.h, d.f, 0);
   OK(r, glue_save(g, y2, &sv->y2));
   OK(r, glue_group_commit(g, "expert_fc1"));
+  sample_memory(r);
 
   OK(r, glue_group_start(g, "moe_act"));
   ofl_tensor_t *av = act(r, d.s, d.f);
@@ -314,6 +320,7 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   k_add(F(out), F(x2), sh);
   OK(r, glue_save(g, u, &sv->u));
   OK(r, glue_group_commit(g, "moe_act"));
+  sample_memory(r);
   drop(av);
   drop(x2);
   return out;
@@ -343,6 +350,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   drop(dact);
   drop(u);
   OK(r, glue_backward_end(g, "moe_act"));
+  sample_memory(r);
   ofl_tensor_t *dx2 = dout; /* the residual passes the gradient through */
 
   OK(r, glue_backward_begin(g, "expert_fc1"));
@@ -353,6 +361,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   drop(y2);
   drop(du);
   OK(r, glue_backward_end(g, "expert_fc1"));
+  sample_memory(r);
 
   OK(r, glue_backward_begin(g, "mlp_norm"));
   ofl_tensor_t *x2 = load(r, sv->x2);
@@ -360,6 +369,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   drop(x2);
   drop(dy2);
   OK(r, glue_backward_end(g, "mlp_norm"));
+  sample_memory(r);
 
   OK(r, glue_backward_begin(g, "attn_proj"));
   ofl_tensor_t *a = load(r, sv->a);
@@ -368,6 +378,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   k_matmul_nt(F(da), F(dx2), L->w[W_O], d.s, d.h, d.h, 0);
   drop(a);
   OK(r, glue_backward_end(g, "attn_proj"));
+  sample_memory(r);
   ofl_tensor_t *dx = dx2;
 
   OK(r, glue_backward_begin(g, "core_attn"));
@@ -379,6 +390,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   drop(probs);
   drop(da);
   OK(r, glue_backward_end(g, "core_attn"));
+  sample_memory(r);
 
   OK(r, glue_backward_begin(g, "qkv_linear"));
   ofl_tensor_t *y1 = load(r, sv->y1);
@@ -388,6 +400,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   drop(y1);
   drop(dqkv);
   OK(r, glue_backward_end(g, "qkv_linear"));
+  sample_memory(r);
 
   OK(r, glue_backward_begin(g, "attn_norm"));
   ofl_tensor_t *x = load(r, sv->x);
@@ -395,6 +408,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   drop(x);
   drop(dy1);
   OK(r, glue_backward_end(g, "attn_norm"));
+  sample_memory(r);
   return dx;
 }
 
@@ -711,7 +725,7 @@ static void render_png(const char *csv, const char *png, int pp) {
                    260 * pp + 60, png, pp);
   for (int r = 0; r < pp && n < (int)sizeof script - 400; r++)
     n += snprintf(script + n, sizeof script - (size_t)n,
-                  "set title 'rank %d'\nset ylabel 'MiB'\nset xlabel 'seconds into the run'\n"
+                  "set title 'rank %d'\nset yrange [0:*]\nset ylabel 'MiB allocated'\nset xlabel 'seconds into the run'\n"
                   "plot '%s' using ($1==%d && strcol(2) eq 'baseline' ? $3 : 1/0):4 "
                   "with lines lw 2 title 'without offload', "
                   "'' using ($1==%d && strcol(2) eq 'offload' ? $3 : 1/0):4 "
