@@ -634,11 +634,23 @@ ofl_status_t ofl_manager_group_backward_begin(ofl_manager_t *m,
   return OFL_SUCCESS;
 }
 
+/* A chunk's forward has finished when a later chunk began, or when it is
+ * the current forward chunk with every recorded group started (steady
+ * state) and none open (the reference's index == max group count). */
+static bool forward_finished(const ofl_manager_t *m, const chunk_t *c) {
+  if (c->fwd_done)
+    return true;
+  if (c != m->cur_fwd || m->nopen > 0)
+    return false;
+  return m->warmup || c->fwd_cursor == c->ngroups;
+}
+
 static ofl_status_t prefetch_next(ofl_manager_t *m, chunk_t *c) {
   if (c->nstack > 0)
     return ofl__group_reload(m, c->stack[c->nstack - 1]);
   chunk_t *next = ofl__front_backward_chunk(m, -1);
-  if (next == NULL || next == c || !next->fwd_done || next->nstack == 0)
+  if (next == NULL || next == c || !forward_finished(m, next) ||
+      next->nstack == 0)
     return OFL_SUCCESS;
   return ofl__group_reload(m, next->stack[next->nstack - 1]);
 }

@@ -70,8 +70,15 @@ static void run_configs(uint64_t first, uint64_t count) {
     drv_cfg_t cfg = random_cfg(s);
     drv_t d;
     ofl_status_t st = drv_open(&d, &cfg);
-    for (int it = 0; st == OFL_SUCCESS && it < cfg.iterations; it++)
+    uint64_t inline_warm = 0;
+    for (int it = 0; st == OFL_SUCCESS && it < cfg.iterations; it++) {
       st = drv_iteration(&d);
+      if (it == 0) {
+        ofl_manager_stats_t w;
+        ofl_manager_get_stats(d.m, &w);
+        inline_warm = w.inline_reloads;
+      }
+    }
     cr_assert(eq(int, st, OFL_SUCCESS),
               "seed %llu pp %d rank %d vpp %d mbs %d layers %d names 0x%x: %s",
               (unsigned long long)s, cfg.pp, cfg.rank, cfg.vpp, cfg.mbs,
@@ -90,6 +97,12 @@ static void run_configs(uint64_t first, uint64_t count) {
     cr_assert(gt(u64, ms.offloaded_tensors, 0), "seed %llu offloaded nothing",
               (unsigned long long)s);
     cr_assert(eq(u64, ms.unpopped_tensors, 0));
+    /* After warmup every reload is a prefetch, across chunks too. */
+    cr_assert(eq(u64, ms.inline_reloads, inline_warm),
+              "seed %llu pp %d rank %d vpp %d mbs %d: %llu inline reloads "
+              "after warmup",
+              (unsigned long long)s, cfg.pp, cfg.rank, cfg.vpp, cfg.mbs,
+              (unsigned long long)(ms.inline_reloads - inline_warm));
     tensors += d.checked_tensors;
     drv_close(&d);
   }
