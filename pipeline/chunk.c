@@ -12,6 +12,10 @@
 #include "pipeline/pipeline_internal.h"
 
 ofl_status_t ofl__chunk_new(ofl_manager_t *m, int vp_stage, chunk_t **out) {
+  if (m->nfwd >= 0xffffu) /* tags hold the chunk index in 16 bits */
+    return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_PIPELINE,
+                      "rank %d: more than %u chunks in one iteration", m->rank,
+                      0xffffu);
   chunk_t *c = calloc(1, sizeof *c);
   if (c == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,

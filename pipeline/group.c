@@ -140,6 +140,13 @@ ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
   if (g->n >= 0xffffu)
     return OFL__PERR(OFL_ERR_INVALID_USAGE, m, g->chunk, ofl__gname(m, g),
                      "more than %u tensors pushed in one group", 0xffffu);
+  for (uint32_t i = 0; i < g->n; i++)
+    if (g->entries[i].t == t)
+      return OFL__PERR(OFL_ERR_INVALID_ARG, m, g->chunk, ofl__gname(m, g),
+                       "tensor %p pushed twice in this group (the manager "
+                       "owns it from the first push); push an alias "
+                       "(ofl_tensor_alias) to save it under a second tag",
+                       (void *)t);
   OFL_CHECK(ofl__grow((void **)&g->entries, &g->cap, g->n + 1,
                       sizeof *g->entries));
   entry_t *e = &g->entries[g->n];
@@ -193,7 +200,10 @@ static uint32_t build_clusters(ofl_manager_t *m, group_t *g) {
   }
   for (uint32_t i = 0; i < g->n; i++) {
     entry_t *l = &g->entries[g->entries[i].leader];
-    if (ofl_tensor_flags(g->entries[i].t) & OFL_TENSOR_NOT_OFFLOADABLE)
+    const ofl_tensor_t *t = g->entries[i].t;
+    /* Only device memory is offloaded; pinned or host tensors stay. */
+    if ((ofl_tensor_flags(t) & OFL_TENSOR_NOT_OFFLOADABLE) ||
+        ofl_tensor_location(t) != OFL_LOC_DEVICE)
       l->flag |= 2;
     else if (tensor_big_enough(m, g->entries[i].t))
       l->flag |= 1;

@@ -500,3 +500,80 @@ Test(pipeline_manager, singleton_is_created_once_and_reset) {
   cr_assert(ofl_manager_is_warmup(c));
   ofl_manager_reset_instance();
 }
+
+Test(pipeline_manager, same_handle_pushed_twice_is_an_error) {
+  h_env_t e;
+  h_open(&e, 0, 21);
+  ofl_tensor_t *x = h_tensor(&e, 4 * KIB, 1);
+  ofl_tag_t t1, t2 = OFL_TAG_INVALID;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  H_OK(ofl_manager_tensor_push(e.m, x, &t1));
+  cr_assert(eq(int, ofl_manager_tensor_push(e.m, x, &t2), OFL_ERR_INVALID_ARG));
+  cr_assert(has("group core_attn") && has("pushed twice"), "%s",
+            ofl_last_error());
+  cr_assert(eq(u64, t2, OFL_TAG_INVALID));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  cr_assert(eq(sz, h_pop_check(&e, t1, 4 * KIB, 1), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_reset(e.m));
+  h_close(&e);
+}
+
+Test(pipeline_manager, tensors_not_on_the_device_and_small_ones_stay) {
+  h_env_t e;
+  h_open_dev(&e, 0, 22);
+  ofl_manager_params_t mp = h_params(&e);
+  mp.min_offload_bytes = 0;
+  mp.min_offload_elems = 1024; /* elements: f32 [512] is too small */
+  H_OK(ofl_manager_create(&mp, &e.m));
+  ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
+  pp.kind = OFL_POOL_PINNED;
+  pp.budget_bytes = 0;
+  ofl_pool_t *pinned = NULL;
+  H_OK(ofl_pool_create(e.dev, &pp, &pinned));
+  int64_t shape[1] = {4096};
+  ofl_tensor_t *h = NULL, *small = NULL, *big = NULL, *marked = NULL;
+  H_OK(ofl_pool_alloc(pinned, shape, 1, OFL_DTYPE_U8, NULL, &h));
+  drv_fill(ofl_tensor_data(h), 4096, 5);
+  int64_t s512[1] = {512}, s2048[1] = {2048};
+  H_OK(ofl_pool_alloc(e.pool, s512, 1, OFL_DTYPE_F32, NULL, &small));
+  H_OK(ofl_pool_alloc(e.pool, s2048, 1, OFL_DTYPE_F32, NULL, &big));
+  H_OK(ofl_pool_alloc(e.pool, s2048, 1, OFL_DTYPE_F32, NULL, &marked));
+  drv_fill(ofl_tensor_data(small), 2048, 6);
+  drv_fill(ofl_tensor_data(big), 8192, 7);
+  drv_fill(ofl_tensor_data(marked), 8192, 8);
+  ofl_manager_mark_not_offloadable(marked);
+  ofl_tag_t th, ts, tb, tm;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "attn_norm"));
+  H_OK(ofl_manager_tensor_push(e.m, h, &th));
+  H_OK(ofl_manager_tensor_push(e.m, small, &ts));
+  H_OK(ofl_manager_tensor_push(e.m, big, &tb));
+  H_OK(ofl_manager_tensor_push(e.m, marked, &tm));
+  H_OK(ofl_manager_group_commit(e.m, "attn_norm", NULL, 0, 0));
+  cr_assert(ofl_tensor_has_storage(h));
+  cr_assert(ofl_tensor_has_storage(small));
+  cr_assert(ofl_tensor_has_storage(marked));
+  cr_assert(not(ofl_tensor_has_storage(big)));
+  ofl_manager_stats_t s = stats(&e);
+  cr_assert(eq(u64, s.offloaded_tensors, 1));
+  cr_assert(eq(u64, s.offloaded_bytes, 8192));
+  cr_assert(eq(u64, s.kept_tensors, 3));
+  H_OK(ofl_manager_group_backward_begin(e.m, "attn_norm"));
+  ofl_tensor_t *o = NULL;
+  H_OK(ofl_manager_tensor_pop(e.m, th, &o));
+  cr_assert(eq(ptr, o, h));
+  cr_assert(eq(sz, drv_wrong(ofl_tensor_data(o), 4096, 5), 0));
+  H_OK(ofl_pool_free(pinned, o));
+  cr_assert(eq(sz, h_pop_check(&e, ts, 2048, 6), 0));
+  cr_assert(eq(sz, h_pop_check(&e, tb, 8192, 7), 0));
+  cr_assert(eq(sz, h_pop_check(&e, tm, 8192, 8), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "attn_norm"));
+  H_OK(ofl_manager_reset(e.m));
+  ofl_manager_destroy(e.m);
+  e.m = NULL;
+  ofl_pool_destroy(pinned);
+  h_close(&e);
+}
