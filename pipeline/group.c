@@ -249,24 +249,65 @@ static ofl_status_t host_alloc(ofl_manager_t *m, group_t *g, entry_t *l,
                                 out);
 }
 
-/* Copies one eligible cluster to pinned memory on the D2H stream. Returns
- * false when the host budget is full (the cluster stays on the device). */
-static ofl_status_t offload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
-                                    bool *done) {
-  ofl_tensor_t *h = NULL;
-  ofl_status_t s = host_alloc(m, g, l, &h);
-  if (s == OFL_ERR_NO_MEMORY) {
-    /* The next tier (disk) would take it here; until then it stays. */
-    m->st.budget_kept_tensors += l->nmembers;
-    m->st.budget_kept_bytes += l->span;
-    m->names[g->nid].st.budget_kept_bytes += l->span;
-    OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
-              "host budget full: %zu bytes stay on the device", l->span);
+/* Copies one eligible cluster to the disk tier: a D2H copy into the
+ * extent's bounce buffer, written to the file once the copy is done.
+ * *done is false when the store refused (budget, space, no buffer). */
+static ofl_status_t offload_to_disk(ofl_manager_t *m, entry_t *l,
+                                    const char *src, bool *done) {
+  ofl_disk_extent_t *e = NULL;
+  ofl_status_t s = ofl_disk_extent_create(m->disk, l->span, &e);
+  if (s == OFL_ERR_NO_SPACE || s == OFL_ERR_NO_MEMORY) {
     *done = false;
     return OFL_SUCCESS;
   }
   OFL_CHECK(s);
+  s = ofl_memcpy_async(ofl_disk_extent_data(e), src, l->span, OFL_COPY_D2H,
+                       m->d2h);
+  if (s == OFL_SUCCESS)
+    s = ofl_disk_extent_write_after(e, m->d2h);
+  if (s != OFL_SUCCESS) {
+    ofl_disk_extent_destroy_after(e, m->d2h);
+    return s;
+  }
+  l->ext = e;
+  m->st.disk_tensors++;
+  m->st.disk_bytes += l->span;
+  *done = true;
+  return OFL_SUCCESS;
+}
+
+/* Copies one eligible cluster to pinned memory on the D2H stream, or to the
+ * disk tier for the groups it selects. When the host budget is full the
+ * cluster falls to the disk tier, and stays on the device when there is
+ * none or it refuses too (*done false, counted; nothing is dropped). */
+static ofl_status_t offload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
+                                    bool *done) {
   const char *src = (const char *)l->t->st->base + l->lo;
+  *done = false;
+  bool disk_first =
+      m->disk != NULL && ofl_disk_group_selected(m->disk, ofl__gname(m, g));
+  if (disk_first) {
+    OFL_CHECK(offload_to_disk(m, l, src, done));
+    if (*done)
+      return OFL_SUCCESS;
+  }
+  ofl_tensor_t *h = NULL;
+  ofl_status_t s = host_alloc(m, g, l, &h);
+  if (s == OFL_ERR_NO_MEMORY) {
+    if (m->disk != NULL && !disk_first) {
+      OFL_CHECK(offload_to_disk(m, l, src, done));
+      if (*done)
+        return OFL_SUCCESS;
+    }
+    m->st.budget_kept_tensors += l->nmembers;
+    m->st.budget_kept_bytes += l->span;
+    m->names[g->nid].st.budget_kept_bytes += l->span;
+    OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
+              "host budget full%s: %zu bytes stay on the device",
+              m->disk ? " and the disk tier refused" : "", l->span);
+    return OFL_SUCCESS;
+  }
+  OFL_CHECK(s);
   s = ofl_memcpy_async(ofl_tensor_data(h), src, l->span, OFL_COPY_D2H, m->d2h);
   if (s != OFL_SUCCESS) {
     ofl_pool_free(m->host_pool, h);
@@ -473,9 +514,20 @@ static ofl_status_t reload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
                                      stream, &carrier));
     dst = carrier;
   }
-  ofl_status_t s = ofl_memcpy_async(ofl_tensor_data(dst),
-                                    ofl_tensor_data(l->host), l->span,
-                                    OFL_COPY_H2D, stream);
+  const void *src = NULL;
+  ofl_status_t s = OFL_SUCCESS;
+  if (l->ext != NULL) {
+    /* The disk tier: the bytes are read back into the extent's buffer
+     * (at once after a prefetch; a wait counted by the store otherwise). */
+    void *data = NULL;
+    s = ofl_disk_extent_reload(l->ext, OFL_TIMEOUT_DEFAULT, &data);
+    src = data;
+  } else {
+    src = ofl_tensor_data(l->host);
+  }
+  if (s == OFL_SUCCESS)
+    s = ofl_memcpy_async(ofl_tensor_data(dst), src, l->span, OFL_COPY_H2D,
+                         stream);
   if (s != OFL_SUCCESS) {
     if (carrier != NULL)
       ofl_tensor_destroy(carrier);
@@ -500,10 +552,14 @@ static ofl_status_t reload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
   if (carrier != NULL)
     OFL_CHECK(ofl_tensor_destroy(carrier));
   /* Rule 2: the pinned block returns to its pool only after this H2D. */
-  s = (m->rules_off & OFL__RULE2_OFF) ? ofl_pool_free(m->host_pool, l->host)
-                                      : ofl_pool_free_after(m->host_pool,
-                                                            l->host, stream);
+  if (l->ext != NULL)
+    s = ofl_disk_extent_destroy_after(l->ext, stream);
+  else if (m->rules_off & OFL__RULE2_OFF)
+    s = ofl_pool_free(m->host_pool, l->host);
+  else
+    s = ofl_pool_free_after(m->host_pool, l->host, stream);
   l->host = NULL;
+  l->ext = NULL;
   OFL_CHECK(s);
   for (uint32_t i = li; i < g->n; i++)
     if (g->entries[i].leader == li && g->entries[i].state == E_OFFLOADED)
@@ -535,7 +591,8 @@ ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g) {
     OFL_CHECK(ofl_stream_wait_event(m->h2d, g->offload_ev));
   for (uint32_t i = 0; i < g->n; i++) {
     entry_t *l = &g->entries[i];
-    if (l->leader == i && l->state == E_OFFLOADED && l->host != NULL)
+    if (l->leader == i && l->state == E_OFFLOADED &&
+        (l->host != NULL || l->ext != NULL))
       OFL_CHECK(reload_cluster(m, g, l, m->h2d));
   }
   OFL_CHECK(ofl_event_record(g->reload_ev, m->h2d));
@@ -655,14 +712,34 @@ static bool forward_finished(const ofl_manager_t *m, const chunk_t *c) {
   return m->warmup || c->fwd_cursor == c->ngroups;
 }
 
+/* Starts the disk reads of the groups that follow the next one in reload
+ * order (OFL_DISK_PREFETCH groups), so their bytes are in memory when their
+ * H2D is issued. */
+static void disk_read_ahead(ofl_manager_t *m, chunk_t *c) {
+  if (m->disk == NULL)
+    return;
+  int ahead = ofl_disk_prefetch_groups(m->disk);
+  for (uint32_t k = c->nstack; k-- > 0 && ahead-- > 0;) {
+    group_t *g = c->stack[k];
+    for (uint32_t i = 0; i < g->n; i++)
+      if (g->entries[i].ext != NULL)
+        (void)ofl_disk_extent_prefetch(g->entries[i].ext); /* best effort */
+  }
+}
+
 static ofl_status_t prefetch_next(ofl_manager_t *m, chunk_t *c) {
-  if (c->nstack > 0)
-    return ofl__group_reload(m, c->stack[c->nstack - 1]);
+  if (c->nstack > 0) {
+    OFL_CHECK(ofl__group_reload(m, c->stack[c->nstack - 1]));
+    disk_read_ahead(m, c);
+    return OFL_SUCCESS;
+  }
   chunk_t *next = ofl__front_backward_chunk(m, -1);
   if (next == NULL || next == c || !forward_finished(m, next) ||
       next->nstack == 0)
     return OFL_SUCCESS;
-  return ofl__group_reload(m, next->stack[next->nstack - 1]);
+  OFL_CHECK(ofl__group_reload(m, next->stack[next->nstack - 1]));
+  disk_read_ahead(m, next);
+  return OFL_SUCCESS;
 }
 
 ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
@@ -777,6 +854,13 @@ ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
 void ofl__group_end_iteration(ofl_manager_t *m, group_t *g) {
   for (uint32_t i = 0; i < g->n; i++) {
     entry_t *e = &g->entries[i];
+    if (e->ext != NULL) {
+      if (ofl_disk_extent_destroy_after(e->ext, m->d2h) != OFL_SUCCESS)
+        OFL_WARN(OFL_SUBSYS_PIPELINE,
+                 "rank %d group %s: disk extent not released", m->rank,
+                 ofl__gname(m, g));
+      e->ext = NULL;
+    }
     if (e->host != NULL) {
       /* Its D2H may still be queued: reuse waits for the offload event. */
       if (ofl_pool_free_after_event(m->host_pool, e->host, g->offload_ev) !=

@@ -161,6 +161,7 @@ static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
   m->rank = p->rank >= 0 ? p->rank : ofl_log_get_rank();
   m->comm = p->comm;
   m->summary_out = p->summary_out;
+  m->disk = p->disk;
   return OFL_SUCCESS;
 }
 
@@ -506,10 +507,4 @@ ofl_status_t ofl_manager_group_stats(const ofl_manager_t *m, size_t i,
 
 void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask) {
   m->rules_off = mask;
-}
-
-void ofl__manager_set_next_tier(ofl_manager_t *m, ofl__next_tier_fn fn,
-                                void *user) {
-  m->next_tier = fn;
-  m->next_tier_user = user;
 }

@@ -28,6 +28,7 @@ typedef enum {
 typedef struct entry {
   ofl_tensor_t *t;
   ofl_tensor_t *host;  /* leader: the pinned copy while offloaded */
+  ofl_disk_extent_t *ext; /* leader: or its disk extent */
   const void *sid;     /* storage identity at commit */
   size_t off;          /* offset in the storage at commit */
   size_t lo, span;     /* leader: byte range of the storage it copies */
@@ -111,12 +112,6 @@ enum {
   OFL__RULE2D_OFF = 1u << 7 /* rule 2, device side */
 };
 
-/* Where a cluster goes when the host budget is full (the disk tier). It
- * returns OFL_SUCCESS when it took the bytes; ofl keeps the cluster on the
- * device otherwise. Not connected yet. */
-typedef ofl_status_t (*ofl__next_tier_fn)(void *user, const void *src,
-                                          size_t bytes);
-
 struct ofl_manager {
   ofl_device_t *dev;
   bool own_dev;
@@ -139,8 +134,7 @@ struct ofl_manager {
   int pp_rank, rank;
   char *groups_cfg, *dynamic_cfg;
   unsigned rules_off;
-  ofl__next_tier_fn next_tier;
-  void *next_tier_user;
+  ofl_disk_t *disk; /* the tier below pinned memory, or NULL */
 
   /* State. */
   bool warmup, enabled, forward_only;
@@ -199,8 +193,6 @@ ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m);
 
 /* Tests only. */
 void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask);
-void ofl__manager_set_next_tier(ofl_manager_t *m, ofl__next_tier_fn fn,
-                                void *user);
 
 /* Log and error lines name the rank, chunk, microbatch and group. */
 #define OFL__PLOG(level, m, c, gname, fmt, ...)                                \

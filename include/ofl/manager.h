@@ -79,6 +79,7 @@
 
 #include <ofl/comm.h>
 #include <ofl/device.h>
+#include <ofl/disk.h>
 #include <ofl/export.h>
 #include <ofl/pool.h>
 #include <ofl/status.h>
@@ -122,10 +123,16 @@ typedef struct ofl_manager_params {
                                  "expert_fc1,moe_act,fused_group_mlp" */
   FILE *summary_out;          /* where rank 0 of comm prints the summary
                                  table (text); NULL: not printed */
+  ofl_disk_t *disk; /* the disk tier (not owned): groups it selects
+                       (ofl_disk_group_selected) go to disk, and clusters the
+                       host budget refuses fall to it; NULL: none */
 } ofl_manager_params_t;
 
 #define OFL_MANAGER_PARAMS_INIT                                                \
-  { NULL, NULL, -1, NULL, -1, -1, -1.0, -1, -1, -1, 0, -1, NULL, NULL, NULL }
+  {                                                                            \
+    NULL, NULL, -1, NULL, -1, -1, -1.0, -1, -1, -1, 0, -1, NULL, NULL, NULL,   \
+        NULL                                                                   \
+  }
 
 /* Counters since creation (per group name: ofl_manager_group_stats). */
 typedef struct ofl_manager_stats {
@@ -140,8 +147,11 @@ typedef struct ofl_manager_stats {
                                  measured; cuda: not measured, 0) */
   uint64_t kept_groups;       /* groups the policy kept on the device */
   uint64_t kept_tensors;      /* tensors kept: policy, size, flag */
-  uint64_t budget_kept_tensors; /* kept because the host budget was full */
+  uint64_t budget_kept_tensors; /* kept because the host budget was full
+                                   (and the disk tier, if any, refused) */
   uint64_t budget_kept_bytes;
+  uint64_t disk_tensors;      /* offloads that went to the disk tier */
+  uint64_t disk_bytes;
   uint64_t dedup_tensors;     /* pushes sharing a storage already copied */
   uint64_t unpopped_tensors;  /* pushed but never popped before reset */
   size_t device_bytes_peak;   /* of the manager's device */

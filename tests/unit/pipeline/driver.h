@@ -115,6 +115,8 @@ typedef struct {
   int offload;
   ofl_pool_t *act_pool; /* NULL: one per run */
   ofl_device_t *dev;    /* NULL: one per run */
+  const char *disk_groups; /* non-NULL: a disk tier with these groups */
+  int64_t host_budget;     /* pinned budget (0: none) */
 } drv_cfg_t;
 
 #define DRV_MAX_T 8
@@ -131,6 +133,7 @@ typedef struct {
   ofl_device_t *dev;
   ofl_pool_t *pool;
   ofl_manager_t *m;
+  ofl_disk_t *disk;
   drv_group_rec_t *rec; /* [vpp][mbs][layers][7] */
   int iter;
   size_t wrong_bytes;
@@ -307,9 +310,24 @@ static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
     pp.name = "activations";
     DRV_TRY(d, ofl_pool_create(d->dev, &pp, &d->pool));
   }
+  if (cfg->disk_groups != NULL) {
+    ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
+    kp.dev = d->dev;
+    kp.dir = "/tmp";
+    kp.budget_bytes = 0;
+    kp.groups = cfg->disk_groups;
+    kp.bounce_budget_bytes = 0;
+    kp.prefetch_groups = 2;
+    kp.checksum = 1;
+    kp.direct = OFL_DISK_DIRECT_OFF;
+    kp.engine = OFL_DISK_ENGINE_THREADS;
+    kp.rank = cfg->rank;
+    DRV_TRY(d, ofl_disk_open(&kp, &d->disk));
+  }
   ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
   mp.device = d->dev;
   mp.device_pool = d->pool;
+  mp.disk = d->disk;
   mp.offload = cfg->offload;
   mp.groups = "";
   mp.min_offload_bytes = (int64_t)cfg->thresh;
@@ -317,7 +335,7 @@ static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
   mp.fraction = 1.0;
   mp.rank_delta_bytes = 0;
   mp.max_inflight = 0;
-  mp.host_budget_bytes = 0;
+  mp.host_budget_bytes = cfg->host_budget;
   mp.pp_rank = cfg->rank;
   mp.rank = cfg->rank;
   DRV_TRY(d, ofl_manager_create(&mp, &d->m));
@@ -332,6 +350,7 @@ static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
 
 static inline void drv_close(drv_t *d) {
   ofl_manager_destroy(d->m);
+  ofl_disk_close(d->disk);
   if (d->cfg.act_pool == NULL)
     ofl_pool_destroy(d->pool);
   if (d->cfg.dev == NULL)

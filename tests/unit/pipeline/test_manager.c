@@ -577,3 +577,36 @@ Test(pipeline_manager, tensors_not_on_the_device_and_small_ones_stay) {
   ofl_pool_destroy(pinned);
   h_close(&e);
 }
+
+Test(pipeline_manager, host_budget_full_falls_to_the_disk_tier) {
+  h_env_t e;
+  h_open_dev(&e, 10, 23);
+  ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
+  kp.dev = e.dev;
+  kp.dir = "/tmp";
+  kp.budget_bytes = 0;
+  kp.groups = "";
+  kp.direct = OFL_DISK_DIRECT_OFF;
+  kp.engine = OFL_DISK_ENGINE_THREADS;
+  ofl_disk_t *disk = NULL;
+  H_OK(ofl_disk_open(&kp, &disk));
+  ofl_manager_params_t mp = h_params(&e);
+  mp.host_budget_bytes = (int64_t)(100 * KIB);
+  mp.disk = disk;
+  H_OK(ofl_manager_create(&mp, &e.m));
+  const char *names[1] = {"mlp_norm"};
+  run_simple(&e, 1, 3, names, 1, 64 * KIB, 10);
+  ofl_manager_stats_t s = stats(&e);
+  cr_assert(eq(u64, s.offloaded_tensors, 3));
+  cr_assert(eq(u64, s.disk_tensors, 2));
+  cr_assert(eq(u64, s.disk_bytes, 128 * KIB));
+  cr_assert(eq(u64, s.budget_kept_tensors, 0));
+  ofl_disk_stats_t ds;
+  ofl_disk_get_stats(disk, &ds);
+  cr_assert(eq(u64, ds.bytes_written, 128 * KIB));
+  cr_assert(eq(u64, ds.reloads, 2));
+  ofl_manager_destroy(e.m);
+  e.m = NULL;
+  ofl_disk_close(disk);
+  h_close(&e);
+}

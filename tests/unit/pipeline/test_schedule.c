@@ -64,10 +64,24 @@ static drv_cfg_t random_cfg(uint64_t seed) {
   return c;
 }
 
+static void run_configs_tier(uint64_t first, uint64_t count, int tier);
+
 static void run_configs(uint64_t first, uint64_t count) {
+  run_configs_tier(first, count, 0);
+}
+
+/* tier 1: a disk tier that takes some group names and the clusters a small
+ * host budget refuses. */
+static void run_configs_tier(uint64_t first, uint64_t count, int tier) {
   size_t tensors = 0;
   for (uint64_t s = first; s < first + count; s++) {
     drv_cfg_t cfg = random_cfg(s);
+    if (tier) {
+      static const char *const sel[4] = {"*", "core_attn,expert_fc1",
+                                         "moe_act", ""};
+      cfg.disk_groups = sel[s % 4];
+      cfg.host_budget = (int64_t)((s % 3) * 16384);
+    }
     drv_t d;
     ofl_status_t st = drv_open(&d, &cfg);
     uint64_t inline_warm = 0;
@@ -97,6 +111,15 @@ static void run_configs(uint64_t first, uint64_t count) {
     cr_assert(gt(u64, ms.offloaded_tensors, 0), "seed %llu offloaded nothing",
               (unsigned long long)s);
     cr_assert(eq(u64, ms.unpopped_tensors, 0));
+    if (tier && cfg.disk_groups[0] == '*')
+      cr_assert(eq(u64, ms.disk_tensors, ms.offloaded_tensors),
+                "seed %llu: every offload goes to disk", (unsigned long long)s);
+    if (tier)
+      cr_assert(eq(u64, ms.budget_kept_tensors, 0),
+                "seed %llu: the disk tier takes what the host budget refuses",
+                (unsigned long long)s);
+    if (!tier)
+      cr_assert(eq(u64, ms.disk_tensors, 0));
     /* After warmup every reload is a prefetch, across chunks too. */
     cr_assert(eq(u64, ms.inline_reloads, inline_warm),
               "seed %llu pp %d rank %d vpp %d mbs %d: %llu inline reloads "
@@ -122,6 +145,10 @@ Test(pipeline_schedule, random_schedules_return_pushed_bytes_part3) {
 }
 Test(pipeline_schedule, random_schedules_return_pushed_bytes_part4) {
   run_configs(385, 128);
+}
+
+Test(pipeline_schedule, random_schedules_with_the_disk_tier) {
+  run_configs_tier(1001, 48, 1);
 }
 
 /* Backward order for (vpp, microbatches) combinations, incl. one layer per
