@@ -154,7 +154,8 @@ typedef struct root_peer {
   size_t len;
 } root_peer_t;
 
-/* Advances one peer's receive; returns nonzero when it changed state. */
+/* Advances one peer: header received -> post the table receive; table
+ * received -> done. A bad header or an MPI error marks the peer FAILED. */
 static ofl_status_t root_poll_peer(ofl_comm_t *c, mpi_impl_t *m, int r,
                                    root_peer_t *p, bool to_all) {
   int done = 0;
