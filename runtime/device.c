@@ -1,9 +1,14 @@
 /* ofl: the device layer's common front. Backend selection, argument checks,
  * statistics and trace hooks; the backends do the work. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/device_internal.h"
+
+/* No allocation or copy can span more than half the address space; larger
+ * sizes would wrap when a backend rounds them up or adds them to a pointer. */
+#define MAX_BYTES ((size_t)PTRDIFF_MAX)
 
 static _Thread_local ofl_device_t *tl_dev;
 static _Thread_local ofl_stream_t *tl_stream;
@@ -180,6 +185,11 @@ ofl_status_t ofl_device_malloc(ofl_device_t *dev, size_t bytes, void **out) {
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
                       "ofl_device_malloc: %s",
                       bytes == 0 ? "zero bytes requested" : "NULL argument");
+  if (bytes > MAX_BYTES)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "ofl_device_malloc: %zu bytes is more than any device "
+                      "can hold; check the size computation",
+                      bytes);
   void *p = NULL;
   OFL_CHECK(dev->ops->device_malloc(dev, bytes, &p));
   pthread_mutex_lock(&dev->stats_lock);
@@ -212,6 +222,11 @@ ofl_status_t ofl_pinned_malloc(ofl_device_t *dev, size_t bytes, void **out) {
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
                       "ofl_pinned_malloc: %s",
                       bytes == 0 ? "zero bytes requested" : "NULL argument");
+  if (bytes > MAX_BYTES)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "ofl_pinned_malloc: %zu bytes is more than the host "
+                      "can hold; check the size computation",
+                      bytes);
   void *p = NULL;
   OFL_CHECK(dev->ops->pinned_malloc(dev, bytes, &p));
   pthread_mutex_lock(&dev->stats_lock);

@@ -1,0 +1,50 @@
+/* The device layer at its edges: sizes and lengths that wrap the address
+ * space, timeouts too long to add to the clock, objects ended while queued
+ * work still refers to them, and a device closed with streams left open. */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ofl/ofl.h>
+#include "runtime/internal.h"
+
+static ofl_device_t *dev;
+
+static void open_dev(void) {
+  setenv("OFL_BACKEND", "host", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.strict = 1;
+  p.jitter_max_us = 50;
+  cr_assert(eq(int, ofl_device_open(&p, &dev), OFL_SUCCESS), "%s",
+            ofl_last_error());
+}
+static void close_dev(void) { ofl_device_close(dev); }
+
+TestSuite(device_limits, .init = open_dev, .fini = close_dev);
+
+Test(device_limits, allocations_whose_size_wraps_when_rounded_are_refused) {
+  ofl_device_stats_t before, after;
+  ofl_device_get_stats(dev, &before);
+  void *p = (void *)&before; /* must stay unchanged */
+  cr_assert(eq(int, ofl_pinned_malloc(dev, SIZE_MAX - 100, &p),
+               OFL_ERR_NO_MEMORY));
+  cr_assert(eq(ptr, p, (void *)&before));
+  cr_assert(eq(int, ofl_device_malloc(dev, SIZE_MAX - 10, &p),
+               OFL_ERR_NO_MEMORY));
+  cr_assert(eq(ptr, p, (void *)&before));
+  cr_assert(eq(int, ofl_pinned_malloc(dev, SIZE_MAX / 2 + 1, &p),
+               OFL_ERR_NO_MEMORY));
+  ofl_device_get_stats(dev, &after);
+  cr_assert(eq(sz, after.pinned_bytes_in_use, before.pinned_bytes_in_use));
+  cr_assert(eq(sz, after.device_bytes_in_use, before.device_bytes_in_use));
+  cr_assert(eq(u64, after.pinned_allocs, before.pinned_allocs));
+  cr_assert(eq(u64, after.device_allocs, before.device_allocs));
+}
+
