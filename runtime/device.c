@@ -395,6 +395,11 @@ ofl_status_t ofl_memcpy_async(void *dst, const void *src, size_t bytes,
                       (unsigned)kind > OFL_COPY_H2H ? "invalid copy kind"
                                                     : "NULL pointer",
                       s->name);
+  if (bytes > MAX_BYTES)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_memcpy_async: %zu bytes on stream '%s' is more "
+                      "than any buffer can hold; check the length",
+                      bytes, s->name);
   OFL_CHECK(s->dev->ops->memcpy_async(dst, src, bytes, kind, s));
   atomic_fetch_add(&s->dev->copies, 1);
   atomic_fetch_add(&s->dev->copy_bytes[kind], bytes);
@@ -410,6 +415,11 @@ ofl_status_t ofl_memset_async(void *dst, int value, size_t bytes,
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
                       "ofl_memset_async: NULL pointer on stream '%s'",
                       s->name);
+  if (bytes > MAX_BYTES)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_memset_async: %zu bytes on stream '%s' is more "
+                      "than any buffer can hold; check the length",
+                      bytes, s->name);
   return s->dev->ops->memset_async(dst, value, bytes, s);
 }
 

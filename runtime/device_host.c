@@ -675,7 +675,7 @@ static ofl_status_t claim(ofl_stream_t *s, const void *p, size_t bytes,
                       "stream '%s': %s %p is device memory but the copy kind "
                       "says host",
                       s->name, role, p);
-  if (b != NULL && (const char *)p + bytes > b->base + b->bytes)
+  if (b != NULL && bytes > (size_t)(b->base + b->bytes - (const char *)p))
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
                       "stream '%s': %s range of %zu bytes at %p overruns its "
                       "block of %zu bytes",
@@ -724,7 +724,7 @@ static ofl_status_t host_memset_async(void *dst, int value, size_t bytes,
   host_dev_t *h = HD(s->dev);
   pthread_mutex_lock(&h->reg_lock);
   hblock_t *b = find_block(h, dst);
-  if (b != NULL && (char *)dst + bytes > b->base + b->bytes) {
+  if (b != NULL && bytes > (size_t)(b->base + b->bytes - (char *)dst)) {
     pthread_mutex_unlock(&h->reg_lock);
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
                       "stream '%s': memset of %zu bytes at %p overruns its "

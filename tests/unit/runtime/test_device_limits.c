@@ -48,3 +48,33 @@ Test(device_limits, allocations_whose_size_wraps_when_rounded_are_refused) {
   cr_assert(eq(u64, after.device_allocs, before.device_allocs));
 }
 
+Test(device_limits, copies_and_memsets_whose_length_wraps_are_rejected) {
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "wrap", &s), OFL_SUCCESS));
+  void *d = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, 4096, &d), OFL_SUCCESS));
+  memset(d, 0x5A, 4096);
+  unsigned char host[64];
+  memset(host, 1, sizeof host);
+  /* d + length wraps past the end of the address space, so a check of
+   * d + length against the block's end would pass. */
+  size_t wrap = SIZE_MAX - 8;
+  cr_assert(eq(int, ofl_memcpy_async(d, host, wrap, OFL_COPY_H2D, s),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_memcpy_async(host, d, wrap, OFL_COPY_D2H, s),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_memset_async(d, 0, wrap, s), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_memcpy_async(host, host + 1, (size_t)PTRDIFF_MAX + 1u,
+                                     OFL_COPY_H2H, s),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
+  /* Nothing ran: the block and the host buffer are as they were. */
+  for (size_t i = 0; i < 4096; i++)
+    cr_assert(eq(u8, ((unsigned char *)d)[i], 0x5A));
+  for (size_t i = 0; i < sizeof host; i++)
+    cr_assert(eq(u8, host[i], 1));
+  /* And the block has no queued users left: it can be freed in strict mode. */
+  cr_assert(eq(int, ofl_device_free(dev, d), OFL_SUCCESS));
+  ofl_stream_destroy(s);
+}
+
