@@ -178,7 +178,7 @@ static ofl_status_t cuda_stream_create(ofl_stream_t *s) {
 /* Polls until done() is not cudaErrorNotReady or the deadline passes. */
 static ofl_status_t poll_until(cudaError_t (*query)(void *), void *h,
                                int64_t timeout_ms, const char *what) {
-  uint64_t deadline = ofl__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  uint64_t deadline = ofl__deadline_ns(timeout_ms);
   uint64_t sleep_ns = 1000;
   for (;;) {
     cudaError_t ce = query(h);

@@ -154,7 +154,7 @@ static ofl_status_t block_free(ofl_device_t *dev, void *ptr, bool pinned,
   }
   /* Outside strict mode a free waits for the queued users, as cudaFree
    * synchronizes the device. */
-  uint64_t deadline = ofl__now_ns() + (uint64_t)ofl__timeout_ms(-1) * 1000000ull;
+  uint64_t deadline = ofl__deadline_ns(-1);
   while (b->inflight > 0) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -311,7 +311,7 @@ static ofl_status_t host_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
   pthread_mutex_lock(&he->mu);
   uint64_t target = he->recorded;
   pthread_mutex_unlock(&he->mu);
-  uint64_t deadline = ofl__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  uint64_t deadline = ofl__deadline_ns(timeout_ms);
   if (!event_wait_target(he, target, deadline, NULL))
     return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
                       "event not complete after %lld ms; is its stream "
@@ -444,8 +444,7 @@ static void execute(host_stream_t *hs, op_t *op) {
     tname = NULL;
     break;
   case OP_WAIT: {
-    uint64_t deadline =
-        ofl__now_ns() + (uint64_t)ofl__timeout_ms(-1) * 1000000ull;
+    uint64_t deadline = ofl__deadline_ns(-1);
     if (!event_wait_target(op->ev, op->target, deadline, &hs->stop)) {
       char msg[256];
       snprintf(msg, sizeof msg,
@@ -549,7 +548,7 @@ static ofl_status_t take_async_error(host_stream_t *hs) {
 static ofl_status_t host_stream_synchronize(ofl_stream_t *s,
                                             int64_t timeout_ms) {
   host_stream_t *hs = s->impl;
-  uint64_t deadline = ofl__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  uint64_t deadline = ofl__deadline_ns(timeout_ms);
   pthread_mutex_lock(&hs->mu);
   while (hs->completed < hs->enqueued && hs->has_thread) {
     uint64_t now = ofl__now_ns();
@@ -773,7 +772,7 @@ static ofl_status_t host_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
     /* The compute stream is the calling thread: block it, with a timeout. */
     uint64_t t0 = ofl__now_ns();
     int64_t tmo = ofl__timeout_ms(-1);
-    if (!event_wait_target(he, target, t0 + (uint64_t)tmo * 1000000ull, NULL))
+    if (!event_wait_target(he, target, ofl__deadline_ns(tmo), NULL))
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
                         "compute stream waited %lld ms for an event that "
                         "did not complete; check that its stream runs",

@@ -58,3 +58,11 @@ int64_t ofl__timeout_ms(int64_t timeout_ms) {
     v = 120000;
   return v;
 }
+
+uint64_t ofl__deadline_ns(int64_t timeout_ms) {
+  uint64_t ms = (uint64_t)ofl__timeout_ms(timeout_ms);
+  uint64_t now = ofl__now_ns();
+  if (ms > (UINT64_MAX - now) / 1000000ull)
+    return UINT64_MAX;
+  return now + ms * 1000000ull;
+}

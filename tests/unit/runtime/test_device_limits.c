@@ -29,6 +29,16 @@ static void close_dev(void) { ofl_device_close(dev); }
 
 TestSuite(device_limits, .init = open_dev, .fini = close_dev);
 
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void sleep_100ms(void *arg) {
+  (void)arg;
+  sleep_ms(100);
+}
+
 Test(device_limits, allocations_whose_size_wraps_when_rounded_are_refused) {
   ofl_device_stats_t before, after;
   ofl_device_get_stats(dev, &before);
@@ -75,6 +85,47 @@ Test(device_limits, copies_and_memsets_whose_length_wraps_are_rejected) {
     cr_assert(eq(u8, host[i], 1));
   /* And the block has no queued users left: it can be freed in strict mode. */
   cr_assert(eq(int, ofl_device_free(dev, d), OFL_SUCCESS));
+  ofl_stream_destroy(s);
+}
+
+Test(device_limits, a_timeout_too_long_to_add_to_the_clock_still_waits) {
+  ofl_stream_t *s = NULL;
+  ofl_event_t *ev = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "slow", &s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(s, INT64_MAX), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_record(ev, s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_synchronize(ev, INT64_MAX), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  /* The same through the default timeout (waits that take no argument). */
+  setenv("OFL_WAIT_TIMEOUT_MS", "9223372036854775807", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_record(ev, s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_wait_event(ofl_device_compute_stream(dev), ev),
+               OFL_SUCCESS),
+            "%s", ofl_last_error());
+  cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
+  ofl_stream_t *s2 = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "waiter", &s2), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_record(ev, s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_wait_event(s2, ev), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(s2, OFL_TIMEOUT_DEFAULT),
+               OFL_SUCCESS),
+            "%s", ofl_last_error());
+  cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
+  setenv("OFL_WAIT_TIMEOUT_MS", "10000", 1);
+  ofl_config_reload();
+  ofl_event_destroy(ev);
+  ofl_stream_destroy(s2);
   ofl_stream_destroy(s);
 }
 
