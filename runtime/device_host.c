@@ -30,6 +30,10 @@ typedef struct host_dev {
   hblock_t **blocks;       /* sorted by base */
   size_t nblocks, cap;
   atomic_int active_dir[2]; /* link model: copies running per direction */
+  /* Device bytes allocated or being allocated: the capacity check and this
+   * count are one atomic step, so concurrent allocations cannot together
+   * pass the capacity. */
+  _Atomic size_t device_reserved;
 } host_dev_t;
 
 static host_dev_t *HD(ofl_device_t *dev) { return dev->impl; }
@@ -88,18 +92,18 @@ static void remove_block_locked(host_dev_t *h, hblock_t *b) {
 static ofl_status_t block_alloc(ofl_device_t *dev, size_t bytes, bool pinned,
                                 void **out) {
   host_dev_t *h = HD(dev);
-  if (!pinned && dev->cfg.capacity_bytes != 0) {
-    pthread_mutex_lock(&dev->stats_lock);
-    size_t used = dev->stats.device_bytes_in_use;
-    pthread_mutex_unlock(&dev->stats_lock);
-    if (bytes > dev->cfg.capacity_bytes - (used < dev->cfg.capacity_bytes
-                                               ? used
-                                               : dev->cfg.capacity_bytes))
-      return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
-                        "device memory exhausted: %zu bytes requested, %zu "
-                        "of %zu in use; offload more or raise "
-                        "OFL_DEVICE_CAPACITY",
-                        bytes, used, dev->cfg.capacity_bytes);
+  if (!pinned) {
+    size_t cap = dev->cfg.capacity_bytes;
+    size_t used = atomic_load(&h->device_reserved);
+    do {
+      if (cap != 0 && (used > cap || bytes > cap - used))
+        return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                          "device memory exhausted: %zu bytes requested, %zu "
+                          "of %zu in use; offload more or raise "
+                          "OFL_DEVICE_CAPACITY",
+                          bytes, used, cap);
+    } while (!atomic_compare_exchange_weak(&h->device_reserved, &used,
+                                           used + bytes));
   }
   hblock_t *b = calloc(1, sizeof *b);
   void *mem = NULL;
@@ -107,6 +111,8 @@ static ofl_status_t block_alloc(ofl_device_t *dev, size_t bytes, bool pinned,
   size_t rounded = (bytes + align - 1) / align * align;
   if (b == NULL || posix_memalign(&mem, align, rounded) != 0) {
     free(b);
+    if (!pinned)
+      atomic_fetch_sub(&h->device_reserved, bytes);
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                       "host backend cannot allocate %zu bytes of %s memory",
                       bytes, pinned ? "pinned" : "device");
@@ -120,6 +126,8 @@ static ofl_status_t block_alloc(ofl_device_t *dev, size_t bytes, bool pinned,
   if (st != OFL_SUCCESS) {
     free(mem);
     free(b);
+    if (!pinned)
+      atomic_fetch_sub(&h->device_reserved, bytes);
     return st;
   }
   *out = mem;
@@ -177,6 +185,8 @@ static ofl_status_t block_free(ofl_device_t *dev, void *ptr, bool pinned,
   if (dev->cfg.strict)
     memset(b->base, OFL__POISON_BYTE, b->bytes);
   *bytes = b->bytes;
+  if (!pinned)
+    atomic_fetch_sub(&h->device_reserved, b->bytes);
   free(b->base);
   free(b);
   return OFL_SUCCESS;
