@@ -234,6 +234,10 @@ typedef struct host_event {
   uint64_t recorded;  /* records enqueued */
   uint64_t completed; /* every record <= completed reached by its stream */
   uint64_t ahead;     /* bit i: record completed+1+i reached out of order */
+  /* The handle and every queued record or wait that names the event: as
+   * with cudaEventDestroy, the event may be destroyed while they are still
+   * queued, and is freed when the last of them has run. */
+  atomic_int refs;
 } host_event_t;
 
 static ofl_status_t host_event_create(ofl_event_t *e) {
@@ -243,16 +247,20 @@ static ofl_status_t host_event_create(ofl_event_t *e) {
                       "cannot allocate an event");
   pthread_mutex_init(&he->mu, NULL);
   pthread_cond_init(&he->cv, NULL);
+  atomic_init(&he->refs, 1);
   e->impl = he;
   return OFL_SUCCESS;
 }
 
-static void host_event_destroy(ofl_event_t *e) {
-  host_event_t *he = e->impl;
+static void event_unref(host_event_t *he) {
+  if (atomic_fetch_sub(&he->refs, 1) != 1)
+    return;
   pthread_mutex_destroy(&he->mu);
   pthread_cond_destroy(&he->cv);
   free(he);
 }
+
+static void host_event_destroy(ofl_event_t *e) { event_unref(e->impl); }
 
 /* Record `target` reached (mu held). */
 static bool event_reached(const host_event_t *he, uint64_t target) {
@@ -476,7 +484,13 @@ static void execute(host_stream_t *hs, op_t *op) {
                         args[0] ? args : NULL);
 }
 
+/* Drops what a finished op held: its event reference and the inflight
+ * counts of its blocks. */
 static void release_blocks(ofl_device_t *dev, op_t *op) {
+  if (op->ev != NULL) {
+    event_unref(op->ev);
+    op->ev = NULL;
+  }
   if (op->blk[0] == NULL && op->blk[1] == NULL)
     return;
   host_dev_t *h = HD(dev);
@@ -766,6 +780,7 @@ static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
   op->target = ++he->recorded;
   pthread_mutex_unlock(&he->mu);
   op->type = OP_RECORD;
+  atomic_fetch_add(&he->refs, 1);
   op->ev = he;
   return submit(s, op);
 }
@@ -796,6 +811,7 @@ static ofl_status_t host_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
   if (op == NULL)
     return OFL_ERR_NO_MEMORY;
   op->type = OP_WAIT;
+  atomic_fetch_add(&he->refs, 1);
   op->ev = he;
   op->target = target;
   return submit(s, op);

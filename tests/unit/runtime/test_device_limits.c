@@ -39,6 +39,12 @@ static void sleep_100ms(void *arg) {
   sleep_ms(100);
 }
 
+static void wait_flag(void *arg) {
+  atomic_int *flag = arg;
+  for (int i = 0; i < 5000 && !atomic_load(flag); i++)
+    sleep_ms(1);
+}
+
 Test(device_limits, allocations_whose_size_wraps_when_rounded_are_refused) {
   ofl_device_stats_t before, after;
   ofl_device_get_stats(dev, &before);
@@ -127,5 +133,49 @@ Test(device_limits, a_timeout_too_long_to_add_to_the_clock_still_waits) {
   ofl_event_destroy(ev);
   ofl_stream_destroy(s2);
   ofl_stream_destroy(s);
+}
+
+Test(device_limits, an_event_destroyed_while_its_record_and_waits_are_queued) {
+  ofl_stream_t *a = NULL, *b = NULL;
+  ofl_event_t *ev = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "a", &a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_create(dev, "b", &b), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
+  atomic_int go = 0;
+  void *d = NULL;
+  unsigned char src[256], out[256];
+  memset(src, 0x3C, sizeof src);
+  memset(out, 0, sizeof out);
+  cr_assert(eq(int, ofl_device_malloc(dev, sizeof src, &d), OFL_SUCCESS));
+  /* a: blocked, then the copy, then the record; b waits on that record. As
+   * with cudaEventDestroy, destroying the event now is allowed: the queued
+   * record and wait keep what they need until they have run. */
+  cr_assert(eq(int, ofl_stream_launch_host_func(a, wait_flag, &go),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(d, src, sizeof src, OFL_COPY_H2D, a),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_record(ev, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_wait_event(b, ev), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(out, d, sizeof out, OFL_COPY_D2H, b),
+               OFL_SUCCESS));
+  ofl_event_destroy(ev);
+  /* Other events reuse the memory the destroyed one had. */
+  ofl_event_t *others[8];
+  for (int i = 0; i < 8; i++)
+    cr_assert(eq(int, ofl_event_create(dev, &others[i]), OFL_SUCCESS));
+  atomic_store(&go, 1);
+  cr_assert(eq(int, ofl_stream_synchronize(b, 10000), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  cr_assert(eq(int, ofl_stream_synchronize(a, 10000), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  for (size_t i = 0; i < sizeof out; i++)
+    cr_assert(eq(u8, out[i], 0x3C));
+  for (int i = 0; i < 8; i++) {
+    cr_assert(eq(int, ofl_event_query(others[i]), OFL_SUCCESS));
+    ofl_event_destroy(others[i]);
+  }
+  cr_assert(eq(int, ofl_device_free(dev, d), OFL_SUCCESS));
+  ofl_stream_destroy(a);
+  ofl_stream_destroy(b);
 }
 
