@@ -292,7 +292,9 @@ ofl_status_t ofl_stream_destroy(ofl_stream_t *s) {
   if (s == NULL)
     return OFL_SUCCESS;
   ofl_device_t *dev = s->dev;
-  if (s == dev->compute && dev->compute != NULL && tl_stream == s)
+  /* The calling thread's compute stream override must not outlive the
+   * stream (ofl_device_compute_stream falls back to the default). */
+  if (tl_stream == s)
     tl_stream = NULL;
   ofl_status_t st = dev->ops->stream_destroy(s);
   free(s);

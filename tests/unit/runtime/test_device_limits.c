@@ -179,3 +179,20 @@ Test(device_limits, an_event_destroyed_while_its_record_and_waits_are_queued) {
   ofl_stream_destroy(b);
 }
 
+Test(device_limits, destroying_the_threads_compute_stream_falls_back) {
+  ofl_stream_t *def = ofl_device_compute_stream(dev);
+  ofl_stream_t *mine = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "my-compute", &mine), OFL_SUCCESS));
+  ofl_device_set_compute_stream(dev, mine);
+  cr_assert(eq(ptr, ofl_device_compute_stream(dev), mine));
+  cr_assert(eq(int, ofl_stream_destroy(mine), OFL_SUCCESS));
+  /* The override named a stream that no longer exists. */
+  ofl_stream_t *now = ofl_device_compute_stream(dev);
+  cr_assert(eq(ptr, now, def));
+  unsigned char a[32], b[32];
+  memset(a, 9, sizeof a);
+  memset(b, 0, sizeof b);
+  cr_assert(eq(int, ofl_memcpy_async(b, a, sizeof a, OFL_COPY_H2H, now),
+               OFL_SUCCESS));
+  cr_assert(eq(int, memcmp(a, b, sizeof a), 0));
+}
