@@ -103,6 +103,7 @@ ofl_status_t ofl_device_open(const ofl_device_params_t *params,
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                       "cannot allocate the device object");
   pthread_mutex_init(&dev->stats_lock, NULL);
+  pthread_mutex_init(&dev->streams_lock, NULL);
   ofl_status_t st = resolve_config(params, &dev->cfg);
   if (st != OFL_SUCCESS)
     goto fail;
@@ -130,9 +131,35 @@ ofl_status_t ofl_device_open(const ofl_device_params_t *params,
   return OFL_SUCCESS;
 fail:
   ofl__trace_close(dev);
+  pthread_mutex_destroy(&dev->streams_lock);
   pthread_mutex_destroy(&dev->stats_lock);
   free(dev);
   return st;
+}
+
+/* Takes the first stream of the device other than the default compute
+ * stream off its list; NULL when there is none. */
+static ofl_stream_t *take_open_stream(ofl_device_t *dev) {
+  pthread_mutex_lock(&dev->streams_lock);
+  ofl_stream_t **pp = &dev->streams;
+  while (*pp != NULL && *pp == dev->compute)
+    pp = &(*pp)->dev_next;
+  ofl_stream_t *s = *pp;
+  if (s != NULL)
+    *pp = s->dev_next;
+  pthread_mutex_unlock(&dev->streams_lock);
+  return s;
+}
+
+static void forget_stream(ofl_stream_t *s) {
+  ofl_device_t *dev = s->dev;
+  pthread_mutex_lock(&dev->streams_lock);
+  for (ofl_stream_t **pp = &dev->streams; *pp != NULL; pp = &(*pp)->dev_next)
+    if (*pp == s) {
+      *pp = s->dev_next;
+      break;
+    }
+  pthread_mutex_unlock(&dev->streams_lock);
 }
 
 void ofl_device_close(ofl_device_t *dev) {
@@ -142,10 +169,22 @@ void ofl_device_close(ofl_device_t *dev) {
     tl_dev = NULL;
     tl_stream = NULL;
   }
+  /* Streams the application did not destroy: drain (bounded) and stop
+   * them, as the header promises, so no worker outlives the device. */
+  for (ofl_stream_t *s; (s = take_open_stream(dev)) != NULL;) {
+    OFL_INFO(OFL_SUBSYS_DEVICE, "device close: stream '%s' was not destroyed; "
+             "draining and destroying it now", s->name);
+    ofl_status_t st = dev->ops->stream_destroy(s);
+    if (st != OFL_SUCCESS)
+      OFL_WARN(OFL_SUBSYS_DEVICE, "device close: stream '%s' did not drain: "
+               "%s", s->name, ofl_status_str(st));
+    free(s);
+  }
   if (dev->compute != NULL)
     ofl_stream_destroy(dev->compute);
   dev->ops->close(dev);
   ofl__trace_close(dev);
+  pthread_mutex_destroy(&dev->streams_lock);
   pthread_mutex_destroy(&dev->stats_lock);
   free(dev);
 }
@@ -284,6 +323,10 @@ ofl_status_t ofl_stream_create(ofl_device_t *dev, const char *name,
     return st;
   }
   ofl__trace_name_track(dev, s->id, s->name);
+  pthread_mutex_lock(&dev->streams_lock);
+  s->dev_next = dev->streams;
+  dev->streams = s;
+  pthread_mutex_unlock(&dev->streams_lock);
   *out = s;
   return OFL_SUCCESS;
 }
@@ -296,6 +339,7 @@ ofl_status_t ofl_stream_destroy(ofl_stream_t *s) {
    * stream (ofl_device_compute_stream falls back to the default). */
   if (tl_stream == s)
     tl_stream = NULL;
+  forget_stream(s);
   ofl_status_t st = dev->ops->stream_destroy(s);
   free(s);
   return st;

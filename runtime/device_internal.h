@@ -41,6 +41,9 @@ struct ofl_device {
   atomic_uint_fast64_t copies;
   atomic_uint_fast64_t copy_bytes[4];
   atomic_int next_stream_id;
+  /* Every stream of the device, so that close can stop those left open. */
+  pthread_mutex_t streams_lock;
+  ofl_stream_t *streams;
 };
 
 struct ofl_stream {
@@ -49,6 +52,7 @@ struct ofl_stream {
   int id;          /* trace track */
   bool is_compute; /* executes on the calling thread (host backend) */
   void *impl;
+  ofl_stream_t *dev_next; /* the device's list of streams */
 };
 
 struct ofl_event {

@@ -39,6 +39,11 @@ static void sleep_100ms(void *arg) {
   sleep_ms(100);
 }
 
+static void sleep_then_set(void *arg) {
+  sleep_ms(150);
+  atomic_store((atomic_int *)arg, 1);
+}
+
 static void wait_flag(void *arg) {
   atomic_int *flag = arg;
   for (int i = 0; i < 5000 && !atomic_load(flag); i++)
@@ -177,6 +182,33 @@ Test(device_limits, an_event_destroyed_while_its_record_and_waits_are_queued) {
   cr_assert(eq(int, ofl_device_free(dev, d), OFL_SUCCESS));
   ofl_stream_destroy(a);
   ofl_stream_destroy(b);
+}
+
+Test(device_limits, close_waits_for_and_stops_streams_left_open) {
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  p.strict = 1;
+  ofl_device_t *d2 = NULL;
+  cr_assert(eq(int, ofl_device_open(&p, &d2), OFL_SUCCESS));
+  ofl_stream_t *s = NULL, *t = NULL;
+  cr_assert(eq(int, ofl_stream_create(d2, "left-open", &s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_create(d2, "also-open", &t), OFL_SUCCESS));
+  atomic_int done_s = 0, done_t = 0;
+  void *pin = NULL;
+  unsigned char src[512];
+  memset(src, 0x77, sizeof src);
+  cr_assert(eq(int, ofl_pinned_malloc(d2, sizeof src, &pin), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_then_set, &done_s),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(pin, src, sizeof src, OFL_COPY_H2H, s),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_launch_host_func(t, sleep_then_set, &done_t),
+               OFL_SUCCESS));
+  /* "Waits for all streams (bounded), stops workers": the host functions
+   * queued on streams never destroyed have run when close returns. */
+  ofl_device_close(d2);
+  cr_assert(eq(int, atomic_load(&done_s), 1));
+  cr_assert(eq(int, atomic_load(&done_t), 1));
 }
 
 Test(device_limits, destroying_the_threads_compute_stream_falls_back) {
