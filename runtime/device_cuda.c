@@ -44,6 +44,16 @@ ofl_status_t ofl__cuda_probe(int device_index, char *why, size_t cap) {
   return OFL_SUCCESS;
 }
 
+/* cudaSetDevice is per host thread: memory, streams, events and pinned
+ * registrations go to the calling thread's current device. Any thread may
+ * call ofl (the one that opened the device, pipeline and staging threads),
+ * so every call that creates something selects the device first (a cheap
+ * call when it is already current). */
+static ofl_status_t use_device(const ofl_device_t *dev) {
+  CUDA_TRY(cudaSetDevice(dev->cfg.device_index), "cannot select the device");
+  return OFL_SUCCESS;
+}
+
 static ofl_status_t cuda_open(ofl_device_t *dev) {
   CUDA_TRY(cudaSetDevice(dev->cfg.device_index), "cannot select the device");
   size_t free_b = 0, total_b = 0;
@@ -72,7 +82,7 @@ static size_t bucket(const void *p) {
 
 static ofl_status_t cuda_device_malloc(ofl_device_t *dev, size_t bytes,
                                        void **out) {
-  (void)dev;
+  OFL_CHECK(use_device(dev));
   size_node_t *node = malloc(sizeof *node);
   if (node == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
@@ -101,7 +111,7 @@ static ofl_status_t cuda_device_malloc(ofl_device_t *dev, size_t bytes,
 
 static ofl_status_t cuda_device_free(ofl_device_t *dev, void *ptr,
                                      size_t *bytes) {
-  (void)dev;
+  OFL_CHECK(use_device(dev));
   pthread_mutex_lock(&sizes_lock);
   size_node_t **pp = &sizes[bucket(ptr)];
   while (*pp != NULL && (*pp)->ptr != ptr)
@@ -126,7 +136,7 @@ static ofl_status_t cuda_device_free(ofl_device_t *dev, void *ptr,
  * in front keeps the size for free. */
 static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
                                        void **out) {
-  (void)dev;
+  OFL_CHECK(use_device(dev));
   long page = sysconf(_SC_PAGESIZE);
   size_t pg = page > 0 ? (size_t)page : 4096;
   void *mem = NULL;
@@ -163,11 +173,18 @@ static ofl_status_t cuda_pinned_free(ofl_device_t *dev, void *ptr,
   return OFL_SUCCESS;
 }
 
+/* The compute stream is the legacy default stream (NULL), which names the
+ * calling thread's current device: select ours before using it. */
+static ofl_status_t use_stream(const ofl_stream_t *s) {
+  return s->impl == NULL ? use_device(s->dev) : OFL_SUCCESS;
+}
+
 static ofl_status_t cuda_stream_create(ofl_stream_t *s) {
   if (s->is_compute) {
     s->impl = NULL; /* the legacy default stream */
     return OFL_SUCCESS;
   }
+  OFL_CHECK(use_device(s->dev));
   cudaStream_t cs = NULL;
   CUDA_TRY(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking),
            "cannot create a stream");
@@ -207,6 +224,7 @@ static cudaError_t query_event(void *h) {
 
 static ofl_status_t cuda_stream_synchronize(ofl_stream_t *s,
                                             int64_t timeout_ms) {
+  OFL_CHECK(use_stream(s));
   return poll_until(query_stream, s->impl, timeout_ms, "stream synchronize");
 }
 
@@ -219,6 +237,7 @@ static ofl_status_t cuda_stream_destroy(ofl_stream_t *s) {
 }
 
 static ofl_status_t cuda_stream_query(ofl_stream_t *s) {
+  OFL_CHECK(use_stream(s));
   cudaError_t ce = cudaStreamQuery((cudaStream_t)s->impl);
   if (ce == cudaErrorNotReady)
     return OFL_ERR_NOT_READY;
@@ -227,6 +246,7 @@ static ofl_status_t cuda_stream_query(ofl_stream_t *s) {
 }
 
 static ofl_status_t cuda_event_create(ofl_event_t *e) {
+  OFL_CHECK(use_device(e->dev));
   cudaEvent_t ev = NULL;
   CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
            "cannot create an event");
@@ -239,6 +259,7 @@ static void cuda_event_destroy(ofl_event_t *e) {
 }
 
 static ofl_status_t cuda_event_record(ofl_event_t *e, ofl_stream_t *s) {
+  OFL_CHECK(use_stream(s));
   CUDA_TRY(cudaEventRecord((cudaEvent_t)e->impl, (cudaStream_t)s->impl),
            "event record");
   return OFL_SUCCESS;
@@ -257,6 +278,7 @@ static ofl_status_t cuda_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
 }
 
 static ofl_status_t cuda_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
+  OFL_CHECK(use_stream(s));
   CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)s->impl, (cudaEvent_t)e->impl, 0),
            "stream wait event");
   return OFL_SUCCESS;
@@ -264,6 +286,7 @@ static ofl_status_t cuda_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
 
 static ofl_status_t cuda_memcpy_async(void *dst, const void *src, size_t bytes,
                                       ofl_copy_kind_t kind, ofl_stream_t *s) {
+  OFL_CHECK(use_stream(s));
   static const enum cudaMemcpyKind kinds[] = {
       cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
       cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost};
@@ -275,6 +298,7 @@ static ofl_status_t cuda_memcpy_async(void *dst, const void *src, size_t bytes,
 
 static ofl_status_t cuda_memset_async(void *dst, int value, size_t bytes,
                                       ofl_stream_t *s) {
+  OFL_CHECK(use_stream(s));
   CUDA_TRY(cudaMemsetAsync(dst, value, bytes, (cudaStream_t)s->impl),
            "async memset");
   return OFL_SUCCESS;
@@ -282,6 +306,7 @@ static ofl_status_t cuda_memset_async(void *dst, int value, size_t bytes,
 
 static ofl_status_t cuda_launch_host_func(ofl_stream_t *s, ofl_host_fn fn,
                                           void *arg) {
+  OFL_CHECK(use_stream(s));
   CUDA_TRY(cudaLaunchHostFunc((cudaStream_t)s->impl, fn, arg),
            "host function launch");
   return OFL_SUCCESS;
