@@ -34,7 +34,8 @@ static ofl_byte_table_t *table_of(int rank) {
   ofl_byte_table_t *t = NULL;
   ofl_byte_table_create(&t);
   for (int g = 0; g < 7; g++)
-    ofl_byte_table_add(t, groups[g], ((uint64_t)(rank + 1) << 24) + (uint64_t)g);
+    ofl_byte_table_add(t, groups[g],
+                       ((uint64_t)(rank + 1) << 24) + (uint64_t)g);
   return t;
 }
 
@@ -60,8 +61,8 @@ static void render_rows(const ofl_summary_t *s) {
       ns[i] = ofl__now_ns() - t0;
       free(out);
     }
-    printf("%-34s %10.2f %10s %8s  %zu bytes\n", fmt_name[f], median_us(ns, ITERS),
-           "-", "-", len);
+    printf("%-34s %10.2f %10s %8s  %zu bytes\n", fmt_name[f],
+           median_us(ns, ITERS), "-", "-", len);
   }
 }
 
@@ -190,8 +191,8 @@ int main(void) {
   printf("summary over a self comm (this build has no MPI), median of %d\n",
          ITERS);
   printf("%-34s %10s %10s %8s\n", "operation", "us", "limit_us", "ratio");
-  printf("%-34s %10.2f %10s %8s\n", "gather (self)", median_us(ns, ITERS),
-         "-", "-");
+  printf("%-34s %10.2f %10s %8s\n", "gather (self)", median_us(ns, ITERS), "-",
+         "-");
   ofl_summary_t *s = NULL;
   ofl_summary_gather(comm, t, 0, &s);
   render_rows(s);

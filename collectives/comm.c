@@ -7,7 +7,8 @@
 
 #include "collectives/comm_internal.h"
 
-/* ---- blobs ----------------------------------------------------------------- */
+/* ---- blobs -----------------------------------------------------------------
+ */
 
 void ofl__blobs_free(ofl__blobs_t *b) {
   if (!b)
@@ -49,7 +50,8 @@ ofl_status_t ofl__blobs_pack(ofl__blobs_t *b) {
   return OFL_SUCCESS;
 }
 
-/* ---- helpers shared by the kinds ------------------------------------------ */
+/* ---- helpers shared by the kinds ------------------------------------------
+ */
 
 void ofl__comm_format_ranks(const int *ranks, int n, char *buf, size_t cap) {
   enum { SHOWN = 8 };
@@ -96,7 +98,8 @@ ofl_status_t ofl__comm_alloc(ofl_comm_kind_t kind,
   return OFL_SUCCESS;
 }
 
-/* ---- self ------------------------------------------------------------------ */
+/* ---- self ------------------------------------------------------------------
+ */
 
 static ofl_status_t self_gather(ofl_comm_t *comm, const void *mine, size_t len,
                                 bool to_all, ofl__blobs_t *out) {
@@ -136,7 +139,8 @@ ofl_status_t ofl_comm_create_self(const ofl_comm_params_t *params,
   return OFL_SUCCESS;
 }
 
-/* ---- common entry points --------------------------------------------------- */
+/* ---- common entry points ---------------------------------------------------
+ */
 
 void ofl_comm_destroy(ofl_comm_t *comm) {
   if (!comm)
@@ -172,8 +176,8 @@ const char *ofl_comm_kind_name(ofl_comm_kind_t kind) {
 
 static ofl_status_t check_usable(const ofl_comm_t *comm, const char *what) {
   if (!comm)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_COLL,
-                      "%s: comm is NULL", what);
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_COLL, "%s: comm is NULL",
+                      what);
   if (comm->broken)
     return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_COLL,
                       "%s: the %s comm failed in an earlier operation (see "
@@ -203,7 +207,8 @@ ofl_status_t ofl_comm_barrier(ofl_comm_t *comm) {
   return comm->ops->barrier(comm);
 }
 
-/* ---- kinds not built ------------------------------------------------------- */
+/* ---- kinds not built -------------------------------------------------------
+ */
 
 #if !OFL_HAVE_MPI
 ofl_status_t ofl_comm_create_mpi_handle(const void *mpi_comm,
@@ -235,7 +240,8 @@ ofl_status_t ofl_comm_create_nccl_handle(const void *nccl_comm,
 }
 #endif
 
-/* ---- blob encoding (replies that carry every rank's table) ----------------- */
+/* ---- blob encoding (replies that carry every rank's table) -----------------
+ */
 
 ofl_status_t ofl__blobs_encode(const ofl__blobs_t *b, unsigned char **out,
                                size_t *out_len) {

@@ -51,8 +51,7 @@ struct ofl_comm {
 
 /* Allocates the common part of a comm (timeout resolved from params). */
 ofl_status_t ofl__comm_alloc(ofl_comm_kind_t kind,
-                             const ofl_comm_params_t *params,
-                             ofl_comm_t **out);
+                             const ofl_comm_params_t *params, ofl_comm_t **out);
 
 /* Formats up to a few rank numbers ("1, 3, 5 and 2 more") into buf. */
 void ofl__comm_format_ranks(const int *ranks, int n, char *buf, size_t cap);

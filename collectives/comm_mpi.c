@@ -142,7 +142,8 @@ static ofl_status_t wait_one(MPI_Request *req, uint64_t deadline,
   }
 }
 
-/* ---- rank 0 ---------------------------------------------------------------- */
+/* ---- rank 0 ----------------------------------------------------------------
+ */
 
 typedef enum { WAIT_HDR, WAIT_DATA, DONE, FAILED } peer_state_t;
 
@@ -210,8 +211,7 @@ static ofl_status_t root_poll_peer(ofl_comm_t *c, mpi_impl_t *m, int r,
                       "table",
                       p->len, r);
   }
-  rc = MPI_Irecv(p->data, (int)p->len, MPI_BYTE, r, TAG_DATA, m->comm,
-                 &p->req);
+  rc = MPI_Irecv(p->data, (int)p->len, MPI_BYTE, r, TAG_DATA, m->comm, &p->req);
   if (rc != MPI_SUCCESS) {
     p->state = FAILED;
     return mpi_fail(rc, "posting the table receive", r);
@@ -313,8 +313,8 @@ static void root_reply(ofl_comm_t *c, mpi_impl_t *m, ofl_status_t status,
                   &reqs[2 * (r - 1)]) != MPI_SUCCESS)
       continue;
     if (len)
-      MPI_Isend(buf + HDR_BYTES, (int)len, MPI_BYTE, r, TAG_REPLY_DATA,
-                m->comm, &reqs[2 * (r - 1) + 1]);
+      MPI_Isend(buf + HDR_BYTES, (int)len, MPI_BYTE, r, TAG_REPLY_DATA, m->comm,
+                &reqs[2 * (r - 1) + 1]);
   }
   /* Live ranks take the reply at once; a dead one must not hold us up. */
   uint64_t deadline = deadline_after(c->timeout_ms);
@@ -422,7 +422,8 @@ static ofl_status_t root_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
   return st;
 }
 
-/* ---- ranks other than 0 --------------------------------------------------- */
+/* ---- ranks other than 0 ---------------------------------------------------
+ */
 
 static ofl_status_t peer_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
                                 size_t len, bool to_all, ofl__blobs_t *out) {
@@ -559,7 +560,8 @@ out:
   return st;
 }
 
-/* ---- ops ------------------------------------------------------------------- */
+/* ---- ops -------------------------------------------------------------------
+ */
 
 static ofl_status_t mpi_gather(ofl_comm_t *c, const void *mine, size_t len,
                                bool to_all, ofl__blobs_t *out) {
@@ -651,12 +653,12 @@ ofl_status_t ofl_comm_create_mpi_handle(const void *mpi_comm,
      * request is left to MPI. */
     free(m);
     free(c);
-    return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
-                      "ofl_comm_create_mpi: not every rank of the "
-                      "communicator called it within %lld ms; it is "
-                      "collective",
-                      (long long)ofl__timeout_ms(params ? params->timeout_ms
-                                                        : -1));
+    return ofl__error(
+        OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
+        "ofl_comm_create_mpi: not every rank of the "
+        "communicator called it within %lld ms; it is "
+        "collective",
+        (long long)ofl__timeout_ms(params ? params->timeout_ms : -1));
   }
   if (st == OFL_SUCCESS) {
     rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
@@ -681,8 +683,8 @@ ofl_status_t ofl_comm_create_mpi_handle(const void *mpi_comm,
   if (ofl_log_get_rank() < 0 &&
       MPI_Comm_rank(MPI_COMM_WORLD, &world_rank) == MPI_SUCCESS)
     ofl_log_set_rank(world_rank);
-  OFL_INFO(OFL_SUBSYS_COLL, "mpi comm: rank %d of %d, timeout %lld ms",
-           c->rank, c->size, (long long)c->timeout_ms);
+  OFL_INFO(OFL_SUBSYS_COLL, "mpi comm: rank %d of %d, timeout %lld ms", c->rank,
+           c->size, (long long)c->timeout_ms);
   *out = c;
   return OFL_SUCCESS;
 }

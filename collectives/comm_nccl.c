@@ -136,8 +136,8 @@ static ofl_status_t nccl_gather(ofl_comm_t *c, const void *mine, size_t len,
     }
     if (len)
       memcpy(data + max * (size_t)c->rank, mine, len);
-    OFL_CHECK_GOTO(allgather_bytes(c, m, data, max, "the table all-gather"),
-                   st, done);
+    OFL_CHECK_GOTO(allgather_bytes(c, m, data, max, "the table all-gather"), st,
+                   done);
   }
   if (to_all || c->rank == 0) {
     ofl__blobs_t b;

@@ -120,8 +120,8 @@ ofl_status_t ofl_summary_from_tables(const ofl_byte_table_t *const *tables,
 fail:
   if (st == OFL_ERR_NO_MEMORY)
     ofl__error(st, OFL_SUBSYS_COLL,
-               "summary: out of memory building %d ranks x %zu groups",
-               nranks, n);
+               "summary: out of memory building %d ranks x %zu groups", nranks,
+               n);
   ofl_summary_destroy(s);
   free(names);
   return st;
@@ -180,7 +180,8 @@ ofl_status_t ofl_summary_gather(ofl_comm_t *comm, const ofl_byte_table_t *local,
   return st;
 }
 
-/* ---- accessors ------------------------------------------------------------- */
+/* ---- accessors -------------------------------------------------------------
+ */
 
 int ofl_summary_nranks(const ofl_summary_t *s) { return s ? s->nranks : 0; }
 size_t ofl_summary_ngroups(const ofl_summary_t *s) {

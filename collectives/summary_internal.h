@@ -22,9 +22,9 @@ struct ofl_byte_table {
 struct ofl_summary {
   int nranks;
   size_t ngroups;
-  char **names;          /* sorted, unique */
-  uint64_t *cells;       /* nranks x ngroups, row-major */
-  uint64_t *rank_totals; /* nranks */
+  char **names;           /* sorted, unique */
+  uint64_t *cells;        /* nranks x ngroups, row-major */
+  uint64_t *rank_totals;  /* nranks */
   uint64_t *group_totals; /* ngroups */
   uint64_t total;
 };

@@ -9,7 +9,8 @@
 
 #define TITLE "Activation Offload Summary (MB)"
 
-/* ---- a growing string ------------------------------------------------------ */
+/* ---- a growing string ------------------------------------------------------
+ */
 
 typedef struct sbuf {
   char *p;
@@ -86,7 +87,8 @@ static void sb_just(sbuf_t *b, const char *s, size_t width, bool left) {
     sb_fill(b, ' ', width - n);
 }
 
-/* ---- text ------------------------------------------------------------------ */
+/* ---- text ------------------------------------------------------------------
+ */
 
 /* bytes / 2^20 with two decimals, exact, ties to even (as Python's
  * format(x, ".2f") rounds the exactly representable quotient). */
@@ -100,8 +102,7 @@ static void format_mb(uint64_t bytes, char *out, size_t cap) {
     whole++;
     cents = 0;
   }
-  snprintf(out, cap, "%llu.%02u", (unsigned long long)whole,
-           (unsigned)cents);
+  snprintf(out, cap, "%llu.%02u", (unsigned long long)whole, (unsigned)cents);
 }
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
@@ -168,7 +169,8 @@ static void render_text(const ofl_summary_t *s, sbuf_t *b) {
   sb_str(b, "\n");
 }
 
-/* ---- JSON ------------------------------------------------------------------ */
+/* ---- JSON ------------------------------------------------------------------
+ */
 
 /* Names have no control characters (checked when they enter a table). */
 static void json_string(sbuf_t *b, const char *s) {
@@ -210,7 +212,8 @@ static void render_json(const ofl_summary_t *s, sbuf_t *b) {
   sb_printf(b, ",\n  \"total\": %llu\n}\n", (unsigned long long)s->total);
 }
 
-/* ---- CSV (RFC 4180, LF line ends) ------------------------------------------ */
+/* ---- CSV (RFC 4180, LF line ends) ------------------------------------------
+ */
 
 static void csv_field(sbuf_t *b, const char *s) {
   size_t n = strlen(s);
@@ -248,7 +251,8 @@ static void render_csv(const ofl_summary_t *s, sbuf_t *b) {
   sb_printf(b, ",%llu\n", (unsigned long long)s->total);
 }
 
-/* ---- entry points ---------------------------------------------------------- */
+/* ---- entry points ----------------------------------------------------------
+ */
 
 ofl_status_t ofl_summary_render(const ofl_summary_t *s,
                                 ofl_summary_format_t format, char **out,

@@ -60,9 +60,9 @@ OFL_API ofl_status_t ofl_comm_create_mpi_handle(const void *mpi_comm,
  * the caller) with operations enqueued on cuda_stream (a cudaStream_t; NULL is
  * the legacy default stream). Device buffers are allocated on the device that
  * is current at creation. OFL_ERR_NOT_SUPPORTED in builds without NCCL. */
-OFL_API ofl_status_t ofl_comm_create_nccl_handle(
-    const void *nccl_comm, void *cuda_stream, const ofl_comm_params_t *params,
-    ofl_comm_t **out);
+OFL_API ofl_status_t
+ofl_comm_create_nccl_handle(const void *nccl_comm, void *cuda_stream,
+                            const ofl_comm_params_t *params, ofl_comm_t **out);
 
 /* Frees the comm (and the MPI duplicate). NULL is ignored. */
 OFL_API void ofl_comm_destroy(ofl_comm_t *comm);

@@ -19,7 +19,8 @@
 
 OFL_EXTERN_C_BEGIN
 
-/* ---- byte table (one rank) ------------------------------------------------ */
+/* ---- byte table (one rank) ------------------------------------------------
+ */
 
 typedef struct ofl_byte_table ofl_byte_table_t;
 
@@ -53,7 +54,8 @@ OFL_API uint64_t ofl_byte_table_get(const ofl_byte_table_t *table,
  * happening within one entry but not across entries). */
 OFL_API uint64_t ofl_byte_table_total(const ofl_byte_table_t *table);
 
-/* ---- summary (every rank of a comm) --------------------------------------- */
+/* ---- summary (every rank of a comm) ---------------------------------------
+ */
 
 typedef struct ofl_summary ofl_summary_t;
 
@@ -91,8 +93,7 @@ OFL_API ofl_status_t ofl_summary_find_group(const ofl_summary_t *summary,
 /* Bytes of one cell; 0 when rank or group is out of range. */
 OFL_API uint64_t ofl_summary_bytes(const ofl_summary_t *summary, int rank,
                                    size_t group);
-OFL_API uint64_t ofl_summary_rank_total(const ofl_summary_t *summary,
-                                        int rank);
+OFL_API uint64_t ofl_summary_rank_total(const ofl_summary_t *summary, int rank);
 OFL_API uint64_t ofl_summary_group_total(const ofl_summary_t *summary,
                                          size_t group);
 OFL_API uint64_t ofl_summary_total(const ofl_summary_t *summary);
@@ -100,8 +101,8 @@ OFL_API uint64_t ofl_summary_total(const ofl_summary_t *summary);
 /* Renders the summary into a NUL-terminated string allocated with malloc
  * (release it with free). *out_len, if given, receives strlen. */
 OFL_API ofl_status_t ofl_summary_render(const ofl_summary_t *summary,
-                                        ofl_summary_format_t format,
-                                        char **out, size_t *out_len);
+                                        ofl_summary_format_t format, char **out,
+                                        size_t *out_len);
 /* Renders and writes to f. OFL_ERR_IO when the write fails. */
 OFL_API ofl_status_t ofl_summary_write(const ofl_summary_t *summary,
                                        ofl_summary_format_t format, FILE *f);

@@ -55,8 +55,8 @@ static void *run_rank(void *arg) {
                (int)ofl_summary_ngroups(s) != r->n;
   for (int q = 0; q < r->n && !wrong; q++)
     for (int g = 0; g < r->n; g++)
-      wrong += ofl_summary_bytes(s, q, (size_t)g) !=
-               (g <= q ? bytes_of(q, g) : 0);
+      wrong +=
+          ofl_summary_bytes(s, q, (size_t)g) != (g <= q ? bytes_of(q, g) : 0);
   r->wrong = wrong;
 done:
   ofl_summary_destroy(s);

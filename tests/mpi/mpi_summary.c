@@ -199,15 +199,17 @@ int main(int argc, char **argv) {
   int got = run_case(MPI_COMM_WORLD, 0, 1, &bad, wr == 0 ? &text : NULL);
   total = sum_to_root(bad);
   if (wr == 0)
-    tap_ok(total == 0 && got, "root_only: rank 0's table and totals equal "
-                              "the expected values on %d ranks (%ld wrong)",
+    tap_ok(total == 0 && got,
+           "root_only: rank 0's table and totals equal "
+           "the expected values on %d ranks (%ld wrong)",
            wn, total);
   bad = 0;
   run_case(MPI_COMM_WORLD, 1, 0, &bad, NULL);
   total = sum_to_root(bad);
   if (wr == 0)
-    tap_ok(total == 0, "all ranks: every rank's summary equals the expected "
-                       "values (%ld wrong)",
+    tap_ok(total == 0,
+           "all ranks: every rank's summary equals the expected "
+           "values (%ld wrong)",
            total);
 
   /* 3: the text rank 0 prints is the one built from the same tables
@@ -238,8 +240,9 @@ int main(int argc, char **argv) {
   run_case(MPI_COMM_WORLD, 2, 0, &bad, NULL);
   total = sum_to_root(bad);
   if (wr == 0)
-    tap_ok(total == 0, "large tables (%d names per rank) gathered exactly "
-                       "(%ld wrong)",
+    tap_ok(total == 0,
+           "large tables (%d names per rank) gathered exactly "
+           "(%ld wrong)",
            nbig(2), total);
 
   /* 5: sub-communicators: groups of two ranks gather separately; each row
@@ -281,8 +284,9 @@ int main(int argc, char **argv) {
   }
   total = sum_to_root(bad);
   if (wr == 0)
-    tap_ok(total == 0, "20 gathers with barriers in between on one comm "
-                       "(%ld wrong)",
+    tap_ok(total == 0,
+           "20 gathers with barriers in between on one comm "
+           "(%ld wrong)",
            total);
 
   /* 7: the application's communicator is not disturbed: its own messages

@@ -69,9 +69,9 @@ static outcome_t gather_once(ofl_comm_t *comm, int rank, int missing) {
             missing, ofl_last_error());
   ofl_summary_destroy(s);
   ofl_summary_t *again = NULL;
-  o.broken_after = ofl_summary_gather(comm, t, 0, &again) ==
-                       OFL_ERR_INVALID_USAGE &&
-                   ofl_comm_is_broken(comm);
+  o.broken_after =
+      ofl_summary_gather(comm, t, 0, &again) == OFL_ERR_INVALID_USAGE &&
+      ofl_comm_is_broken(comm);
   ofl_summary_destroy(again);
   ofl_byte_table_destroy(t);
   return o;
@@ -141,8 +141,8 @@ int main(int argc, char **argv) {
     double t0 = now_ms();
     ofl_status_t st = ofl_summary_gather(comm, t, 0, &s);
     double ms = now_ms() - t0;
-    const char *want = is_skip0 ? "gave up waiting for rank 0"
-                                : "failed on rank 0";
+    const char *want =
+        is_skip0 ? "gave up waiting for rank 0" : "failed on rank 0";
     bad[3] += st != OFL_ERR_TIMEOUT || s != NULL || ms > SLACK_MS ||
               strstr(ofl_last_error(), want) == NULL;
     if (bad[3])
@@ -158,8 +158,8 @@ int main(int argc, char **argv) {
   MPI_Reduce(&worst, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, alive);
   if (wr == 0) {
     tap_ok(total[0] == 0,
-           "%s: every surviving rank reports OFL_ERR_TIMEOUT (%ld wrong)",
-           mode, total[0]);
+           "%s: every surviving rank reports OFL_ERR_TIMEOUT (%ld wrong)", mode,
+           total[0]);
     tap_ok(total[1] == 0,
            "%s: within the bound (slowest %.0f ms, timeout %d ms)", mode,
            slowest, TIMEOUT_MS);
@@ -169,8 +169,8 @@ int main(int argc, char **argv) {
            mode, odd, total[2]);
     if (!is_exit)
       tap_ok(total[3] == 0,
-             "%s: the late rank %d gets an error at once, not a summary",
-             mode, odd);
+             "%s: the late rank %d gets an error at once, not a summary", mode,
+             odd);
   }
   ofl_comm_destroy(comm);
   MPI_Comm_free(&alive);

@@ -11,9 +11,12 @@ int main(void) {
     const char *name;
     uint64_t bytes;
   } cells[] = {
-      {0, "attn_norm", 1048576},         {0, "core \"attn\"", 3670016},
-      {0, "back\\slash", 1},             {1, "comma,name", 9223372036854775808ull},
-      {1, " lead and trail ", 12345},    {1, "caf\xc3\xa9", 2097152},
+      {0, "attn_norm", 1048576},
+      {0, "core \"attn\"", 3670016},
+      {0, "back\\slash", 1},
+      {1, "comma,name", 9223372036854775808ull},
+      {1, " lead and trail ", 12345},
+      {1, "caf\xc3\xa9", 2097152},
       {3, "attn_norm", 5},
   };
   ofl_byte_table_t *t[4] = {0};

@@ -120,8 +120,8 @@ Test(byte_table, wire_format_round_trips_byte_for_byte) {
   size_t len = 0;
   cr_assert(eq(int, ofl__byte_table_encode(t, &buf, &len), OFL_SUCCESS));
   /* "OFLT", version 1, 3 entries, then "a" */
-  const unsigned char head[] = {'O', 'F', 'L', 'T', 1, 0, 0, 0, 3, 0, 0, 0,
-                                1,   0,   0,   0,   'a', 0, 0, 0, 0, 0, 0, 0, 0};
+  const unsigned char head[] = {'O', 'F', 'L', 'T', 1, 0, 0, 0, 3, 0, 0, 0, 1,
+                                0,   0,   0,   'a', 0, 0, 0, 0, 0, 0, 0, 0};
   cr_assert(eq(sz, len, 12 + (4 + 1 + 8) + (4 + 1 + 8) + (4 + 9 + 8)));
   cr_assert(eq(int, memcmp(buf, head, sizeof(head)), 0));
   ofl_byte_table_t *back = NULL;
@@ -130,7 +130,8 @@ Test(byte_table, wire_format_round_trips_byte_for_byte) {
   for (size_t i = 0; i < 3; i++) {
     cr_assert(eq(str, (char *)ofl_byte_table_name(back, i),
                  (char *)ofl_byte_table_name(t, i)));
-    cr_assert(eq(u64, ofl_byte_table_bytes(back, i), ofl_byte_table_bytes(t, i)));
+    cr_assert(
+        eq(u64, ofl_byte_table_bytes(back, i), ofl_byte_table_bytes(t, i)));
   }
   unsigned char *buf2 = NULL;
   size_t len2 = 0;
@@ -163,9 +164,9 @@ Test(byte_table, every_truncated_or_damaged_buffer_is_reported_as_corrupt) {
   for (size_t cut = 0; cut < len; cut++) {
     unsigned char *part = malloc(cut ? cut : 1); /* exact size for ASan */
     memcpy(part, buf, cut);
-    cr_assert(eq(int, ofl__byte_table_decode(part, cut, 5, &back),
-                 OFL_ERR_CORRUPT),
-              "cut %zu", cut);
+    cr_assert(
+        eq(int, ofl__byte_table_decode(part, cut, 5, &back), OFL_ERR_CORRUPT),
+        "cut %zu", cut);
     free(part);
   }
   cr_assert(eq(ptr, back, NULL));
@@ -181,22 +182,22 @@ Test(byte_table, every_truncated_or_damaged_buffer_is_reported_as_corrupt) {
   memcpy(copy, buf, len);
   copy[12 + 13] = 1;
   copy[12 + 13 + 4] = (unsigned char)'x';
-  cr_assert(eq(int, ofl__byte_table_decode(copy, len, 1, &back),
-               OFL_ERR_CORRUPT));
+  cr_assert(
+      eq(int, ofl__byte_table_decode(copy, len, 1, &back), OFL_ERR_CORRUPT));
   /* control character inside a name */
   memcpy(copy, buf, len);
   copy[12 + 4] = '\n';
-  cr_assert(eq(int, ofl__byte_table_decode(copy, len, 1, &back),
-               OFL_ERR_CORRUPT));
+  cr_assert(
+      eq(int, ofl__byte_table_decode(copy, len, 1, &back), OFL_ERR_CORRUPT));
   /* wrong magic, wrong version */
   memcpy(copy, buf, len);
   copy[0] = 'X';
-  cr_assert(eq(int, ofl__byte_table_decode(copy, len, 1, &back),
-               OFL_ERR_CORRUPT));
+  cr_assert(
+      eq(int, ofl__byte_table_decode(copy, len, 1, &back), OFL_ERR_CORRUPT));
   memcpy(copy, buf, len);
   copy[4] = 2;
-  cr_assert(eq(int, ofl__byte_table_decode(copy, len, 1, &back),
-               OFL_ERR_CORRUPT));
+  cr_assert(
+      eq(int, ofl__byte_table_decode(copy, len, 1, &back), OFL_ERR_CORRUPT));
   cr_assert(eq(ptr, back, NULL));
   free(copy);
   free(buf);
@@ -215,8 +216,8 @@ Test(byte_table, duplicate_name_in_a_buffer_is_corrupt) {
   cr_assert(eq(int, buf[12 + 14 + 4 + 1], 'c'));
   buf[12 + 14 + 4 + 1] = 'b';
   ofl_byte_table_t *back = NULL;
-  cr_assert(eq(int, ofl__byte_table_decode(buf, len, 2, &back),
-               OFL_ERR_CORRUPT));
+  cr_assert(
+      eq(int, ofl__byte_table_decode(buf, len, 2, &back), OFL_ERR_CORRUPT));
   cr_assert(not(eq(ptr, strstr(ofl_last_error(), "duplicate"), NULL)));
   cr_assert(eq(ptr, back, NULL));
   free(buf);

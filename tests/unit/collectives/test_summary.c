@@ -139,10 +139,10 @@ Test(summary, mpi_and_nccl_constructors_check_their_arguments) {
   long dummy = 0;
   cr_assert(eq(int, ofl_comm_create_mpi_handle(&dummy, NULL, &c),
                OFL_ERR_INVALID_USAGE));
-  cr_assert(not(eq(ptr, strstr(ofl_last_error(), "MPI is not initialized"),
-                   NULL)));
-  cr_assert(eq(int, ofl_comm_create_mpi_handle(NULL, NULL, &c),
-               OFL_ERR_INVALID_ARG));
+  cr_assert(
+      not(eq(ptr, strstr(ofl_last_error(), "MPI is not initialized"), NULL)));
+  cr_assert(
+      eq(int, ofl_comm_create_mpi_handle(NULL, NULL, &c), OFL_ERR_INVALID_ARG));
 #else
   cr_assert(eq(int, ofl_comm_create_mpi_handle(NULL, NULL, &c),
                OFL_ERR_NOT_SUPPORTED));
@@ -161,8 +161,8 @@ Test(summary, mpi_and_nccl_constructors_check_their_arguments) {
 #endif
   cr_assert(eq(ptr, c, (ofl_comm_t *)0x1));
   cr_assert(eq(int, ofl_comm_barrier(NULL), OFL_ERR_INVALID_ARG));
-  cr_assert(eq(int, ofl_summary_gather(NULL, NULL, 0, NULL),
-               OFL_ERR_INVALID_ARG));
+  cr_assert(
+      eq(int, ofl_summary_gather(NULL, NULL, 0, NULL), OFL_ERR_INVALID_ARG));
 }
 
 Test(summary, broken_comm_refuses_further_operations) {
@@ -198,9 +198,9 @@ Test(summary, gather_reply_encoding_round_trips_and_rejects_damage) {
   cr_assert(eq(int, d.nranks, 3));
   for (int r = 0; r < 3; r++) {
     cr_assert(eq(sz, d.lens[r], b.lens[r]));
-    cr_assert(eq(int,
-                 memcmp(d.data + d.offsets[r], b.data + b.offsets[r], b.lens[r]),
-                 0));
+    cr_assert(
+        eq(int, memcmp(d.data + d.offsets[r], b.data + b.offsets[r], b.lens[r]),
+           0));
   }
   ofl__blobs_free(&d);
   cr_assert(eq(int, ofl__blobs_decode(enc, len, 2, &d), OFL_ERR_CORRUPT));

@@ -24,14 +24,14 @@ static ofl_summary_t *build(int nranks, const cell_t *const *rows) {
   for (int r = 0; r < nranks; r++) {
     cr_assert(eq(int, ofl_byte_table_create(&t[r]), OFL_SUCCESS));
     for (const cell_t *c = rows[r]; c && c->name; c++)
-      cr_assert(eq(int, ofl_byte_table_add(t[r], c->name, c->bytes),
-                   OFL_SUCCESS));
+      cr_assert(
+          eq(int, ofl_byte_table_add(t[r], c->name, c->bytes), OFL_SUCCESS));
   }
   ofl_summary_t *s = NULL;
-  cr_assert(eq(int,
-               ofl_summary_from_tables((const ofl_byte_table_t *const *)t,
-                                       nranks, &s),
-               OFL_SUCCESS));
+  cr_assert(eq(
+      int,
+      ofl_summary_from_tables((const ofl_byte_table_t *const *)t, nranks, &s),
+      OFL_SUCCESS));
   for (int r = 0; r < nranks; r++)
     ofl_byte_table_destroy(t[r]);
   return s;
@@ -45,12 +45,10 @@ static char *render(const ofl_summary_t *s, ofl_summary_format_t f) {
   return text;
 }
 
-static const cell_t two_r0[] = {{"core_attn", 3 * MB + MB / 2},
-                                {"attn_norm", MB},
-                                {NULL, 0}};
-static const cell_t two_r1[] = {{"qkv_linear", 5 * MB},
-                                {"core_attn", 2 * MB},
-                                {NULL, 0}};
+static const cell_t two_r0[] = {
+    {"core_attn", 3 * MB + MB / 2}, {"attn_norm", MB}, {NULL, 0}};
+static const cell_t two_r1[] = {
+    {"qkv_linear", 5 * MB}, {"core_attn", 2 * MB}, {NULL, 0}};
 
 Test(summary_render, text_two_ranks_is_the_reference_layout) {
   const cell_t *rows[] = {two_r0, two_r1};
@@ -73,23 +71,33 @@ Test(summary_render, text_two_ranks_is_the_reference_layout) {
 }
 
 Test(summary_render, text_long_name_widens_every_group_column) {
-  static const cell_t r0[] = {{"a", 1},
-                              {"expert_fc1_with_a_very_long_group_name", 7 * MB},
-                              {NULL, 0}};
+  static const cell_t r0[] = {
+      {"a", 1}, {"expert_fc1_with_a_very_long_group_name", 7 * MB}, {NULL, 0}};
   const cell_t *rows[] = {r0, NULL};
   ofl_summary_t *s = build(2, rows);
   char *text = render(s, OFL_SUMMARY_TEXT);
   const char *expect =
-      "================================================================================================================================\n"
-      "                                                Activation Offload Summary (MB)                                                 \n"
-      "================================================================================================================================\n"
-      "Rank                                           a  expert_fc1_with_a_very_long_group_name                                   Total\n"
-      "--------------------------------------------------------------------------------------------------------------------------------\n"
-      "Rank 0                                      0.00                                    7.00                                    7.00\n"
-      "Rank 1                                      0.00                                    0.00                                    0.00\n"
-      "--------------------------------------------------------------------------------------------------------------------------------\n"
-      "Total                                       0.00                                    7.00                                    7.00\n"
-      "================================================================================================================================\n";
+      "========================================================================"
+      "========================================================\n"
+      "                                                Activation Offload "
+      "Summary (MB)                                                 \n"
+      "========================================================================"
+      "========================================================\n"
+      "Rank                                           a  "
+      "expert_fc1_with_a_very_long_group_name                                  "
+      " Total\n"
+      "------------------------------------------------------------------------"
+      "--------------------------------------------------------\n"
+      "Rank 0                                      0.00                        "
+      "            7.00                                    7.00\n"
+      "Rank 1                                      0.00                        "
+      "            0.00                                    0.00\n"
+      "------------------------------------------------------------------------"
+      "--------------------------------------------------------\n"
+      "Total                                       0.00                        "
+      "            7.00                                    7.00\n"
+      "========================================================================"
+      "========================================================\n";
   cr_assert(eq(str, text, (char *)expect));
   free(text);
   ofl_summary_destroy(s);
@@ -119,8 +127,8 @@ Test(summary_render, text_without_groups_keeps_a_zero_row_per_rank) {
 
 Test(summary_render, text_huge_values_widen_columns_and_stay_exact) {
   static const cell_t r0[] = {{"x", 1ull << 62}, {NULL, 0}};
-  static const cell_t r1[] = {{"x", (1ull << 62) - 1}, {"y", 1ull << 62},
-                              {NULL, 0}};
+  static const cell_t r1[] = {
+      {"x", (1ull << 62) - 1}, {"y", 1ull << 62}, {NULL, 0}};
   const cell_t *rows[] = {r0, r1};
   ofl_summary_t *s = build(2, rows);
   char *text = render(s, OFL_SUMMARY_TEXT);
@@ -142,8 +150,8 @@ Test(summary_render, text_huge_values_widen_columns_and_stay_exact) {
 
 Test(summary_render, text_rounds_to_two_decimals_ties_to_even) {
   /* 0.125 MB -> 0.12, 0.375 MB -> 0.38 (as Python formats them). */
-  static const cell_t r0[] = {{"a", 131072}, {"b", 393216}, {"c", 5242},
-                              {NULL, 0}};
+  static const cell_t r0[] = {
+      {"a", 131072}, {"b", 393216}, {"c", 5242}, {NULL, 0}};
   const cell_t *rows[] = {r0};
   ofl_summary_t *s = build(1, rows);
   char *text = render(s, OFL_SUMMARY_TEXT);
@@ -169,15 +177,15 @@ Test(summary_render, text_rank_column_grows_with_two_digit_ranks) {
   ofl_summary_t *s = build(12, rows);
   char *text = render(s, OFL_SUMMARY_TEXT);
   /* rank width max(6, len("Rank 11") + 2) = 9, group width 12 */
-  cr_assert(not(eq(ptr, strstr(text, "\nRank 9           0.00        0.00\n"),
-                   NULL)),
-            "%s", text);
-  cr_assert(not(eq(ptr, strstr(text, "\nRank 11          2.00        2.00\n"),
-                   NULL)),
-            "%s", text);
-  cr_assert(not(eq(ptr, strstr(text, "\nTotal            2.00        2.00\n"),
-                   NULL)),
-            "%s", text);
+  cr_assert(
+      not(eq(ptr, strstr(text, "\nRank 9           0.00        0.00\n"), NULL)),
+      "%s", text);
+  cr_assert(
+      not(eq(ptr, strstr(text, "\nRank 11          2.00        2.00\n"), NULL)),
+      "%s", text);
+  cr_assert(
+      not(eq(ptr, strstr(text, "\nTotal            2.00        2.00\n"), NULL)),
+      "%s", text);
   /* every line of the table (not the title) has the same width, 33 */
   size_t lines = 0;
   for (char *p = text, *nl; (nl = strchr(p, '\n')); p = nl + 1, lines++)
@@ -211,9 +219,9 @@ Test(summary_render, json_has_exact_bytes_in_rank_by_group_order) {
   ofl_summary_destroy(s);
 }
 
-Test(summary_render, json_escapes_quotes_and_backslashes_and_handles_no_groups) {
-  static const cell_t r0[] = {{"a\"b\\c", 18446744073709551615ull},
-                              {NULL, 0}};
+Test(summary_render,
+     json_escapes_quotes_and_backslashes_and_handles_no_groups) {
+  static const cell_t r0[] = {{"a\"b\\c", 18446744073709551615ull}, {NULL, 0}};
   const cell_t *rows[] = {r0};
   ofl_summary_t *s = build(1, rows);
   char *text = render(s, OFL_SUMMARY_JSON);
@@ -266,8 +274,8 @@ Test(summary_render, csv_is_wide_with_a_total_row_and_quotes_odd_names) {
   free(text);
   ofl_summary_destroy(s);
 
-  static const cell_t odd[] = {{"a,b", 1}, {"say \"hi\"", 2}, {" pad", 3},
-                               {NULL, 0}};
+  static const cell_t odd[] = {
+      {"a,b", 1}, {"say \"hi\"", 2}, {" pad", 3}, {NULL, 0}};
   const cell_t *orows[] = {odd};
   s = build(1, orows);
   text = render(s, OFL_SUMMARY_CSV);
