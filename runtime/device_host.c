@@ -830,15 +830,17 @@ static ofl_status_t host_launch_host_func(ofl_stream_t *s, ofl_host_fn fn,
 
 /* ---- ranges (trace only) ------------------------------------------------ */
 
+/* Names are copied: the caller's buffer may change before the pop. */
 static _Thread_local struct {
-  const char *name;
+  char name[48];
   uint64_t t0;
 } range_stack[16];
 static _Thread_local int range_depth;
 
 static void host_range_push(ofl_device_t *dev, const char *name) {
   if (range_depth < 16) {
-    range_stack[range_depth].name = name;
+    snprintf(range_stack[range_depth].name,
+             sizeof range_stack[range_depth].name, "%s", name);
     range_stack[range_depth].t0 = ofl__trace_on(dev) ? ofl__now_ns() : 0;
   }
   range_depth++;

@@ -34,6 +34,33 @@ struct ofl__trace {
 
 #define TRACE_MAX_EVENTS (4u << 20)
 
+/* Copies src into dst as the inside of a JSON string: names come from the
+ * application (stream names, range and group names) and may hold quotes,
+ * backslashes or control characters. Truncates on a character boundary of
+ * the escaped form. */
+static void json_escape(char *dst, size_t cap, const char *src) {
+  size_t o = 0;
+  for (const unsigned char *p = (const unsigned char *)src; *p; p++) {
+    char tmp[8];
+    size_t n;
+    if (*p == '"' || *p == '\\') {
+      tmp[0] = '\\';
+      tmp[1] = (char)*p;
+      n = 2;
+    } else if (*p < 0x20) {
+      n = (size_t)snprintf(tmp, sizeof tmp, "\\u%04x", *p);
+    } else {
+      tmp[0] = (char)*p;
+      n = 1;
+    }
+    if (o + n >= cap)
+      break;
+    memcpy(dst + o, tmp, n);
+    o += n;
+  }
+  dst[o] = '\0';
+}
+
 ofl_status_t ofl__trace_open(ofl_device_t *dev, const char *path) {
   ofl__trace_t *t = calloc(1, sizeof *t);
   if (t == NULL)
@@ -65,7 +92,7 @@ void ofl__trace_name_track(ofl_device_t *dev, int track, const char *name) {
   pthread_mutex_lock(&t->lock);
   if (t->ntracks < 64) {
     t->tracks[t->ntracks].id = track;
-    snprintf(t->tracks[t->ntracks].name, sizeof t->tracks[0].name, "%s", name);
+    json_escape(t->tracks[t->ntracks].name, sizeof t->tracks[0].name, name);
     t->ntracks++;
   }
   pthread_mutex_unlock(&t->lock);
@@ -93,8 +120,8 @@ void ofl__trace_complete(ofl_device_t *dev, int track, const char *name,
     t->cap = ncap;
   }
   trace_ev_t *e = &t->evs[t->n++];
-  snprintf(e->name, sizeof e->name, "%s", name);
-  snprintf(e->cat, sizeof e->cat, "%s", cat);
+  json_escape(e->name, sizeof e->name, name);
+  json_escape(e->cat, sizeof e->cat, cat);
   e->track = track;
   e->start_ns = start_ns;
   e->end_ns = end_ns;

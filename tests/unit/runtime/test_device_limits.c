@@ -228,3 +228,52 @@ Test(device_limits, destroying_the_threads_compute_stream_falls_back) {
                OFL_SUCCESS));
   cr_assert(eq(int, memcmp(a, b, sizeof a), 0));
 }
+
+Test(device_limits, trace_file_stays_valid_json_with_any_stream_or_range_name) {
+  char path[] = "/tmp/ofl-trace-names-XXXXXX";
+  int fd = mkstemp(path);
+  close(fd);
+  setenv("OFL_TRACE_FILE", path, 1);
+  ofl_config_reload();
+  ofl_device_t *t = NULL;
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  cr_assert(eq(int, ofl_device_open(&p, &t), OFL_SUCCESS));
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(t, "d2h \"fast\" \\ lane", &s),
+               OFL_SUCCESS));
+  unsigned char h[256], h2[256];
+  memset(h, 4, sizeof h);
+  cr_assert(eq(int, ofl_memcpy_async(h2, h, sizeof h, OFL_COPY_H2H, s),
+               OFL_SUCCESS));
+  /* A range name in a buffer the caller reuses before the pop. */
+  char name[64];
+  snprintf(name, sizeof name, "offload group \"qkv\" chunk 3");
+  ofl_range_push(t, name);
+  memset(name, 'X', sizeof name - 1);
+  name[sizeof name - 1] = '\0';
+  ofl_range_pop(t);
+  cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
+  ofl_stream_destroy(s);
+  ofl_device_close(t);
+  unsetenv("OFL_TRACE_FILE");
+  ofl_config_reload();
+  FILE *f = fopen(path, "r");
+  cr_assert(ne(ptr, f, NULL));
+  char buf[16384] = {0};
+  size_t got = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  cr_assert(gt(sz, got, 0));
+  cr_assert(ne(ptr, strstr(buf, "d2h \\\"fast\\\" \\\\ lane"), NULL), "%s",
+            buf);
+  cr_assert(ne(ptr, strstr(buf, "offload group \\\"qkv\\\" chunk 3"), NULL),
+            "%s", buf);
+  cr_assert(eq(ptr, strstr(buf, "XXXX"), NULL));
+  /* What Perfetto and chrome://tracing need first: the file parses. */
+  char cmd[256];
+  snprintf(cmd, sizeof cmd,
+           "python3 -c 'import json,sys; json.load(open(sys.argv[1]))' %s",
+           path);
+  cr_assert(eq(int, system(cmd), 0), "trace is not valid JSON:\n%s", buf);
+  unlink(path);
+}
