@@ -611,12 +611,7 @@ static void queue_op(ofl_disk_t *d, ofl_disk_extent_t *e) {
   e->err = 0;
   e->short_io = false;
   e->submitted = true;
-  e->next_queued = NULL;
-  if (d->q_tail != NULL)
-    d->q_tail->next_queued = e;
-  else
-    d->q_head = e;
-  d->q_tail = e;
+  ofl__disk_queue_push(d, e);
   d->eng->kick(d);
 }
 
@@ -890,6 +885,14 @@ static ofl_status_t destroy(ofl_disk_extent_t *e, ofl_stream_t *after,
   ofl_disk_t *d = e->disk;
   uint64_t deadline = deadline_of(OFL_TIMEOUT_DEFAULT);
   lock(d);
+  /* A write that has not started is dropped: nobody will read the bytes
+   * (a reload before this served them from the buffer). */
+  if (e->op == DISK_OP_WRITE && ofl__disk_queue_cancel(d, e)) {
+    e->op = DISK_OP_NONE;
+    d->ops_inflight--;
+    d->st.writes_skipped++;
+    pthread_cond_broadcast(&d->done_cv);
+  }
   while (e->op != DISK_OP_NONE && wait_until(d, deadline)) {
   }
   bool busy = e->op != DISK_OP_NONE;
@@ -975,12 +978,13 @@ void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
   e->op = DISK_OP_NONE;
   e->keep_buffer = false;
   d->ops_inflight--;
+  /* The buffer is back in the pool before anyone learns the operation is
+   * over (lock order: store, then pool; the pool never calls the store). */
+  if (drop != NULL)
+    ofl_pool_free(d->pool, drop);
   pthread_cond_broadcast(&d->done_cv);
   int rank = d->rank;
   unlock(d); /* e may be destroyed by a waiter from here on */
-
-  if (drop != NULL)
-    ofl_pool_free(d->pool, drop);
   if (st != OFL_SUCCESS)
     OFL_WARN(OFL_SUBSYS_DISK,
              "rank %d disk %s of %zu bytes at offset %llu failed: %s; %s", rank,
@@ -994,6 +998,14 @@ void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
 
 /* ---- test hooks
  * ------------------------------------------------------------------- */
+
+void ofl__disk_pause(ofl_disk_t *d, int paused) {
+  lock(d);
+  d->paused = paused != 0;
+  if (!d->paused)
+    d->eng->kick(d);
+  unlock(d);
+}
 
 void ofl__disk_inject_fault(ofl_disk_t *d, ofl__disk_fault_t kind,
                             unsigned after_n, unsigned count) {

@@ -68,6 +68,8 @@ typedef enum ofl__disk_fault {
  * more requests of that direction have gone through untouched. */
 void ofl__disk_inject_fault(ofl_disk_t *disk, ofl__disk_fault_t kind,
                             unsigned after_n, unsigned count);
+/* Tests: while paused, queued operations stay queued (no request is cut). */
+void ofl__disk_pause(ofl_disk_t *d, int paused);
 /* Tests: when set, the store skips O_TMPFILE and takes its fallback (a
  * named file unlinked right after it is created). */
 extern int ofl__disk_no_tmpfile;
@@ -141,12 +143,15 @@ struct ofl_disk {
   pthread_cond_t work_cv; /* thread engine: requests are queued */
   disk_space_t space;
   ofl_disk_extent_t *live; /* list of live extents */
-  ofl_disk_extent_t *q_head, *q_tail;
+  /* Operations with requests left to cut, [0] reads and [1] writes. Reads
+   * go first: the backward pass waits on them, writes only hold buffers. */
+  ofl_disk_extent_t *q_head[2], *q_tail[2];
   disk_req_t *reqs; /* queue_depth slots */
   int reqs_busy;
   unsigned ops_inflight; /* extent operations not finished */
   bool degraded;
   bool stop;
+  bool paused; /* tests */
 
   /* fault injection */
   ofl__disk_fault_t inj_kind;
@@ -173,6 +178,11 @@ extern const disk_engine_ops_t ofl__disk_engine_uring;
 int ofl__disk_uring_usable(void);
 #endif
 
+/* Lock held: appends e's operation to its queue. */
+void ofl__disk_queue_push(ofl_disk_t *d, ofl_disk_extent_t *e);
+/* Lock held: takes e's operation out of its queue if nothing of it was cut
+ * yet; false otherwise (its requests are issued). */
+bool ofl__disk_queue_cancel(ofl_disk_t *d, ofl_disk_extent_t *e);
 /* Lock held: cuts the next request from the queue into a free slot; NULL
  * when the queue is empty or every slot is busy. */
 disk_req_t *ofl__disk_next_req(ofl_disk_t *d);

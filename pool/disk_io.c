@@ -46,17 +46,49 @@ static void busy_end(ofl_disk_t *d, int w) {
     d->busy_ns[w] += ofl__now_ns() - d->busy_since[w];
 }
 
-static void queue_pop(ofl_disk_t *d) {
-  ofl_disk_extent_t *e = d->q_head;
-  d->q_head = e->next_queued;
-  if (d->q_head == NULL)
-    d->q_tail = NULL;
+static void queue_pop(ofl_disk_t *d, int w) {
+  ofl_disk_extent_t *e = d->q_head[w];
+  d->q_head[w] = e->next_queued;
+  if (d->q_head[w] == NULL)
+    d->q_tail[w] = NULL;
   e->next_queued = NULL;
 }
 
+void ofl__disk_queue_push(ofl_disk_t *d, ofl_disk_extent_t *e) {
+  int w = e->op == DISK_OP_WRITE;
+  e->next_queued = NULL;
+  if (d->q_tail[w] != NULL)
+    d->q_tail[w]->next_queued = e;
+  else
+    d->q_head[w] = e;
+  d->q_tail[w] = e;
+}
+
+bool ofl__disk_queue_cancel(ofl_disk_t *d, ofl_disk_extent_t *e) {
+  if (!e->submitted || e->carved != 0)
+    return false;
+  int w = e->op == DISK_OP_WRITE;
+  ofl_disk_extent_t *prev = NULL, *q = d->q_head[w];
+  while (q != NULL && q != e) {
+    prev = q;
+    q = q->next_queued;
+  }
+  if (q == NULL)
+    return false;
+  if (prev != NULL)
+    prev->next_queued = e->next_queued;
+  else
+    d->q_head[w] = e->next_queued;
+  if (d->q_tail[w] == e)
+    d->q_tail[w] = prev;
+  e->next_queued = NULL;
+  return true;
+}
+
 disk_req_t *ofl__disk_next_req(ofl_disk_t *d) {
-  ofl_disk_extent_t *e = d->q_head;
-  if (e == NULL || d->reqs_busy >= d->queue_depth)
+  int w = d->q_head[0] == NULL; /* reads first */
+  ofl_disk_extent_t *e = d->q_head[w];
+  if (e == NULL || d->reqs_busy >= d->queue_depth || d->paused)
     return NULL;
   disk_req_t *r = NULL;
   for (int i = 0; i < d->queue_depth; i++)
@@ -77,7 +109,7 @@ disk_req_t *ofl__disk_next_req(ofl_disk_t *d) {
   e->carved += r->len;
   e->inflight++;
   if (e->carved == e->span)
-    queue_pop(d);
+    queue_pop(d, w);
   d->reqs_busy++;
   if (d->reqs_busy > d->st.queue_depth_max)
     d->st.queue_depth_max = d->reqs_busy;
@@ -120,10 +152,10 @@ ofl_disk_extent_t *ofl__disk_complete_req(ofl_disk_t *d, disk_req_t *r,
   d->reqs_busy--;
   e->inflight--;
   /* After a fault the rest of the operation is not cut: it failed. Only
-   * the queue head can be partly cut. */
+   * a queue head can be partly cut. */
   if ((e->err != 0 || e->short_io) && e->carved < e->span) {
-    if (d->q_head == e)
-      queue_pop(d);
+    if (d->q_head[r->write] == e)
+      queue_pop(d, r->write);
     e->carved = e->span;
   }
   return e->inflight == 0 && e->carved == e->span ? e : NULL;

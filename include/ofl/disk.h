@@ -31,6 +31,9 @@
  * A read that fails, or whose CRC32C does not match (OFL_DISK_CHECKSUM), is
  * an error returned by reload; the buffer is never handed out then.
  *
+ * Reads are issued before queued writes. Destroying an extent whose write
+ * has not started drops the write.
+ *
  * Threads: calls on different extents may come from any thread; one extent
  * is driven by one thread at a time (the engine completes its I/O in the
  * background). Every wait has a timeout (OFL_TIMEOUT_DEFAULT: the default
@@ -110,14 +113,16 @@ typedef enum ofl_disk_extent_state {
 } ofl_disk_extent_state_t;
 
 typedef struct ofl_disk_stats {
-  uint64_t bytes_written; /* payload bytes of completed writes */
-  uint64_t bytes_read;    /* payload bytes of completed reads */
-  double write_gbps;      /* bytes written / time with a write in flight */
-  double read_gbps;       /* bytes read / time with a read in flight */
-  uint64_t writes, reads; /* extent operations completed (ok or not) */
-  uint64_t requests;      /* I/O requests (blocks) completed */
-  int queue_depth;        /* configured */
-  int queue_depth_max;    /* requests in flight at once, high-water mark */
+  uint64_t bytes_written;  /* payload bytes of completed writes */
+  uint64_t bytes_read;     /* payload bytes of completed reads */
+  double write_gbps;       /* bytes written / time with a write in flight */
+  double read_gbps;        /* bytes read / time with a read in flight */
+  uint64_t writes, reads;  /* extent operations completed (ok or not) */
+  uint64_t writes_skipped; /* queued writes dropped: the extent was
+                              destroyed before its write started */
+  uint64_t requests;       /* I/O requests (blocks) completed */
+  int queue_depth;         /* configured */
+  int queue_depth_max;     /* requests in flight at once, high-water mark */
   uint64_t reloads;
   uint64_t prefetch_hits;   /* reloads that found the bytes in memory */
   uint64_t stalls;          /* reloads that had to wait for a read */

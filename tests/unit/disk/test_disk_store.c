@@ -398,3 +398,42 @@ Test(disk, bounce_buffer_returns_only_after_the_write_completes) {
   ofl_stream_destroy(s);
   ofl_disk_close(d);
 }
+
+Test(disk, reads_overtake_queued_writes_and_unstarted_writes_are_dropped) {
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 1);
+  p.queue_depth = 2;
+  p.block_bytes = 1 << 20;
+  ofl_disk_t *d = open_with(&p);
+  ofl_disk_extent_t *r = put(d, 1 << 20, 1);
+  cr_assert(eq(int, ofl_disk_extent_wait(r, -1), OFL_SUCCESS));
+  enum { N = 4 };
+  ofl_disk_extent_t *w[N];
+  ofl__disk_pause(d, 1); /* everything below stays queued until resumed */
+  for (int i = 0; i < N; i++)
+    w[i] = put(d, 8 << 20, (uint64_t)(10 + i));
+  cr_assert(eq(int, ofl_disk_extent_prefetch(r), OFL_SUCCESS));
+  /* a write not started yet: reload serves the buffer, destroy drops it */
+  void *data = NULL;
+  cr_assert(eq(int, ofl_disk_extent_reload(w[N - 1], -1, &data), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(data, 8 << 20, 10 + N - 1), 0));
+  cr_assert(eq(int, ofl_disk_extent_destroy(w[N - 1]), OFL_SUCCESS));
+  ofl__disk_pause(d, 0);
+  /* the 1-request read was queued last and goes first: it is done while
+   * the first 8-request write is still going */
+  cr_assert(eq(int, ofl_disk_extent_wait(r, -1), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_disk_extent_query(w[0]), OFL_ERR_NOT_READY));
+  for (int i = 0; i < N - 1; i++)
+    cr_assert(eq(int, ofl_disk_extent_wait(w[i], -1), OFL_SUCCESS));
+  ofl_disk_stats_t s = disk_stats(d);
+  cr_expect(eq(u64, s.writes_skipped, 1));
+  cr_expect(eq(u64, s.writes, N)); /* r and N - 1 of the others */
+  cr_assert(eq(int, ofl_disk_extent_reload(r, -1, &data), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(data, 1 << 20, 1), 0));
+  for (int i = 0; i < N - 1; i++) {
+    cr_assert(eq(int, ofl_disk_extent_reload(w[i], -1, &data), OFL_SUCCESS));
+    cr_expect(eq(sz, count_wrong(data, 8 << 20, (uint64_t)(10 + i)), 0));
+    ofl_disk_extent_destroy(w[i]);
+  }
+  ofl_disk_extent_destroy(r);
+  ofl_disk_close(d);
+}
