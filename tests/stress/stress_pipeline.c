@@ -1,6 +1,7 @@
 /* The pipeline manager under jittered schedules with its copy streams on
  * worker threads, as a plain TAP program so that ThreadSanitizer can run it
- * (the tsan setup). Each configuration checks every popped byte. */
+ * (the tsan setup), a quarter of the configurations with the disk tier.
+ * Each configuration checks every popped byte. */
 #include "tests/tap.h"
 #include "tests/unit/pipeline/driver.h"
 
@@ -24,6 +25,10 @@ int main(void) {
     c.jitter_us = 20;
     c.tricks = 1;
     c.offload = 1;
+    if (i % 4 == 3) { /* the disk tier takes every group */
+      c.disk_groups = "*";
+      c.host_budget = 0;
+    }
     drv_t d;
     ofl_status_t s = drv_open(&d, &c);
     for (int it = 0; s == OFL_SUCCESS && it < 3; it++)
