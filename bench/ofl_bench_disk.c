@@ -4,7 +4,7 @@
  *   1. sequential write then read of COUNT x MIB MiB: the disk store
  *      (io_uring, O_DIRECT where taken) against fio --direct=1
  *      --ioengine=io_uring with the same block size and queue depth, best
- *      of OFL_BENCH_DISK_REPS (3) runs each, alternating;
+ *      of OFL_BENCH_DISK_REPS (5) runs each, alternating;
  *   2. COUNT tensors of MIB MiB offloaded (copied into a bounce buffer and
  *      written) then reloaded in reverse order with prefetch PREFETCH
  *      tensors ahead (read, copied out): the store, direct and buffered,
@@ -262,7 +262,7 @@ int main(int argc, char **argv) {
          prefetch);
 
   /* 1. sequential, beside fio: best of reps, alternating */
-  int reps = env_int("OFL_BENCH_DISK_REPS", 3);
+  int reps = env_int("OFL_BENCH_DISK_REPS", 5);
   char fiofile[4200];
   snprintf(fiofile, sizeof fiofile, "%s/ofl-bench-fio.dat", dir);
   double fw = -1, fr = -1, sw = 0, sr = 0;
