@@ -110,7 +110,9 @@ static bool parse_int(const char *s, int64_t *out) {
 static bool parse_size(const char *s, size_t *out) {
   char *end = NULL;
   errno = 0;
-  if (*s == '-')
+  /* strtoull skips blanks and accepts a sign, and wraps "-1" to the largest
+   * value: a size must start with a digit. */
+  if (!isdigit((unsigned char)*s))
     return false;
   unsigned long long v = strtoull(s, &end, 10);
   if (errno != 0 || end == s)

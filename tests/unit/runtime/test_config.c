@@ -105,3 +105,24 @@ Test(config, print_lists_every_variable_with_its_value) {
   cr_assert(ne(ptr, strstr(line, "= 5"), NULL));
   free(buf);
 }
+
+Test(config, a_negative_size_is_invalid_even_after_blanks) {
+  static const char *bad[] = {"-1", " -1", "\t-4096", "  -2G", " +5", "1 "};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("OFL_DEVICE_CAPACITY", bad[i], 1);
+    cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG), "'%s' accepted",
+              bad[i]);
+    size_t z = 12345;
+    cr_assert(eq(int, ofl__config_size("OFL_DEVICE_CAPACITY", &z),
+                 OFL_ERR_CONFIG),
+              "'%s' parsed", bad[i]);
+    cr_assert(eq(sz, z, 12345)); /* out untouched on error */
+  }
+  setenv("OFL_DEVICE_CAPACITY", "64M", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  size_t z = 0;
+  cr_assert(eq(int, ofl__config_size("OFL_DEVICE_CAPACITY", &z), OFL_SUCCESS));
+  cr_assert(eq(sz, z, (size_t)64 << 20));
+  unsetenv("OFL_DEVICE_CAPACITY");
+  ofl_config_reload();
+}
