@@ -233,7 +233,11 @@ typedef struct host_event {
   pthread_cond_t cv;
   uint64_t recorded;  /* records enqueued */
   uint64_t completed; /* every record <= completed reached by its stream */
-  uint64_t ahead;     /* bit i: record completed+1+i reached out of order */
+  /* Records > completed + 1 reached out of order, sorted. Room for every
+   * record in flight is made when it is recorded, so completing one never
+   * allocates. */
+  uint64_t *ahead;
+  size_t n_ahead, cap_ahead;
   /* The handle and every queued record or wait that names the event: as
    * with cudaEventDestroy, the event may be destroyed while they are still
    * queued, and is freed when the last of them has run. */
@@ -257,39 +261,77 @@ static void event_unref(host_event_t *he) {
     return;
   pthread_mutex_destroy(&he->mu);
   pthread_cond_destroy(&he->cv);
+  free(he->ahead);
   free(he);
 }
 
 static void host_event_destroy(ofl_event_t *e) { event_unref(e->impl); }
 
+/* Index of the first entry of he->ahead >= target (mu held). */
+static size_t ahead_lower(const host_event_t *he, uint64_t target) {
+  size_t lo = 0, hi = he->n_ahead;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (he->ahead[mid] < target)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 /* Record `target` reached (mu held). */
 static bool event_reached(const host_event_t *he, uint64_t target) {
   if (target <= he->completed)
     return true;
-  uint64_t d = target - he->completed - 1;
-  return d < 64 && (he->ahead >> d) & 1u;
+  size_t i = ahead_lower(he, target);
+  return i < he->n_ahead && he->ahead[i] == target;
 }
 
 /* Records on different streams can complete out of order; a wait captured
- * on an older record must not be released by a newer one (re-recorded on a
- * faster stream), so completion advances only over a contiguous prefix. */
+ * on an older record must not be released by newer ones (re-recorded on a
+ * faster stream, however many), so completion advances only over a
+ * contiguous prefix. */
 static void event_complete(host_event_t *he, uint64_t target) {
   pthread_mutex_lock(&he->mu);
-  if (target > he->completed) {
-    uint64_t d = target - he->completed - 1;
-    if (d < 64) {
-      he->ahead |= 1ull << d;
-    } else { /* more than 64 records in flight: give up ordering them */
-      he->completed = target;
-      he->ahead = 0;
-    }
-    while (he->ahead & 1u) {
+  if (target == he->completed + 1) {
+    he->completed++;
+    size_t k = 0;
+    while (k < he->n_ahead && he->ahead[k] == he->completed + 1) {
       he->completed++;
-      he->ahead >>= 1;
+      k++;
     }
+    if (k > 0) {
+      memmove(he->ahead, he->ahead + k, (he->n_ahead - k) * sizeof *he->ahead);
+      he->n_ahead -= k;
+    }
+  } else if (target > he->completed && !event_reached(he, target)) {
+    /* Room was made at record time (event_make_room). */
+    size_t i = ahead_lower(he, target);
+    memmove(he->ahead + i + 1, he->ahead + i,
+            (he->n_ahead - i) * sizeof *he->ahead);
+    he->ahead[i] = target;
+    he->n_ahead++;
   }
   pthread_cond_broadcast(&he->cv);
   pthread_mutex_unlock(&he->mu);
+}
+
+/* Makes room in he->ahead for every record in flight plus one more (mu
+ * held); false when out of memory. */
+static bool event_make_room(host_event_t *he) {
+  uint64_t inflight = he->recorded + 1 - he->completed;
+  if (inflight <= he->cap_ahead)
+    return true;
+  size_t cap = he->cap_ahead ? he->cap_ahead * 2 : 16;
+  while (cap < inflight)
+    cap *= 2;
+  uint64_t *a = realloc(he->ahead, cap * sizeof *a);
+  if (a == NULL)
+    return false;
+  he->ahead = a;
+  he->cap_ahead = cap;
+  return true;
 }
 
 /* Waits until record `target` completed; false on timeout or stop. */
@@ -777,6 +819,18 @@ static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
   if (op == NULL)
     return OFL_ERR_NO_MEMORY;
   pthread_mutex_lock(&he->mu);
+  if (!event_make_room(he)) {
+    pthread_mutex_unlock(&he->mu);
+    host_stream_t *hs = s->impl;
+    pthread_mutex_lock(&hs->mu);
+    op->next = hs->free_ops;
+    hs->free_ops = op;
+    pthread_mutex_unlock(&hs->mu);
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot record an event on stream '%s': no memory to "
+                      "track %llu records in flight",
+                      s->name, (unsigned long long)(he->recorded + 1));
+  }
   op->target = ++he->recorded;
   pthread_mutex_unlock(&he->mu);
   op->type = OP_RECORD;

@@ -277,3 +277,50 @@ Test(device_limits, trace_file_stays_valid_json_with_any_stream_or_range_name) {
   cr_assert(eq(int, system(cmd), 0), "trace is not valid JSON:\n%s", buf);
   unlink(path);
 }
+
+Test(device_limits, a_wait_holds_even_after_many_newer_records_complete) {
+  ofl_stream_t *slow = NULL, *fast = NULL, *waiter = NULL;
+  ofl_event_t *ev = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "slow", &slow), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_create(dev, "fast", &fast), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_create(dev, "waiter", &waiter), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
+  atomic_int go = 0;
+  unsigned char src[128], out[128];
+  memset(src, 0, sizeof src);
+  memset(out, 0xEE, sizeof out);
+  /* slow: blocked, then writes the data, then records ev (record 1). */
+  cr_assert(eq(int, ofl_stream_launch_host_func(slow, wait_flag, &go),
+               OFL_SUCCESS));
+  unsigned char data[128];
+  memset(data, 0x42, sizeof data);
+  cr_assert(eq(int, ofl_memcpy_async(src, data, sizeof src, OFL_COPY_H2H,
+                                     slow),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_record(ev, slow), OFL_SUCCESS));
+  /* waiter: ordered after record 1, then reads the data. */
+  cr_assert(eq(int, ofl_stream_wait_event(waiter, ev), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(out, src, sizeof out, OFL_COPY_H2H,
+                                     waiter),
+               OFL_SUCCESS));
+  /* Many newer records of the same event complete on another stream. */
+  for (int i = 0; i < 200; i++)
+    cr_assert(eq(int, ofl_event_record(ev, fast), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(fast, 10000), OFL_SUCCESS));
+  sleep_ms(50);
+  /* Record 1 has not been reached: the waiter must still be waiting. */
+  cr_assert(eq(int, ofl_stream_query(waiter), OFL_ERR_NOT_READY));
+  for (size_t i = 0; i < sizeof out; i++)
+    cr_assert(eq(u8, out[i], 0xEE));
+  /* A query refers to the last record (on fast), which is complete. */
+  cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
+  atomic_store(&go, 1);
+  cr_assert(eq(int, ofl_stream_synchronize(waiter, 10000), OFL_SUCCESS));
+  for (size_t i = 0; i < sizeof out; i++)
+    cr_assert(eq(u8, out[i], 0x42));
+  cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
+  ofl_event_destroy(ev);
+  ofl_stream_destroy(waiter);
+  ofl_stream_destroy(fast);
+  ofl_stream_destroy(slow);
+}
