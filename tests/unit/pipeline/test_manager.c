@@ -610,3 +610,48 @@ Test(pipeline_manager, host_budget_full_falls_to_the_disk_tier) {
   ofl_disk_close(disk);
   h_close(&e);
 }
+
+Test(pipeline_manager, configuration_comes_from_the_environment) {
+  setenv("OFL_OFFLOAD_GROUPS", "core_attn, expert_fc1", 1);
+  setenv("OFL_MIN_OFFLOAD_BYTES", "4K", 1);
+  H_OK(ofl_config_reload());
+  h_env_t e;
+  h_open_dev(&e, 0, 24);
+  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT; /* all from the env */
+  mp.device = e.dev;
+  mp.device_pool = e.pool;
+  H_OK(ofl_manager_create(&mp, &e.m));
+  ofl_tag_t t[3];
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  const char *names[3] = {"core_attn", "attn_proj", "expert_fc1"};
+  const size_t sizes[3] = {8 * KIB, 8 * KIB, 2 * KIB};
+  for (int i = 0; i < 3; i++) {
+    H_OK(ofl_manager_group_start(e.m, names[i]));
+    H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, sizes[i], 30 + i), &t[i]));
+    H_OK(ofl_manager_group_commit(e.m, names[i], NULL, 0, 0));
+  }
+  /* attn_proj is not a selected name; expert_fc1's tensor is under 4 KiB. */
+  ofl_manager_stats_t s = stats(&e);
+  cr_assert(eq(u64, s.offloaded_tensors, 1));
+  cr_assert(eq(u64, s.offloaded_bytes, 8 * KIB));
+  for (int i = 2; i >= 0; i--) {
+    H_OK(ofl_manager_group_backward_begin(e.m, names[i]));
+    cr_assert(eq(sz, h_pop_check(&e, t[i], sizes[i], 30 + i), 0));
+    H_OK(ofl_manager_group_backward_end(e.m, names[i]));
+  }
+  H_OK(ofl_manager_reset(e.m));
+  ofl_manager_destroy(e.m);
+  e.m = NULL;
+  /* An invalid value is an error naming the variable's range. */
+  setenv("OFL_OFFLOAD_FRACTION", "1.5", 1);
+  H_OK(ofl_config_reload());
+  ofl_manager_t *bad = NULL;
+  cr_assert(eq(int, ofl_manager_create(&mp, &bad), OFL_ERR_CONFIG));
+  cr_assert(eq(ptr, bad, NULL));
+  cr_assert(has("OFL_OFFLOAD_FRACTION"), "%s", ofl_last_error());
+  unsetenv("OFL_OFFLOAD_FRACTION");
+  unsetenv("OFL_OFFLOAD_GROUPS");
+  unsetenv("OFL_MIN_OFFLOAD_BYTES");
+  H_OK(ofl_config_reload());
+  h_close(&e);
+}
