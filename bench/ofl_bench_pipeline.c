@@ -31,7 +31,7 @@ static const char *const names[2] = {"core_attn", "attn_proj"};
 typedef struct {
   ofl_manager_t *m;
   int per_group;
-  ofl_tensor_t **t;    /* [MBS][GROUPS][per_group] */
+  ofl_tensor_t **t; /* [MBS][GROUPS][per_group] */
   ofl_tag_t *tag;
 } run_t;
 
@@ -161,10 +161,9 @@ int main(void) {
                                   ofl_manager_d2h_stream(r.m),
                                   ofl_manager_h2d_stream(r.m))
                        : 0.0;
-    printf("%-9d %-10s %12.0f %12.0f %14.0f %10.2f %9llu %9llu\n",
-           r.per_group, copies ? "yes" : "no (bk)", per_tensor, per_group, fl,
-           copies ? per_tensor / fl : 0.0,
-           (unsigned long long)offl,
+    printf("%-9d %-10s %12.0f %12.0f %14.0f %10.2f %9llu %9llu\n", r.per_group,
+           copies ? "yes" : "no (bk)", per_tensor, per_group, fl,
+           copies ? per_tensor / fl : 0.0, (unsigned long long)offl,
            (unsigned long long)((d1.device_allocs - d0.device_allocs) +
                                 (d1.pinned_allocs - d0.pinned_allocs)));
     ofl_manager_destroy(r.m);

@@ -39,8 +39,8 @@ void ofl__chunk_free(chunk_t *c) {
 }
 
 static ofl_status_t push_backward(ofl_manager_t *m, chunk_t *c) {
-  OFL_CHECK(ofl__grow((void **)&m->bwd, &m->capbwd, m->nbwd + 1,
-                      sizeof *m->bwd));
+  OFL_CHECK(
+      ofl__grow((void **)&m->bwd, &m->capbwd, m->nbwd + 1, sizeof *m->bwd));
   c->bwd_pos = m->nbwd;
   c->in_bwd = true;
   m->bwd[m->nbwd++] = c;
@@ -72,8 +72,7 @@ static ofl_status_t stages_init(ofl_manager_t *m, int vpp) {
   m->stage_count = calloc((size_t)vpp, sizeof *m->stage_count);
   if (!m->stages || !m->nstage || !m->capstage || !m->stage_count)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
-                      "rank %d: no memory for %d virtual stages", m->rank,
-                      vpp);
+                      "rank %d: no memory for %d virtual stages", m->rank, vpp);
   m->vpp = vpp;
   return OFL_SUCCESS;
 }
@@ -89,8 +88,8 @@ static ofl_status_t record_chunk(ofl_manager_t *m, int vpp, int stage) {
   int last = vpp - 1;
   if (stage == last)
     OFL_CHECK(ofl__order_flush(m, false));
-  OFL_CHECK(ofl__grow((void **)&m->fwd, &m->capfwd, m->nfwd + 1,
-                      sizeof *m->fwd));
+  OFL_CHECK(
+      ofl__grow((void **)&m->fwd, &m->capfwd, m->nfwd + 1, sizeof *m->fwd));
   OFL_CHECK(ofl__grow((void **)&m->stages[stage], &m->capstage[stage],
                       m->nstage[stage] + 1, sizeof **m->stages));
   chunk_t *c;

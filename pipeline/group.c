@@ -20,7 +20,8 @@ static ofl_tag_t tag_make(const ofl_manager_t *m, uint32_t c, uint32_t g,
          (uint64_t)(k + 1);
 }
 
-/* ---- group records -------------------------------------------------------- */
+/* ---- group records --------------------------------------------------------
+ */
 
 void ofl__group_free(group_t *g) {
   if (g == NULL)
@@ -83,8 +84,8 @@ ofl_status_t ofl_manager_group_start(ofl_manager_t *m, const char *name) {
                      "");
   int nid;
   OFL_CHECK(ofl__name_intern(m, name, &nid));
-  OFL_CHECK(ofl__grow((void **)&m->open, &m->capopen, m->nopen + 1,
-                      sizeof *m->open));
+  OFL_CHECK(
+      ofl__grow((void **)&m->open, &m->capopen, m->nopen + 1, sizeof *m->open));
   group_t *g = NULL;
   if (m->names[nid].selected) {
     if (m->warmup) {
@@ -110,15 +111,16 @@ ofl_status_t ofl_manager_group_start(ofl_manager_t *m, const char *name) {
   return OFL_SUCCESS;
 }
 
-/* ---- push ----------------------------------------------------------------- */
+/* ---- push -----------------------------------------------------------------
+ */
 
 static ofl_status_t hold(ofl_manager_t *m, ofl_tensor_t *t, ofl_tag_t *tag) {
   if (m->nheld >= (UINT32_C(1) << 30))
     return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_PIPELINE,
                       "rank %d: %u tensors held without a reset", m->rank,
                       m->nheld);
-  OFL_CHECK(ofl__grow((void **)&m->held, &m->capheld, m->nheld + 1,
-                      sizeof *m->held));
+  OFL_CHECK(
+      ofl__grow((void **)&m->held, &m->capheld, m->nheld + 1, sizeof *m->held));
   m->held[m->nheld] = t;
   *tag = TAG_HELD | TAG_GEN(m) | (uint64_t)(m->nheld + 1);
   m->nheld++;
@@ -147,8 +149,8 @@ ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
                        "owns it from the first push); push an alias "
                        "(ofl_tensor_alias) to save it under a second tag",
                        (void *)t);
-  OFL_CHECK(ofl__grow((void **)&g->entries, &g->cap, g->n + 1,
-                      sizeof *g->entries));
+  OFL_CHECK(
+      ofl__grow((void **)&g->entries, &g->cap, g->n + 1, sizeof *g->entries));
   entry_t *e = &g->entries[g->n];
   memset(e, 0, sizeof *e);
   e->t = t;
@@ -159,7 +161,8 @@ ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
   return OFL_SUCCESS;
 }
 
-/* ---- commit --------------------------------------------------------------- */
+/* ---- commit ---------------------------------------------------------------
+ */
 
 static bool tensor_big_enough(const ofl_manager_t *m, const ofl_tensor_t *t) {
   if (m->min_bytes > 0)
@@ -496,7 +499,8 @@ ofl_status_t ofl_manager_flush_delayed_groups(ofl_manager_t *m) {
   return first;
 }
 
-/* ---- reload --------------------------------------------------------------- */
+/* ---- reload ---------------------------------------------------------------
+ */
 
 /* Gives the cluster of leader l device storage and queues the H2D copy on
  * stream (h2d for a prefetch, compute for an inline reload). */
@@ -613,9 +617,8 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
   uint64_t t0 = late ? ofl__now_ns() : 0;
   OFL_CHECK(ofl_stream_wait_event(ofl__compute(m), g->reload_ev));
   if (late) {
-    uint64_t dt = ofl_device_backend(m->dev) == OFL_BACKEND_HOST
-                      ? ofl__now_ns() - t0
-                      : 0;
+    uint64_t dt =
+        ofl_device_backend(m->dev) == OFL_BACKEND_HOST ? ofl__now_ns() - t0 : 0;
     m->st.stalls++;
     m->st.stall_ns += dt;
     ni->st.stalls++;
@@ -625,7 +628,8 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
   return OFL_SUCCESS;
 }
 
-/* ---- backward ------------------------------------------------------------- */
+/* ---- backward -------------------------------------------------------------
+ */
 
 /* The group whose commit-backward comes next: the current backward chunk's
  * next commit in reverse order, or the first chunk in backward order that
@@ -777,7 +781,8 @@ ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
   return OFL_SUCCESS;
 }
 
-/* ---- pop ------------------------------------------------------------------ */
+/* ---- pop ------------------------------------------------------------------
+ */
 
 static ofl_status_t pop_held(ofl_manager_t *m, ofl_tag_t tag,
                              ofl_tensor_t **out) {
@@ -847,7 +852,8 @@ ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
   return OFL_SUCCESS;
 }
 
-/* ---- end of iteration ------------------------------------------------------ */
+/* ---- end of iteration ------------------------------------------------------
+ */
 
 /* Releases what an iteration left in the group (tensors never popped) and
  * clears the per-iteration state. */

@@ -8,7 +8,8 @@
 
 #include "pipeline/pipeline_internal.h"
 
-/* ---- small helpers ---------------------------------------------------------- */
+/* ---- small helpers ----------------------------------------------------------
+ */
 
 /* Grows *arr to hold need elements (doubling); new elements are zeroed. */
 ofl_status_t ofl__grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
@@ -99,7 +100,8 @@ ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out) {
   return OFL_SUCCESS;
 }
 
-/* ---- configuration ---------------------------------------------------------- */
+/* ---- configuration ----------------------------------------------------------
+ */
 
 static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
   bool b;
@@ -196,7 +198,8 @@ static ofl_status_t open_resources(ofl_manager_t *m,
   return OFL_SUCCESS;
 }
 
-/* ---- lifecycle ---------------------------------------------------------------- */
+/* ---- lifecycle
+ * ---------------------------------------------------------------- */
 
 ofl_status_t ofl_manager_create(const ofl_manager_params_t *params,
                                 ofl_manager_t **out) {
@@ -317,7 +320,8 @@ ofl_pool_t *ofl_manager_device_pool(const ofl_manager_t *m) {
   return m ? m->dev_pool : NULL;
 }
 
-/* ---- iteration ------------------------------------------------------------------ */
+/* ---- iteration
+ * ------------------------------------------------------------------ */
 
 /* Rule 5: a training iteration after warmup runs every recorded chunk. */
 static ofl_status_t check_structure(ofl_manager_t *m) {
@@ -392,7 +396,8 @@ ofl_status_t ofl_manager_reset(ofl_manager_t *m) {
 
 int ofl_manager_is_warmup(const ofl_manager_t *m) { return m ? m->warmup : 0; }
 
-/* ---- switches ------------------------------------------------------------------- */
+/* ---- switches
+ * ------------------------------------------------------------------- */
 
 void ofl_manager_mark_not_offloadable(ofl_tensor_t *t) {
   if (t != NULL)
@@ -444,10 +449,11 @@ ofl_status_t ofl_manager_synchronize(ofl_manager_t *m, int64_t timeout_ms) {
   return ofl_stream_synchronize(m->h2d, timeout_ms);
 }
 
-/* ---- statistics ----------------------------------------------------------------- */
+/* ---- statistics
+ * ----------------------------------------------------------------- */
 
-ofl_status_t ofl_manager_summary_bytes(const ofl_manager_t *m,
-                                       const char *name, uint64_t *out) {
+ofl_status_t ofl_manager_summary_bytes(const ofl_manager_t *m, const char *name,
+                                       uint64_t *out) {
   if (m == NULL || name == NULL || out == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "ofl_manager_summary_bytes: arguments must not be NULL");
@@ -503,7 +509,8 @@ ofl_status_t ofl_manager_group_stats(const ofl_manager_t *m, size_t i,
   return OFL_SUCCESS;
 }
 
-/* ---- tests only ----------------------------------------------------------------- */
+/* ---- tests only
+ * ----------------------------------------------------------------- */
 
 void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask) {
   m->rules_off = mask;

@@ -27,15 +27,15 @@ typedef enum {
 
 typedef struct entry {
   ofl_tensor_t *t;
-  ofl_tensor_t *host;  /* leader: the pinned copy while offloaded */
+  ofl_tensor_t *host;     /* leader: the pinned copy while offloaded */
   ofl_disk_extent_t *ext; /* leader: or its disk extent */
-  const void *sid;     /* storage identity at commit */
-  size_t off;          /* offset in the storage at commit */
-  size_t lo, span;     /* leader: byte range of the storage it copies */
-  uint32_t leader;     /* index of the cluster leader (itself for a leader) */
-  uint32_t nmembers;   /* leader: entries in the cluster */
-  uint8_t flag;        /* leader: 1 a tensor is big enough, 2 one is marked
-                          not-offloadable */
+  const void *sid;        /* storage identity at commit */
+  size_t off;             /* offset in the storage at commit */
+  size_t lo, span;        /* leader: byte range of the storage it copies */
+  uint32_t leader;   /* index of the cluster leader (itself for a leader) */
+  uint32_t nmembers; /* leader: entries in the cluster */
+  uint8_t flag;      /* leader: 1 a tensor is big enough, 2 one is marked
+                        not-offloadable */
   uint8_t state;
 } entry_t;
 
@@ -63,14 +63,14 @@ typedef struct group {
 struct chunk {
   uint32_t index; /* forward (creation) order */
   int vp_stage;
-  int mb;       /* microbatch: creation order within the stage */
+  int mb;           /* microbatch: creation order within the stage */
   uint32_t bwd_pos; /* place in the backward order */
   bool in_bwd;
   group_t **groups;
   uint32_t ngroups, cap;
   uint64_t name_mask;
   /* Per iteration. */
-  uint32_t fwd_cursor;   /* groups started */
+  uint32_t fwd_cursor;    /* groups started */
   uint32_t *commit_order; /* group indexes in commit order */
   uint32_t ncommit;
   uint32_t bwd_left; /* commits whose backward has not begun */

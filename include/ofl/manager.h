@@ -26,7 +26,8 @@
  * (OFL_ERR_MISMATCH naming the group and the chunk).
  *
  * Names against the reference (Megatron-Core fine-grained activation
- * offloading, megatron/core/pipeline_parallel/fine_grained_activation_offload.py):
+ * offloading,
+ * megatron/core/pipeline_parallel/fine_grained_activation_offload.py):
  *
  *   ofl                                  reference
  *   ------------------------------------ -------------------------------------
@@ -47,10 +48,10 @@
  *   ofl_manager_group_backward_end       GroupStart.backward ->
  *                                        on_group_start_backward (bulk_reload)
  *   ofl_manager_reset                    reset (+ post_warmup_callback)
- *   ofl_manager_mark_not_offloadable     mark_not_offloadable / mark_not_offload
- *   ofl_manager_disable_offload/enable   disable_offload / enable_offload
- *   ofl_manager_set_forward_only         (none: NeMo RL suspends offloading)
- *   ofl_manager_forward_record           forward_record
+ *   ofl_manager_mark_not_offloadable     mark_not_offloadable /
+ * mark_not_offload ofl_manager_disable_offload/enable   disable_offload /
+ * enable_offload ofl_manager_set_forward_only         (none: NeMo RL suspends
+ * offloading) ofl_manager_forward_record           forward_record
  *   ofl_manager_backward_record          backward_record
  *   ofl_manager_summary_bytes/_total     offload_summary_bytes / _total_bytes
  *   ofl_tag_t                            tag (group_idx, k)
@@ -98,34 +99,34 @@ typedef uint64_t ofl_tag_t;
 /* Parameters of ofl_manager_create. Fields left at their *_INIT value are
  * read from the OFL_* environment (see ofl_config_print). */
 typedef struct ofl_manager_params {
-  ofl_device_t *device;      /* NULL: opened from the environment (owned) */
-  ofl_pool_t *device_pool;   /* reload buffers; NULL: the manager's own */
-  int offload;               /* master switch; <0: OFL_OFFLOAD */
-  const char *groups;        /* comma-separated names offloaded; NULL:
-                                OFL_OFFLOAD_GROUPS; "": every name */
-  int64_t min_offload_elems; /* smallest tensor offloaded, in elements;
-                                <0: OFL_MIN_OFFLOAD_ELEMS */
-  int64_t min_offload_bytes; /* in bytes, wins over elems when > 0;
-                                <0: OFL_MIN_OFFLOAD_BYTES */
-  double fraction;           /* of groups of each chunk kept offloaded after
-                                warmup, in [0, 1]; <0: OFL_OFFLOAD_FRACTION */
-  int64_t rank_delta_bytes;  /* bytes kept on the device per pipeline rank
-                                (pp_rank x delta); <0: OFL_RANK_DELTA_BYTES */
-  int max_inflight;          /* offloads in flight per group name before
-                                compute waits; 0 unlimited; <0: env */
-  int64_t host_budget_bytes; /* pinned pool budget; 0 unlimited; <0: env */
-  int pp_rank;               /* pipeline rank of this process */
-  int rank;                  /* rank written in log lines; <0: the log rank */
-  ofl_comm_t *comm;          /* summary gather at the end of warmup (every
-                                rank of it resets); NULL: this rank only */
+  ofl_device_t *device;       /* NULL: opened from the environment (owned) */
+  ofl_pool_t *device_pool;    /* reload buffers; NULL: the manager's own */
+  int offload;                /* master switch; <0: OFL_OFFLOAD */
+  const char *groups;         /* comma-separated names offloaded; NULL:
+                                 OFL_OFFLOAD_GROUPS; "": every name */
+  int64_t min_offload_elems;  /* smallest tensor offloaded, in elements;
+                                 <0: OFL_MIN_OFFLOAD_ELEMS */
+  int64_t min_offload_bytes;  /* in bytes, wins over elems when > 0;
+                                 <0: OFL_MIN_OFFLOAD_BYTES */
+  double fraction;            /* of groups of each chunk kept offloaded after
+                                 warmup, in [0, 1]; <0: OFL_OFFLOAD_FRACTION */
+  int64_t rank_delta_bytes;   /* bytes kept on the device per pipeline rank
+                                 (pp_rank x delta); <0: OFL_RANK_DELTA_BYTES */
+  int max_inflight;           /* offloads in flight per group name before
+                                 compute waits; 0 unlimited; <0: env */
+  int64_t host_budget_bytes;  /* pinned pool budget; 0 unlimited; <0: env */
+  int pp_rank;                /* pipeline rank of this process */
+  int rank;                   /* rank written in log lines; <0: the log rank */
+  ofl_comm_t *comm;           /* summary gather at the end of warmup (every
+                                 rank of it resets); NULL: this rank only */
   const char *dynamic_groups; /* names whose shapes change per microbatch
                                  (byte-keyed pool blocks); NULL:
                                  "expert_fc1,moe_act,fused_group_mlp" */
   FILE *summary_out;          /* where rank 0 of comm prints the summary
                                  table (text); NULL: not printed */
-  ofl_disk_t *disk; /* the disk tier (not owned): groups it selects
-                       (ofl_disk_group_selected) go to disk, and clusters the
-                       host budget refuses fall to it; NULL: none */
+  ofl_disk_t *disk;           /* the disk tier (not owned): groups it selects
+                                 (ofl_disk_group_selected) go to disk, and clusters the
+                                 host budget refuses fall to it; NULL: none */
 } ofl_manager_params_t;
 
 #define OFL_MANAGER_PARAMS_INIT                                                \
@@ -139,23 +140,23 @@ typedef struct ofl_manager_stats {
   uint64_t iterations;        /* resets */
   uint64_t offloaded_tensors; /* D2H copies made (one per storage) */
   uint64_t offloaded_bytes;
-  uint64_t reloaded_tensors;  /* H2D copies made */
+  uint64_t reloaded_tensors; /* H2D copies made */
   uint64_t reloaded_bytes;
-  uint64_t inline_reloads;    /* tensors reloaded inside tensor_pop */
-  uint64_t stalls;            /* backward_begin found its reload unfinished */
-  uint64_t stall_ns;          /* time compute waited for them (host backend:
-                                 measured; cuda: not measured, 0) */
-  uint64_t kept_groups;       /* groups the policy kept on the device */
-  uint64_t kept_tensors;      /* tensors kept: policy, size, flag */
+  uint64_t inline_reloads;      /* tensors reloaded inside tensor_pop */
+  uint64_t stalls;              /* backward_begin found its reload unfinished */
+  uint64_t stall_ns;            /* time compute waited for them (host backend:
+                                   measured; cuda: not measured, 0) */
+  uint64_t kept_groups;         /* groups the policy kept on the device */
+  uint64_t kept_tensors;        /* tensors kept: policy, size, flag */
   uint64_t budget_kept_tensors; /* kept because the host budget was full
                                    (and the disk tier, if any, refused) */
   uint64_t budget_kept_bytes;
-  uint64_t disk_tensors;      /* offloads that went to the disk tier */
+  uint64_t disk_tensors; /* offloads that went to the disk tier */
   uint64_t disk_bytes;
-  uint64_t dedup_tensors;     /* pushes sharing a storage already copied */
-  uint64_t unpopped_tensors;  /* pushed but never popped before reset */
-  size_t device_bytes_peak;   /* of the manager's device */
-  size_t host_bytes_peak;     /* pinned pool peak in use */
+  uint64_t dedup_tensors;    /* pushes sharing a storage already copied */
+  uint64_t unpopped_tensors; /* pushed but never popped before reset */
+  size_t device_bytes_peak;  /* of the manager's device */
+  size_t host_bytes_peak;    /* pinned pool peak in use */
 } ofl_manager_stats_t;
 
 /* Counters of one group name. */
@@ -174,7 +175,8 @@ typedef struct ofl_manager_group_stats {
                              end of warmup) */
 } ofl_manager_group_stats_t;
 
-/* ---- lifecycle ------------------------------------------------------------ */
+/* ---- lifecycle ------------------------------------------------------------
+ */
 
 /* An independent manager. params NULL: everything from the environment. */
 OFL_API ofl_status_t ofl_manager_create(const ofl_manager_params_t *params,
@@ -196,7 +198,8 @@ OFL_API ofl_stream_t *ofl_manager_h2d_stream(const ofl_manager_t *m);
 OFL_API ofl_pool_t *ofl_manager_host_pool(const ofl_manager_t *m);
 OFL_API ofl_pool_t *ofl_manager_device_pool(const ofl_manager_t *m);
 
-/* ---- forward ----------------------------------------------------------------- */
+/* ---- forward
+ * ----------------------------------------------------------------- */
 
 /* The forward of one microbatch on virtual stage vp_stage (0 .. vp_size-1)
  * begins. During warmup it records a chunk and its place in the backward
@@ -221,14 +224,14 @@ OFL_API ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
  * holds, e.g. the module input) lose their device storage after the copy too
  * when their storage was offloaded with the group. delay != 0 queues the
  * commit until ofl_manager_flush_delayed_groups. */
-OFL_API ofl_status_t ofl_manager_group_commit(ofl_manager_t *m,
-                                              const char *name,
-                                              ofl_tensor_t *const *forced_release,
-                                              size_t n, int delay);
+OFL_API ofl_status_t ofl_manager_group_commit(
+    ofl_manager_t *m, const char *name, ofl_tensor_t *const *forced_release,
+    size_t n, int delay);
 /* Runs the delayed commits in the order they were made. */
 OFL_API ofl_status_t ofl_manager_flush_delayed_groups(ofl_manager_t *m);
 
-/* ---- backward ---------------------------------------------------------------- */
+/* ---- backward
+ * ---------------------------------------------------------------- */
 
 /* The backward of group name begins: selects the chunk that runs backward
  * (the recorded backward order) and makes the compute stream wait for the
@@ -247,7 +250,8 @@ OFL_API ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
 OFL_API ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
                                                     const char *name);
 
-/* ---- iteration ------------------------------------------------------------ */
+/* ---- iteration ------------------------------------------------------------
+ */
 
 /* End of an iteration (call it after every schedule call, training or not).
  * The first reset that saw chunks ends the warmup: the steady-state policy
@@ -259,7 +263,8 @@ OFL_API ofl_status_t ofl_manager_reset(ofl_manager_t *m);
 /* 1 until the end of the warmup. */
 OFL_API int ofl_manager_is_warmup(const ofl_manager_t *m);
 
-/* ---- switches ------------------------------------------------------------- */
+/* ---- switches -------------------------------------------------------------
+ */
 
 /* The tensor (and every handle made from it later) is never offloaded. */
 OFL_API void ofl_manager_mark_not_offloadable(ofl_tensor_t *t);
@@ -285,7 +290,8 @@ OFL_API ofl_status_t ofl_manager_backward_record(ofl_manager_t *m,
 OFL_API ofl_status_t ofl_manager_synchronize(ofl_manager_t *m,
                                              int64_t timeout_ms);
 
-/* ---- summary and statistics ----------------------------------------------- */
+/* ---- summary and statistics -----------------------------------------------
+ */
 
 /* offload_summary_bytes of name: bytes offloaded (steady-state policy) by
  * the groups of that name in the chunks whose forward began before the first
@@ -294,8 +300,7 @@ OFL_API ofl_status_t ofl_manager_synchronize(ofl_manager_t *m,
  * which undercounts on every pipeline stage but the last.) OFL_ERR_NOT_READY
  * before the end of warmup; 0 bytes for a name never offloaded. */
 OFL_API ofl_status_t ofl_manager_summary_bytes(const ofl_manager_t *m,
-                                               const char *name,
-                                               uint64_t *out);
+                                               const char *name, uint64_t *out);
 /* Sum over names (0 before the end of warmup). */
 OFL_API uint64_t ofl_manager_summary_total_bytes(const ofl_manager_t *m);
 /* The summary gathered at the end of warmup over params.comm (one row per
@@ -308,8 +313,7 @@ OFL_API void ofl_manager_get_stats(const ofl_manager_t *m,
                                    ofl_manager_stats_t *out);
 /* Group names seen so far (in order of first use), and their counters. */
 OFL_API size_t ofl_manager_group_count(const ofl_manager_t *m);
-OFL_API ofl_status_t ofl_manager_group_stats(const ofl_manager_t *m,
-                                             size_t i,
+OFL_API ofl_status_t ofl_manager_group_stats(const ofl_manager_t *m, size_t i,
                                              ofl_manager_group_stats_t *out);
 
 OFL_EXTERN_C_END

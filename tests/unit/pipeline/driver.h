@@ -14,10 +14,9 @@
 
 #include "pipeline/pipeline_internal.h"
 
-static const char *const drv_names[7] = {"attn_norm", "qkv_linear",
-                                         "core_attn", "attn_proj",
-                                         "mlp_norm",  "expert_fc1",
-                                         "moe_act"};
+static const char *const drv_names[7] = {
+    "attn_norm", "qkv_linear", "core_attn", "attn_proj",
+    "mlp_norm",  "expert_fc1", "moe_act"};
 
 static inline uint64_t drv_mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -79,10 +78,13 @@ static inline int drv_schedule(int pp, int rank, int vpp, int mbs,
   int n = 0, f = 0, b = 0;
   int group = pp * vpp;
 #define DRV_F(k)                                                               \
-  out[n++] = (drv_step_t){1, ((k) % group) / pp, ((k) / group) * pp + (k) % pp}
+  out[n++] = (drv_step_t) {                                                    \
+    1, ((k) % group) / pp, ((k) / group) * pp + (k) % pp                       \
+  }
 #define DRV_B(k)                                                               \
-  out[n++] = (drv_step_t){0, vpp - 1 - ((k) % group) / pp,                     \
-                          ((k) / group) * pp + (k) % pp}
+  out[n++] = (drv_step_t) {                                                    \
+    0, vpp - 1 - ((k) % group) / pp, ((k) / group) * pp + (k) % pp             \
+  }
   for (; f < warm; f++)
     DRV_F(f);
   while (f < total) {
@@ -113,8 +115,8 @@ typedef struct {
   int jitter_us;
   int tricks; /* aliases with forced release, duplicates, not-offloadable */
   int offload;
-  ofl_pool_t *act_pool; /* NULL: one per run */
-  ofl_device_t *dev;    /* NULL: one per run */
+  ofl_pool_t *act_pool;    /* NULL: one per run */
+  ofl_device_t *dev;       /* NULL: one per run */
   const char *disk_groups; /* non-NULL: a disk tier with these groups */
   int64_t host_budget;     /* pinned budget (0: none) */
 } drv_cfg_t;
@@ -154,7 +156,7 @@ static inline drv_group_rec_t *drv_rec(drv_t *d, int c, int mb, int l, int g) {
     if (s_ != OFL_SUCCESS) {                                                   \
       if ((d)->err == OFL_SUCCESS) {                                           \
         (d)->err = s_;                                                         \
-        snprintf((d)->msg, sizeof (d)->msg, "%s: %s (%s)", #call,             \
+        snprintf((d)->msg, sizeof(d)->msg, "%s: %s (%s)", #call,               \
                  ofl_status_str(s_), ofl_last_error());                        \
       }                                                                        \
       return s_;                                                               \
@@ -343,8 +345,8 @@ static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
    * rule of DESIGN.md section 5 is turned off. */
   if (getenv("DRV_RULES_OFF") != NULL)
     ofl__manager_rules_off(d->m, (unsigned)atoi(getenv("DRV_RULES_OFF")));
-  d->rec = calloc((size_t)cfg->vpp * cfg->mbs * cfg->layers * 7,
-                  sizeof *d->rec);
+  d->rec =
+      calloc((size_t)cfg->vpp * cfg->mbs * cfg->layers * 7, sizeof *d->rec);
   return d->rec ? OFL_SUCCESS : OFL_ERR_NO_MEMORY;
 }
 

@@ -9,8 +9,9 @@
 /* One chunk per microbatch, `layers` layers of the given names with one
  * tensor of `bytes` each; full forward then full backward per microbatch
  * in the order of a 1F1B last stage (F0 B0 F1 B1 ...). Checks every byte. */
-static void run_simple(h_env_t *e, int mbs, int layers, const char *const *names,
-                       int nnames, size_t bytes, uint64_t seed) {
+static void run_simple(h_env_t *e, int mbs, int layers,
+                       const char *const *names, int nnames, size_t bytes,
+                       uint64_t seed) {
   for (int mb = 0; mb < mbs; mb++) {
     ofl_tag_t tags[8][4];
     H_OK(ofl_manager_chunk_begin(e->m, 1, 0));
@@ -41,7 +42,8 @@ static ofl_manager_stats_t stats(h_env_t *e) {
   return st;
 }
 
-/* ---- policy --------------------------------------------------------------- */
+/* ---- policy ---------------------------------------------------------------
+ */
 
 Test(pipeline_manager, first_group_of_each_name_to_run_backward_stays) {
   h_env_t e;
@@ -91,8 +93,8 @@ static void policy_run(double fraction, int pp_rank, int64_t delta,
   ofl_manager_stats_t w = stats(&e);
   run_simple(&e, 1, 4, names, 1, 16 * KIB, 7);
   ofl_manager_stats_t s = stats(&e);
-  cr_assert(eq(u64, s.offloaded_tensors - w.offloaded_tensors,
-               expect_offloaded));
+  cr_assert(
+      eq(u64, s.offloaded_tensors - w.offloaded_tensors, expect_offloaded));
   cr_assert(eq(u64, ofl_manager_summary_total_bytes(e.m), expect_summary));
   h_close(&e);
 }
@@ -180,10 +182,11 @@ Test(pipeline_manager, peak_device_memory_drops_by_the_summary_bytes) {
   cr_assert(eq(u64, none, 0));
   cr_assert(gt(u64, summary, 0));
   double saved = (double)peak_base - (double)peak_off;
-  cr_log_info("peak without %zu, with %zu, saved %.0f, summary %llu",
-              peak_base, peak_off, saved, (unsigned long long)summary);
-  cr_assert(le(dbl, saved > (double)summary ? saved - (double)summary
-                                            : (double)summary - saved,
+  cr_log_info("peak without %zu, with %zu, saved %.0f, summary %llu", peak_base,
+              peak_off, saved, (unsigned long long)summary);
+  cr_assert(le(dbl,
+               saved > (double)summary ? saved - (double)summary
+                                       : (double)summary - saved,
                0.05 * (double)summary));
 }
 
@@ -248,7 +251,8 @@ Test(pipeline_manager, host_budget_full_keeps_the_group_on_the_device) {
   h_close(&e);
 }
 
-/* ---- misuse --------------------------------------------------------------- */
+/* ---- misuse ---------------------------------------------------------------
+ */
 
 static int has(const char *needle) {
   return strstr(ofl_last_error(), needle) != NULL;
@@ -263,16 +267,16 @@ Test(pipeline_manager, pop_of_unknown_or_used_tag_is_an_error) {
   H_OK(ofl_manager_group_start(e.m, "core_attn"));
   H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 4 * KIB, 1), &t));
   H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
-  cr_assert(eq(int, ofl_manager_tensor_pop(e.m, t + 7, &out),
-               OFL_ERR_INVALID_ARG));
+  cr_assert(
+      eq(int, ofl_manager_tensor_pop(e.m, t + 7, &out), OFL_ERR_INVALID_ARG));
   cr_assert(has("chunk 0 group 0") && has("unknown tag"), "%s",
             ofl_last_error());
   cr_assert(eq(int, ofl_manager_tensor_pop(e.m, OFL_TAG_INVALID, &out),
                OFL_ERR_INVALID_ARG));
   H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
   cr_assert(eq(sz, h_pop_check(&e, t, 4 * KIB, 1), 0));
-  cr_assert(eq(int, ofl_manager_tensor_pop(e.m, t, &out),
-               OFL_ERR_INVALID_USAGE));
+  cr_assert(
+      eq(int, ofl_manager_tensor_pop(e.m, t, &out), OFL_ERR_INVALID_USAGE));
   cr_assert(has("group core_attn") && has("chunk 0") && has("already popped"),
             "%s", ofl_last_error());
   cr_assert(eq(ptr, out, NULL));
@@ -343,7 +347,8 @@ Test(pipeline_manager, reset_inside_a_group_is_an_error_without_effect) {
   h_close(&e);
 }
 
-/* ---- switches, records, statistics, logging ------------------------------- */
+/* ---- switches, records, statistics, logging -------------------------------
+ */
 
 Test(pipeline_manager, disabled_offload_holds_tensors_and_copies_nothing) {
   h_env_t e;
@@ -417,8 +422,8 @@ Test(pipeline_manager, forward_record_joins_the_d2h_stream) {
   cr_assert(eq(sz, h_pop_check(&e, t, 4 * KIB, 1), 0));
   h_stall(ofl_manager_h2d_stream(e.m), 20);
   H_OK(ofl_manager_backward_record(e.m, ev));
-  cr_assert(eq(int, ofl_stream_query(ofl_manager_h2d_stream(e.m)),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_stream_query(ofl_manager_h2d_stream(e.m)), OFL_SUCCESS));
   H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
   H_OK(ofl_manager_reset(e.m));
   ofl_event_destroy(ev);
@@ -481,8 +486,9 @@ Test(pipeline_manager, debug_lines_name_rank_chunk_microbatch_and_group) {
   ofl_log_set_level(OFL_LOG_WARN);
   ofl_log_set_handler(NULL, NULL);
   cr_assert(eq(int, log_lines, 2));
-  cr_assert(not(eq(ptr, strstr(log_line, "rank 3 chunk 1 stage 0 mb 1 group "
-                                         "core_attn"),
+  cr_assert(not(eq(ptr,
+                   strstr(log_line, "rank 3 chunk 1 stage 0 mb 1 group "
+                                    "core_attn"),
                    NULL)),
             "%s", log_line);
   h_close(&e);

@@ -408,8 +408,7 @@ Test(pipeline_rules, rule6_same_storage_pushed_twice_is_copied_once) {
 }
 
 Test(pipeline_rules, rule6_off_copies_the_storage_three_times) {
-  cr_assert(eq(u64, same_storage_twice(OFL__RULE6_OFF),
-               2 * 64 * 1024 + 4096));
+  cr_assert(eq(u64, same_storage_twice(OFL__RULE6_OFF), 2 * 64 * 1024 + 4096));
 }
 
 /* Rule 7: the summary is gathered on the comm the user gave and printed on
@@ -454,7 +453,8 @@ Test(pipeline_rules, rule7_summary_gathered_on_the_users_comm) {
   H_OK(ofl_manager_summary_bytes(e.m, "core_attn", &b));
   cr_assert(eq(u64, ofl_summary_bytes(sum, 0, gi), b));
   cr_assert(eq(u64, b, 4096));
-  cr_assert(eq(u64, ofl_summary_total(sum), ofl_manager_summary_total_bytes(e.m)));
+  cr_assert(
+      eq(u64, ofl_summary_total(sum), ofl_manager_summary_total_bytes(e.m)));
   char text[4096] = {0};
   rewind(out);
   size_t n = fread(text, 1, sizeof text - 1, out);

@@ -77,8 +77,8 @@ static void run_configs_tier(uint64_t first, uint64_t count, int tier) {
   for (uint64_t s = first; s < first + count; s++) {
     drv_cfg_t cfg = random_cfg(s);
     if (tier) {
-      static const char *const sel[4] = {"*", "core_attn,expert_fc1",
-                                         "moe_act", ""};
+      static const char *const sel[4] = {"*", "core_attn,expert_fc1", "moe_act",
+                                         ""};
       cfg.disk_groups = sel[s % 4];
       cfg.host_budget = (int64_t)((s % 3) * 16384);
     }
