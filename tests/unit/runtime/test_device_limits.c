@@ -54,14 +54,14 @@ Test(device_limits, allocations_whose_size_wraps_when_rounded_are_refused) {
   ofl_device_stats_t before, after;
   ofl_device_get_stats(dev, &before);
   void *p = (void *)&before; /* must stay unchanged */
-  cr_assert(eq(int, ofl_pinned_malloc(dev, SIZE_MAX - 100, &p),
-               OFL_ERR_NO_MEMORY));
+  cr_assert(
+      eq(int, ofl_pinned_malloc(dev, SIZE_MAX - 100, &p), OFL_ERR_NO_MEMORY));
   cr_assert(eq(ptr, p, (void *)&before));
-  cr_assert(eq(int, ofl_device_malloc(dev, SIZE_MAX - 10, &p),
-               OFL_ERR_NO_MEMORY));
+  cr_assert(
+      eq(int, ofl_device_malloc(dev, SIZE_MAX - 10, &p), OFL_ERR_NO_MEMORY));
   cr_assert(eq(ptr, p, (void *)&before));
-  cr_assert(eq(int, ofl_pinned_malloc(dev, SIZE_MAX / 2 + 1, &p),
-               OFL_ERR_NO_MEMORY));
+  cr_assert(
+      eq(int, ofl_pinned_malloc(dev, SIZE_MAX / 2 + 1, &p), OFL_ERR_NO_MEMORY));
   ofl_device_get_stats(dev, &after);
   cr_assert(eq(sz, after.pinned_bytes_in_use, before.pinned_bytes_in_use));
   cr_assert(eq(sz, after.device_bytes_in_use, before.device_bytes_in_use));
@@ -85,8 +85,9 @@ Test(device_limits, copies_and_memsets_whose_length_wraps_are_rejected) {
   cr_assert(eq(int, ofl_memcpy_async(host, d, wrap, OFL_COPY_D2H, s),
                OFL_ERR_INVALID_ARG));
   cr_assert(eq(int, ofl_memset_async(d, 0, wrap, s), OFL_ERR_INVALID_ARG));
-  cr_assert(eq(int, ofl_memcpy_async(host, host + 1, (size_t)PTRDIFF_MAX + 1u,
-                                     OFL_COPY_H2H, s),
+  cr_assert(eq(int,
+               ofl_memcpy_async(host, host + 1, (size_t)PTRDIFF_MAX + 1u,
+                                OFL_COPY_H2H, s),
                OFL_ERR_INVALID_ARG));
   cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
   /* Nothing ran: the block and the host buffer are as they were. */
@@ -104,20 +105,20 @@ Test(device_limits, a_timeout_too_long_to_add_to_the_clock_still_waits) {
   ofl_event_t *ev = NULL;
   cr_assert(eq(int, ofl_stream_create(dev, "slow", &s), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL), OFL_SUCCESS));
   cr_assert(eq(int, ofl_stream_synchronize(s, INT64_MAX), OFL_SUCCESS), "%s",
             ofl_last_error());
-  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_record(ev, s), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_synchronize(ev, INT64_MAX), OFL_SUCCESS), "%s",
             ofl_last_error());
   /* The same through the default timeout (waits that take no argument). */
   setenv("OFL_WAIT_TIMEOUT_MS", "9223372036854775807", 1);
   cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_record(ev, s), OFL_SUCCESS));
   cr_assert(eq(int, ofl_stream_wait_event(ofl_device_compute_stream(dev), ev),
                OFL_SUCCESS),
@@ -125,13 +126,13 @@ Test(device_limits, a_timeout_too_long_to_add_to_the_clock_still_waits) {
   cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
   ofl_stream_t *s2 = NULL;
   cr_assert(eq(int, ofl_stream_create(dev, "waiter", &s2), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(s, sleep_100ms, NULL), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_record(ev, s), OFL_SUCCESS));
   cr_assert(eq(int, ofl_stream_wait_event(s2, ev), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_stream_synchronize(s2, OFL_TIMEOUT_DEFAULT),
-               OFL_SUCCESS),
-            "%s", ofl_last_error());
+  cr_assert(
+      eq(int, ofl_stream_synchronize(s2, OFL_TIMEOUT_DEFAULT), OFL_SUCCESS),
+      "%s", ofl_last_error());
   cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
   setenv("OFL_WAIT_TIMEOUT_MS", "10000", 1);
   ofl_config_reload();
@@ -155,8 +156,8 @@ Test(device_limits, an_event_destroyed_while_its_record_and_waits_are_queued) {
   /* a: blocked, then the copy, then the record; b waits on that record. As
    * with cudaEventDestroy, destroying the event now is allowed: the queued
    * record and wait keep what they need until they have run. */
-  cr_assert(eq(int, ofl_stream_launch_host_func(a, wait_flag, &go),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(a, wait_flag, &go), OFL_SUCCESS));
   cr_assert(eq(int, ofl_memcpy_async(d, src, sizeof src, OFL_COPY_H2D, a),
                OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_record(ev, a), OFL_SUCCESS));
@@ -240,12 +241,12 @@ Test(device_limits, trace_file_stays_valid_json_with_any_stream_or_range_name) {
   p.backend = OFL_BACKEND_HOST;
   cr_assert(eq(int, ofl_device_open(&p, &t), OFL_SUCCESS));
   ofl_stream_t *s = NULL;
-  cr_assert(eq(int, ofl_stream_create(t, "d2h \"fast\" \\ lane", &s),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_stream_create(t, "d2h \"fast\" \\ lane", &s), OFL_SUCCESS));
   unsigned char h[256], h2[256];
   memset(h, 4, sizeof h);
-  cr_assert(eq(int, ofl_memcpy_async(h2, h, sizeof h, OFL_COPY_H2H, s),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_memcpy_async(h2, h, sizeof h, OFL_COPY_H2H, s), OFL_SUCCESS));
   /* A range name in a buffer the caller reuses before the pop. */
   char name[64];
   snprintf(name, sizeof name, "offload group \"qkv\" chunk 3");
@@ -290,18 +291,17 @@ Test(device_limits, a_wait_holds_even_after_many_newer_records_complete) {
   memset(src, 0, sizeof src);
   memset(out, 0xEE, sizeof out);
   /* slow: blocked, then writes the data, then records ev (record 1). */
-  cr_assert(eq(int, ofl_stream_launch_host_func(slow, wait_flag, &go),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(slow, wait_flag, &go), OFL_SUCCESS));
   unsigned char data[128];
   memset(data, 0x42, sizeof data);
-  cr_assert(eq(int, ofl_memcpy_async(src, data, sizeof src, OFL_COPY_H2H,
-                                     slow),
+  cr_assert(eq(int, ofl_memcpy_async(src, data, sizeof src, OFL_COPY_H2H, slow),
                OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_record(ev, slow), OFL_SUCCESS));
   /* waiter: ordered after record 1, then reads the data. */
   cr_assert(eq(int, ofl_stream_wait_event(waiter, ev), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_memcpy_async(out, src, sizeof out, OFL_COPY_H2H,
-                                     waiter),
+  cr_assert(eq(int,
+               ofl_memcpy_async(out, src, sizeof out, OFL_COPY_H2H, waiter),
                OFL_SUCCESS));
   /* Many newer records of the same event complete on another stream. */
   for (int i = 0; i < 200; i++)
