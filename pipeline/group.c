@@ -345,8 +345,8 @@ static void throttle(ofl_manager_t *m, group_t *g) {
   }
 }
 
-ofl_status_t ofl__group_commit_now(ofl_manager_t *m, group_t *g,
-                                   ofl_tensor_t *const *forced, size_t n) {
+static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
+                                 ofl_tensor_t *const *forced, size_t n) {
   chunk_t *c = g->chunk;
   name_info_t *ni = &m->names[g->nid];
   g->committed = true;
@@ -588,7 +588,7 @@ static void stack_remove(chunk_t *c, group_t *g) {
 }
 
 /* Bulk reload of a group on the H2D stream (prefetch). */
-ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g) {
+static ofl_status_t reload_group(ofl_manager_t *m, group_t *g) {
   stack_remove(g->chunk, g);
   /* Rule 1: the H2D reads the pinned copy only after the D2H filled it. */
   if (!(m->rules_off & OFL__RULE1_OFF))
@@ -605,6 +605,27 @@ ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g) {
   OFL__PLOG(OFL_LOG_TRACE, m, g->chunk, ofl__gname(m, g), "prefetch on h2d%s",
             "");
   return OFL_SUCCESS;
+}
+
+/* A named range around each bulk offload and reload: NVTX on cuda (Nsight
+ * Systems), the compute track of the Chrome trace on the host backend. */
+ofl_status_t ofl__group_commit_now(ofl_manager_t *m, group_t *g,
+                                   ofl_tensor_t *const *forced, size_t n) {
+  char range[96];
+  snprintf(range, sizeof range, "ofl offload %s", ofl__gname(m, g));
+  ofl_range_push(m->dev, range);
+  ofl_status_t st = commit_group(m, g, forced, n);
+  ofl_range_pop(m->dev);
+  return st;
+}
+
+ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g) {
+  char range[96];
+  snprintf(range, sizeof range, "ofl reload %s", ofl__gname(m, g));
+  ofl_range_push(m->dev, range);
+  ofl_status_t st = reload_group(m, g);
+  ofl_range_pop(m->dev);
+  return st;
 }
 
 /* Compute waits for the group's prefetch (counted as a stall when it has not
