@@ -835,7 +835,7 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
   }
   pool_block_t *b = (pool_block_t *)t->st;
   bool last = atomic_load(&b->st.refs) == 1;
-  if (last && stream == NULL && p->strict && !b->carved) {
+  if (last && stream == NULL && p->strict) {
     size_t n = ofl__device_inflight(p->dev, b->st.base, b->st.bytes);
     if (n > 0) {
       pthread_mutex_unlock(&p->mu);

@@ -209,15 +209,21 @@ static ofl_status_t host_pinned_free(ofl_device_t *dev, void *ptr,
   return block_free(dev, ptr, true, bytes);
 }
 
+static size_t ops_touching(ofl_device_t *dev, const char *lo, size_t bytes);
+
 size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes) {
-  (void)bytes;
-  if (dev == NULL || dev->backend != OFL_BACKEND_HOST)
+  if (dev == NULL || dev->backend != OFL_BACKEND_HOST || ptr == NULL)
     return 0;
   host_dev_t *h = HD(dev);
   pthread_mutex_lock(&h->reg_lock);
   hblock_t *b = find_block(h, ptr);
   size_t n = b ? b->inflight : 0;
+  bool whole = b != NULL && b->base == (const char *)ptr && bytes >= b->bytes;
   pthread_mutex_unlock(&h->reg_lock);
+  /* Part of a block (a pool's reserve carved into blocks): the block's
+   * count covers every part, so look at the queued ranges themselves. */
+  if (n > 0 && !whole)
+    n = ops_touching(dev, ptr, bytes);
   return n;
 }
 
@@ -570,6 +576,36 @@ static void *worker_main(void *arg) {
   }
   pthread_mutex_unlock(&hs->mu);
   return NULL;
+}
+
+static bool ranges_overlap(const void *a, size_t an, const char *lo,
+                           size_t bytes) {
+  const char *p = a;
+  return an > 0 && bytes > 0 && p < lo + bytes && lo < p + an;
+}
+
+/* Queued or running copies and memsets on the device's worker streams
+ * whose ranges overlap [lo, lo + bytes) (strict-mode checks only). Takes
+ * the device's stream list lock, then each stream's lock. */
+static size_t ops_touching(ofl_device_t *dev, const char *lo, size_t bytes) {
+  size_t n = 0;
+  pthread_mutex_lock(&dev->streams_lock);
+  for (ofl_stream_t *s = dev->streams; s != NULL; s = s->dev_next) {
+    host_stream_t *hs = s->impl;
+    if (hs == NULL || !hs->has_thread)
+      continue;
+    pthread_mutex_lock(&hs->mu);
+    for (const op_t *op = hs->head; op != NULL; op = op->next) {
+      if (op->type == OP_COPY)
+        n += ranges_overlap(op->dst, op->bytes, lo, bytes) ||
+             ranges_overlap(op->src, op->bytes, lo, bytes);
+      else if (op->type == OP_MEMSET)
+        n += ranges_overlap(op->dst, op->bytes, lo, bytes);
+    }
+    pthread_mutex_unlock(&hs->mu);
+  }
+  pthread_mutex_unlock(&dev->streams_lock);
+  return n;
 }
 
 static ofl_status_t host_stream_create(ofl_stream_t *s) {
