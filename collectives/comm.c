@@ -132,7 +132,7 @@ ofl_status_t ofl_comm_create_self(const ofl_comm_params_t *params,
   if (!out)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_COLL,
                       "ofl_comm_create_self: out is NULL");
-  ofl_comm_t *c;
+  ofl_comm_t *c = NULL;
   OFL_CHECK(ofl__comm_alloc(OFL_COMM_SELF, params, &c));
   c->ops = &self_ops;
   *out = c;

@@ -92,7 +92,7 @@ static ofl_status_t record_chunk(ofl_manager_t *m, int vpp, int stage) {
       ofl__grow((void **)&m->fwd, &m->capfwd, m->nfwd + 1, sizeof *m->fwd));
   OFL_CHECK(ofl__grow((void **)&m->stages[stage], &m->capstage[stage],
                       m->nstage[stage] + 1, sizeof **m->stages));
-  chunk_t *c;
+  chunk_t *c = NULL;
   OFL_CHECK(ofl__chunk_new(m, stage, &c));
   m->fwd[m->nfwd++] = c;
   m->stage_count[stage]++;
