@@ -332,6 +332,27 @@ static ofl_tensor_t *load(run_t *r, uint64_t tag) {
   return t;
 }
 
+static void backward_end(run_t *r, const char *name) {
+  OK(r, glue_backward_end(r->glue, name));
+  sample_memory(r);
+}
+
+/* Backward of the group `name` that computed y[rows,out] = x[rows,in] @ w:
+ * dw += x^T dy; returns dx = dy w^T (x is the tensor saved under tag). */
+static ofl_tensor_t *linear_backward(run_t *r, const char *name, uint64_t tag,
+                                     const float *w, float *dw,
+                                     const ofl_tensor_t *dy, int rows, int in,
+                                     int out) {
+  OK(r, glue_backward_begin(r->glue, name));
+  ofl_tensor_t *x = load(r, tag);
+  k_matmul_tn(dw, F(x), F(dy), in, rows, out, 1);
+  ofl_tensor_t *dx = act(r, rows, in);
+  k_matmul_nt(F(dx), F(dy), w, rows, out, in, 0);
+  drop(x);
+  backward_end(r, name);
+  return dx;
+}
+
 /* Backward of one layer; dout is consumed; returns d(input). */
 static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
                                     ofl_tensor_t *dout) {
@@ -349,36 +370,22 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   drop(av);
   drop(dact);
   drop(u);
-  OK(r, glue_backward_end(g, "moe_act"));
-  sample_memory(r);
+  backward_end(r, "moe_act");
   ofl_tensor_t *dx2 = dout; /* the residual passes the gradient through */
 
-  OK(r, glue_backward_begin(g, "expert_fc1"));
-  ofl_tensor_t *y2 = load(r, sv->y2);
-  k_matmul_tn(L->dw[W_1], F(y2), F(du), d.h, d.s, d.f, 1);
-  ofl_tensor_t *dy2 = act(r, d.s, d.h);
-  k_matmul_nt(F(dy2), F(du), L->w[W_1], d.s, d.f, d.h, 0);
-  drop(y2);
+  ofl_tensor_t *dy2 = linear_backward(r, "expert_fc1", sv->y2, L->w[W_1],
+                                      L->dw[W_1], du, d.s, d.h, d.f);
   drop(du);
-  OK(r, glue_backward_end(g, "expert_fc1"));
-  sample_memory(r);
 
   OK(r, glue_backward_begin(g, "mlp_norm"));
   ofl_tensor_t *x2 = load(r, sv->x2);
   k_rmsnorm_backward(F(dx2), L->dw[W_G2], F(x2), L->w[W_G2], F(dy2), d.s, d.h);
   drop(x2);
   drop(dy2);
-  OK(r, glue_backward_end(g, "mlp_norm"));
-  sample_memory(r);
+  backward_end(r, "mlp_norm");
 
-  OK(r, glue_backward_begin(g, "attn_proj"));
-  ofl_tensor_t *a = load(r, sv->a);
-  k_matmul_tn(L->dw[W_O], F(a), F(dx2), d.h, d.s, d.h, 1);
-  ofl_tensor_t *da = act(r, d.s, d.h);
-  k_matmul_nt(F(da), F(dx2), L->w[W_O], d.s, d.h, d.h, 0);
-  drop(a);
-  OK(r, glue_backward_end(g, "attn_proj"));
-  sample_memory(r);
+  ofl_tensor_t *da = linear_backward(r, "attn_proj", sv->a, L->w[W_O],
+                                     L->dw[W_O], dx2, d.s, d.h, d.h);
   ofl_tensor_t *dx = dx2;
 
   OK(r, glue_backward_begin(g, "core_attn"));
@@ -389,26 +396,18 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   drop(qkv);
   drop(probs);
   drop(da);
-  OK(r, glue_backward_end(g, "core_attn"));
-  sample_memory(r);
+  backward_end(r, "core_attn");
 
-  OK(r, glue_backward_begin(g, "qkv_linear"));
-  ofl_tensor_t *y1 = load(r, sv->y1);
-  k_matmul_tn(L->dw[W_QKV], F(y1), F(dqkv), d.h, d.s, 3 * d.h, 1);
-  ofl_tensor_t *dy1 = act(r, d.s, d.h);
-  k_matmul_nt(F(dy1), F(dqkv), L->w[W_QKV], d.s, 3 * d.h, d.h, 0);
-  drop(y1);
+  ofl_tensor_t *dy1 = linear_backward(r, "qkv_linear", sv->y1, L->w[W_QKV],
+                                      L->dw[W_QKV], dqkv, d.s, d.h, 3 * d.h);
   drop(dqkv);
-  OK(r, glue_backward_end(g, "qkv_linear"));
-  sample_memory(r);
 
   OK(r, glue_backward_begin(g, "attn_norm"));
   ofl_tensor_t *x = load(r, sv->x);
   k_rmsnorm_backward(F(dx), L->dw[W_G1], F(x), L->w[W_G1], F(dy1), d.s, d.h);
   drop(x);
   drop(dy1);
-  OK(r, glue_backward_end(g, "attn_norm"));
-  sample_memory(r);
+  backward_end(r, "attn_norm");
   return dx;
 }
 
