@@ -105,7 +105,10 @@ case "$task" in
   bench)
     build build-release -Dbuildtype=release
     for b in build-release/bench/ofl_bench_*; do
-      [ -x "$b" ] && { echo "== $(basename "$b")"; "$b" "$@"; }
+      if [ -f "$b" ] && [ -x "$b" ]; then
+        echo "== $(basename "$b")"
+        "$b" "$@"
+      fi
     done
     ;;
   help|-h|--help)

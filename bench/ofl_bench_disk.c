@@ -22,15 +22,7 @@
 
 #include <ofl/ofl.h>
 #include "runtime/internal.h"
-
-#define CHECK(call)                                                            \
-  do {                                                                         \
-    ofl_status_t st_ = (call);                                                 \
-    if (st_ != OFL_SUCCESS) {                                                  \
-      fprintf(stderr, "%s failed: %s\n", #call, ofl_last_error());             \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
+#include "bench/bench.h"
 
 static ofl_device_t *dev;
 static const char *dir;

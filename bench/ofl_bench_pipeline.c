@@ -15,15 +15,7 @@
 
 #include <ofl/ofl.h>
 #include "runtime/internal.h"
-
-#define CHECK(call)                                                            \
-  do {                                                                         \
-    ofl_status_t st_ = (call);                                                 \
-    if (st_ != OFL_SUCCESS) {                                                  \
-      fprintf(stderr, "%s failed: %s\n", #call, ofl_last_error());             \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
+#include "bench/bench.h"
 
 enum { MBS = 4, GROUPS = 8, BYTES = 64, REPS = 5 };
 static const char *const names[2] = {"core_attn", "attn_proj"};
