@@ -69,6 +69,25 @@ static const entry_t table[] = {
 static pthread_mutex_t config_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool loaded;
 static char *values[N_ENTRIES];
+/* Values replaced by a reload are kept, not freed: ofl_config_get handed out
+ * pointers to them that another thread may still read. Reloads are rare (tests,
+ * programs that setenv), so the list stays short. */
+typedef struct retired {
+  char *value;
+  struct retired *next;
+} retired_t;
+static retired_t *retired;
+
+static void retire(char *value) {
+  if (value == NULL)
+    return;
+  retired_t *r = malloc(sizeof *r);
+  if (r == NULL)
+    return; /* keeping the string reachable matters more than the node */
+  r->value = value;
+  r->next = retired;
+  retired = r;
+}
 static bool warned_unknown;
 
 static const entry_t *find(const char *name, size_t *index) {
@@ -217,9 +236,15 @@ static bool valid(const entry_t *e, const char *s) {
 static ofl_status_t load_locked(void) {
   ofl_status_t st = OFL_SUCCESS;
   for (size_t i = 0; i < N_ENTRIES; i++) {
-    free(values[i]);
     const char *env = getenv(table[i].name);
-    values[i] = strdup(env != NULL ? env : table[i].def);
+    const char *want = env != NULL ? env : table[i].def;
+    if (values[i] == NULL || strcmp(values[i], want) != 0) {
+      char *v = strdup(want);
+      if (v != NULL) {
+        retire(values[i]);
+        values[i] = v;
+      }
+    }
     if (env != NULL && !valid(&table[i], env) && st == OFL_SUCCESS)
       st = ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_CONFIG,
                       "%s='%s' is invalid; it takes %s (default '%s')",
@@ -267,7 +292,7 @@ static ofl_status_t value_of(const char *name, const entry_t **entry,
   pthread_mutex_lock(&config_lock);
   if (!loaded)
     load_locked();
-  snprintf(buf, cap, "%s", values[idx]);
+  snprintf(buf, cap, "%s", values[idx] ? values[idx] : table[idx].def);
   pthread_mutex_unlock(&config_lock);
   *entry = e;
   return OFL_SUCCESS;
@@ -286,7 +311,7 @@ const char *ofl_config_get(const char *name) {
   pthread_mutex_lock(&config_lock);
   if (!loaded)
     load_locked();
-  const char *v = values[idx];
+  const char *v = values[idx] ? values[idx] : table[idx].def;
   pthread_mutex_unlock(&config_lock);
   return v;
 }
@@ -336,7 +361,7 @@ void ofl_config_print(FILE *out) {
     load_locked();
   for (size_t i = 0; i < N_ENTRIES; i++)
     fprintf(out, "%-26s = %-12s (default %s; %s) %s\n", table[i].name,
-            values[i][0] ? values[i] : "''", table[i].def[0] ? table[i].def : "''",
+            values[i] && values[i][0] ? values[i] : "''", table[i].def[0] ? table[i].def : "''",
             kind_hint(&table[i]), table[i].doc);
   pthread_mutex_unlock(&config_lock);
 }

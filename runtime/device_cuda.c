@@ -125,9 +125,20 @@ static ofl_status_t cuda_device_free(ofl_device_t *dev, void *ptr,
                       "%p is not a device block of ofl (freed twice or "
                       "foreign)",
                       ptr);
+  cudaError_t ce = cudaFree(ptr);
+  if (ce != cudaSuccess) {
+    /* Nothing changed: the block stays known (a failed call has no side
+     * effects). */
+    pthread_mutex_lock(&sizes_lock);
+    node->next = sizes[bucket(ptr)];
+    sizes[bucket(ptr)] = node;
+    pthread_mutex_unlock(&sizes_lock);
+    return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE,
+                      "cudaFree of %p failed: %s; the block is kept", ptr,
+                      cudaGetErrorString(ce));
+  }
   *bytes = node->bytes;
   free(node);
-  CUDA_TRY(cudaFree(ptr), "cudaFree failed");
   return OFL_SUCCESS;
 }
 

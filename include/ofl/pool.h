@@ -165,6 +165,9 @@ OFL_API ofl_status_t ofl_pool_free_after_event(ofl_pool_t *pool,
 OFL_API int ofl_pool_owns(const ofl_pool_t *pool, const ofl_tensor_t *t);
 
 /* Marks every block free and keeps the memory (the reference's reset()).
+ * Reset and clear are end-of-iteration calls: they must not run while other
+ * threads allocate or free on the same pool (every other call is
+ * thread-safe).
  * Blocks still held become free too: handles on them go stale (their data
  * must not be used; freeing them is OFL_ERR_INVALID_ARG, destroying them
  * just ends the handle). Counters other than in-use are kept. */

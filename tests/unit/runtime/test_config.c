@@ -126,3 +126,16 @@ Test(config, a_negative_size_is_invalid_even_after_blanks) {
   unsetenv("OFL_DEVICE_CAPACITY");
   ofl_config_reload();
 }
+
+Test(config, a_value_handed_out_stays_readable_after_reload) {
+  setenv("OFL_DISK_DIR", "/first/dir", 1);
+  ofl_config_reload();
+  const char *before = ofl_config_get("OFL_DISK_DIR");
+  cr_assert(eq(str, (char *)before, "/first/dir"));
+  setenv("OFL_DISK_DIR", "/second/dir", 1);
+  ofl_config_reload();
+  /* Another thread may still hold the old pointer: it must not be freed
+   * (AddressSanitizer reports a use after free otherwise). */
+  cr_assert(eq(str, (char *)before, "/first/dir"));
+  cr_assert(eq(str, (char *)ofl_config_get("OFL_DISK_DIR"), "/second/dir"));
+}
