@@ -37,6 +37,7 @@ static const entry_t table[] = {
     {"OFL_STRICT", "0", K_BOOL, NULL, "host backend: poison freed blocks, jitter worker streams, report frees of in-flight blocks"},
     {"OFL_JITTER_SEED", "1", K_INT, NULL, "host backend strict mode: seed of the stream jitter"},
     {"OFL_JITTER_MAX_US", "200", K_INT, NULL, "host backend strict mode: largest jitter per operation, in microseconds"},
+    {"OFL_HOST_SPIN_US", "20", K_INT, NULL, "host backend: microseconds a worker stream polls for more work before it sleeps (0: sleep at once)"},
     {"OFL_LINK_H2D_GBPS", "0", K_DOUBLE, NULL, "host backend link model: H2D GB/s (0: unlimited)"},
     {"OFL_LINK_D2H_GBPS", "0", K_DOUBLE, NULL, "host backend link model: D2H GB/s (0: unlimited)"},
     {"OFL_LINK_TOTAL_GBPS", "0", K_DOUBLE, NULL, "host backend link model: both directions together, GB/s (0: their sum)"},

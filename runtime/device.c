@@ -50,6 +50,9 @@ static ofl_status_t resolve_config(const ofl_device_params_t *p,
   OFL_CHECK(ofl__config_int("OFL_JITTER_MAX_US", &jitter));
   c->jitter_seed = p->jitter_seed ? p->jitter_seed : (uint64_t)seed;
   c->jitter_max_us = p->jitter_max_us >= 0 ? p->jitter_max_us : (int)jitter;
+  int64_t spin = 0;
+  OFL_CHECK(ofl__config_int("OFL_HOST_SPIN_US", &spin));
+  c->spin_us = spin < 0 ? 0 : spin > 100000 ? 100000 : (int)spin;
   if (c->jitter_max_us < 0)
     c->jitter_max_us = 0;
   double h2d = 0, d2h = 0, tot = 0;

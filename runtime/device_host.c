@@ -4,6 +4,7 @@
  * Strict mode poisons memory, adds seeded jitter before each worker operation
  * and reports frees of blocks that queued operations still use. */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -412,6 +413,7 @@ typedef struct host_stream {
   pthread_cond_t work_cv, idle_cv;
   op_t *head, *tail, *free_ops;
   uint64_t enqueued, completed;
+  atomic_uint_fast64_t enqueued_seen; /* enqueued, readable without mu */
   atomic_bool stop;
   bool has_thread;
   uint64_t rng;
@@ -553,8 +555,22 @@ static void release_blocks(ofl_device_t *dev, op_t *op) {
 static void *worker_main(void *arg) {
   host_stream_t *hs = arg;
   ofl_device_t *dev = hs->s->dev;
+  uint64_t spin_ns = (uint64_t)dev->cfg.spin_us * 1000u;
   pthread_mutex_lock(&hs->mu);
   for (;;) {
+    if (hs->head == NULL && spin_ns > 0 && !atomic_load(&hs->stop)) {
+      /* Streams get bursts of small operations (one copy per tensor of a
+       * group): poll briefly before sleeping, so that the next operation of
+       * the burst does not pay a futex wake-up on each side. */
+      uint64_t done = hs->completed;
+      pthread_mutex_unlock(&hs->mu);
+      uint64_t until = ofl__now_ns() + spin_ns;
+      while (atomic_load_explicit(&hs->enqueued_seen, memory_order_acquire) ==
+                 done &&
+             !atomic_load(&hs->stop) && ofl__now_ns() < until)
+        sched_yield();
+      pthread_mutex_lock(&hs->mu);
+    }
     while (hs->head == NULL && !atomic_load(&hs->stop))
       pthread_cond_wait(&hs->work_cv, &hs->mu);
     if (hs->head == NULL)
@@ -745,6 +761,8 @@ static ofl_status_t submit(ofl_stream_t *s, op_t *op) {
     hs->head = op;
   hs->tail = op;
   hs->enqueued++;
+  atomic_store_explicit(&hs->enqueued_seen, hs->enqueued,
+                        memory_order_release);
   pthread_cond_signal(&hs->work_cv);
   pthread_mutex_unlock(&hs->mu);
   return OFL_SUCCESS;

@@ -24,6 +24,7 @@ typedef struct ofl__device_config {
   bool strict;
   uint64_t jitter_seed;
   int jitter_max_us;
+  int spin_us; /* host backend: worker poll before sleeping */
   double link_h2d_bps, link_d2h_bps, link_total_bps; /* bytes/s; 0: off */
 } ofl__device_config_t;
 
