@@ -16,6 +16,22 @@
 #define LINK_SLICE (1u << 20)
 #define WAIT_SLICE_NS 20000000ull /* a waiting worker checks for stop */
 
+/* One slice of a bounded wait on cv (mu held): until deadline_ns or
+ * WAIT_SLICE_NS from now, whichever is first, so that callers re-check their
+ * condition, the deadline and stop flags in slices. */
+static void cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
+                            uint64_t now_ns, uint64_t deadline_ns) {
+  uint64_t slice = deadline_ns > now_ns ? deadline_ns - now_ns : 0;
+  if (slice > WAIT_SLICE_NS)
+    slice = WAIT_SLICE_NS;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t ns = (uint64_t)ts.tv_nsec + slice;
+  ts.tv_sec += (time_t)(ns / 1000000000ull);
+  ts.tv_nsec = (long)(ns % 1000000000ull);
+  pthread_cond_timedwait(cv, mu, &ts);
+}
+
 /* ---- memory blocks ------------------------------------------------------ */
 
 typedef struct hblock {
@@ -165,21 +181,15 @@ static ofl_status_t block_free(ofl_device_t *dev, void *ptr, bool pinned,
    * synchronizes the device. */
   uint64_t deadline = ofl__deadline_ns(-1);
   while (b->inflight > 0) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 10000000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
-    pthread_cond_timedwait(&h->reg_cond, &h->reg_lock, &ts);
-    if (ofl__now_ns() > deadline) {
+    uint64_t now = ofl__now_ns();
+    if (now > deadline) {
       pthread_mutex_unlock(&h->reg_lock);
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
                         "%s block %p: queued operations did not finish "
                         "before OFL_WAIT_TIMEOUT_MS; not freed",
                         what, ptr);
     }
+    cond_wait_until(&h->reg_cond, &h->reg_lock, now, deadline);
   }
   remove_block_locked(h, b);
   pthread_mutex_unlock(&h->reg_lock);
@@ -351,15 +361,7 @@ static bool event_wait_target(host_event_t *he, uint64_t target,
       pthread_mutex_unlock(&he->mu);
       return false;
     }
-    uint64_t slice = deadline_ns - now;
-    if (slice > WAIT_SLICE_NS)
-      slice = WAIT_SLICE_NS;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + slice;
-    ts.tv_sec += (time_t)(ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
-    pthread_cond_timedwait(&he->cv, &he->mu, &ts);
+    cond_wait_until(&he->cv, &he->mu, now, deadline_ns);
   }
   pthread_mutex_unlock(&he->mu);
   return true;
@@ -680,15 +682,7 @@ static ofl_status_t host_stream_synchronize(ofl_stream_t *s,
                         s->name, (unsigned long long)pending,
                         (long long)timeout_ms);
     }
-    uint64_t slice = deadline - now;
-    if (slice > WAIT_SLICE_NS)
-      slice = WAIT_SLICE_NS;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + slice;
-    ts.tv_sec += (time_t)(ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
-    pthread_cond_timedwait(&hs->idle_cv, &hs->mu, &ts);
+    cond_wait_until(&hs->idle_cv, &hs->mu, now, deadline);
   }
   pthread_mutex_unlock(&hs->mu);
   return take_async_error(hs);
