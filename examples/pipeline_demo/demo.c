@@ -29,6 +29,7 @@ typedef struct {
   size_t min_offload_bytes;
   double link_gbps;
   const char *csv, *trace, *png;
+  const char *disk_groups, *disk_dir;
   int check_memory; /* fail when saved bytes differ from the summary > 5% */
   double mem_tolerance;
   int quiet;
@@ -50,6 +51,9 @@ static const char *usage_text =
     "                      expert_fc1,moe_act, or 'all' [all]\n"
     "  --min-offload-bytes B  smallest tensor offloaded [4096]\n"
     "  --link-gbps G       emulate a host link of G GB/s per direction (0: off) [0]\n"
+    "  --disk-groups LIST  group names that go to the disk tier (one private\n"
+    "                      file per rank, io_uring, prefetch) [none]\n"
+    "  --disk-dir DIR      directory of the disk tier's file [OFL_DISK_DIR or /tmp]\n"
     "  --memory-csv FILE   write device memory over time, both runs (rank 0)\n"
     "  --memory-png FILE   render that CSV to a PNG with gnuplot (rank 0)\n"
     "  --trace FILE        Chrome trace of the offload run (%r: rank)\n"
@@ -102,6 +106,12 @@ static int parse_opts(int argc, char **argv, opts_t *o, int rank) {
     } else if (strcmp(a, "--link-gbps") == 0 && v) {
       o->link_gbps = atof(v);
       bad = o->link_gbps < 0;
+      i++;
+    } else if (strcmp(a, "--disk-groups") == 0 && v) {
+      o->disk_groups = v;
+      i++;
+    } else if (strcmp(a, "--disk-dir") == 0 && v) {
+      o->disk_dir = v;
       i++;
     } else if (strcmp(a, "--memory-csv") == 0 && v) {
       o->csv = v;
@@ -587,7 +597,9 @@ static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
   glue_params_t gp = {.dev = r.dev, .act_pool = r.pool, .offload = offload,
                       .groups = o->offload_groups,
                       .min_bytes = o->min_offload_bytes, .pp_rank = rank,
-                      .pp_size = pp, .mpi_comm = NULL};
+                      .pp_size = pp, .mpi_comm = NULL,
+                      .disk_groups = offload ? o->disk_groups : NULL,
+                      .disk_dir = o->disk_dir};
   MPI_Comm world = MPI_COMM_WORLD;
   gp.mpi_comm = &world;
   OK(&r, glue_open(&gp, &r.glue));
@@ -784,17 +796,20 @@ int main(int argc, char **argv) {
   MPI_Reduce(&bad, &bad_ranks, 1, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
 
   /* Per-rank figures, printed by rank 0 in rank order. */
-  double mine[12] = {(double)base.peak_bytes, (double)off.peak_bytes,
-                     (double)off.summary_bytes,
-                     (double)off.stats.offloaded_bytes,
-                     (double)off.stats.reloaded_bytes,
-                     (double)off.stats.stalls, off.stats.stall_ms,
-                     base.step_s, off.step_s,
-                     (double)off.stats.inline_reloads,
-                     (double)off.stats.offloaded_tensors,
-                     (double)off.stats.kept_on_device};
+  enum { NF = 19 };
+  const glue_stats_t *os = &off.stats;
+  double mine[NF] = {(double)base.peak_bytes, (double)off.peak_bytes,
+                     (double)off.summary_bytes, (double)os->offloaded_bytes,
+                     (double)os->reloaded_bytes, (double)os->stalls,
+                     os->stall_ms, base.step_s, off.step_s,
+                     (double)os->inline_reloads, (double)os->offloaded_tensors,
+                     (double)os->kept_on_device, (double)os->disk,
+                     (double)os->disk_written, (double)os->disk_read,
+                     os->disk_write_gbps, os->disk_read_gbps,
+                     (double)os->disk_prefetch_hits + (double)os->disk_stalls,
+                     (double)os->disk_faults};
   double *all = rank == 0 ? malloc(sizeof mine * (size_t)pp) : NULL;
-  MPI_Gather(mine, 12, MPI_DOUBLE, all, 12, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Gather(mine, NF, MPI_DOUBLE, all, NF, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   int mem_fail = 0;
   if (rank == 0) {
     printf("\n%-6s %12s %12s %12s %12s %8s %12s %12s %8s %8s %10s %10s\n",
@@ -802,7 +817,7 @@ int main(int argc, char **argv) {
            "saved/sum", "offl_MiB", "reload_MiB", "stalls", "stall_ms",
            "step_base", "step_offl");
     for (int i = 0; i < pp; i++) {
-      double *v = &all[12 * i];
+      double *v = &all[NF * i];
       double saved = v[0] - v[1];
       double ratio = v[2] > 0 ? saved / v[2] : (saved == 0 ? 1.0 : 0.0);
       printf("%-6d %10.2fMi %10.2fMi %12.2f %12.2f %8.3f %12.2f %12.2f %8.0f "
@@ -813,10 +828,20 @@ int main(int argc, char **argv) {
       if (fabs(ratio - 1.0) > o.mem_tolerance)
         mem_fail++;
     }
+    if (all[12] > 0) {
+      printf("\ndisk tier (%s):\n%-6s %12s %12s %10s %10s %12s %8s\n",
+             o.disk_groups, "rank", "written_MiB", "read_MiB", "write_GB/s",
+             "read_GB/s", "reads", "faults");
+      for (int i = 0; i < pp; i++) {
+        double *v = &all[NF * i];
+        printf("%-6d %12.2f %12.2f %10.2f %10.2f %12.0f %8.0f\n", i,
+               v[13] / 1048576, v[14] / 1048576, v[15], v[16], v[17], v[18]);
+      }
+    }
     double sb = 0, so = 0;
     for (int i = 0; i < pp; i++) {
-      sb += all[12 * i + 7];
-      so += all[12 * i + 8];
+      sb += all[NF * i + 7];
+      so += all[NF * i + 8];
     }
     printf("\nstep time with offload / without: %.3f (mean over ranks, "
            "steady-state iterations)\n",

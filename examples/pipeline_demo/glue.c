@@ -12,6 +12,7 @@
 struct glue {
   ofl_manager_t *m;
   ofl_comm_t *comm;
+  ofl_disk_t *disk;
 };
 
 int glue_open(const glue_params_t *p, glue_t **out) {
@@ -27,7 +28,21 @@ int glue_open(const glue_params_t *p, glue_t **out) {
     free(g);
     return st;
   }
+  if (p->disk_groups != NULL && p->disk_groups[0] != '\0') {
+    ofl_disk_params_t dp = OFL_DISK_PARAMS_INIT;
+    dp.dev = p->dev;
+    dp.groups = p->disk_groups;
+    dp.dir = p->disk_dir;
+    dp.rank = p->pp_rank;
+    st = ofl_disk_open(&dp, &g->disk);
+    if (st != OFL_SUCCESS) {
+      ofl_comm_destroy(g->comm);
+      free(g);
+      return st;
+    }
+  }
   ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
+  mp.disk = g->disk;
   mp.device = p->dev;
   mp.device_pool = p->act_pool;
   mp.offload = p->offload;
@@ -38,6 +53,7 @@ int glue_open(const glue_params_t *p, glue_t **out) {
   mp.comm = g->comm;
   st = ofl_manager_create(&mp, &g->m);
   if (st != OFL_SUCCESS) {
+    ofl_disk_close(g->disk);
     ofl_comm_destroy(g->comm);
     free(g);
     return st;
@@ -49,7 +65,8 @@ int glue_open(const glue_params_t *p, glue_t **out) {
 void glue_close(glue_t *g) {
   if (g == NULL)
     return;
-  ofl_manager_destroy(g->m);
+  ofl_manager_destroy(g->m); /* before the store it writes to */
+  ofl_disk_close(g->disk);
   ofl_comm_destroy(g->comm);
   free(g);
 }
@@ -129,4 +146,17 @@ void glue_get_stats(glue_t *g, glue_stats_t *out) {
       .inline_reloads = s.inline_reloads,
       .kept_on_device = s.kept_tensors,
   };
+  if (g->disk != NULL) {
+    ofl_disk_stats_t d;
+    ofl_disk_get_stats(g->disk, &d);
+    out->disk = 1;
+    out->disk_written = d.bytes_written;
+    out->disk_read = d.bytes_read;
+    out->disk_write_gbps = d.write_gbps;
+    out->disk_read_gbps = d.read_gbps;
+    out->disk_prefetch_hits = d.prefetch_hits;
+    out->disk_stalls = d.stalls;
+    out->disk_faults =
+        d.faults_enospc + d.faults_eio + d.faults_short + d.faults_corrupt;
+  }
 }

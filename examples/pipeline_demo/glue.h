@@ -18,6 +18,8 @@ typedef struct {
   size_t min_bytes;      /* smallest tensor offloaded */
   int pp_rank, pp_size;
   void *mpi_comm;        /* MPI_Comm * for the summary, NULL: self */
+  const char *disk_groups; /* group names on the disk tier; NULL/"": none */
+  const char *disk_dir;    /* NULL: OFL_DISK_DIR, TMPDIR or /tmp */
 } glue_params_t;
 
 int glue_open(const glue_params_t *p, glue_t **out);
@@ -48,6 +50,10 @@ typedef struct {
   double stall_ms;
   uint64_t inline_reloads;
   uint64_t kept_on_device;
+  int disk;              /* 1 when the disk tier is in use */
+  uint64_t disk_written, disk_read;
+  double disk_write_gbps, disk_read_gbps;
+  uint64_t disk_prefetch_hits, disk_stalls, disk_faults;
 } glue_stats_t;
 void glue_get_stats(glue_t *g, glue_stats_t *out);
 
