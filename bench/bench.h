@@ -12,7 +12,7 @@
   do {                                                                         \
     ofl_status_t st_ = (call);                                                 \
     if (st_ != OFL_SUCCESS) {                                                  \
-      fprintf(stderr, "%s failed: %s (%s)\n", #call, ofl_status_str(st_),     \
+      fprintf(stderr, "%s failed: %s (%s)\n", #call, ofl_status_str(st_),      \
               ofl_last_error());                                               \
       exit(1);                                                                 \
     }                                                                          \

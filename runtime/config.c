@@ -26,43 +26,77 @@ typedef struct {
 /* Every OFL_* variable the library reads. README.md lists the same. */
 static const entry_t table[] = {
     /* runtime */
-    {"OFL_BACKEND", "auto", K_ENUM, "auto|host|cuda", "device backend; auto picks cuda when a GPU is present"},
+    {"OFL_BACKEND", "auto", K_ENUM, "auto|host|cuda",
+     "device backend; auto picks cuda when a GPU is present"},
     {"OFL_DEBUG", "WARN", K_ENUM, "NONE|WARN|INFO|TRACE|VERSION", "log level"},
-    {"OFL_DEBUG_SUBSYS", "ALL", K_STR, NULL, "subsystems to log: INIT,DEVICE,POOL,PIPELINE,DISK,STAGING,COLL,CONFIG or ALL; ^ excludes"},
-    {"OFL_DEBUG_RANK", "", K_STR, NULL, "log only on this rank (empty: all ranks)"},
-    {"OFL_DEBUG_FILE", "", K_STR, NULL, "log file instead of stderr; %h host, %p pid, %r rank"},
-    {"OFL_WAIT_TIMEOUT_MS", "120000", K_INT, NULL, "timeout of every wait that is not given one, in ms"},
-    {"OFL_TRACE_FILE", "", K_STR, NULL, "write a Chrome trace (JSON) of streams, copies and waits here at device close; %p pid, %r rank"},
-    {"OFL_DEVICE_CAPACITY", "0", K_SIZE, NULL, "host backend: device memory capacity (0: unlimited)"},
-    {"OFL_STRICT", "0", K_BOOL, NULL, "host backend: poison freed blocks, jitter worker streams, report frees of in-flight blocks"},
-    {"OFL_JITTER_SEED", "1", K_INT, NULL, "host backend strict mode: seed of the stream jitter"},
-    {"OFL_JITTER_MAX_US", "200", K_INT, NULL, "host backend strict mode: largest jitter per operation, in microseconds"},
-    {"OFL_HOST_SPIN_US", "20", K_INT, NULL, "host backend: microseconds a worker stream polls for more work before it sleeps (0: sleep at once)"},
-    {"OFL_LINK_H2D_GBPS", "0", K_DOUBLE, NULL, "host backend link model: H2D GB/s (0: unlimited)"},
-    {"OFL_LINK_D2H_GBPS", "0", K_DOUBLE, NULL, "host backend link model: D2H GB/s (0: unlimited)"},
-    {"OFL_LINK_TOTAL_GBPS", "0", K_DOUBLE, NULL, "host backend link model: both directions together, GB/s (0: their sum)"},
+    {"OFL_DEBUG_SUBSYS", "ALL", K_STR, NULL,
+     "subsystems to log: INIT,DEVICE,POOL,PIPELINE,DISK,STAGING,COLL,CONFIG or "
+     "ALL; ^ excludes"},
+    {"OFL_DEBUG_RANK", "", K_STR, NULL,
+     "log only on this rank (empty: all ranks)"},
+    {"OFL_DEBUG_FILE", "", K_STR, NULL,
+     "log file instead of stderr; %h host, %p pid, %r rank"},
+    {"OFL_WAIT_TIMEOUT_MS", "120000", K_INT, NULL,
+     "timeout of every wait that is not given one, in ms"},
+    {"OFL_TRACE_FILE", "", K_STR, NULL,
+     "write a Chrome trace (JSON) of streams, copies and waits here at device "
+     "close; %p pid, %r rank"},
+    {"OFL_DEVICE_CAPACITY", "0", K_SIZE, NULL,
+     "host backend: device memory capacity (0: unlimited)"},
+    {"OFL_STRICT", "0", K_BOOL, NULL,
+     "host backend: poison freed blocks, jitter worker streams, report frees "
+     "of in-flight blocks"},
+    {"OFL_JITTER_SEED", "1", K_INT, NULL,
+     "host backend strict mode: seed of the stream jitter"},
+    {"OFL_JITTER_MAX_US", "200", K_INT, NULL,
+     "host backend strict mode: largest jitter per operation, in microseconds"},
+    {"OFL_HOST_SPIN_US", "20", K_INT, NULL,
+     "host backend: microseconds a worker stream polls for more work before it "
+     "sleeps (0: sleep at once)"},
+    {"OFL_LINK_H2D_GBPS", "0", K_DOUBLE, NULL,
+     "host backend link model: H2D GB/s (0: unlimited)"},
+    {"OFL_LINK_D2H_GBPS", "0", K_DOUBLE, NULL,
+     "host backend link model: D2H GB/s (0: unlimited)"},
+    {"OFL_LINK_TOTAL_GBPS", "0", K_DOUBLE, NULL,
+     "host backend link model: both directions together, GB/s (0: their sum)"},
     /* pools */
-    {"OFL_HOST_BUDGET", "0", K_SIZE, NULL, "pinned host pool byte budget (0: unlimited)"},
-    {"OFL_DEVICE_POOL_BUDGET", "0", K_SIZE, NULL, "device pool byte budget (0: unlimited)"},
+    {"OFL_HOST_BUDGET", "0", K_SIZE, NULL,
+     "pinned host pool byte budget (0: unlimited)"},
+    {"OFL_DEVICE_POOL_BUDGET", "0", K_SIZE, NULL,
+     "device pool byte budget (0: unlimited)"},
     /* pipeline */
-    {"OFL_OFFLOAD", "1", K_BOOL, NULL, "master switch of activation offloading"},
-    {"OFL_OFFLOAD_GROUPS", "", K_STR, NULL, "comma-separated group names to offload (empty: all)"},
-    {"OFL_MIN_OFFLOAD_ELEMS", "1048576", K_INT, NULL, "smallest tensor offloaded, in elements"},
-    {"OFL_MIN_OFFLOAD_BYTES", "0", K_SIZE, NULL, "smallest tensor offloaded, in bytes (0: use OFL_MIN_OFFLOAD_ELEMS)"},
-    {"OFL_OFFLOAD_FRACTION", "1.0", K_DOUBLE, NULL, "fraction of groups of each name offloaded after warmup"},
-    {"OFL_RANK_DELTA_BYTES", "0", K_SIZE, NULL, "per pipeline rank, bytes fewer offloaded than the rank before"},
-    {"OFL_MAX_INFLIGHT", "0", K_INT, NULL, "max offloads in flight per group name (0: unlimited)"},
+    {"OFL_OFFLOAD", "1", K_BOOL, NULL,
+     "master switch of activation offloading"},
+    {"OFL_OFFLOAD_GROUPS", "", K_STR, NULL,
+     "comma-separated group names to offload (empty: all)"},
+    {"OFL_MIN_OFFLOAD_ELEMS", "1048576", K_INT, NULL,
+     "smallest tensor offloaded, in elements"},
+    {"OFL_MIN_OFFLOAD_BYTES", "0", K_SIZE, NULL,
+     "smallest tensor offloaded, in bytes (0: use OFL_MIN_OFFLOAD_ELEMS)"},
+    {"OFL_OFFLOAD_FRACTION", "1.0", K_DOUBLE, NULL,
+     "fraction of groups of each name offloaded after warmup"},
+    {"OFL_RANK_DELTA_BYTES", "0", K_SIZE, NULL,
+     "per pipeline rank, bytes fewer offloaded than the rank before"},
+    {"OFL_MAX_INFLIGHT", "0", K_INT, NULL,
+     "max offloads in flight per group name (0: unlimited)"},
     /* disk tier */
-    {"OFL_DISK_DIR", "", K_STR, NULL, "directory of the disk tier file (empty: TMPDIR or /tmp)"},
-    {"OFL_DISK_GROUPS", "", K_STR, NULL, "group names placed on disk rather than in host memory"},
-    {"OFL_DISK_BUDGET", "0", K_SIZE, NULL, "disk tier byte budget (0: disk tier off unless groups are named)"},
+    {"OFL_DISK_DIR", "", K_STR, NULL,
+     "directory of the disk tier file (empty: TMPDIR or /tmp)"},
+    {"OFL_DISK_GROUPS", "", K_STR, NULL,
+     "group names placed on disk rather than in host memory"},
+    {"OFL_DISK_BUDGET", "0", K_SIZE, NULL,
+     "disk tier byte budget (0: disk tier off unless groups are named)"},
     {"OFL_DISK_QUEUE_DEPTH", "8", K_INT, NULL, "io_uring queue depth"},
     {"OFL_DISK_BLOCK", "4M", K_SIZE, NULL, "disk I/O block size"},
-    {"OFL_DISK_PREFETCH", "2", K_INT, NULL, "groups read ahead of the backward pass"},
-    {"OFL_DISK_CHECKSUM", "0", K_BOOL, NULL, "CRC32C per extent, verified on read"},
-    {"OFL_DISK_DIRECT", "auto", K_ENUM, "auto|on|off", "O_DIRECT on the disk file"},
+    {"OFL_DISK_PREFETCH", "2", K_INT, NULL,
+     "groups read ahead of the backward pass"},
+    {"OFL_DISK_CHECKSUM", "0", K_BOOL, NULL,
+     "CRC32C per extent, verified on read"},
+    {"OFL_DISK_DIRECT", "auto", K_ENUM, "auto|on|off",
+     "O_DIRECT on the disk file"},
     /* staging */
-    {"OFL_STAGING_MAX_INFLIGHT", "1", K_INT, NULL, "checkpoint saves in flight per stager"},
+    {"OFL_STAGING_MAX_INFLIGHT", "1", K_INT, NULL,
+     "checkpoint saves in flight per stager"},
 };
 
 #define N_ENTRIES (sizeof table / sizeof table[0])
@@ -283,8 +317,8 @@ ofl_status_t ofl_config_reload(void) {
 }
 
 /* Copies the value in force into buf (values may be replaced by reload). */
-static ofl_status_t value_of(const char *name, const entry_t **entry,
-                             char *buf, size_t cap) {
+static ofl_status_t value_of(const char *name, const entry_t **entry, char *buf,
+                             size_t cap) {
   size_t idx = 0;
   const entry_t *e = find(name, &idx);
   if (e == NULL)
@@ -362,7 +396,8 @@ void ofl_config_print(FILE *out) {
     load_locked();
   for (size_t i = 0; i < N_ENTRIES; i++)
     fprintf(out, "%-26s = %-12s (default %s; %s) %s\n", table[i].name,
-            values[i] && values[i][0] ? values[i] : "''", table[i].def[0] ? table[i].def : "''",
-            kind_hint(&table[i]), table[i].doc);
+            values[i] && values[i][0] ? values[i] : "''",
+            table[i].def[0] ? table[i].def : "''", kind_hint(&table[i]),
+            table[i].doc);
   pthread_mutex_unlock(&config_lock);
 }

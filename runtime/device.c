@@ -61,7 +61,8 @@ static ofl_status_t resolve_config(const ofl_device_params_t *p,
   OFL_CHECK(ofl__config_double("OFL_LINK_TOTAL_GBPS", &tot));
   c->link_h2d_bps = (p->link_h2d_gbps >= 0 ? p->link_h2d_gbps : h2d) * 1e9;
   c->link_d2h_bps = (p->link_d2h_gbps >= 0 ? p->link_d2h_gbps : d2h) * 1e9;
-  c->link_total_bps = (p->link_total_gbps >= 0 ? p->link_total_gbps : tot) * 1e9;
+  c->link_total_bps =
+      (p->link_total_gbps >= 0 ? p->link_total_gbps : tot) * 1e9;
   return OFL_SUCCESS;
 }
 
@@ -71,8 +72,7 @@ static const ofl__device_ops_t *select_backend(ofl_device_t *dev) {
     return &ofl__host_ops;
 #if OFL_HAVE_CUDA
   char why[200];
-  if (ofl__cuda_probe(dev->cfg.device_index, why, sizeof why) ==
-      OFL_SUCCESS) {
+  if (ofl__cuda_probe(dev->cfg.device_index, why, sizeof why) == OFL_SUCCESS) {
     if (dev->cfg.backend == OFL_BACKEND_AUTO)
       snprintf(dev->reason, sizeof dev->reason,
                "auto: cuda device %d is available", dev->cfg.device_index);
@@ -115,7 +115,8 @@ ofl_status_t ofl_device_open(const ofl_device_params_t *params,
     st = OFL_ERR_NO_DEVICE;
     goto fail;
   }
-  dev->backend = dev->ops == &ofl__host_ops ? OFL_BACKEND_HOST : OFL_BACKEND_CUDA;
+  dev->backend =
+      dev->ops == &ofl__host_ops ? OFL_BACKEND_HOST : OFL_BACKEND_CUDA;
   dev->stats.device_capacity_bytes = dev->cfg.capacity_bytes;
   const char *trace = NULL;
   if (ofl__config_str("OFL_TRACE_FILE", &trace) == OFL_SUCCESS && trace[0])
@@ -128,8 +129,9 @@ ofl_status_t ofl_device_open(const ofl_device_params_t *params,
     dev->ops->close(dev);
     goto fail;
   }
-  OFL_INFO(OFL_SUBSYS_DEVICE, "device open backend %s strict %d jitter_max_us %d",
-           dev->ops->name, (int)dev->cfg.strict, dev->cfg.jitter_max_us);
+  OFL_INFO(OFL_SUBSYS_DEVICE,
+           "device open backend %s strict %d jitter_max_us %d", dev->ops->name,
+           (int)dev->cfg.strict, dev->cfg.jitter_max_us);
   *out = dev;
   return OFL_SUCCESS;
 fail:
@@ -175,12 +177,16 @@ void ofl_device_close(ofl_device_t *dev) {
   /* Streams the application did not destroy: drain (bounded) and stop
    * them, as the header promises, so no worker outlives the device. */
   for (ofl_stream_t *s; (s = take_open_stream(dev)) != NULL;) {
-    OFL_INFO(OFL_SUBSYS_DEVICE, "device close: stream '%s' was not destroyed; "
-             "draining and destroying it now", s->name);
+    OFL_INFO(OFL_SUBSYS_DEVICE,
+             "device close: stream '%s' was not destroyed; "
+             "draining and destroying it now",
+             s->name);
     ofl_status_t st = dev->ops->stream_destroy(s);
     if (st != OFL_SUCCESS)
-      OFL_WARN(OFL_SUBSYS_DEVICE, "device close: stream '%s' did not drain: "
-               "%s", s->name, ofl_status_str(st));
+      OFL_WARN(OFL_SUBSYS_DEVICE,
+               "device close: stream '%s' did not drain: "
+               "%s",
+               s->name, ofl_status_str(st));
     free(s);
   }
   if (dev->compute != NULL)
@@ -351,13 +357,13 @@ ofl_status_t ofl_stream_destroy(ofl_stream_t *s) {
 #define CHECK_STREAM(s, fn)                                                    \
   do {                                                                         \
     if ((s) == NULL)                                                           \
-      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,               \
+      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,                \
                         "%s: stream is NULL", fn);                             \
   } while (0)
 #define CHECK_EVENT(e, fn)                                                     \
   do {                                                                         \
     if ((e) == NULL)                                                           \
-      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,               \
+      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,                \
                         "%s: event is NULL", fn);                              \
   } while (0)
 
@@ -462,8 +468,7 @@ ofl_status_t ofl_memset_async(void *dst, int value, size_t bytes,
     return OFL_SUCCESS;
   if (dst == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
-                      "ofl_memset_async: NULL pointer on stream '%s'",
-                      s->name);
+                      "ofl_memset_async: NULL pointer on stream '%s'", s->name);
   if (bytes > MAX_BYTES)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
                       "ofl_memset_async: %zu bytes on stream '%s' is more "

@@ -19,8 +19,8 @@
   do {                                                                         \
     cudaError_t ofl__ce = (call);                                              \
     if (ofl__ce != cudaSuccess)                                                \
-      return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE, "%s: %s (%s)", what, \
-                        cudaGetErrorString(ofl__ce), #call);                  \
+      return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE, "%s: %s (%s)", what,  \
+                        cudaGetErrorString(ofl__ce), #call);                   \
   } while (0)
 
 typedef struct {
@@ -31,13 +31,11 @@ ofl_status_t ofl__cuda_probe(int device_index, char *why, size_t cap) {
   int n = 0;
   cudaError_t ce = cudaGetDeviceCount(&n);
   if (ce != cudaSuccess) {
-    snprintf(why, cap, "cudaGetDeviceCount failed: %s",
-             cudaGetErrorString(ce));
+    snprintf(why, cap, "cudaGetDeviceCount failed: %s", cudaGetErrorString(ce));
     return OFL_ERR_NO_DEVICE;
   }
   if (n <= device_index) {
-    snprintf(why, cap, "cuda device %d requested, %d present", device_index,
-             n);
+    snprintf(why, cap, "cuda device %d requested, %d present", device_index, n);
     return OFL_ERR_NO_DEVICE;
   }
   why[0] = '\0';
@@ -77,7 +75,8 @@ static pthread_mutex_t sizes_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_node_t *sizes[SIZE_BUCKETS];
 
 static size_t bucket(const void *p) {
-  return (size_t)(((uintptr_t)p >> 8) * 11400714819323198485ull >> 54) % SIZE_BUCKETS;
+  return (size_t)(((uintptr_t)p >> 8) * 11400714819323198485ull >> 54) %
+         SIZE_BUCKETS;
 }
 
 static ofl_status_t cuda_device_malloc(ofl_device_t *dev, size_t bytes,
@@ -153,8 +152,7 @@ static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
   void *mem = NULL;
   if (posix_memalign(&mem, pg, bytes + pg) != 0)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
-                      "cannot allocate %zu bytes of host memory to pin",
-                      bytes);
+                      "cannot allocate %zu bytes of host memory to pin", bytes);
   char *user = (char *)mem + pg;
   for (size_t off = 0; off < bytes; off += pg)
     user[off] = 0;
@@ -299,10 +297,9 @@ static ofl_status_t cuda_memcpy_async(void *dst, const void *src, size_t bytes,
                                       ofl_copy_kind_t kind, ofl_stream_t *s) {
   OFL_CHECK(use_stream(s));
   static const enum cudaMemcpyKind kinds[] = {
-      cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
-      cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost};
-  CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kinds[kind],
-                           (cudaStream_t)s->impl),
+      cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
+      cudaMemcpyHostToHost};
+  CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kinds[kind], (cudaStream_t)s->impl),
            "async copy");
   return OFL_SUCCESS;
 }

@@ -580,7 +580,8 @@ static void *worker_main(void *arg) {
     op_t *op = hs->head;
     pthread_mutex_unlock(&hs->mu);
     if (dev->cfg.strict && dev->cfg.jitter_max_us > 0)
-      sleep_ns(next_rand(&hs->rng) % ((uint64_t)dev->cfg.jitter_max_us * 1000u + 1));
+      sleep_ns(next_rand(&hs->rng) %
+               ((uint64_t)dev->cfg.jitter_max_us * 1000u + 1));
     execute(hs, op);
     release_blocks(dev, op);
     pthread_mutex_lock(&hs->mu);
@@ -635,7 +636,8 @@ static ofl_status_t host_stream_create(ofl_stream_t *s) {
   pthread_mutex_init(&hs->mu, NULL);
   pthread_cond_init(&hs->work_cv, NULL);
   pthread_cond_init(&hs->idle_cv, NULL);
-  hs->rng = s->dev->cfg.jitter_seed * 0x9E3779B97F4A7C15ull + (uint64_t)s->id * 7919u + 1;
+  hs->rng = s->dev->cfg.jitter_seed * 0x9E3779B97F4A7C15ull +
+            (uint64_t)s->id * 7919u + 1;
   s->impl = hs;
   if (!s->is_compute) {
     int rc = pthread_create(&hs->thread, NULL, worker_main, hs);
@@ -755,8 +757,7 @@ static ofl_status_t submit(ofl_stream_t *s, op_t *op) {
     hs->head = op;
   hs->tail = op;
   hs->enqueued++;
-  atomic_store_explicit(&hs->enqueued_seen, hs->enqueued,
-                        memory_order_release);
+  atomic_store_explicit(&hs->enqueued_seen, hs->enqueued, memory_order_release);
   pthread_cond_signal(&hs->work_cv);
   pthread_mutex_unlock(&hs->mu);
   return OFL_SUCCESS;
@@ -974,8 +975,10 @@ static ofl_status_t host_open(ofl_device_t *dev) {
 static void host_close(ofl_device_t *dev) {
   host_dev_t *h = HD(dev);
   if (h->nblocks > 0)
-    OFL_INFO(OFL_SUBSYS_DEVICE, "device close: %zu block(s) still allocated; "
-             "released now", h->nblocks);
+    OFL_INFO(OFL_SUBSYS_DEVICE,
+             "device close: %zu block(s) still allocated; "
+             "released now",
+             h->nblocks);
   for (size_t i = 0; i < h->nblocks; i++) {
     free(h->blocks[i]->base);
     free(h->blocks[i]);

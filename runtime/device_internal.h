@@ -83,8 +83,7 @@ struct ofl__device_ops {
                                ofl_copy_kind_t kind, ofl_stream_t *s);
   ofl_status_t (*memset_async)(void *dst, int value, size_t bytes,
                                ofl_stream_t *s);
-  ofl_status_t (*launch_host_func)(ofl_stream_t *s, ofl_host_fn fn,
-                                   void *arg);
+  ofl_status_t (*launch_host_func)(ofl_stream_t *s, ofl_host_fn fn, void *arg);
   void (*range_push)(ofl_device_t *dev, const char *name);
   void (*range_pop)(ofl_device_t *dev);
 };

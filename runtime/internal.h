@@ -71,7 +71,7 @@ static inline bool ofl__log_enabled(ofl_log_level_t level, unsigned subsys) {
 #define OFL__LOG(level, subsys, ...)                                           \
   do {                                                                         \
     if (ofl__log_enabled((level), (subsys)))                                   \
-      ofl__log((level), (subsys), __FILE__, __LINE__, __VA_ARGS__);           \
+      ofl__log((level), (subsys), __FILE__, __LINE__, __VA_ARGS__);            \
   } while (0)
 #define OFL_WARN(subsys, ...) OFL__LOG(OFL_LOG_WARN, (subsys), __VA_ARGS__)
 #define OFL_INFO(subsys, ...) OFL__LOG(OFL_LOG_INFO, (subsys), __VA_ARGS__)
@@ -90,7 +90,8 @@ ofl_status_t ofl__config_double(const char *name, double *out);
 /* Index of the value in the variable's list of allowed words. */
 ofl_status_t ofl__config_enum(const char *name, int *out);
 
-/* ---- time ----------------------------------------------------------------- */
+/* ---- time -----------------------------------------------------------------
+ */
 uint64_t ofl__now_ns(void); /* CLOCK_MONOTONIC */
 /* The default wait timeout (OFL_WAIT_TIMEOUT_MS) when timeout_ms < 0. */
 int64_t ofl__timeout_ms(int64_t timeout_ms);

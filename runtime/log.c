@@ -29,10 +29,10 @@ static const struct {
   const char *name;
   unsigned bit;
 } subsys_names[] = {
-    {"INIT", OFL_SUBSYS_INIT},         {"DEVICE", OFL_SUBSYS_DEVICE},
-    {"POOL", OFL_SUBSYS_POOL},         {"PIPELINE", OFL_SUBSYS_PIPELINE},
-    {"DISK", OFL_SUBSYS_DISK},         {"STAGING", OFL_SUBSYS_STAGING},
-    {"COLL", OFL_SUBSYS_COLL},         {"CONFIG", OFL_SUBSYS_CONFIG},
+    {"INIT", OFL_SUBSYS_INIT}, {"DEVICE", OFL_SUBSYS_DEVICE},
+    {"POOL", OFL_SUBSYS_POOL}, {"PIPELINE", OFL_SUBSYS_PIPELINE},
+    {"DISK", OFL_SUBSYS_DISK}, {"STAGING", OFL_SUBSYS_STAGING},
+    {"COLL", OFL_SUBSYS_COLL}, {"CONFIG", OFL_SUBSYS_CONFIG},
     {"ALL", OFL_SUBSYS_ALL},
 };
 

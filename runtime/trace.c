@@ -107,11 +107,14 @@ void ofl__trace_complete(ofl_device_t *dev, int track, const char *name,
   pthread_mutex_lock(&t->lock);
   if (t->n == t->cap) {
     size_t ncap = t->cap ? t->cap * 2 : 4096;
-    trace_ev_t *ne = ncap <= TRACE_MAX_EVENTS ? realloc(t->evs, ncap * sizeof *ne) : NULL;
+    trace_ev_t *ne =
+        ncap <= TRACE_MAX_EVENTS ? realloc(t->evs, ncap * sizeof *ne) : NULL;
     if (ne == NULL) {
       if (!t->full_warned)
-        OFL_WARN(OFL_SUBSYS_DEVICE, "trace buffer full at %zu events; later "
-                 "events are dropped from %s", t->n, t->path);
+        OFL_WARN(OFL_SUBSYS_DEVICE,
+                 "trace buffer full at %zu events; later "
+                 "events are dropped from %s",
+                 t->n, t->path);
       t->full_warned = true;
       pthread_mutex_unlock(&t->lock);
       return;
@@ -135,23 +138,29 @@ void ofl__trace_close(ofl_device_t *dev) {
     return;
   FILE *f = fopen(t->path, "w");
   if (f == NULL) {
-    OFL_WARN(OFL_SUBSYS_DEVICE, "cannot write trace file %s; check "
-             "OFL_TRACE_FILE", t->path);
+    OFL_WARN(OFL_SUBSYS_DEVICE,
+             "cannot write trace file %s; check "
+             "OFL_TRACE_FILE",
+             t->path);
   } else {
     int pid = ofl_log_get_rank() >= 0 ? ofl_log_get_rank() : 0;
     fprintf(f, "{\"traceEvents\":[\n");
-    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
-               "\"args\":{\"name\":\"rank %d\"}}", pid, pid);
+    fprintf(f,
+            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
+            "\"args\":{\"name\":\"rank %d\"}}",
+            pid, pid);
     for (int i = 0; i < t->ntracks; i++)
-      fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,"
-                 "\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+      fprintf(f,
+              ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,"
+              "\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
               pid, t->tracks[i].id, t->tracks[i].name);
     for (size_t i = 0; i < t->n; i++) {
       const trace_ev_t *e = &t->evs[i];
       uint64_t s = e->start_ns > t->t0 ? e->start_ns - t->t0 : 0;
       uint64_t d = e->end_ns > e->start_ns ? e->end_ns - e->start_ns : 0;
-      fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,"
-                 "\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{%s}}",
+      fprintf(f,
+              ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,"
+              "\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{%s}}",
               e->name, e->cat, pid, e->track, (double)s / 1e3, (double)d / 1e3,
               e->args);
     }

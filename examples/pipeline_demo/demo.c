@@ -39,21 +39,25 @@ typedef struct {
 static const char *usage_text =
     "usage: mpirun -n P ofl_pipeline_demo [options]\n"
     "  One pipeline stage per MPI rank (P ranks = pipeline size P).\n"
-    "  --vpp V             virtual stages per rank; V > 1 runs interleaved 1F1B\n"
+    "  --vpp V             virtual stages per rank; V > 1 runs interleaved "
+    "1F1B\n"
     "                      (microbatches must then be a multiple of P) [1]\n"
     "  --microbatches M    microbatches per iteration [8]\n"
     "  --layers L          layers per virtual stage [2]\n"
     "  --hidden H          hidden size [128]\n"
-    "  --seq S             sequence length (rows per activation, <= 4096) [128]\n"
+    "  --seq S             sequence length (rows per activation, <= 4096) "
+    "[128]\n"
     "  --iters N           iterations per run; the first is the warmup [4]\n"
     "  --offload LIST      group names to offload, comma-separated, from\n"
     "                      attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,\n"
     "                      expert_fc1,moe_act, or 'all' [all]\n"
     "  --min-offload-bytes B  smallest tensor offloaded [4096]\n"
-    "  --link-gbps G       emulate a host link of G GB/s per direction (0: off) [0]\n"
+    "  --link-gbps G       emulate a host link of G GB/s per direction (0: "
+    "off) [0]\n"
     "  --disk-groups LIST  group names that go to the disk tier (one private\n"
     "                      file per rank, io_uring, prefetch) [none]\n"
-    "  --disk-dir DIR      directory of the disk tier's file [OFL_DISK_DIR or /tmp]\n"
+    "  --disk-dir DIR      directory of the disk tier's file [OFL_DISK_DIR or "
+    "/tmp]\n"
     "  --memory-csv FILE   write device memory over time, both runs (rank 0)\n"
     "  --memory-png FILE   render that CSV to a PNG with gnuplot (rank 0)\n"
     "  --trace FILE        Chrome trace of the offload run (%r: rank)\n"
@@ -75,9 +79,15 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o, int rank) {
-  *o = (opts_t){.vpp = 1, .microbatches = 8, .layers = 2, .hidden = 128,
-                .seq = 128, .iters = 4, .min_offload_bytes = 4096,
-                .mem_tolerance = 0.05, .timeout_s = 60};
+  *o = (opts_t){.vpp = 1,
+                .microbatches = 8,
+                .layers = 2,
+                .hidden = 128,
+                .seq = 128,
+                .iters = 4,
+                .min_offload_bytes = 4096,
+                .mem_tolerance = 0.05,
+                .timeout_s = 60};
   snprintf(o->offload_groups, sizeof o->offload_groups, "all");
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -175,10 +185,10 @@ typedef struct {
   ofl_device_t *dev;
   ofl_pool_t *pool;
   glue_t *glue;
-  layer_t *layers; /* vpp * layers */
-  saved_t *saved;  /* microbatches * vpp * layers */
+  layer_t *layers;          /* vpp * layers */
+  saved_t *saved;           /* microbatches * vpp * layers */
   ofl_tensor_t **stage_out; /* last-stage outputs per microbatch (loss) */
-  double *losses;  /* iters * microbatches, last stage only */
+  double *losses;           /* iters * microbatches, last stage only */
   int iter;
   /* memory samples */
   double *mem_t;
@@ -250,11 +260,12 @@ static void init_layers(run_t *r, int nlayers) {
   for (int i = 0; i < nlayers; i++) {
     layer_t *L = &r->layers[i];
     size_t n[NW] = {(size_t)d.h, (size_t)d.h * 3 * d.h, (size_t)d.h * d.h,
-                    (size_t)d.h, (size_t)d.h * d.f, (size_t)d.f * d.h};
+                    (size_t)d.h, (size_t)d.h * d.f,     (size_t)d.f * d.h};
     for (int k = 0; k < NW; k++) {
       L->n[k] = n[k];
       OK(r, ofl_device_malloc(r->dev, n[k] * sizeof(float), (void **)&L->w[k]));
-      OK(r, ofl_device_malloc(r->dev, n[k] * sizeof(float), (void **)&L->dw[k]));
+      OK(r,
+         ofl_device_malloc(r->dev, n[k] * sizeof(float), (void **)&L->dw[k]));
       r->weight_bytes += 2 * n[k] * sizeof(float);
       unsigned long long seed = ((unsigned long long)r->rank << 32) ^
                                 ((unsigned long long)i << 8) ^ (unsigned)k;
@@ -462,8 +473,8 @@ static void recv_into(run_t *r, ofl_tensor_t *t, int src, int tag) {
     if (done)
       break;
     if (now_s() > deadline)
-      die(r, "no message from rank %d (tag %d) after %d s; is it alive?",
-          src, tag, r->o->timeout_s);
+      die(r, "no message from rank %d (tag %d) after %d s; is it alive?", src,
+          tag, r->o->timeout_s);
     usleep(nap);
     if (nap < 500)
       nap *= 2;
@@ -486,7 +497,8 @@ static void complete_sends(run_t *r) {
   npend = 0;
 }
 
-/* ---- one iteration -------------------------------------------------------- */
+/* ---- one iteration --------------------------------------------------------
+ */
 
 static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
   opts_t *o = r->o;
@@ -553,14 +565,15 @@ static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
     }
 }
 
-/* ---- a whole run ------------------------------------------------------------ */
+/* ---- a whole run ------------------------------------------------------------
+ */
 
 typedef struct {
-  double step_s;         /* mean steady-state step time */
-  size_t peak_bytes;     /* device peak over steady state */
-  size_t summary_bytes;  /* offload summary total (offload run) */
+  double step_s;        /* mean steady-state step time */
+  size_t peak_bytes;    /* device peak over steady state */
+  size_t summary_bytes; /* offload summary total (offload run) */
   glue_stats_t stats;
-  unsigned char *state;  /* losses, weights, gradients: for the comparison */
+  unsigned char *state; /* losses, weights, gradients: for the comparison */
   size_t state_bytes;
   double *mem_t, *mem_b;
   size_t nmem;
@@ -594,17 +607,22 @@ static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
   r.losses = calloc((size_t)o->iters * o->microbatches, sizeof *r.losses);
   init_layers(&r, nl);
 
-  glue_params_t gp = {.dev = r.dev, .act_pool = r.pool, .offload = offload,
+  glue_params_t gp = {.dev = r.dev,
+                      .act_pool = r.pool,
+                      .offload = offload,
                       .groups = o->offload_groups,
-                      .min_bytes = o->min_offload_bytes, .pp_rank = rank,
-                      .pp_size = pp, .mpi_comm = NULL,
+                      .min_bytes = o->min_offload_bytes,
+                      .pp_rank = rank,
+                      .pp_size = pp,
+                      .mpi_comm = NULL,
                       .disk_groups = offload ? o->disk_groups : NULL,
                       .disk_dir = o->disk_dir};
   MPI_Comm world = MPI_COMM_WORLD;
   gp.mpi_comm = &world;
   OK(&r, glue_open(&gp, &r.glue));
 
-  sched_step_t *steps = calloc((size_t)2 * o->microbatches * o->vpp, sizeof *steps);
+  sched_step_t *steps =
+      calloc((size_t)2 * o->microbatches * o->vpp, sizeof *steps);
   int nsteps = sched_build(pp, rank, o->vpp, o->microbatches, steps);
   if (nsteps < 0)
     die(&r, "invalid schedule (vpp %d needs microbatches a multiple of %d)",
@@ -652,13 +670,16 @@ static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
   res->state = malloc(bytes);
   res->state_bytes = bytes;
   size_t off = 0;
-  memcpy(res->state, r.losses, (size_t)o->iters * o->microbatches * sizeof(double));
+  memcpy(res->state, r.losses,
+         (size_t)o->iters * o->microbatches * sizeof(double));
   off += (size_t)o->iters * o->microbatches * sizeof(double);
   for (int i = 0; i < nl; i++)
     for (int k = 0; k < NW; k++) {
-      memcpy(res->state + off, r.layers[i].w[k], r.layers[i].n[k] * sizeof(float));
+      memcpy(res->state + off, r.layers[i].w[k],
+             r.layers[i].n[k] * sizeof(float));
       off += r.layers[i].n[k] * sizeof(float);
-      memcpy(res->state + off, r.layers[i].dw[k], r.layers[i].n[k] * sizeof(float));
+      memcpy(res->state + off, r.layers[i].dw[k],
+             r.layers[i].n[k] * sizeof(float));
       off += r.layers[i].n[k] * sizeof(float);
     }
   res->mem_t = r.mem_t;
@@ -680,7 +701,8 @@ static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
   free(r.losses);
 }
 
-/* ---- reports ------------------------------------------------------------------ */
+/* ---- reports
+ * ------------------------------------------------------------------ */
 
 static void write_memory_csv(const char *path, int rank, int pp,
                              const result_t *base, const result_t *off) {
@@ -707,9 +729,11 @@ static void write_memory_csv(const char *path, int rank, int pp,
     if (rank == 0) {
       for (int src = 0; src < pp; src++) {
         int m = all[2 * src + k];
-        double *rb = src == 0 ? buf : malloc(sizeof(double) * 2 * (size_t)(m ? m : 1));
+        double *rb =
+            src == 0 ? buf : malloc(sizeof(double) * 2 * (size_t)(m ? m : 1));
         if (src != 0)
-          MPI_Recv(rb, 2 * m, MPI_DOUBLE, src, 900 + k, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+          MPI_Recv(rb, 2 * m, MPI_DOUBLE, src, 900 + k, MPI_COMM_WORLD,
+                   MPI_STATUS_IGNORE);
         for (int i = 0; f && i < m; i++)
           fprintf(f, "%d,%s,%.6f,%.3f\n", src, k ? "offload" : "baseline",
                   rb[2 * i], rb[2 * i + 1] / 1048576.0);
@@ -735,13 +759,15 @@ static void render_png(const char *csv, const char *png, int pp) {
                    "per rank, without and with activation offload'\n",
                    260 * pp + 60, png, pp);
   for (int r = 0; r < pp && n < (int)sizeof script - 400; r++)
-    n += snprintf(script + n, sizeof script - (size_t)n,
-                  "set title 'rank %d'\nset yrange [0:*]\nset ylabel 'MiB allocated'\nset xlabel 'seconds into the run'\n"
-                  "plot '%s' using ($1==%d && strcol(2) eq 'baseline' ? $3 : 1/0):4 "
-                  "with lines lw 2 title 'without offload', "
-                  "'' using ($1==%d && strcol(2) eq 'offload' ? $3 : 1/0):4 "
-                  "with lines lw 2 title 'with offload'\n",
-                  r, csv, r, r);
+    n += snprintf(
+        script + n, sizeof script - (size_t)n,
+        "set title 'rank %d'\nset yrange [0:*]\nset ylabel 'MiB "
+        "allocated'\nset xlabel 'seconds into the run'\n"
+        "plot '%s' using ($1==%d && strcol(2) eq 'baseline' ? $3 : 1/0):4 "
+        "with lines lw 2 title 'without offload', "
+        "'' using ($1==%d && strcol(2) eq 'offload' ? $3 : 1/0):4 "
+        "with lines lw 2 title 'with offload'\n",
+        r, csv, r, r);
   snprintf(script + n, sizeof script - (size_t)n, "unset multiplot\n");
   FILE *g = popen("gnuplot 2>&1", "w");
   if (g == NULL) {
@@ -768,8 +794,9 @@ int main(int argc, char **argv) {
   }
   if (o.vpp > 1 && o.microbatches % pp != 0) {
     if (rank == 0)
-      fprintf(stderr, "ofl_pipeline_demo: interleaved 1F1B (--vpp %d) needs "
-                      "--microbatches to be a multiple of the %d ranks\n",
+      fprintf(stderr,
+              "ofl_pipeline_demo: interleaved 1F1B (--vpp %d) needs "
+              "--microbatches to be a multiple of the %d ranks\n",
               o.vpp, pp);
     MPI_Finalize();
     return 2;
@@ -780,8 +807,7 @@ int main(int argc, char **argv) {
            "offloading groups: %s (tensors >= %zu bytes); host backend%s\n",
            pp, o.vpp > 1 ? "interleaved 1F1B" : "1F1B", o.vpp, o.microbatches,
            o.layers, o.hidden, o.seq, o.iters, o.offload_groups,
-           o.min_offload_bytes,
-           o.link_gbps > 0 ? ", emulated host link" : "");
+           o.min_offload_bytes, o.link_gbps > 0 ? ", emulated host link" : "");
 
   result_t base = {0}, off = {0};
   run(&o, rank, pp, 0, &base);
@@ -798,14 +824,23 @@ int main(int argc, char **argv) {
   /* Per-rank figures, printed by rank 0 in rank order. */
   enum { NF = 19 };
   const glue_stats_t *os = &off.stats;
-  double mine[NF] = {(double)base.peak_bytes, (double)off.peak_bytes,
-                     (double)off.summary_bytes, (double)os->offloaded_bytes,
-                     (double)os->reloaded_bytes, (double)os->stalls,
-                     os->stall_ms, base.step_s, off.step_s,
-                     (double)os->inline_reloads, (double)os->offloaded_tensors,
-                     (double)os->kept_on_device, (double)os->disk,
-                     (double)os->disk_written, (double)os->disk_read,
-                     os->disk_write_gbps, os->disk_read_gbps,
+  double mine[NF] = {(double)base.peak_bytes,
+                     (double)off.peak_bytes,
+                     (double)off.summary_bytes,
+                     (double)os->offloaded_bytes,
+                     (double)os->reloaded_bytes,
+                     (double)os->stalls,
+                     os->stall_ms,
+                     base.step_s,
+                     off.step_s,
+                     (double)os->inline_reloads,
+                     (double)os->offloaded_tensors,
+                     (double)os->kept_on_device,
+                     (double)os->disk,
+                     (double)os->disk_written,
+                     (double)os->disk_read,
+                     os->disk_write_gbps,
+                     os->disk_read_gbps,
                      (double)os->disk_prefetch_hits + (double)os->disk_stalls,
                      (double)os->disk_faults};
   double *all = rank == 0 ? malloc(sizeof mine * (size_t)pp) : NULL;
@@ -822,9 +857,9 @@ int main(int argc, char **argv) {
       double ratio = v[2] > 0 ? saved / v[2] : (saved == 0 ? 1.0 : 0.0);
       printf("%-6d %10.2fMi %10.2fMi %12.2f %12.2f %8.3f %12.2f %12.2f %8.0f "
              "%8.2f %8.1fms %8.1fms\n",
-             i, v[0] / 1048576, v[1] / 1048576, saved / 1048576,
-             v[2] / 1048576, ratio, v[3] / 1048576, v[4] / 1048576, v[5],
-             v[6], v[7] * 1e3, v[8] * 1e3);
+             i, v[0] / 1048576, v[1] / 1048576, saved / 1048576, v[2] / 1048576,
+             ratio, v[3] / 1048576, v[4] / 1048576, v[5], v[6], v[7] * 1e3,
+             v[8] * 1e3);
       if (fabs(ratio - 1.0) > o.mem_tolerance)
         mem_fail++;
     }

@@ -12,12 +12,12 @@ typedef struct glue glue_t;
 
 typedef struct {
   ofl_device_t *dev;
-  ofl_pool_t *act_pool;  /* device pool of activations and reload buffers */
-  int offload;           /* 0: the manager runs with offload disabled */
-  const char *groups;    /* comma-separated group names to offload */
-  size_t min_bytes;      /* smallest tensor offloaded */
+  ofl_pool_t *act_pool; /* device pool of activations and reload buffers */
+  int offload;          /* 0: the manager runs with offload disabled */
+  const char *groups;   /* comma-separated group names to offload */
+  size_t min_bytes;     /* smallest tensor offloaded */
   int pp_rank, pp_size;
-  void *mpi_comm;        /* MPI_Comm * for the summary, NULL: self */
+  void *mpi_comm;          /* MPI_Comm * for the summary, NULL: self */
   const char *disk_groups; /* group names on the disk tier; NULL/"": none */
   const char *disk_dir;    /* NULL: OFL_DISK_DIR, TMPDIR or /tmp */
 } glue_params_t;
@@ -46,11 +46,11 @@ void glue_print_summary(glue_t *g, FILE *out);
 typedef struct {
   uint64_t offloaded_bytes, reloaded_bytes;
   uint64_t offloaded_tensors, reloaded_tensors;
-  uint64_t stalls;       /* reloads the compute stream had to wait for */
+  uint64_t stalls; /* reloads the compute stream had to wait for */
   double stall_ms;
   uint64_t inline_reloads;
   uint64_t kept_on_device;
-  int disk;              /* 1 when the disk tier is in use */
+  int disk; /* 1 when the disk tier is in use */
   uint64_t disk_written, disk_read;
   double disk_write_gbps, disk_read_gbps;
   uint64_t disk_prefetch_hits, disk_stalls, disk_faults;

@@ -33,7 +33,8 @@ Test(config, defaults_and_environment_values_parse) {
   cr_assert(eq(int, ofl__config_size("OFL_DISK_BLOCK", &z), OFL_SUCCESS));
   cr_assert(eq(sz, z, 2u << 20));
   double d = 0;
-  cr_assert(eq(int, ofl__config_double("OFL_OFFLOAD_FRACTION", &d), OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl__config_double("OFL_OFFLOAD_FRACTION", &d), OFL_SUCCESS));
   cr_assert(eq(dbl, d, 0.5));
   bool b = false;
   cr_assert(eq(int, ofl__config_bool("OFL_DISK_CHECKSUM", &b), OFL_SUCCESS));
@@ -113,9 +114,9 @@ Test(config, a_negative_size_is_invalid_even_after_blanks) {
     cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG), "'%s' accepted",
               bad[i]);
     size_t z = 12345;
-    cr_assert(eq(int, ofl__config_size("OFL_DEVICE_CAPACITY", &z),
-                 OFL_ERR_CONFIG),
-              "'%s' parsed", bad[i]);
+    cr_assert(
+        eq(int, ofl__config_size("OFL_DEVICE_CAPACITY", &z), OFL_ERR_CONFIG),
+        "'%s' parsed", bad[i]);
     cr_assert(eq(sz, z, 12345)); /* out untouched on error */
   }
   setenv("OFL_DEVICE_CAPACITY", "64M", 1);

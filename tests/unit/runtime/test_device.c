@@ -100,7 +100,8 @@ Test(device, event_query_reports_not_ready_until_its_stream_reaches_it) {
   cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS), "never recorded");
   atomic_int flag = 0;
-  cr_assert(eq(int, ofl_stream_launch_host_func(s, wait_flag, &flag), OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(s, wait_flag, &flag), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_record(ev, s), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_query(ev), OFL_ERR_NOT_READY));
   cr_assert(eq(int, ofl_stream_query(s), OFL_ERR_NOT_READY));
@@ -166,8 +167,8 @@ static void fill_pattern(unsigned char *p, size_t n, unsigned seed) {
 Test(device, copies_are_byte_exact_for_all_kinds_sizes_and_alignments) {
   ofl_stream_t *s = NULL;
   cr_assert(eq(int, ofl_stream_create(dev, "copy", &s), OFL_SUCCESS));
-  const size_t sizes[] = {1, 3, 7, 4095, 4097, 65536 + 13, 1u << 20,
-                          (16u << 20) + 5, 64u << 20};
+  const size_t sizes[] = {
+      1, 3, 7, 4095, 4097, 65536 + 13, 1u << 20, (16u << 20) + 5, 64u << 20};
   const size_t offs[] = {0, 1, 3, 7};
   for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
     size_t n = sizes[si];
@@ -176,16 +177,23 @@ Test(device, copies_are_byte_exact_for_all_kinds_sizes_and_alignments) {
     void *d1 = NULL, *d2 = NULL;
     cr_assert(eq(int, ofl_device_malloc(dev, n + 8, &d1), OFL_SUCCESS));
     cr_assert(eq(int, ofl_device_malloc(dev, n + 8, &d2), OFL_SUCCESS));
-    cr_assert(eq(int, ofl_pinned_malloc(dev, n + 8, (void **)&pin), OFL_SUCCESS));
+    cr_assert(
+        eq(int, ofl_pinned_malloc(dev, n + 8, (void **)&pin), OFL_SUCCESS));
     fill_pattern(src + o, n, (unsigned)si);
     memset(back, 0, n + 8);
     char *dd1 = (char *)d1 + (o + 1) % 8, *dd2 = (char *)d2 + (o + 2) % 8;
-    cr_assert(eq(int, ofl_memcpy_async(dd1, src + o, n, OFL_COPY_H2D, s), OFL_SUCCESS));
-    cr_assert(eq(int, ofl_memcpy_async(dd2, dd1, n, OFL_COPY_D2D, s), OFL_SUCCESS));
-    cr_assert(eq(int, ofl_memcpy_async(pin + o, dd2, n, OFL_COPY_D2H, s), OFL_SUCCESS));
-    cr_assert(eq(int, ofl_memcpy_async(back + 8 - o, pin + o, n, OFL_COPY_H2H, s), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_memcpy_async(dd1, src + o, n, OFL_COPY_H2D, s),
+                 OFL_SUCCESS));
+    cr_assert(
+        eq(int, ofl_memcpy_async(dd2, dd1, n, OFL_COPY_D2D, s), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_memcpy_async(pin + o, dd2, n, OFL_COPY_D2H, s),
+                 OFL_SUCCESS));
+    cr_assert(eq(int,
+                 ofl_memcpy_async(back + 8 - o, pin + o, n, OFL_COPY_H2H, s),
+                 OFL_SUCCESS));
     cr_assert(eq(int, ofl_stream_synchronize(s, 60000), OFL_SUCCESS));
-    cr_assert(eq(int, memcmp(back + 8 - o, src + o, n), 0), "size %zu offset %zu", n, o);
+    cr_assert(eq(int, memcmp(back + 8 - o, src + o, n), 0),
+              "size %zu offset %zu", n, o);
     free(src);
     free(back);
     cr_assert(eq(int, ofl_device_free(dev, d1), OFL_SUCCESS));
@@ -209,7 +217,8 @@ Test(device, capacity_exhaustion_returns_no_memory_and_peak_is_tracked) {
   cr_assert(eq(int, ofl_device_open(&p, &small), OFL_SUCCESS));
   void *a = NULL, *b = NULL, *c = (void *)0x1;
   cr_assert(eq(int, ofl_device_malloc(small, 600 * 1024, &a), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_device_malloc(small, 600 * 1024, &c), OFL_ERR_NO_MEMORY));
+  cr_assert(
+      eq(int, ofl_device_malloc(small, 600 * 1024, &c), OFL_ERR_NO_MEMORY));
   cr_assert(eq(ptr, c, (void *)0x1), "output untouched on failure");
   cr_assert(ne(ptr, strstr(ofl_last_error(), "OFL_DEVICE_CAPACITY"), NULL));
   cr_assert(eq(int, ofl_device_malloc(small, 400 * 1024, &b), OFL_SUCCESS));

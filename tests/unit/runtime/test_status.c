@@ -19,7 +19,8 @@ Test(status, every_code_has_a_distinct_text) {
     for (int j = i + 1; j < n; j++)
       cr_assert(ne(str, (char *)seen[i], (char *)seen[j]));
   }
-  cr_assert(eq(str, (char *)ofl_status_str((ofl_status_t)999), "unknown status"));
+  cr_assert(
+      eq(str, (char *)ofl_status_str((ofl_status_t)999), "unknown status"));
 }
 
 Test(status, error_sets_thread_message_and_returns_code) {

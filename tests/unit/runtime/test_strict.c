@@ -115,11 +115,14 @@ Test(strict, foreign_and_double_frees_and_wrong_copy_kinds_are_rejected) {
   cr_assert(eq(int, ofl_device_free(dev, host), OFL_ERR_INVALID_ARG));
   cr_assert(eq(int, ofl_pinned_free(dev, d), OFL_ERR_INVALID_ARG));
   ofl_stream_t *s = ofl_device_compute_stream(dev);
-  cr_assert(eq(int, ofl_memcpy_async(host, d, 128, OFL_COPY_H2D, s), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_memcpy_async(host, d, 128, OFL_COPY_H2D, s),
+               OFL_ERR_INVALID_ARG));
   cr_assert(ne(ptr, strstr(ofl_last_error(), "not device memory"), NULL));
-  cr_assert(eq(int, ofl_memcpy_async(d, host, 256, OFL_COPY_H2D, s), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_memcpy_async(d, host, 256, OFL_COPY_H2D, s),
+               OFL_ERR_INVALID_ARG));
   cr_assert(ne(ptr, strstr(ofl_last_error(), "overruns"), NULL));
-  cr_assert(eq(int, ofl_memcpy_async(d, host, 128, (ofl_copy_kind_t)9, s), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_memcpy_async(d, host, 128, (ofl_copy_kind_t)9, s),
+               OFL_ERR_INVALID_ARG));
   cr_assert(eq(int, ofl_device_free(dev, d), OFL_SUCCESS));
   cr_assert(eq(int, ofl_device_free(dev, d), OFL_ERR_INVALID_ARG));
   cr_assert(eq(int, ofl_device_malloc(dev, 0, &d), OFL_ERR_INVALID_ARG));
