@@ -86,14 +86,18 @@ static void *save_main(void *arg) {
     bytes = (uint64_t)sb.st_size;
 
   ofl_stager_t *s = job->stager;
-  pthread_mutex_lock(&s->lock); /* counted before the future completes */
+  /* The slot is freed and the future completed under the stager's lock, so
+   * both are seen together: a caller whose wait returned may start the next
+   * save at once, and a save that got the slot finds this one complete.
+   * (Lock order: stager, then future.) */
+  ofl_save_future_t *f = job->future;
+  pthread_mutex_lock(&s->lock);
   if (st == OFL_SUCCESS)
     s->stats.saves_completed++;
   else
     s->stats.saves_failed++;
-  pthread_mutex_unlock(&s->lock);
-
-  ofl_save_future_t *f = job->future;
+  s->inflight--;
+  atomic_fetch_sub(&job->set->saves, 1);
   pthread_mutex_lock(&f->lock);
   f->status = st;
   f->bytes = bytes;
@@ -102,16 +106,12 @@ static void *save_main(void *arg) {
   f->done = true;
   pthread_cond_broadcast(&f->cond);
   pthread_mutex_unlock(&f->lock);
+  pthread_cond_broadcast(&s->cond);
+  pthread_mutex_unlock(&s->lock);
   if (st == OFL_SUCCESS)
     OFL_INFO(OFL_SUBSYS_STAGING, "save done path %s bytes %llu ms %.1f",
              job->path, (unsigned long long)bytes,
              (double)(ofl__now_ns() - t0) / 1e6);
-
-  pthread_mutex_lock(&s->lock);
-  s->inflight--;
-  atomic_fetch_sub(&job->set->saves, 1);
-  pthread_cond_broadcast(&s->cond);
-  pthread_mutex_unlock(&s->lock);
 
   ofl_staged_release(job->set);
   future_unref(f);
