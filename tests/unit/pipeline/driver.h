@@ -119,6 +119,9 @@ typedef struct {
   ofl_device_t *dev;       /* NULL: one per run */
   const char *disk_groups; /* non-NULL: a disk tier with these groups */
   int64_t host_budget;     /* pinned budget (0: none) */
+  int keyed_by_bytes;      /* 1: the schedule's own tensors of dynamic names
+                              (expert_fc1, moe_act) come from byte-keyed
+                              blocks, as a caching allocator would give */
 } drv_cfg_t;
 
 #define DRV_MAX_T 8
@@ -175,10 +178,13 @@ static inline size_t drv_size(const drv_t *d, int c, int mb, int l, int g,
 }
 
 static inline ofl_status_t drv_alloc(drv_t *d, size_t bytes, uint64_t seed,
-                                     ofl_tensor_t **out) {
+                                     int dynamic, ofl_tensor_t **out) {
   int64_t shape[1] = {(int64_t)bytes};
-  DRV_TRY(d, ofl_pool_alloc(d->pool, shape, 1, OFL_DTYPE_U8,
-                            ofl_device_compute_stream(d->dev), out));
+  ofl_stream_t *s = ofl_device_compute_stream(d->dev);
+  if (dynamic && d->cfg.keyed_by_bytes)
+    DRV_TRY(d, ofl_pool_alloc_dynamic(d->pool, shape, 1, OFL_DTYPE_U8, s, out));
+  else
+    DRV_TRY(d, ofl_pool_alloc(d->pool, shape, 1, OFL_DTYPE_U8, s, out));
   drv_fill(ofl_tensor_data(*out), bytes, seed);
   return OFL_SUCCESS;
 }
@@ -204,7 +210,7 @@ static inline ofl_status_t drv_forward(drv_t *d, int c, int mb) {
                                  (uint64_t)c * 1000 + (uint64_t)mb,
                                  (uint64_t)l * 10 + (uint64_t)g, (uint64_t)k);
         ofl_tensor_t *t;
-        if (drv_alloc(d, bytes, seed, &t) != OFL_SUCCESS)
+        if (drv_alloc(d, bytes, seed, g >= 5, &t) != OFL_SUCCESS)
           return d->err;
         uint64_t trick = cfg->tricks ? drv_hash(hs, (uint64_t)k, 5, 7) % 8 : 0;
         if (trick == 1)
