@@ -593,15 +593,33 @@ static ofl_status_t reload_group(ofl_manager_t *m, group_t *g) {
   /* Rule 1: the H2D reads the pinned copy only after the D2H filled it. */
   if (!(m->rules_off & OFL__RULE1_OFF))
     OFL_CHECK(ofl_stream_wait_event(m->h2d, g->offload_ev));
-  for (uint32_t i = 0; i < g->n; i++) {
+  ofl_status_t s = OFL_SUCCESS;
+  uint32_t queued = 0;
+  for (uint32_t i = 0; i < g->n && s == OFL_SUCCESS; i++) {
     entry_t *l = &g->entries[i];
     if (l->leader == i && l->state == E_OFFLOADED &&
-        (l->host != NULL || l->ext != NULL))
-      OFL_CHECK(reload_cluster(m, g, l, m->h2d));
+        (l->host != NULL || l->ext != NULL)) {
+      s = reload_cluster(m, g, l, m->h2d);
+      queued += s == OFL_SUCCESS;
+    }
   }
-  OFL_CHECK(ofl_event_record(g->reload_ev, m->h2d));
-  g->reload_issued = true;
-  g->reload_joined = false;
+  /* Even when a cluster failed (no device memory), the copies already
+   * queued are joined through the event before their tensors are handed
+   * out; the clusters left offloaded reload inline at their pop. */
+  ofl_status_t r = ofl_event_record(g->reload_ev, m->h2d);
+  if (r == OFL_SUCCESS) {
+    g->reload_issued = true;
+    g->reload_joined = false;
+  } else if (queued > 0) {
+    /* No event to join: wait here (bounded) for the queued copies. */
+    ofl_status_t w = ofl_stream_synchronize(m->h2d, OFL_TIMEOUT_DEFAULT);
+    if (s == OFL_SUCCESS)
+      s = w;
+  }
+  if (s == OFL_SUCCESS)
+    s = r;
+  if (s != OFL_SUCCESS)
+    return s;
   OFL__PLOG(OFL_LOG_TRACE, m, g->chunk, ofl__gname(m, g), "prefetch on h2d%s",
             "");
   return OFL_SUCCESS;
@@ -899,9 +917,17 @@ void ofl__group_end_iteration(ofl_manager_t *m, group_t *g) {
     }
     if (e->state != E_POPPED && e->t != NULL) {
       m->st.unpopped_tensors++;
-      if (e->state == E_RELOADED && ofl_tensor_has_storage(e->t))
+      if (e->state == E_RELOADED && ofl_tensor_has_storage(e->t)) {
+        /* Reloaded on h2d (prefetch), on compute (inline) or both (a
+         * prefetch that failed half-way): compute joins the prefetch and
+         * the block is reused after both. */
+        ofl_stream_t *compute = ofl__compute(m);
+        if (g->reload_issued && !g->reload_joined &&
+            ofl_stream_wait_event(compute, g->reload_ev) == OFL_SUCCESS)
+          g->reload_joined = true;
         ofl_tensor_release_storage_after(
-            e->t, g->inline_reload ? ofl__compute(m) : m->h2d);
+            e->t, g->reload_issued && !g->reload_joined ? m->h2d : compute);
+      }
       ofl_tensor_destroy(e->t);
       e->t = NULL;
     }

@@ -1,5 +1,6 @@
-/* Long runs of the manager: memory and internal records stay flat over
- * hundreds of iterations. */
+/* Long runs and fault paths of the manager: memory and internal records stay
+ * flat over hundreds of iterations, and a prefetch that failed half-way
+ * never hands out a tensor before its copy landed. */
 #include <ofl/disk.h>
 
 #include "pool/disk_internal.h"
@@ -170,4 +171,66 @@ Test(pipeline_long_run, two_hundred_iterations_keep_memory_and_records_flat,
 Test(pipeline_long_run, two_hundred_iterations_with_the_disk_tier_stay_flat,
      .timeout = 240) {
   run_long("core_attn,expert_fc1", 0x7f);
+}
+
+/* ---- a prefetch that failed half-way ------------------------------------- */
+
+/* The prefetch of a group of two copies gets device memory for the first
+ * copy and not for the second (the reload pool's budget is full): the H2D of
+ * the first copy is queued and backward_end fails. A tensor of that group
+ * must still not be handed out before its copy landed. */
+Test(pipeline_long_run, pop_after_a_half_issued_prefetch_waits_for_its_copy) {
+  h_env_t e;
+  h_open_dev(&e, 0, 31);
+  ofl_pool_params_t rp = OFL_POOL_PARAMS_INIT;
+  rp.name = "reload";
+  rp.budget_bytes = 96 * KIB;
+  ofl_pool_t *reload = NULL;
+  H_OK(ofl_pool_create(e.dev, &rp, &reload));
+  ofl_manager_params_t mp = h_params(&e);
+  mp.device_pool = reload;
+  H_OK(ofl_manager_create(&mp, &e.m));
+
+  ofl_tag_t ta[2], tb[2];
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "qkv_linear"));
+  for (int k = 0; k < 2; k++)
+    H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 24 * KIB, 100 + k), &ta[k]));
+  H_OK(ofl_manager_group_commit(e.m, "qkv_linear", NULL, 0, 0));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  for (int k = 0; k < 2; k++)
+    H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 32 * KIB, 200 + k), &tb[k]));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+
+  /* core_attn runs backward first (reloaded inline) and keeps its two
+   * tensors: 64 of the 96 KiB. */
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  ofl_tensor_t *b[2];
+  for (int k = 1; k >= 0; k--)
+    H_OK(ofl_manager_tensor_pop(e.m, tb[k], &b[k]));
+  /* A slow copy engine: the prefetch's first H2D lands late. */
+  h_stall(ofl_manager_h2d_stream(e.m), 300);
+  cr_assert(eq(int, ofl_manager_group_backward_end(e.m, "core_attn"),
+               OFL_ERR_NO_MEMORY),
+            "%s", ofl_last_error());
+  H_OK(ofl_stream_synchronize(ofl_device_compute_stream(e.dev), -1));
+  for (int k = 0; k < 2; k++) {
+    cr_assert(eq(sz, drv_wrong(ofl_tensor_data(b[k]), 32 * KIB, 200 + k), 0));
+    H_OK(ofl_tensor_destroy(b[k]));
+  }
+
+  /* qkv_linear: both tensors come back with their bytes. */
+  H_OK(ofl_manager_group_backward_begin(e.m, "qkv_linear"));
+  for (int k = 1; k >= 0; k--)
+    cr_assert(eq(sz, h_pop_check(&e, ta[k], 24 * KIB, 100 + k), 0),
+              "tensor %d", k);
+  H_OK(ofl_manager_group_backward_end(e.m, "qkv_linear"));
+  H_OK(ofl_manager_reset(e.m));
+  ofl_device_stats_t ds;
+  ofl_device_get_stats(e.dev, &ds);
+  cr_assert(eq(u64, ds.strict_violations, 0));
+  ofl_manager_destroy(e.m);
+  e.m = NULL;
+  ofl_pool_destroy(reload);
+  h_close(&e);
 }
