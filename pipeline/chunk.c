@@ -139,10 +139,14 @@ ofl_status_t ofl_manager_chunk_begin(ofl_manager_t *m, int vp_size,
                      m->nopen);
   }
   OFL_CHECK(ofl__chunk_check_done(m, m->cur_fwd));
-  if (m->cur_fwd != NULL)
-    m->cur_fwd->fwd_done = true;
-  if (m->warmup)
-    return record_chunk(m, vpp, vp_stage);
+  /* The previous chunk's forward ends only when this call succeeds. */
+  chunk_t *prev = m->cur_fwd;
+  if (m->warmup) {
+    OFL_CHECK(record_chunk(m, vpp, vp_stage));
+    if (prev != NULL)
+      prev->fwd_done = true;
+    return OFL_SUCCESS;
+  }
 
   if (m->fwd_cursor >= m->nfwd)
     return OFL__PERR(OFL_ERR_MISMATCH, m, m->cur_fwd, "-",
@@ -156,6 +160,8 @@ ofl_status_t ofl_manager_chunk_begin(ofl_manager_t *m, int vp_size,
                      "chunk_begin(vp_size %d, vp_stage %d), the warmup "
                      "recorded (vp_size %d, vp_stage %d) at this place",
                      vpp, vp_stage, m->vpp, c->vp_stage);
+  if (prev != NULL)
+    prev->fwd_done = true;
   m->fwd_cursor++;
   m->cur_fwd = c;
   OFL__PLOG(OFL_LOG_TRACE, m, c, "-", "chunk begins%s", "");

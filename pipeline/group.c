@@ -675,13 +675,16 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
  * still has commits (rule 5: its next group must be name). */
 static ofl_status_t select_backward(ofl_manager_t *m, int nid, const char *name,
                                     group_t **out) {
+  /* Nothing changes until the group is known to match (a call that fails
+   * leaves the backward position as it was). */
   chunk_t *c = m->cur_bwd;
+  uint32_t cursor = m->bwd_cursor;
   if (c == NULL || c->bwd_left == 0) {
     c = NULL;
-    while (m->bwd_cursor < m->nbwd) {
-      chunk_t *x = m->bwd[m->bwd_cursor];
+    while (cursor < m->nbwd) {
+      chunk_t *x = m->bwd[cursor];
       if (x->ngroups == 0 || (x->ncommit > 0 && x->bwd_left == 0)) {
-        m->bwd_cursor++; /* nothing to run backward, or done */
+        cursor++; /* nothing to run backward, or done */
         continue;
       }
       if (x->bwd_left == 0)
@@ -690,7 +693,7 @@ static ofl_status_t select_backward(ofl_manager_t *m, int nid, const char *name,
                          "backward order has not run its forward in this "
                          "iteration%s",
                          "");
-      m->bwd_cursor++;
+      cursor++;
       c = x;
       break;
     }
@@ -700,7 +703,6 @@ static ofl_status_t select_backward(ofl_manager_t *m, int nid, const char *name,
                        "chunks in backward order, all done or never "
                        "offloaded); each committed group runs backward once",
                        m->nbwd);
-    m->cur_bwd = c;
   }
   group_t *g = c->groups[c->commit_order[c->bwd_left - 1]];
   if (g->nid != nid)
@@ -708,6 +710,8 @@ static ofl_status_t select_backward(ofl_manager_t *m, int nid, const char *name,
                      "backward of this group, but the next group to run "
                      "backward in this chunk is %s (reverse commit order)",
                      m->names[g->nid].name);
+  m->bwd_cursor = cursor;
+  m->cur_bwd = c;
   c->bwd_left--;
   *out = g;
   return OFL_SUCCESS;
@@ -721,16 +725,19 @@ ofl_status_t ofl_manager_group_backward_begin(ofl_manager_t *m,
                       "must not be NULL");
   if (!ofl__manager_active(m))
     return OFL_SUCCESS;
-  if (m->warmup && m->fwd_before_bwd == 0)
-    m->fwd_before_bwd = m->nfwd; /* for the summary (policy.c) */
   int nid = ofl__name_find(m, name);
   if (nid < 0)
     return OFL__PERR(OFL_ERR_INVALID_USAGE, m, m->cur_bwd, name,
                      "backward of a group never started in forward%s", "");
-  if (!m->names[nid].selected)
-    return OFL_SUCCESS;
   group_t *g = NULL;
-  OFL_CHECK(select_backward(m, nid, name, &g));
+  if (m->names[nid].selected)
+    OFL_CHECK(select_backward(m, nid, name, &g));
+  /* The first backward of the warmup (a call that succeeded) fixes the
+   * chunks counted by the summary (policy.c). */
+  if (m->warmup && m->fwd_before_bwd == 0)
+    m->fwd_before_bwd = m->nfwd;
+  if (g == NULL)
+    return OFL_SUCCESS;
   g->bwd = 1;
   if (g->offloaded && !g->reload_issued) {
     /* Not prefetched (first group of a chunk in warmup): tensor_pop

@@ -347,6 +347,111 @@ Test(pipeline_manager, reset_inside_a_group_is_an_error_without_effect) {
   h_close(&e);
 }
 
+/* Two chunks of qkv_linear then core_attn, one tensor each, forward of both
+ * then backward of chunk 0 up to (not including) the backward_end of its
+ * qkv_linear. */
+static void two_chunks_to_last_backward(h_env_t *e, ofl_tag_t tags[2][2]) {
+  static const char *const names[2] = {"qkv_linear", "core_attn"};
+  for (int c = 0; c < 2; c++) {
+    H_OK(ofl_manager_chunk_begin(e->m, 1, 0));
+    for (int g = 0; g < 2; g++) {
+      H_OK(ofl_manager_group_start(e->m, names[g]));
+      H_OK(ofl_manager_tensor_push(
+          e->m, h_tensor(e, 4 * KIB, (uint64_t)(40 + c * 2 + g)), &tags[c][g]));
+      H_OK(ofl_manager_group_commit(e->m, names[g], NULL, 0, 0));
+    }
+  }
+  H_OK(ofl_manager_group_backward_begin(e->m, "core_attn"));
+  cr_assert(eq(sz, h_pop_check(e, tags[0][1], 4 * KIB, 41), 0));
+  H_OK(ofl_manager_group_backward_end(e->m, "core_attn"));
+  H_OK(ofl_manager_group_backward_begin(e->m, "qkv_linear"));
+  cr_assert(eq(sz, h_pop_check(e, tags[0][0], 4 * KIB, 40), 0));
+}
+
+Test(pipeline_manager, failed_backward_begin_leaves_the_backward_position) {
+  h_env_t e;
+  h_open(&e, 0, 16);
+  ofl_tag_t tags[2][2];
+  two_chunks_to_last_backward(&e, tags);
+  /* A second begin of the same group: chunk 1 would be next, and its next
+   * group to run backward is core_attn. */
+  cr_assert(eq(int, ofl_manager_group_backward_begin(e.m, "qkv_linear"),
+               OFL_ERR_MISMATCH));
+  cr_assert(has("group qkv_linear") && has("core_attn"), "%s",
+            ofl_last_error());
+  /* The schedule goes on as if the failed call had not been made. */
+  H_OK(ofl_manager_group_backward_end(e.m, "qkv_linear"));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  cr_assert(eq(sz, h_pop_check(&e, tags[1][1], 4 * KIB, 43), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_group_backward_begin(e.m, "qkv_linear"));
+  cr_assert(eq(sz, h_pop_check(&e, tags[1][0], 4 * KIB, 42), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "qkv_linear"));
+  H_OK(ofl_manager_reset(e.m));
+  cr_assert(eq(u64, stats(&e).unpopped_tensors, 0));
+  h_close(&e);
+}
+
+/* Three microbatches' forwards then their backwards (a first pipeline
+ * stage): the summary counts the three chunks alive at the peak. A backward
+ * call that failed before the first backward must not count as it. */
+static uint64_t summary_after_misuse(int misuse) {
+  h_env_t e;
+  h_open(&e, 0, 17);
+  ofl_tag_t tags[3];
+  for (int c = 0; c < 3; c++) {
+    H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+    H_OK(ofl_manager_group_start(e.m, "core_attn"));
+    H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 8 * KIB, (uint64_t)c),
+                                 &tags[c]));
+    H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+    if (misuse && c == 0)
+      cr_assert(eq(int, ofl_manager_group_backward_begin(e.m, "attn_norm"),
+                   OFL_ERR_INVALID_USAGE));
+  }
+  for (int c = 0; c < 3; c++) {
+    H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+    cr_assert(eq(sz, h_pop_check(&e, tags[c], 8 * KIB, (uint64_t)c), 0));
+    H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  }
+  H_OK(ofl_manager_reset(e.m));
+  uint64_t total = ofl_manager_summary_total_bytes(e.m);
+  h_close(&e);
+  return total;
+}
+
+Test(pipeline_manager, failed_backward_begin_does_not_move_the_summary_peak) {
+  /* Chunk 0's group runs backward first and stays; chunks 1 and 2 count. */
+  cr_assert(eq(u64, summary_after_misuse(0), 2 * 8 * KIB));
+  cr_assert(eq(u64, summary_after_misuse(1), 2 * 8 * KIB));
+}
+
+Test(pipeline_manager, failed_chunk_begin_leaves_the_current_chunk_open) {
+  h_env_t e;
+  h_open(&e, 0, 18);
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  chunk_t *c = e.m->cur_fwd;
+  cr_assert(eq(int, ofl_manager_chunk_begin(e.m, 2, 1), OFL_ERR_INVALID_ARG));
+  cr_assert(has("vp_size 2"), "%s", ofl_last_error());
+  cr_assert(eq(ptr, e.m->cur_fwd, c));
+  cr_assert(not(c->fwd_done));
+  cr_assert(eq(u32, e.m->nfwd, 1));
+  /* Steady state: a chunk at the wrong stage. */
+  ofl_tag_t t;
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 4 * KIB, 5), &t));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  cr_assert(eq(sz, h_pop_check(&e, t, 4 * KIB, 5), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_reset(e.m));
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  cr_assert(eq(int, ofl_manager_chunk_begin(e.m, 1, 0), OFL_ERR_MISMATCH));
+  cr_assert(not(e.m->cur_fwd->fwd_done));
+  cr_assert(eq(u32, e.m->fwd_cursor, 1));
+  h_close(&e);
+}
+
 /* ---- switches, records, statistics, logging -------------------------------
  */
 
