@@ -649,12 +649,19 @@ ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g) {
 /* Compute waits for the group's prefetch (counted as a stall when it has not
  * finished yet). */
 static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
-  if (!g->reload_issued || g->reload_joined)
+  if (!g->reload_issued)
+    return OFL_SUCCESS;
+  /* Rule 3: a pop on another compute stream than the one that joined
+   * waits for the prefetch too. */
+  ofl_stream_t *compute = ofl__compute(m);
+  if (g->reload_joined && g->joined_on == compute)
     return OFL_SUCCESS;
   name_info_t *ni = &m->names[g->nid];
-  bool late = ofl_event_query(g->reload_ev) == OFL_ERR_NOT_READY;
+  bool late = !g->reload_joined &&
+              ofl_event_query(g->reload_ev) == OFL_ERR_NOT_READY;
   uint64_t t0 = late ? ofl__now_ns() : 0;
-  OFL_CHECK(ofl_stream_wait_event(ofl__compute(m), g->reload_ev));
+  OFL_CHECK(ofl_stream_wait_event(compute, g->reload_ev));
+  g->joined_on = compute;
   if (late) {
     uint64_t dt =
         ofl_device_backend(m->dev) == OFL_BACKEND_HOST ? ofl__now_ns() - t0 : 0;
@@ -929,11 +936,11 @@ void ofl__group_end_iteration(ofl_manager_t *m, group_t *g) {
          * prefetch that failed half-way): compute joins the prefetch and
          * the block is reused after both. */
         ofl_stream_t *compute = ofl__compute(m);
-        if (g->reload_issued && !g->reload_joined &&
-            ofl_stream_wait_event(compute, g->reload_ev) == OFL_SUCCESS)
-          g->reload_joined = true;
-        ofl_tensor_release_storage_after(
-            e->t, g->reload_issued && !g->reload_joined ? m->h2d : compute);
+        bool joined = !g->reload_issued ||
+                      (g->reload_joined && g->joined_on == compute) ||
+                      ofl_stream_wait_event(compute, g->reload_ev) ==
+                          OFL_SUCCESS;
+        ofl_tensor_release_storage_after(e->t, joined ? compute : m->h2d);
       }
       ofl_tensor_destroy(e->t);
       e->t = NULL;
@@ -942,5 +949,6 @@ void ofl__group_end_iteration(ofl_manager_t *m, group_t *g) {
   g->n = 0;
   g->open = g->delayed = g->committed = g->offloaded = false;
   g->reload_issued = g->reload_joined = g->inline_reload = false;
+  g->joined_on = NULL;
   g->bwd = 0;
 }

@@ -57,6 +57,8 @@ typedef struct group {
   /* Per iteration. */
   bool open, delayed, committed, offloaded, reload_issued, reload_joined;
   bool inline_reload;
+  ofl_stream_t *joined_on; /* the compute stream that waited for reload_ev
+                              (rule 3: another one must wait too) */
   uint8_t bwd; /* 0 not begun, 1 begun, 2 ended */
 } group_t;
 

@@ -197,6 +197,47 @@ Test(pipeline_rules, rule3_off_captured_stream_copies_before_the_write) {
   cr_assert(gt(sz, compute_stream_switched(OFL__RULE3_OFF), 0));
 }
 
+/* Rule 3 at the pop: backward_begin joined the prefetch on the compute
+ * stream of that moment; the pop runs after the thread switched to another
+ * compute stream, which must wait for the prefetch too. */
+Test(pipeline_rules, rule3_pop_on_a_new_compute_stream_waits_for_the_prefetch) {
+  h_env_t e;
+  h_open(&e, 0, 5);
+  const size_t n = MIB / 4;
+  ofl_tag_t ta, tb;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "qkv_linear"));
+  H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, n, 50), &ta));
+  H_OK(ofl_manager_group_commit(e.m, "qkv_linear", NULL, 0, 0));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, n, 51), &tb));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  cr_assert(eq(sz, h_pop_check(&e, tb, n, 51), 0));
+  /* A slow copy engine: qkv_linear's prefetch lands late. */
+  h_stall(ofl_manager_h2d_stream(e.m), 300);
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  /* Asynchronous compute streams (the host backend's default one runs on
+   * the calling thread, so a wait on it would block right there). */
+  ofl_stream_t *user[2] = {NULL, NULL};
+  H_OK(ofl_stream_create(e.dev, "user-compute-0", &user[0]));
+  H_OK(ofl_stream_create(e.dev, "user-compute-1", &user[1]));
+  ofl_device_set_compute_stream(e.dev, user[0]);
+  H_OK(ofl_manager_group_backward_begin(e.m, "qkv_linear"));
+  ofl_device_set_compute_stream(e.dev, user[1]);
+  size_t w = h_pop_check(&e, ta, n, 50);
+  H_OK(ofl_manager_group_backward_end(e.m, "qkv_linear"));
+  H_OK(ofl_manager_reset(e.m));
+  ofl_device_set_compute_stream(e.dev, NULL);
+  H_OK(ofl_manager_synchronize(e.m, -1));
+  for (int i = 0; i < 2; i++) {
+    H_OK(ofl_stream_synchronize(user[i], -1));
+    H_OK(ofl_stream_destroy(user[i]));
+  }
+  cr_assert(eq(sz, w, 0));
+  h_close(&e);
+}
+
 /* Rule 4: an evaluation pass before the first training iteration. Returns
  * the status of the first failing call of the training iterations. */
 static ofl_status_t eval_then_train(unsigned rules_off, int *warm_after_eval) {
