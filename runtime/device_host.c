@@ -495,19 +495,17 @@ static void paced_copy(ofl_device_t *dev, op_t *op) {
 
 static void execute(host_stream_t *hs, op_t *op) {
   ofl_device_t *dev = hs->s->dev;
-  uint64_t t0 = ofl__trace_on(dev) ? ofl__now_ns() : 0;
+  bool traced = ofl__trace_on(dev);
+  uint64_t t0 = traced ? ofl__now_ns() : 0;
   const char *tname = "op";
-  char args[64] = "";
   switch (op->type) {
   case OP_COPY:
     paced_copy(dev, op);
     tname = copy_name(op->kind);
-    snprintf(args, sizeof args, "\"bytes\":%zu", op->bytes);
     break;
   case OP_MEMSET:
     memset(op->dst, op->value, op->bytes);
     tname = "memset";
-    snprintf(args, sizeof args, "\"bytes\":%zu", op->bytes);
     break;
   case OP_RECORD:
     event_complete(op->ev, op->target);
@@ -531,9 +529,14 @@ static void execute(host_stream_t *hs, op_t *op) {
     tname = "host_fn";
     break;
   }
-  if (t0 != 0 && tname != NULL)
-    ofl__trace_complete(dev, hs->s->id, tname, "stream", t0, ofl__now_ns(),
-                        args[0] ? args : NULL);
+  if (!traced || tname == NULL)
+    return;
+  /* Formatting costs more than a small copy: only when tracing. */
+  char args[64] = "";
+  if (op->type == OP_COPY || op->type == OP_MEMSET)
+    snprintf(args, sizeof args, "\"bytes\":%zu", op->bytes);
+  ofl__trace_complete(dev, hs->s->id, tname, "stream", t0, ofl__now_ns(),
+                      args[0] ? args : NULL);
 }
 
 /* Drops what a finished op held: its event reference and the inflight
@@ -941,10 +944,12 @@ static _Thread_local struct {
 static _Thread_local int range_depth;
 
 static void host_range_push(ofl_device_t *dev, const char *name) {
-  if (range_depth < 16) {
+  /* Without a trace file only the depth matters (the trace is chosen at
+   * device open, so a pop sees the same setting as its push). */
+  if (range_depth < 16 && ofl__trace_on(dev)) {
     snprintf(range_stack[range_depth].name,
              sizeof range_stack[range_depth].name, "%s", name);
-    range_stack[range_depth].t0 = ofl__trace_on(dev) ? ofl__now_ns() : 0;
+    range_stack[range_depth].t0 = ofl__now_ns();
   }
   range_depth++;
 }
