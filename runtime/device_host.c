@@ -248,13 +248,16 @@ void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes) {
 typedef struct host_event {
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  uint64_t recorded;  /* records enqueued */
-  uint64_t completed; /* every record <= completed reached by its stream */
+  /* Both written under mu; atomic so that query and the wait fast paths
+   * read them without it. */
+  _Atomic uint64_t recorded;  /* records enqueued */
+  _Atomic uint64_t completed; /* every record <= completed reached */
   /* Records > completed + 1 reached out of order, sorted. Room for every
    * record in flight is made when it is recorded, so completing one never
    * allocates. */
   uint64_t *ahead;
   size_t n_ahead, cap_ahead;
+  int sleepers; /* threads in a wait on cv (mu held) */
   /* The handle and every queued record or wait that names the event: as
    * with cudaEventDestroy, the event may be destroyed while they are still
    * queued, and is freed when the last of them has run. */
@@ -268,6 +271,8 @@ static ofl_status_t host_event_create(ofl_event_t *e) {
                       "cannot allocate an event");
   pthread_mutex_init(&he->mu, NULL);
   pthread_cond_init(&he->cv, NULL);
+  atomic_init(&he->recorded, 0);
+  atomic_init(&he->completed, 0);
   atomic_init(&he->refs, 1);
   e->impl = he;
   return OFL_SUCCESS;
@@ -284,6 +289,10 @@ static void event_unref(host_event_t *he) {
 
 static void host_event_destroy(ofl_event_t *e) { event_unref(e->impl); }
 
+static uint64_t ev_completed(const host_event_t *he) {
+  return atomic_load_explicit(&he->completed, memory_order_acquire);
+}
+
 /* Index of the first entry of he->ahead >= target (mu held). */
 static size_t ahead_lower(const host_event_t *he, uint64_t target) {
   size_t lo = 0, hi = he->n_ahead;
@@ -299,30 +308,45 @@ static size_t ahead_lower(const host_event_t *he, uint64_t target) {
 
 /* Record `target` reached (mu held). */
 static bool event_reached(const host_event_t *he, uint64_t target) {
-  if (target <= he->completed)
+  if (target <= ev_completed(he))
     return true;
   size_t i = ahead_lower(he, target);
   return i < he->n_ahead && he->ahead[i] == target;
 }
 
+/* Record `target` reached; without mu when the records completed in order
+ * up to it (the common case), else under mu. */
+static bool event_reached_now(host_event_t *he, uint64_t target) {
+  if (target <= ev_completed(he))
+    return true;
+  pthread_mutex_lock(&he->mu);
+  bool done = event_reached(he, target);
+  pthread_mutex_unlock(&he->mu);
+  return done;
+}
+
 /* Records on different streams can complete out of order; a wait captured
  * on an older record must not be released by newer ones (re-recorded on a
  * faster stream, however many), so completion advances only over a
- * contiguous prefix. */
-static void event_complete(host_event_t *he, uint64_t target) {
-  pthread_mutex_lock(&he->mu);
-  if (target == he->completed + 1) {
-    he->completed++;
+ * contiguous prefix. Called with mu held; true when a thread sleeps on cv
+ * (the caller wakes it after unlocking, so it does not wake into a held
+ * lock). */
+static bool event_complete_locked(host_event_t *he, uint64_t target) {
+  uint64_t c = atomic_load_explicit(&he->completed, memory_order_relaxed);
+  if (target == c + 1) {
+    c++;
     size_t k = 0;
-    while (k < he->n_ahead && he->ahead[k] == he->completed + 1) {
-      he->completed++;
+    while (k < he->n_ahead && he->ahead[k] == c + 1) {
+      c++;
       k++;
     }
     if (k > 0) {
       memmove(he->ahead, he->ahead + k, (he->n_ahead - k) * sizeof *he->ahead);
       he->n_ahead -= k;
     }
-  } else if (target > he->completed && !event_reached(he, target)) {
+    /* Release: a reader that sees the count sees the op's writes. */
+    atomic_store_explicit(&he->completed, c, memory_order_release);
+  } else if (target > c && !event_reached(he, target)) {
     /* Room was made at record time (event_make_room). */
     size_t i = ahead_lower(he, target);
     memmove(he->ahead + i + 1, he->ahead + i,
@@ -330,14 +354,23 @@ static void event_complete(host_event_t *he, uint64_t target) {
     he->ahead[i] = target;
     he->n_ahead++;
   }
-  pthread_cond_broadcast(&he->cv);
+  return he->sleepers > 0;
+}
+
+static void event_complete(host_event_t *he, uint64_t target) {
+  pthread_mutex_lock(&he->mu);
+  bool wake = event_complete_locked(he, target);
   pthread_mutex_unlock(&he->mu);
+  /* he stays alive: the op that completes it holds a reference. */
+  if (wake)
+    pthread_cond_broadcast(&he->cv);
 }
 
 /* Makes room in he->ahead for every record in flight plus one more (mu
  * held); false when out of memory. */
 static bool event_make_room(host_event_t *he) {
-  uint64_t inflight = he->recorded + 1 - he->completed;
+  uint64_t inflight = atomic_load_explicit(&he->recorded, memory_order_relaxed) +
+                      1 - ev_completed(he);
   if (inflight <= he->cap_ahead)
     return true;
   size_t cap = he->cap_ahead ? he->cap_ahead * 2 : 16;
@@ -351,37 +384,55 @@ static bool event_make_room(host_event_t *he) {
   return true;
 }
 
-/* Waits until record `target` completed; false on timeout or stop. */
+/* Waits until record `target` completed; false on timeout or stop. The
+ * deadline (timeout_ms < 0: OFL_WAIT_TIMEOUT_MS) is resolved only when the
+ * record is not complete yet. Polls for up to spin_ns before sleeping:
+ * a copy of a small tensor completes in less than a futex round trip. */
 static bool event_wait_target(host_event_t *he, uint64_t target,
-                              uint64_t deadline_ns, const atomic_bool *stop) {
+                              int64_t timeout_ms, uint64_t spin_ns,
+                              const atomic_bool *stop) {
+  if (event_reached_now(he, target))
+    return true;
+  uint64_t deadline = ofl__deadline_ns(timeout_ms);
+  if (spin_ns > 0) {
+    uint64_t until = ofl__now_ns() + spin_ns;
+    while (target > ev_completed(he) &&
+           (stop == NULL || !atomic_load(stop)) && ofl__now_ns() < until)
+      sched_yield();
+  }
   pthread_mutex_lock(&he->mu);
   while (!event_reached(he, target)) {
     uint64_t now = ofl__now_ns();
-    if (now >= deadline_ns || (stop != NULL && atomic_load(stop))) {
+    if (now >= deadline || (stop != NULL && atomic_load(stop))) {
       pthread_mutex_unlock(&he->mu);
       return false;
     }
-    cond_wait_until(&he->cv, &he->mu, now, deadline_ns);
+    he->sleepers++;
+    cond_wait_until(&he->cv, &he->mu, now, deadline);
+    he->sleepers--;
   }
   pthread_mutex_unlock(&he->mu);
   return true;
 }
 
+static uint64_t ev_recorded(const host_event_t *he) {
+  return atomic_load_explicit(&he->recorded, memory_order_acquire);
+}
+
 static ofl_status_t host_event_query(ofl_event_t *e) {
   host_event_t *he = e->impl;
-  pthread_mutex_lock(&he->mu);
-  bool done = event_reached(he, he->recorded);
-  pthread_mutex_unlock(&he->mu);
-  return done ? OFL_SUCCESS : OFL_ERR_NOT_READY;
+  return event_reached_now(he, ev_recorded(he)) ? OFL_SUCCESS
+                                                : OFL_ERR_NOT_READY;
+}
+
+static uint64_t spin_ns_of(const ofl_device_t *dev) {
+  return (uint64_t)dev->cfg.spin_us * 1000u;
 }
 
 static ofl_status_t host_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
   host_event_t *he = e->impl;
-  pthread_mutex_lock(&he->mu);
-  uint64_t target = he->recorded;
-  pthread_mutex_unlock(&he->mu);
-  uint64_t deadline = ofl__deadline_ns(timeout_ms);
-  if (!event_wait_target(he, target, deadline, NULL))
+  if (!event_wait_target(he, ev_recorded(he), timeout_ms, spin_ns_of(e->dev),
+                         NULL))
     return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
                       "event not complete after %lld ms; is its stream "
                       "blocked on a wait that never completes?",
@@ -512,8 +563,8 @@ static void execute(host_stream_t *hs, op_t *op) {
     tname = NULL;
     break;
   case OP_WAIT: {
-    uint64_t deadline = ofl__deadline_ns(-1);
-    if (!event_wait_target(op->ev, op->target, deadline, &hs->stop)) {
+    if (!event_wait_target(op->ev, op->target, -1, spin_ns_of(dev),
+                           &hs->stop)) {
       char msg[256];
       snprintf(msg, sizeof msg,
                "a wait on an event did not complete within "
@@ -881,9 +932,10 @@ static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                       "cannot record an event on stream '%s': no memory to "
                       "track %llu records in flight",
-                      s->name, (unsigned long long)(he->recorded + 1));
+                      s->name, (unsigned long long)(ev_recorded(he) + 1));
   }
-  op->target = ++he->recorded;
+  op->target = ev_recorded(he) + 1;
+  atomic_store_explicit(&he->recorded, op->target, memory_order_release);
   pthread_mutex_unlock(&he->mu);
   op->type = OP_RECORD;
   atomic_fetch_add(&he->refs, 1);
@@ -893,21 +945,17 @@ static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
 
 static ofl_status_t host_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
   host_event_t *he = e->impl;
-  pthread_mutex_lock(&he->mu);
-  uint64_t target = he->recorded;
-  bool done = event_reached(he, target);
-  pthread_mutex_unlock(&he->mu);
-  if (done)
+  uint64_t target = ev_recorded(he);
+  if (event_reached_now(he, target))
     return OFL_SUCCESS;
   if (s->is_compute) {
     /* The compute stream is the calling thread: block it, with a timeout. */
     uint64_t t0 = ofl__now_ns();
-    int64_t tmo = ofl__timeout_ms(-1);
-    if (!event_wait_target(he, target, ofl__deadline_ns(tmo), NULL))
+    if (!event_wait_target(he, target, -1, spin_ns_of(s->dev), NULL))
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
                         "compute stream waited %lld ms for an event that "
                         "did not complete; check that its stream runs",
-                        (long long)tmo);
+                        (long long)ofl__timeout_ms(-1));
     if (ofl__trace_on(s->dev))
       ofl__trace_complete(s->dev, s->id, "wait", "stream", t0, ofl__now_ns(),
                           NULL);
