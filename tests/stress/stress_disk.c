@@ -166,7 +166,12 @@ int main(void) {
   tap_plan(12);
   run(OFL_DISK_ENGINE_THREADS, "threads");
 #if OFL_HAVE_LIBURING
-  run(OFL_DISK_ENGINE_URING, "io_uring");
+  if (ofl__disk_uring_usable()) {
+    run(OFL_DISK_ENGINE_URING, "io_uring");
+  } else { /* an old kernel, or valgrind (io_uring_enter blocks for good) */
+    for (int i = 0; i < 6; i++)
+      tap_ok(1, "io_uring # SKIP io_uring not usable here");
+  }
 #else
   for (int i = 0; i < 6; i++)
     tap_ok(1, "io_uring # SKIP built without liburing");
