@@ -54,9 +54,10 @@ build() {
   ninja -C "$dir"
 }
 
-# summarize DIR: one line "N passed, M failed" from meson's test log.
+# summarize DIR [SETUP]: one line "N passed, M failed" from meson's test log
+# (a test setup writes testlog-SETUP.json).
 summarize() {
-  python3 "$here/.ci/summarize.py" "$1/meson-logs/testlog.json"
+  python3 "$here/.ci/summarize.py" "$1/meson-logs/testlog${2:+-$2}.json"
 }
 
 run_tests() {
@@ -67,7 +68,7 @@ run_tests() {
   else
     meson test -C "$dir" --print-errorlogs "$@" || rc=$?
   fi
-  summarize "$dir" || rc=1
+  summarize "$dir" "$setup" || rc=1
   return $rc
 }
 

@@ -38,12 +38,16 @@ typedef struct hblock {
   char *base;
   size_t bytes;
   bool pinned;
-  size_t inflight; /* queued or running operations that use the block */
+  /* Queued or running operations that use the block: raised under
+   * reg_lock (so the block cannot leave the registry meanwhile), lowered
+   * without it when an operation finishes. */
+  _Atomic size_t inflight;
 } hblock_t;
 
 typedef struct host_dev {
   pthread_mutex_t reg_lock;
-  pthread_cond_t reg_cond; /* inflight decremented */
+  pthread_cond_t reg_cond; /* an inflight count reached 0 */
+  atomic_int free_waiters; /* frees waiting on reg_cond */
   hblock_t **blocks;       /* sorted by base */
   size_t nblocks, cap;
   atomic_int active_dir[2]; /* link model: copies running per direction */
@@ -165,8 +169,8 @@ static ofl_status_t block_free(ofl_device_t *dev, void *ptr, bool pinned,
                       "function)",
                       ptr, what);
   }
-  if (b->inflight > 0 && dev->cfg.strict) {
-    size_t n = b->inflight;
+  size_t n = atomic_load(&b->inflight);
+  if (n > 0 && dev->cfg.strict) {
     pthread_mutex_unlock(&h->reg_lock);
     pthread_mutex_lock(&dev->stats_lock);
     dev->stats.strict_violations++;
@@ -179,10 +183,14 @@ static ofl_status_t block_free(ofl_device_t *dev, void *ptr, bool pinned,
   }
   /* Outside strict mode a free waits for the queued users, as cudaFree
    * synchronizes the device. */
-  uint64_t deadline = ofl__deadline_ns(-1);
-  while (b->inflight > 0) {
+  uint64_t deadline = n > 0 ? ofl__deadline_ns(-1) : 0;
+  /* Announced before the count is read again: an op that lowers it to 0
+   * then sees the waiter and wakes it (both sequentially consistent). */
+  atomic_fetch_add(&h->free_waiters, 1);
+  while (atomic_load(&b->inflight) > 0) {
     uint64_t now = ofl__now_ns();
     if (now > deadline) {
+      atomic_fetch_sub(&h->free_waiters, 1);
       pthread_mutex_unlock(&h->reg_lock);
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
                         "%s block %p: queued operations did not finish "
@@ -191,6 +199,7 @@ static ofl_status_t block_free(ofl_device_t *dev, void *ptr, bool pinned,
     }
     cond_wait_until(&h->reg_cond, &h->reg_lock, now, deadline);
   }
+  atomic_fetch_sub(&h->free_waiters, 1);
   remove_block_locked(h, b);
   pthread_mutex_unlock(&h->reg_lock);
   if (dev->cfg.strict)
@@ -228,7 +237,7 @@ size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes) {
   host_dev_t *h = HD(dev);
   pthread_mutex_lock(&h->reg_lock);
   hblock_t *b = find_block(h, ptr);
-  size_t n = b ? b->inflight : 0;
+  size_t n = b ? atomic_load(&b->inflight) : 0;
   bool whole = b != NULL && b->base == (const char *)ptr && bytes >= b->bytes;
   pthread_mutex_unlock(&h->reg_lock);
   /* Part of a block (a pool's reserve carved into blocks): the block's
@@ -257,6 +266,7 @@ typedef struct host_event {
    * allocates. */
   uint64_t *ahead;
   size_t n_ahead, cap_ahead;
+  atomic_size_t n_ahead_seen; /* n_ahead, stored after completed */
   int sleepers; /* threads in a wait on cv (mu held) */
   /* The handle and every queued record or wait that names the event: as
    * with cudaEventDestroy, the event may be destroyed while they are still
@@ -314,11 +324,16 @@ static bool event_reached(const host_event_t *he, uint64_t target) {
   return i < he->n_ahead && he->ahead[i] == target;
 }
 
-/* Record `target` reached; without mu when the records completed in order
- * up to it (the common case), else under mu. */
+/* Record `target` reached; without mu unless records completed out of
+ * order (one event recorded on several streams). */
 static bool event_reached_now(host_event_t *he, uint64_t target) {
   if (target <= ev_completed(he))
     return true;
+  /* No record ahead: reached iff within the prefix. completed is stored
+   * before n_ahead_seen, so an empty list seen here comes with a prefix
+   * that covers every record it held. */
+  if (atomic_load(&he->n_ahead_seen) == 0)
+    return target <= atomic_load(&he->completed);
   pthread_mutex_lock(&he->mu);
   bool done = event_reached(he, target);
   pthread_mutex_unlock(&he->mu);
@@ -344,8 +359,9 @@ static bool event_complete_locked(host_event_t *he, uint64_t target) {
       memmove(he->ahead, he->ahead + k, (he->n_ahead - k) * sizeof *he->ahead);
       he->n_ahead -= k;
     }
-    /* Release: a reader that sees the count sees the op's writes. */
-    atomic_store_explicit(&he->completed, c, memory_order_release);
+    /* A reader that sees the count sees the op's writes. */
+    atomic_store(&he->completed, c);
+    atomic_store(&he->n_ahead_seen, he->n_ahead);
   } else if (target > c && !event_reached(he, target)) {
     /* Room was made at record time (event_make_room). */
     size_t i = ahead_lower(he, target);
@@ -353,6 +369,7 @@ static bool event_complete_locked(host_event_t *he, uint64_t target) {
             (he->n_ahead - i) * sizeof *he->ahead);
     he->ahead[i] = target;
     he->n_ahead++;
+    atomic_store(&he->n_ahead_seen, he->n_ahead);
   }
   return he->sleepers > 0;
 }
@@ -469,8 +486,11 @@ typedef struct host_stream {
   atomic_uint_fast64_t enqueued_seen; /* enqueued, readable without mu */
   atomic_bool stop;
   bool has_thread;
+  bool worker_sleeping; /* on work_cv (mu held) */
+  int idle_waiters;     /* threads on idle_cv (mu held) */
   uint64_t rng;
   ofl_status_t error; /* first asynchronous error (first wins) */
+  atomic_bool has_error; /* error set; read without mu */
   char error_msg[512];
 } host_stream_t;
 
@@ -496,6 +516,7 @@ static void set_async_error(host_stream_t *hs, ofl_status_t st,
   if (hs->error == OFL_SUCCESS) {
     hs->error = st;
     snprintf(hs->error_msg, sizeof hs->error_msg, "%s", msg);
+    atomic_store(&hs->has_error, true);
   }
   pthread_mutex_unlock(&hs->mu);
   OFL_WARN(OFL_SUBSYS_DEVICE, "stream %s: %s", hs->s->name, msg);
@@ -597,15 +618,18 @@ static void release_blocks(ofl_device_t *dev, op_t *op) {
     event_unref(op->ev);
     op->ev = NULL;
   }
-  if (op->blk[0] == NULL && op->blk[1] == NULL)
-    return;
-  host_dev_t *h = HD(dev);
-  pthread_mutex_lock(&h->reg_lock);
+  bool drained = false;
   for (int i = 0; i < 2; i++)
-    if (op->blk[i] != NULL)
-      op->blk[i]->inflight--;
-  pthread_cond_broadcast(&h->reg_cond);
-  pthread_mutex_unlock(&h->reg_lock);
+    if (op->blk[i] != NULL) /* the block may be freed right after this */
+      drained |= atomic_fetch_sub(&op->blk[i]->inflight, 1) == 1;
+  host_dev_t *h = HD(dev);
+  if (drained && atomic_load(&h->free_waiters) > 0) {
+    /* Under the lock, so that a free between its check and its wait
+     * cannot miss the wake-up. */
+    pthread_mutex_lock(&h->reg_lock);
+    pthread_cond_broadcast(&h->reg_cond);
+    pthread_mutex_unlock(&h->reg_lock);
+  }
 }
 
 static void *worker_main(void *arg) {
@@ -627,8 +651,11 @@ static void *worker_main(void *arg) {
         sched_yield();
       pthread_mutex_lock(&hs->mu);
     }
-    while (hs->head == NULL && !atomic_load(&hs->stop))
+    while (hs->head == NULL && !atomic_load(&hs->stop)) {
+      hs->worker_sleeping = true;
       pthread_cond_wait(&hs->work_cv, &hs->mu);
+      hs->worker_sleeping = false;
+    }
     if (hs->head == NULL)
       break;
     op_t *op = hs->head;
@@ -645,7 +672,9 @@ static void *worker_main(void *arg) {
     op->next = hs->free_ops;
     hs->free_ops = op;
     hs->completed++;
-    pthread_cond_broadcast(&hs->idle_cv);
+    /* Synchronize waits for an empty queue: wake it only then. */
+    if (hs->head == NULL && hs->idle_waiters > 0)
+      pthread_cond_broadcast(&hs->idle_cv);
   }
   pthread_mutex_unlock(&hs->mu);
   return NULL;
@@ -711,6 +740,8 @@ static ofl_status_t host_stream_create(ofl_stream_t *s) {
 
 /* Returns the stream's first asynchronous error, raised on this thread. */
 static ofl_status_t take_async_error(host_stream_t *hs) {
+  if (!atomic_load(&hs->has_error))
+    return OFL_SUCCESS;
   pthread_mutex_lock(&hs->mu);
   ofl_status_t st = hs->error;
   char msg[512];
@@ -738,7 +769,9 @@ static ofl_status_t host_stream_synchronize(ofl_stream_t *s,
                         s->name, (unsigned long long)pending,
                         (long long)timeout_ms);
     }
+    hs->idle_waiters++;
     cond_wait_until(&hs->idle_cv, &hs->mu, now, deadline);
+    hs->idle_waiters--;
   }
   pthread_mutex_unlock(&hs->mu);
   return take_async_error(hs);
@@ -778,51 +811,57 @@ static ofl_status_t host_stream_destroy(ofl_stream_t *s) {
   return st;
 }
 
-static op_t *new_op(host_stream_t *hs) {
-  pthread_mutex_lock(&hs->mu);
-  op_t *op = hs->free_ops;
-  if (op != NULL)
-    hs->free_ops = op->next;
-  pthread_mutex_unlock(&hs->mu);
-  if (op == NULL)
-    op = malloc(sizeof *op);
-  if (op != NULL)
-    memset(op, 0, sizeof *op);
-  return op;
+/* A queue entry from the stream's free list, or a new one until the list
+ * covers the queue depth (mu held); NULL when out of memory. */
+static op_t *slot_locked(host_stream_t *hs) {
+  op_t *q = hs->free_ops;
+  if (q != NULL)
+    hs->free_ops = q->next;
+  else
+    q = malloc(sizeof *q);
+  return q;
 }
 
-/* Runs op now (compute stream) or queues it (worker stream). */
+/* Appends q and wakes the worker if it sleeps (mu held). */
+static void link_locked(host_stream_t *hs, op_t *q) {
+  q->next = NULL;
+  if (hs->tail != NULL)
+    hs->tail->next = q;
+  else
+    hs->head = q;
+  hs->tail = q;
+  hs->enqueued++;
+  atomic_store_explicit(&hs->enqueued_seen, hs->enqueued, memory_order_release);
+  if (hs->worker_sleeping)
+    pthread_cond_signal(&hs->work_cv);
+}
+
+static ofl_status_t no_slot(ofl_stream_t *s) {
+  return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                    "cannot queue an operation on stream '%s'", s->name);
+}
+
+/* Runs op now (compute stream) or queues a copy of it (worker stream),
+ * taking the stream's lock once; op may live on the caller's stack. On
+ * failure drops the references op holds. */
 static ofl_status_t submit(ofl_stream_t *s, op_t *op) {
   host_stream_t *hs = s->impl;
   if (s->is_compute) {
     execute(hs, op);
     release_blocks(s->dev, op);
-    pthread_mutex_lock(&hs->mu);
-    op->next = hs->free_ops;
-    hs->free_ops = op;
-    pthread_mutex_unlock(&hs->mu);
     return OFL_SUCCESS;
   }
   pthread_mutex_lock(&hs->mu);
-  op->next = NULL;
-  if (hs->tail != NULL)
-    hs->tail->next = op;
-  else
-    hs->head = op;
-  hs->tail = op;
-  hs->enqueued++;
-  atomic_store_explicit(&hs->enqueued_seen, hs->enqueued, memory_order_release);
-  pthread_cond_signal(&hs->work_cv);
+  op_t *q = slot_locked(hs);
+  if (q != NULL) {
+    *q = *op;
+    link_locked(hs, q);
+  }
   pthread_mutex_unlock(&hs->mu);
-  return OFL_SUCCESS;
-}
-
-static op_t *alloc_op(ofl_stream_t *s) {
-  op_t *op = new_op(s->impl);
-  if (op == NULL)
-    ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
-               "cannot queue an operation on stream '%s'", s->name);
-  return op;
+  if (q != NULL)
+    return OFL_SUCCESS;
+  release_blocks(s->dev, op);
+  return no_slot(s);
 }
 
 /* Checks that [p, p+bytes) lies in a device block (want_device) or outside
@@ -864,27 +903,20 @@ static ofl_status_t host_memcpy_async(void *dst, const void *src, size_t bytes,
     st = claim(s, src, bytes, src_dev, "source", &bs);
   if (st == OFL_SUCCESS) {
     if (bd)
-      bd->inflight++;
+      atomic_fetch_add_explicit(&bd->inflight, 1, memory_order_relaxed);
     if (bs)
-      bs->inflight++;
+      atomic_fetch_add_explicit(&bs->inflight, 1, memory_order_relaxed);
   }
   pthread_mutex_unlock(&h->reg_lock);
   if (st != OFL_SUCCESS)
     return st;
-  op_t *op = alloc_op(s);
-  if (op == NULL) {
-    op_t tmp = {.blk = {bd, bs}};
-    release_blocks(s->dev, &tmp);
-    return OFL_ERR_NO_MEMORY;
-  }
-  op->type = OP_COPY;
-  op->kind = kind;
-  op->dst = dst;
-  op->src = src;
-  op->bytes = bytes;
-  op->blk[0] = bd;
-  op->blk[1] = bs;
-  return submit(s, op);
+  op_t op = {.type = OP_COPY,
+             .kind = kind,
+             .dst = dst,
+             .src = src,
+             .bytes = bytes,
+             .blk = {bd, bs}};
+  return submit(s, &op);
 }
 
 static ofl_status_t host_memset_async(void *dst, int value, size_t bytes,
@@ -900,47 +932,66 @@ static ofl_status_t host_memset_async(void *dst, int value, size_t bytes,
                       s->name, bytes, dst, b->bytes);
   }
   if (b != NULL)
-    b->inflight++;
+    atomic_fetch_add_explicit(&b->inflight, 1, memory_order_relaxed);
   pthread_mutex_unlock(&h->reg_lock);
-  op_t *op = alloc_op(s);
-  if (op == NULL) {
-    op_t tmp = {.blk = {b, NULL}};
-    release_blocks(s->dev, &tmp);
-    return OFL_ERR_NO_MEMORY;
+  op_t op = {.type = OP_MEMSET,
+             .dst = dst,
+             .value = value,
+             .bytes = bytes,
+             .blk = {b, NULL}};
+  return submit(s, &op);
+}
+
+/* Numbers the next record of he (he->mu held); 0 when out of memory. */
+static uint64_t record_locked(host_event_t *he, ofl_stream_t *s) {
+  if (!event_make_room(he)) {
+    ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+               "cannot record an event on stream '%s': no memory to track "
+               "%llu records in flight",
+               s->name, (unsigned long long)(ev_recorded(he) + 1));
+    return 0;
   }
-  op->type = OP_MEMSET;
-  op->dst = dst;
-  op->value = value;
-  op->bytes = bytes;
-  op->blk[0] = b;
-  return submit(s, op);
+  uint64_t target = ev_recorded(he) + 1;
+  atomic_store_explicit(&he->recorded, target, memory_order_release);
+  return target;
 }
 
 static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
   host_event_t *he = e->impl;
-  op_t *op = alloc_op(s);
-  if (op == NULL)
-    return OFL_ERR_NO_MEMORY;
-  pthread_mutex_lock(&he->mu);
-  if (!event_make_room(he)) {
+  host_stream_t *hs = s->impl;
+  if (s->is_compute) {
+    /* Everything before it on this stream has run: number the record and
+     * reach it in one step. */
+    pthread_mutex_lock(&he->mu);
+    uint64_t target = record_locked(he, s);
+    bool wake = target != 0 && event_complete_locked(he, target);
     pthread_mutex_unlock(&he->mu);
-    host_stream_t *hs = s->impl;
-    pthread_mutex_lock(&hs->mu);
-    op->next = hs->free_ops;
-    hs->free_ops = op;
-    pthread_mutex_unlock(&hs->mu);
-    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
-                      "cannot record an event on stream '%s': no memory to "
-                      "track %llu records in flight",
-                      s->name, (unsigned long long)(ev_recorded(he) + 1));
+    if (wake)
+      pthread_cond_broadcast(&he->cv);
+    return target != 0 ? OFL_SUCCESS : OFL_ERR_NO_MEMORY;
   }
-  op->target = ev_recorded(he) + 1;
-  atomic_store_explicit(&he->recorded, op->target, memory_order_release);
-  pthread_mutex_unlock(&he->mu);
-  op->type = OP_RECORD;
-  atomic_fetch_add(&he->refs, 1);
-  op->ev = he;
-  return submit(s, op);
+  /* The queue entry first, so that a failure leaves the event as it was.
+   * Lock order: stream, then event (the worker takes them one at a time). */
+  pthread_mutex_lock(&hs->mu);
+  op_t *q = slot_locked(hs);
+  uint64_t target = 0;
+  if (q != NULL) {
+    pthread_mutex_lock(&he->mu);
+    target = record_locked(he, s);
+    pthread_mutex_unlock(&he->mu);
+    if (target != 0) {
+      atomic_fetch_add(&he->refs, 1);
+      *q = (op_t){.type = OP_RECORD, .ev = he, .target = target};
+      link_locked(hs, q);
+    } else {
+      q->next = hs->free_ops;
+      hs->free_ops = q;
+    }
+  }
+  pthread_mutex_unlock(&hs->mu);
+  if (q == NULL)
+    return no_slot(s);
+  return target != 0 ? OFL_SUCCESS : OFL_ERR_NO_MEMORY;
 }
 
 static ofl_status_t host_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
@@ -961,25 +1012,15 @@ static ofl_status_t host_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
                           NULL);
     return OFL_SUCCESS;
   }
-  op_t *op = alloc_op(s);
-  if (op == NULL)
-    return OFL_ERR_NO_MEMORY;
-  op->type = OP_WAIT;
   atomic_fetch_add(&he->refs, 1);
-  op->ev = he;
-  op->target = target;
-  return submit(s, op);
+  op_t op = {.type = OP_WAIT, .ev = he, .target = target};
+  return submit(s, &op);
 }
 
 static ofl_status_t host_launch_host_func(ofl_stream_t *s, ofl_host_fn fn,
                                           void *arg) {
-  op_t *op = alloc_op(s);
-  if (op == NULL)
-    return OFL_ERR_NO_MEMORY;
-  op->type = OP_HOSTFN;
-  op->fn = fn;
-  op->arg = arg;
-  return submit(s, op);
+  op_t op = {.type = OP_HOSTFN, .fn = fn, .arg = arg};
+  return submit(s, &op);
 }
 
 /* ---- ranges (trace only) ------------------------------------------------ */
