@@ -9,15 +9,25 @@
  *      written) then reloaded in reverse order with prefetch PREFETCH
  *      tensors ahead (read, copied out): the store, direct and buffered,
  *      against write()/read() of one file per tensor, no fsync, with the
- *      same copies in and out; best of the reps.
+ *      same copies in and out; best of the reps;
+ *   3. the same workload with host memory short, which is when a disk tier
+ *      is used: the process moves into a memory cgroup (v1 or v2) whose
+ *      limit, OFL_BENCH_DISK_HOST_MIB (256) plus 64 MiB of slack, holds
+ *      what it allocates from then on, page cache included; the store's
+ *      bounce pool gets OFL_BENCH_DISK_HOST_MIB as its budget and an offload
+ *      that finds it full waits for the oldest write. Needs root and a
+ *      writable memory controller, else the part says n/a.
  *
  * usage: ofl_bench_disk [dir] (default OFL_DISK_DIR, TMPDIR or /tmp);
  * OFL_BENCH_DISK_COUNT (64), OFL_BENCH_DISK_MIB (16), OFL_DISK_QUEUE_DEPTH,
  * OFL_DISK_BLOCK, OFL_DISK_PREFETCH (used as given; the bench default is 4). */
 #include <fcntl.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ofl/ofl.h>
@@ -84,9 +94,10 @@ static double run_fio(const char *rw, size_t total) {
 /* ---- the store -------------------------------------------------------------
  */
 
-static ofl_disk_t *open_store(ofl_disk_direct_t direct) {
+static ofl_disk_t *open_store(ofl_disk_direct_t direct, size_t bounce) {
   ofl_disk_params_t p = OFL_DISK_PARAMS_INIT;
   p.dev = dev;
+  p.bounce_budget_bytes = bounce;
   p.dir = dir;
   p.budget_bytes = 0;
   p.queue_depth = qd;
@@ -106,7 +117,7 @@ static void fill(unsigned char *p, size_t n, unsigned seed) {
 
 /* Sequential write then read of every extent; GB/s by wall time. */
 static void store_sequential(double *w, double *r, ofl_disk_stats_t *st) {
-  ofl_disk_t *d = open_store(OFL_DISK_DIRECT_AUTO);
+  ofl_disk_t *d = open_store(OFL_DISK_DIRECT_AUTO, 0);
   ofl_disk_extent_t **e = calloc((size_t)count, sizeof *e);
   for (int i = 0; i < count; i++) {
     CHECK(ofl_disk_extent_create(d, tensor_bytes, &e[i]));
@@ -141,20 +152,39 @@ static void store_sequential(double *w, double *r, ofl_disk_stats_t *st) {
   ofl_disk_close(d);
 }
 
+/* Creates an extent; when the bounce pool is full, waits for the oldest
+ * write still in flight (*oldest moves up) and tries again. */
+static void create_with_wait(ofl_disk_t *d, ofl_disk_extent_t **e, int i,
+                             int *oldest) {
+  for (;;) {
+    ofl_status_t st = ofl_disk_extent_create(d, tensor_bytes, &e[i]);
+    if (st != OFL_ERR_NO_MEMORY || *oldest >= i) {
+      CHECK(st);
+      return;
+    }
+    CHECK(ofl_disk_extent_wait(e[(*oldest)++], -1));
+  }
+}
+
 /* The workload: offload all, reload in reverse with prefetch. src are the
- * "device" tensors, dst the reload target. Returns seconds. */
+ * "device" tensors, dst the reload target. A prefetch that finds no bounce
+ * buffer is left to the reload. Returns seconds. */
 static double store_workload(ofl_disk_t *d, unsigned char **src,
                              unsigned char *dst, size_t *wrong) {
   ofl_disk_extent_t **e = calloc((size_t)count, sizeof *e);
+  int oldest = 0;
   double t0 = now_s();
   for (int i = 0; i < count; i++) {
-    CHECK(ofl_disk_extent_create(d, tensor_bytes, &e[i]));
+    create_with_wait(d, e, i, &oldest);
     memcpy(ofl_disk_extent_data(e[i]), src[i], tensor_bytes); /* the D2H */
     CHECK(ofl_disk_extent_write(e[i]));
   }
   for (int i = count - 1; i >= 0; i--) {
-    for (int k = i - 1; k >= 0 && k >= i - prefetch; k--)
-      CHECK(ofl_disk_extent_prefetch(e[k]));
+    for (int k = i - 1; k >= 0 && k >= i - prefetch; k--) {
+      ofl_status_t st = ofl_disk_extent_prefetch(e[k]);
+      if (st != OFL_ERR_NO_MEMORY)
+        CHECK(st);
+    }
     void *p = NULL;
     CHECK(ofl_disk_extent_reload(e[i], -1, &p));
     memcpy(dst, p, tensor_bytes); /* the H2D */
@@ -168,10 +198,10 @@ static double store_workload(ofl_disk_t *d, unsigned char **src,
 
 /* Warm-up iteration, then the best of reps; stalls and hits per timed
  * iteration. */
-static void mode_run(ofl_disk_direct_t direct, int reps, unsigned char **src,
-                     unsigned char *dst, double *best, size_t *wrong,
-                     ofl_disk_stats_t *st) {
-  ofl_disk_t *d = open_store(direct);
+static void mode_run(ofl_disk_direct_t direct, size_t bounce, int reps,
+                     unsigned char **src, unsigned char *dst, double *best,
+                     size_t *wrong, ofl_disk_stats_t *st) {
+  ofl_disk_t *d = open_store(direct, bounce);
   store_workload(d, src, dst, wrong);
   ofl_disk_stats_t s0;
   ofl_disk_get_stats(d, &s0);
@@ -216,6 +246,133 @@ static double baseline_workload(unsigned char **src, unsigned char *dst,
     *wrong += memcmp(dst, src[i], tensor_bytes) != 0;
   }
   return now_s() - t0;
+}
+
+/* The three ways (store direct, per-file, store buffered) one after the
+ * other with sync() between, so that one's dirty pages are not written back
+ * during another's timing; one store per mode, as in training: its first
+ * iteration (untimed) fills the bounce pool and grows the file. Prints the
+ * table; returns the wrong tensors. */
+static size_t compare(int reps, size_t bounce, unsigned char **src,
+                      unsigned char *dst, unsigned char *host) {
+  size_t wrong_d = 0, wrong_b = 0, wrong_p = 0;
+  double td = 1e30, tb = 1e30, tp = 1e30;
+  ofl_disk_stats_t sd, sb;
+  mode_run(OFL_DISK_DIRECT_AUTO, bounce, reps, src, dst, &td, &wrong_d, &sd);
+  sync();
+  for (int r = 0; r < reps; r++) {
+    double c = baseline_workload(src, dst, host, &wrong_p);
+    tp = c < tp ? c : tp;
+    sync();
+  }
+  mode_run(OFL_DISK_DIRECT_OFF, bounce, reps, src, dst, &tb, &wrong_b, &sb);
+  sync();
+  double moved = 2.0 * (double)tensor_bytes * count;
+  printf("%-34s %9s %9s %8s %8s %7s\n", "", "time s", "GB/s", "stalls", "hits",
+         "wrong");
+  printf("%-34s %9.3f %9.3f %8llu %8llu %7zu\n",
+         sd.direct ? "ofl disk store, O_DIRECT" : "ofl disk store, auto", td,
+         gbps(moved, td), (unsigned long long)sd.stalls,
+         (unsigned long long)sd.prefetch_hits, wrong_d);
+  printf("%-34s %9.3f %9.3f %8llu %8llu %7zu\n", "ofl disk store, buffered", tb,
+         gbps(moved, tb), (unsigned long long)sb.stalls,
+         (unsigned long long)sb.prefetch_hits, wrong_b);
+  printf("%-34s %9.3f %9.3f %8s %8s %7zu\n", "file per tensor, write/read", tp,
+         gbps(moved, tp), "-", "-", wrong_p);
+  printf("%-34s %9.2f   (goal > 1)\n",
+         sd.direct ? "speedup O_DIRECT store / per-file"
+                   : "speedup auto store / per-file",
+         tp / td);
+  printf("%-34s %9.2f\n", "speedup buffered store / per-file", tp / tb);
+  printf("# GB/s counts bytes both ways (offload + reload)\n");
+  return wrong_d + wrong_b + wrong_p;
+}
+
+/* ---- host memory limit: a memory cgroup ------------------------------------
+ * v1 (memory controller mounted at /sys/fs/cgroup/memory) or v2 (memory in
+ * /sys/fs/cgroup's controllers). What the process allocates after it moved
+ * in, page cache included, is charged there. */
+static char cg_path[512], cg_home[512];
+static bool cg_v2;
+
+static bool write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (f == NULL)
+    return false;
+  bool ok = fputs(text, f) >= 0;
+  return fclose(f) == 0 && ok;
+}
+
+static uint64_t read_u64(const char *path) {
+  FILE *f = fopen(path, "r");
+  unsigned long long v = 0;
+  if (f != NULL) {
+    if (fscanf(f, "%llu", &v) != 1)
+      v = 0;
+    fclose(f);
+  }
+  return v;
+}
+
+static bool has_memory_controller_v2(void) {
+  FILE *f = fopen("/sys/fs/cgroup/cgroup.controllers", "r");
+  char line[512] = "";
+  if (f == NULL)
+    return false;
+  bool ok = fgets(line, sizeof line, f) != NULL && strstr(line, "memory");
+  fclose(f);
+  return ok;
+}
+
+/* NULL when the process is in a new cgroup limited to `limit` bytes, else
+ * why not. */
+static const char *cg_enter(size_t limit) {
+  const char *root;
+  if (access("/sys/fs/cgroup/memory/memory.limit_in_bytes", F_OK) == 0) {
+    root = "/sys/fs/cgroup/memory";
+    cg_v2 = false;
+  } else if (has_memory_controller_v2()) {
+    root = "/sys/fs/cgroup";
+    cg_v2 = true;
+  } else {
+    return "no memory cgroup controller (v1 or v2) on this machine";
+  }
+  snprintf(cg_home, sizeof cg_home, "%s/cgroup.procs", root);
+  snprintf(cg_path, sizeof cg_path, "%s/ofl-bench-disk-%d", root,
+           (int)getpid());
+  if (mkdir(cg_path, 0755) != 0)
+    return "cannot create a memory cgroup (needs root and a writable "
+           "cgroup file system)";
+  char file[600], num[32];
+  snprintf(num, sizeof num, "%zu", limit);
+  snprintf(file, sizeof file, "%s/%s", cg_path,
+           cg_v2 ? "memory.max" : "memory.limit_in_bytes");
+  bool ok = write_file(file, num);
+  if (ok && cg_v2) { /* no swap either: the limit is what stays in RAM */
+    snprintf(file, sizeof file, "%s/memory.swap.max", cg_path);
+    (void)write_file(file, "0");
+  }
+  snprintf(num, sizeof num, "%d", (int)getpid());
+  snprintf(file, sizeof file, "%s/cgroup.procs", cg_path);
+  if (!ok || !write_file(file, num)) {
+    rmdir(cg_path);
+    return "cannot set the memory cgroup's limit or move into it";
+  }
+  return NULL;
+}
+
+static uint64_t cg_peak(void) {
+  char file[600];
+  snprintf(file, sizeof file, "%s/%s", cg_path,
+           cg_v2 ? "memory.peak" : "memory.max_usage_in_bytes");
+  return read_u64(file);
+}
+
+static void cg_leave(void) {
+  char num[32];
+  snprintf(num, sizeof num, "%d", (int)getpid());
+  if (!write_file(cg_home, num) || rmdir(cg_path) != 0)
+    fprintf(stderr, "# could not remove the cgroup %s\n", cg_path);
 }
 
 static int env_int(const char *name, int dflt) {
@@ -290,57 +447,50 @@ int main(int argc, char **argv) {
   /* 2. the offload workload, beside one file per tensor */
   unsigned char **src = calloc((size_t)count, sizeof *src);
   unsigned char *dst = malloc(tensor_bytes);
+  unsigned char *host = malloc(tensor_bytes);
+  if (src == NULL || dst == NULL || host == NULL) {
+    fprintf(stderr, "out of memory\n");
+    return 1;
+  }
   for (int i = 0; i < count; i++) {
     src[i] = malloc(tensor_bytes);
-    if (src[i] == NULL || dst == NULL) {
+    if (src[i] == NULL) {
       fprintf(stderr, "out of memory\n");
       return 1;
     }
     fill(src[i], tensor_bytes, (unsigned)i + 7);
   }
-  unsigned char *host = malloc(tensor_bytes);
-  if (host == NULL)
-    return 1;
-  size_t wrong_d = 0, wrong_b = 0, wrong_p = 0;
-  /* One store per mode, as in training: the first iteration (untimed)
-   * fills the bounce pool and grows the file; the timed ones are steady
-   * state. The baseline's host buffer is allocated once too. The modes run
-   * one after the other with sync() between, so that one's dirty pages are
-   * not written back during another's timing. */
-  double td = 1e30, tb = 1e30, tp = 1e30;
-  ofl_disk_stats_t sd, sb;
-  mode_run(OFL_DISK_DIRECT_AUTO, reps, src, dst, &td, &wrong_d, &sd);
-  sync();
-  for (int r = 0; r < reps; r++) {
-    double c = baseline_workload(src, dst, host, &wrong_p);
-    tp = c < tp ? c : tp;
-    sync();
-  }
-  mode_run(OFL_DISK_DIRECT_OFF, reps, src, dst, &tb, &wrong_b, &sb);
-  sync();
-  free(host);
-  double moved = 2.0 * (double)total;
+  memset(dst, 0, tensor_bytes);
+  memset(host, 0, tensor_bytes);
+  size_t wrong = 0;
   printf("\n## %d tensors of %zu MiB offloaded, reloaded in reverse with "
-         "prefetch %d\n",
+         "prefetch %d; host memory not limited\n",
          count, tensor_bytes >> 20, prefetch);
-  printf("%-34s %9s %9s %8s %8s %7s\n", "", "time s", "GB/s", "stalls", "hits",
-         "wrong");
-  printf("%-34s %9.3f %9.3f %8llu %8llu %7zu\n", "ofl disk store, O_DIRECT", td,
-         gbps(moved, td), (unsigned long long)sd.stalls,
-         (unsigned long long)sd.prefetch_hits, wrong_d);
-  printf("%-34s %9.3f %9.3f %8llu %8llu %7zu\n", "ofl disk store, buffered", tb,
-         gbps(moved, tb), (unsigned long long)sb.stalls,
-         (unsigned long long)sb.prefetch_hits, wrong_b);
-  printf("%-34s %9.3f %9.3f %8s %8s %7zu\n", "file per tensor, write/read", tp,
-         gbps(moved, tp), "-", "-", wrong_p);
-  printf("%-34s %9.2f\n", "speedup O_DIRECT store / per-file", tp / td);
-  printf("%-34s %9.2f\n", "speedup buffered store / per-file", tp / tb);
-  printf("# GB/s counts bytes both ways (offload + reload); the per-file "
-         "baseline never syncs, so its bytes may stay in the page cache\n");
+  wrong += compare(reps, 0, src, dst, host);
+  printf("# the per-file baseline never syncs: here its bytes stay in the "
+         "page cache and are read back from memory\n");
+
+  /* 3. the same with host memory short */
+  size_t host_mib = (size_t)env_int("OFL_BENCH_DISK_HOST_MIB", 256);
+  size_t limit = (host_mib + 64) << 20;
+  printf("\n## the same workload, host memory short: %zu MiB for bounce "
+         "buffers or page cache (memory cgroup limit %zu MiB)\n",
+         host_mib, limit >> 20);
+  sync();
+  const char *why = cg_enter(limit);
+  if (why != NULL) {
+    printf("n/a: %s\n", why);
+  } else {
+    wrong += compare(reps, host_mib << 20, src, dst, host);
+    printf("# peak memory charged to the cgroup: %.0f MiB\n",
+           (double)cg_peak() / 1048576.0);
+    cg_leave();
+  }
+  free(host);
   for (int i = 0; i < count; i++)
     free(src[i]);
   free(src);
   free(dst);
   ofl_device_close(dev);
-  return wrong_d + wrong_b + wrong_p ? 1 : 0;
+  return wrong ? 1 : 0;
 }

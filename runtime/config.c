@@ -296,8 +296,11 @@ static ofl_status_t load_locked(void) {
         len = sizeof name - 1;
       memcpy(name, *e, len);
       name[len] = '\0';
-      /* OFL_BUILD_DIR belongs to ofl.sh, not to the library. */
-      if (find(name, NULL) == NULL && strcmp(name, "OFL_BUILD_DIR") != 0)
+      /* OFL_BUILD_DIR belongs to ofl.sh, OFL_BENCH_* and OFL_DEMO_* to the
+       * benches and the demo, not to the library. */
+      if (find(name, NULL) == NULL && strcmp(name, "OFL_BUILD_DIR") != 0 &&
+          strncmp(name, "OFL_BENCH_", 10) != 0 &&
+          strncmp(name, "OFL_DEMO_", 9) != 0)
         OFL_WARN(OFL_SUBSYS_CONFIG,
                  "unknown variable %s is ignored; ofl_config_print() lists "
                  "the known ones",

@@ -91,6 +91,22 @@ Test(config, unknown_variable_is_warned_about_once) {
   ofl_log_set_handler(NULL, NULL);
 }
 
+/* The script's, the benches' and the demo's own variables are not the
+ * library's and draw no warning; a misspelt library one still does. */
+Test(config, tool_variables_are_not_warned_about) {
+  capture_t c = {0};
+  ofl_log_set_level(OFL_LOG_WARN);
+  ofl_log_set_handler(capture, &c);
+  setenv("OFL_BUILD_DIR", "build", 1);
+  setenv("OFL_BENCH_DISK_REPS", "3", 1);
+  setenv("OFL_DEMO_RANKS", "2", 1);
+  setenv("OFL_BENCHMARK", "1", 1); /* not the OFL_BENCH_ prefix */
+  ofl_config_reload();
+  cr_assert(eq(int, c.warnings, 1));
+  cr_assert(ne(ptr, strstr(c.last, "OFL_BENCHMARK"), NULL));
+  ofl_log_set_handler(NULL, NULL);
+}
+
 Test(config, print_lists_every_variable_with_its_value) {
   setenv("OFL_DISK_PREFETCH", "5", 1);
   ofl_config_reload();
