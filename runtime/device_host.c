@@ -1036,8 +1036,8 @@ static void host_range_push(ofl_device_t *dev, const char *name) {
   /* Without a trace file only the depth matters (the trace is chosen at
    * device open, so a pop sees the same setting as its push). */
   if (range_depth < 16 && ofl__trace_on(dev)) {
-    snprintf(range_stack[range_depth].name,
-             sizeof range_stack[range_depth].name, "%s", name);
+    ofl__utf8_copy(range_stack[range_depth].name,
+                   sizeof range_stack[range_depth].name, name);
     range_stack[range_depth].t0 = ofl__now_ns();
   }
   range_depth++;

@@ -99,6 +99,12 @@ ofl_status_t ofl__cuda_probe(int device_index, char *why, size_t cap);
  * Chrome trace events, one track per stream; written at device close. */
 ofl_status_t ofl__trace_open(ofl_device_t *dev, const char *path);
 void ofl__trace_close(ofl_device_t *dev);
+/* A name as the inside of a JSON string in at most cap-1 bytes: escaped,
+ * valid UTF-8 (other bytes become U+FFFD), never cut inside a character. */
+void ofl__trace_json_escape(char *dst, size_t cap, const char *src);
+/* Copies src into dst (at most cap-1 bytes and a NUL), never cutting a
+ * UTF-8 character. */
+void ofl__utf8_copy(char *dst, size_t cap, const char *src);
 /* A complete event ("X") on a stream's track; args_json may be NULL or a
  * JSON object body such as "\"bytes\":4096". */
 void ofl__trace_complete(ofl_device_t *dev, int track, const char *name,

@@ -34,31 +34,90 @@ struct ofl__trace {
 
 #define TRACE_MAX_EVENTS (4u << 20)
 
+/* Length of the valid UTF-8 sequence at p (1 to 4), 0 when p does not
+ * start one (a stray continuation byte, an overlong form, a surrogate, a
+ * sequence cut short, as when a caller's name was cut to a buffer). */
+static size_t utf8_len(const unsigned char *p) {
+  size_t n;
+  unsigned cp;
+  if (p[0] < 0x80)
+    return 1;
+  if (p[0] >= 0xC2 && p[0] <= 0xDF) {
+    n = 2;
+    cp = p[0] & 0x1Fu;
+  } else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
+    n = 3;
+    cp = p[0] & 0x0Fu;
+  } else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
+    n = 4;
+    cp = p[0] & 0x07u;
+  } else {
+    return 0;
+  }
+  for (size_t i = 1; i < n; i++) {
+    if ((p[i] & 0xC0) != 0x80) /* also stops at the terminating NUL */
+      return 0;
+    cp = (cp << 6) | (p[i] & 0x3Fu);
+  }
+  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+      (cp >= 0xD800 && cp <= 0xDFFF))
+    return 0;
+  return n;
+}
+
 /* Copies src into dst as the inside of a JSON string: names come from the
  * application (stream names, range and group names) and may hold quotes,
- * backslashes or control characters. Truncates on a character boundary of
- * the escaped form. */
+ * backslashes, control characters or bytes that are not UTF-8 (written as
+ * U+FFFD, as JSON must be UTF-8). Truncates on a character boundary of the
+ * escaped form, never inside a multi-byte character. */
 static void json_escape(char *dst, size_t cap, const char *src) {
   size_t o = 0;
-  for (const unsigned char *p = (const unsigned char *)src; *p; p++) {
+  const unsigned char *p = (const unsigned char *)src;
+  while (*p) {
     char tmp[8];
-    size_t n;
+    size_t n, used = 1;
     if (*p == '"' || *p == '\\') {
       tmp[0] = '\\';
       tmp[1] = (char)*p;
       n = 2;
     } else if (*p < 0x20) {
       n = (size_t)snprintf(tmp, sizeof tmp, "\\u%04x", *p);
+    } else if ((used = utf8_len(p)) == 0) {
+      memcpy(tmp, "\xEF\xBF\xBD", 3); /* U+FFFD */
+      n = 3;
+      used = 1;
     } else {
-      tmp[0] = (char)*p;
-      n = 1;
+      memcpy(tmp, p, used);
+      n = used;
     }
     if (o + n >= cap)
       break;
     memcpy(dst + o, tmp, n);
     o += n;
+    p += used;
   }
   dst[o] = '\0';
+}
+
+void ofl__utf8_copy(char *dst, size_t cap, const char *src) {
+  size_t o = 0;
+  const unsigned char *p = (const unsigned char *)src;
+  while (*p) {
+    size_t n = utf8_len(p);
+    if (n == 0)
+      n = 1; /* not UTF-8: copied as it is, the escape replaces it */
+    if (o + n >= cap)
+      break;
+    memcpy(dst + o, p, n);
+    o += n;
+    p += n;
+  }
+  if (cap > 0)
+    dst[o] = '\0';
+}
+
+void ofl__trace_json_escape(char *dst, size_t cap, const char *src) {
+  json_escape(dst, cap, src);
 }
 
 ofl_status_t ofl__trace_open(ofl_device_t *dev, const char *path) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <ofl/ofl.h>
+#include "runtime/device_internal.h"
 #include "runtime/internal.h"
 
 static ofl_device_t *dev;
@@ -301,4 +302,78 @@ Test(device, trace_file_has_a_track_per_stream_and_copies_with_bytes) {
   cr_assert(ne(ptr, strstr(buf, "{\"name\":\"d2h\"}"), NULL));
   cr_assert(ne(ptr, strstr(buf, "\"bytes\":4096"), NULL));
   cr_assert(ne(ptr, strstr(buf, "offload group core_attn"), NULL));
+}
+
+/* Trace names: escaped, valid UTF-8, never cut inside a character. */
+Test(device, trace_names_are_escaped_and_cut_on_character_boundaries) {
+  static const struct {
+    const char *in;
+    size_t cap;
+    const char *out;
+  } cases[] = {
+      {"plain", 48, "plain"},
+      {"a\"b\\c", 48, "a\\\"b\\\\c"},
+      {"tab\there", 48, "tab\\u0009here"},
+      /* é is 2 bytes, 漢 3, 😀 4: each fits whole or not at all */
+      {"x\xc3\xa9", 4, "x\xc3\xa9"},
+      {"xy\xc3\xa9", 4, "xy"},
+      {"\xe6\xbc\xa2\xe6\xbc\xa2", 6, "\xe6\xbc\xa2"},
+      {"\xf0\x9f\x98\x80", 4, ""},
+      {"\xf0\x9f\x98\x80", 5, "\xf0\x9f\x98\x80"},
+      /* an escape is not cut either */
+      {"ab\"", 4, "ab"},
+      /* not UTF-8: a stray continuation byte, a cut sequence, an
+       * overlong '/', a surrogate, a byte above U+10FFFF */
+      {"a\x80z", 48, "a\xef\xbf\xbdz"},
+      {"a\xe6\xbc", 48, "a\xef\xbf\xbd\xef\xbf\xbd"},
+      {"\xc0\xaf", 48, "\xef\xbf\xbd\xef\xbf\xbd"},
+      {"\xed\xa0\x80", 48, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+      {"\xf4\x90\x80\x80", 48,
+       "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char out[64];
+    memset(out, 'Z', sizeof out);
+    ofl__trace_json_escape(out, cases[i].cap, cases[i].in);
+    cr_expect(eq(str, out, (char *)cases[i].out), "case %zu", i);
+    cr_expect(lt(sz, strlen(out), cases[i].cap), "case %zu", i);
+  }
+}
+
+/* A range name longer than the range stack keeps (47 bytes), where byte 47
+ * falls inside a 3-byte character, reaches the trace cut before that
+ * character. */
+Test(device, long_utf8_range_name_stays_valid_utf8_in_the_trace) {
+  char path[] = "/tmp/ofl-trace-XXXXXX";
+  int fd = mkstemp(path);
+  close(fd);
+  setenv("OFL_TRACE_FILE", path, 1);
+  ofl_config_reload();
+  ofl_device_t *t = NULL;
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  cr_assert(eq(int, ofl_device_open(&p, &t), OFL_SUCCESS));
+  /* "g" then 20 x U+6F22: byte 47 falls inside the 16th character */
+  char name[64] = "g";
+  for (int i = 0; i < 20; i++)
+    strcat(name, "\xe6\xbc\xa2");
+  ofl_range_push(t, name);
+  ofl_range_pop(t);
+  ofl_device_close(t);
+  unsetenv("OFL_TRACE_FILE");
+  ofl_config_reload();
+  FILE *f = fopen(path, "r");
+  cr_assert(ne(ptr, f, NULL));
+  char buf[8192] = {0};
+  size_t got = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  unlink(path);
+  cr_assert(gt(sz, got, 0));
+  /* 15 whole characters, then the closing quote */
+  char want[80] = "\"g";
+  for (int i = 0; i < 15; i++)
+    strcat(want, "\xe6\xbc\xa2");
+  strcat(want, "\"");
+  cr_expect(ne(ptr, strstr(buf, want), NULL), "trace: %s", buf);
+  cr_expect(eq(ptr, strstr(buf, "\xef\xbf\xbd"), NULL));
 }
