@@ -10,8 +10,20 @@
  * sizes would wrap when a backend rounds them up or adds them to a pointer. */
 #define MAX_BYTES ((size_t)PTRDIFF_MAX)
 
-static _Thread_local ofl_device_t *tl_dev;
-static _Thread_local ofl_stream_t *tl_stream;
+/* Devices and streams are numbered once per process: an override that
+ * names a closed device or a destroyed stream is never taken for a new one
+ * at the same address. */
+static atomic_uint_fast64_t next_uid = 1;
+
+/* The calling thread's compute-stream override, and the device's
+ * streams_gone when the stream was last seen alive. */
+static _Thread_local struct {
+  ofl_device_t *dev;
+  uint64_t dev_uid;
+  ofl_stream_t *s;
+  uint64_t s_uid;
+  uint64_t gone;
+} tl;
 
 const char *ofl_backend_name(ofl_backend_t backend) {
   switch (backend) {
@@ -107,6 +119,7 @@ ofl_status_t ofl_device_open(const ofl_device_params_t *params,
                       "cannot allocate the device object");
   pthread_mutex_init(&dev->stats_lock, NULL);
   pthread_mutex_init(&dev->streams_lock, NULL);
+  dev->uid = atomic_fetch_add(&next_uid, 1);
   ofl_status_t st = resolve_config(params, &dev->cfg);
   if (st != OFL_SUCCESS)
     goto fail;
@@ -150,8 +163,10 @@ static ofl_stream_t *take_open_stream(ofl_device_t *dev) {
   while (*pp != NULL && *pp == dev->compute)
     pp = &(*pp)->dev_next;
   ofl_stream_t *s = *pp;
-  if (s != NULL)
+  if (s != NULL) {
     *pp = s->dev_next;
+    atomic_fetch_add(&dev->streams_gone, 1);
+  }
   pthread_mutex_unlock(&dev->streams_lock);
   return s;
 }
@@ -164,16 +179,15 @@ static void forget_stream(ofl_stream_t *s) {
       *pp = s->dev_next;
       break;
     }
+  atomic_fetch_add(&dev->streams_gone, 1);
   pthread_mutex_unlock(&dev->streams_lock);
 }
 
 void ofl_device_close(ofl_device_t *dev) {
   if (dev == NULL)
     return;
-  if (tl_dev == dev) {
-    tl_dev = NULL;
-    tl_stream = NULL;
-  }
+  if (tl.dev == dev)
+    tl.s = NULL;
   /* Streams the application did not destroy: drain (bounded) and stop
    * them, as the header promises, so no worker outlives the device. */
   for (ofl_stream_t *s; (s = take_open_stream(dev)) != NULL;) {
@@ -303,14 +317,41 @@ ofl_status_t ofl_pinned_free(ofl_device_t *dev, void *ptr) {
 ofl_stream_t *ofl_device_compute_stream(ofl_device_t *dev) {
   if (dev == NULL)
     return NULL;
-  if (tl_dev == dev && tl_stream != NULL)
-    return tl_stream;
-  return dev->compute;
+  if (tl.s == NULL || tl.dev != dev || tl.dev_uid != dev->uid)
+    return dev->compute;
+  uint64_t gone = atomic_load(&dev->streams_gone);
+  if (gone == tl.gone)
+    return tl.s;
+  /* A stream of the device went (on any thread): is ours still listed? */
+  bool alive = false;
+  pthread_mutex_lock(&dev->streams_lock);
+  for (ofl_stream_t *s = dev->streams; s != NULL && !alive; s = s->dev_next)
+    alive = s == tl.s && s->uid == tl.s_uid;
+  pthread_mutex_unlock(&dev->streams_lock);
+  if (!alive) {
+    OFL_INFO(OFL_SUBSYS_DEVICE,
+             "this thread's compute stream was destroyed; back to the "
+             "device's default compute stream");
+    tl.s = NULL;
+    return dev->compute;
+  }
+  tl.gone = gone;
+  return tl.s;
 }
 
 void ofl_device_set_compute_stream(ofl_device_t *dev, ofl_stream_t *stream) {
-  tl_dev = dev;
-  tl_stream = stream;
+  if (dev != NULL && stream != NULL && stream->dev != dev) {
+    ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+               "ofl_device_set_compute_stream: stream '%s' belongs to "
+               "another device; the override is cleared",
+               stream->name);
+    stream = NULL;
+  }
+  tl.dev = dev;
+  tl.dev_uid = dev != NULL ? dev->uid : 0;
+  tl.s = stream;
+  tl.s_uid = stream != NULL ? stream->uid : 0;
+  tl.gone = dev != NULL ? atomic_load(&dev->streams_gone) : 0;
 }
 
 ofl_status_t ofl_stream_create(ofl_device_t *dev, const char *name,
@@ -323,6 +364,7 @@ ofl_status_t ofl_stream_create(ofl_device_t *dev, const char *name,
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                       "cannot allocate a stream object");
   s->dev = dev;
+  s->uid = atomic_fetch_add(&next_uid, 1);
   s->id = atomic_fetch_add(&dev->next_stream_id, 1);
   s->is_compute = dev->compute == NULL; /* the first stream of a device */
   snprintf(s->name, sizeof s->name, "%s", name ? name : "stream");
@@ -346,8 +388,8 @@ ofl_status_t ofl_stream_destroy(ofl_stream_t *s) {
   ofl_device_t *dev = s->dev;
   /* The calling thread's compute stream override must not outlive the
    * stream (ofl_device_compute_stream falls back to the default). */
-  if (tl_stream == s)
-    tl_stream = NULL;
+  if (tl.s == s)
+    tl.s = NULL;
   forget_stream(s);
   ofl_status_t st = dev->ops->stream_destroy(s);
   free(s);

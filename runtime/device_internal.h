@@ -45,6 +45,12 @@ struct ofl_device {
   /* Every stream of the device, so that close can stop those left open. */
   pthread_mutex_t streams_lock;
   ofl_stream_t *streams;
+  /* A thread's compute-stream override names the device and the stream by
+   * uid as well as by pointer (a pointer may come back from malloc after a
+   * close); streams_gone counts destroyed streams, so that an override is
+   * checked against the list only after one went. */
+  uint64_t uid;
+  atomic_uint_fast64_t streams_gone;
 };
 
 struct ofl_stream {
@@ -54,6 +60,7 @@ struct ofl_stream {
   bool is_compute; /* executes on the calling thread (host backend) */
   void *impl;
   ofl_stream_t *dev_next; /* the device's list of streams */
+  uint64_t uid;           /* unique in the process */
 };
 
 struct ofl_event {

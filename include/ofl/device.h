@@ -104,7 +104,11 @@ OFL_API ofl_status_t ofl_pinned_free(ofl_device_t *dev, void *ptr);
 /* The compute stream of the calling thread, looked up at each call (never
  * cache it across a change of stream; DESIGN.md section 5 rule 3). Defaults
  * to the device's compute stream; ofl_device_set_compute_stream overrides it
- * for the calling thread. */
+ * for the calling thread (NULL: back to the default). An override whose
+ * stream was destroyed or whose device was closed, on any thread, is
+ * dropped: the default is returned, never a stale stream. A stream of
+ * another device is refused (OFL_ERR_INVALID_ARG as the last error, the
+ * override cleared). */
 OFL_API ofl_stream_t *ofl_device_compute_stream(ofl_device_t *dev);
 OFL_API void ofl_device_set_compute_stream(ofl_device_t *dev,
                                            ofl_stream_t *stream);

@@ -1,6 +1,7 @@
 /* The device layer on the host backend: ordering, events, copies, memory. */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -376,4 +377,79 @@ Test(device, long_utf8_range_name_stays_valid_utf8_in_the_trace) {
   strcat(want, "\"");
   cr_expect(ne(ptr, strstr(buf, want), NULL), "trace: %s", buf);
   cr_expect(eq(ptr, strstr(buf, "\xef\xbf\xbd"), NULL));
+}
+
+/* Compute-stream overrides: a thread's override never outlives its stream
+ * or its device, even when another thread destroys or closes them. */
+typedef struct {
+  ofl_device_t *dev;
+  ofl_stream_t *set;
+  pthread_barrier_t *bar;
+  ofl_stream_t *seen[2];
+} override_arg_t;
+
+static void *override_thread(void *p) {
+  override_arg_t *a = p;
+  ofl_device_set_compute_stream(a->dev, a->set);
+  a->seen[0] = ofl_device_compute_stream(a->dev);
+  pthread_barrier_wait(a->bar); /* main destroys the stream */
+  pthread_barrier_wait(a->bar);
+  a->seen[1] = ofl_device_compute_stream(a->dev);
+  return NULL;
+}
+
+Test(device, override_of_a_stream_destroyed_by_another_thread_is_dropped) {
+  ofl_stream_t *mine = NULL, *other = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "mine", &mine), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_create(dev, "other", &other), OFL_SUCCESS));
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  override_arg_t a = {.dev = dev, .set = mine, .bar = &bar};
+  pthread_t th;
+  cr_assert(eq(int, pthread_create(&th, NULL, override_thread, &a), 0));
+  pthread_barrier_wait(&bar);
+  /* this thread has no override */
+  cr_expect(eq(ptr, ofl_device_compute_stream(dev),
+               ofl_device_compute_stream(dev)));
+  ofl_stream_t *dflt = ofl_device_compute_stream(dev);
+  cr_expect(ne(ptr, dflt, mine));
+  ofl_stream_destroy(mine);
+  /* a stream created now may get the freed one's address */
+  ofl_stream_t *again = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "again", &again), OFL_SUCCESS));
+  pthread_barrier_wait(&bar);
+  pthread_join(th, NULL);
+  pthread_barrier_destroy(&bar);
+  cr_expect(eq(ptr, a.seen[0], mine));
+  cr_expect(eq(ptr, a.seen[1], dflt));
+  ofl_stream_destroy(again);
+  ofl_stream_destroy(other);
+}
+
+Test(device, override_survives_the_destruction_of_another_stream) {
+  ofl_stream_t *mine = NULL, *other = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "mine", &mine), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_create(dev, "other", &other), OFL_SUCCESS));
+  ofl_device_set_compute_stream(dev, mine);
+  ofl_stream_destroy(other);
+  cr_expect(eq(ptr, ofl_device_compute_stream(dev), mine));
+  ofl_device_set_compute_stream(dev, NULL);
+  ofl_stream_t *dflt = ofl_device_compute_stream(dev);
+  cr_expect(ne(ptr, dflt, mine));
+  ofl_stream_destroy(mine);
+}
+
+Test(device, override_with_a_stream_of_another_device_is_refused) {
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  ofl_device_t *d2 = NULL;
+  cr_assert(eq(int, ofl_device_open(&p, &d2), OFL_SUCCESS));
+  ofl_stream_t *foreign = NULL;
+  cr_assert(eq(int, ofl_stream_create(d2, "foreign", &foreign), OFL_SUCCESS));
+  ofl_stream_t *dflt = ofl_device_compute_stream(dev);
+  ofl_device_set_compute_stream(dev, foreign);
+  cr_expect(eq(ptr, ofl_device_compute_stream(dev), dflt));
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "another device"), NULL));
+  ofl_stream_destroy(foreign);
+  ofl_device_close(d2);
 }
