@@ -368,6 +368,10 @@ ofl_status_t ofl_disk_open(const ofl_disk_params_t *params, ofl_disk_t **out) {
     pp.kind = OFL_POOL_PINNED;
     pp.name = "disk-bounce";
     pp.budget_bytes = params->bounce_budget_bytes;
+    if (pp.budget_bytes == OFL_DISK_FROM_ENV)
+      OFL_CHECK_GOTO(
+          ofl__config_size("OFL_DISK_BOUNCE_BUDGET", &pp.budget_bytes), st,
+          fail);
     OFL_CHECK_GOTO(ofl_pool_create(d->dev, &pp, &d->pool), st, fail);
     d->own_pool = true;
   }

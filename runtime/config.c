@@ -86,6 +86,9 @@ static const entry_t table[] = {
      "group names placed on disk rather than in host memory"},
     {"OFL_DISK_BUDGET", "0", K_SIZE, NULL,
      "disk tier byte budget (0: disk tier off unless groups are named)"},
+    {"OFL_DISK_BOUNCE_BUDGET", "0", K_SIZE, NULL,
+     "pinned bytes for the disk tier's bounce buffers (0: no cap); a full "
+     "pool makes the tier refuse, and the data stays where it is"},
     {"OFL_DISK_QUEUE_DEPTH", "8", K_INT, NULL, "io_uring queue depth"},
     {"OFL_DISK_BLOCK", "4M", K_SIZE, NULL, "disk I/O block size"},
     {"OFL_DISK_PREFETCH", "2", K_INT, NULL,

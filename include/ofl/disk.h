@@ -76,7 +76,8 @@ typedef struct ofl_disk_params {
   ofl_device_t *dev;       /* required: bounce buffers are its pinned memory */
   ofl_pool_t *bounce_pool; /* pinned pool the bounce buffers come from; NULL:
                               the store makes its own (bounce_budget_bytes) */
-  size_t bounce_budget_bytes; /* budget of the store's own pool; 0: none */
+  size_t bounce_budget_bytes; /* budget of the store's own pool; 0: none;
+                                 OFL_DISK_FROM_ENV: OFL_DISK_BOUNCE_BUDGET */
   const char *dir;            /* NULL: OFL_DISK_DIR, else TMPDIR, else /tmp */
   size_t budget_bytes;  /* file size cap; OFL_DISK_FROM_ENV: OFL_DISK_BUDGET;
                            0: no cap but the file system's */
@@ -99,8 +100,8 @@ typedef struct ofl_disk_params {
 
 #define OFL_DISK_PARAMS_INIT                                                   \
   {                                                                            \
-    NULL, NULL, 0, NULL, OFL_DISK_FROM_ENV, 0, 0, -1, 0, 0, -1, -1,            \
-        OFL_DISK_DIRECT_FROM_ENV, OFL_DISK_ENGINE_AUTO, NULL, -1               \
+    NULL, NULL, OFL_DISK_FROM_ENV, NULL, OFL_DISK_FROM_ENV, 0, 0, -1, 0, 0,    \
+        -1, -1, OFL_DISK_DIRECT_FROM_ENV, OFL_DISK_ENGINE_AUTO, NULL, -1       \
   }
 
 typedef enum ofl_disk_extent_state {

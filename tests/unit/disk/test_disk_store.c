@@ -268,6 +268,41 @@ Test(disk, bounce_budget_refusal_leaves_no_space_held) {
   ofl_disk_close(d);
 }
 
+/* OFL_DISK_BOUNCE_BUDGET caps the store's own bounce pool when the params
+ * leave it to the environment; explicit params win. */
+Test(disk, bounce_budget_from_the_environment) {
+  setenv("OFL_DISK_BOUNCE_BUDGET", "3M", 1);
+  ofl_config_reload();
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 0);
+  cr_assert(eq(sz, p.bounce_budget_bytes, OFL_DISK_FROM_ENV));
+  ofl_disk_t *d = open_with(&p);
+  ofl_disk_extent_t *a = NULL, *b = NULL;
+  cr_assert(eq(int, ofl_disk_extent_create(d, 2 << 20, &a), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_disk_extent_create(d, 2 << 20, &b), OFL_ERR_NO_MEMORY));
+  cr_expect(eq(u64, disk_stats(d).buffer_refusals, 1));
+  ofl_disk_extent_destroy(a);
+  ofl_disk_close(d);
+  /* explicit 0: no cap, whatever the environment says */
+  p.bounce_budget_bytes = 0;
+  d = open_with(&p);
+  cr_assert(eq(int, ofl_disk_extent_create(d, 2 << 20, &a), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_disk_extent_create(d, 2 << 20, &b), OFL_SUCCESS));
+  ofl_disk_extent_destroy(a);
+  ofl_disk_extent_destroy(b);
+  ofl_disk_close(d);
+  /* a bad value is an error naming the variable */
+  setenv("OFL_DISK_BOUNCE_BUDGET", "lots", 1);
+  ofl_config_reload();
+  p.bounce_budget_bytes = OFL_DISK_FROM_ENV;
+  d = NULL;
+  cr_expect(ne(int, ofl_disk_open(&p, &d), OFL_SUCCESS));
+  cr_expect(eq(ptr, d, NULL));
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "OFL_DISK_BOUNCE_BUDGET"), NULL),
+            "%s", ofl_last_error());
+  unsetenv("OFL_DISK_BOUNCE_BUDGET");
+  ofl_config_reload();
+}
+
 Test(disk, bad_arguments_are_errors_with_messages) {
   ofl_disk_t *d = NULL;
   ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 0);
