@@ -692,13 +692,17 @@ ofl_status_t ofl_safetensors_copy_to(const ofl_safetensors_t *st,
   bool same = ofl_tensor_dtype(dst) == e.dtype && ndim == e.ndim;
   for (int d = 0; same && d < ndim; d++)
     same = shape[d] == e.shape[d];
-  if (!same)
+  if (!same) {
+    char a[160], b[160];
+    ofl__shape_str(e.shape, e.ndim, a, sizeof a);
+    ofl__shape_str(shape, ndim, b, sizeof b);
     return ofl__error(OFL_ERR_MISMATCH, OFL_SUBSYS_STAGING,
-                      "safetensors copy_to: tensor '%.128s' is %s with %d "
-                      "dims in the file but the destination is %s with %d "
-                      "dims; restore into a tensor of the saved shape",
-                      name, ofl_safetensors_dtype_name(e.dtype), e.ndim,
-                      ofl_safetensors_dtype_name(ofl_tensor_dtype(dst)), ndim);
+                      "safetensors copy_to: tensor '%.128s' is %s %s in the "
+                      "file but the destination is %s %s; restore into a "
+                      "tensor of the saved dtype and shape",
+                      name, ofl_safetensors_dtype_name(e.dtype), a,
+                      ofl_safetensors_dtype_name(ofl_tensor_dtype(dst)), b);
+  }
   ofl_location_t loc = ofl_tensor_location(dst);
   if (loc != OFL_LOC_DEVICE && loc != OFL_LOC_PINNED)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,

@@ -116,7 +116,17 @@ static void *save_main(void *arg) {
   ofl_staged_release(job->set);
   future_unref(f);
   job_free(job);
-  ofl__stager_unref(s);
+  /* Last: ofl_stager_destroy waits for threads to reach zero, so once it
+   * returns no save thread touches the set, the stager or the device. The
+   * reference is dropped under the lock; only a destroy that timed out
+   * leaves the final free to this thread. */
+  pthread_mutex_lock(&s->lock);
+  s->threads--;
+  bool last = atomic_fetch_sub(&s->refs, 1) == 1;
+  pthread_cond_broadcast(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+  if (last)
+    ofl__stager_free(s);
   return NULL;
 }
 
@@ -233,6 +243,9 @@ ofl_status_t ofl_stager_save(ofl_stager_t *s, ofl_staged_t *set,
   job->stager = s;
   job->set = set;
   job->future = f;
+  pthread_mutex_lock(&s->lock);
+  s->threads++;
+  pthread_mutex_unlock(&s->lock);
   ofl__stager_ref(s);
   ofl__staged_ref(set);
   atomic_fetch_add(&set->saves, 1);
@@ -246,6 +259,9 @@ ofl_status_t ofl_stager_save(ofl_stager_t *s, ofl_staged_t *set,
   if (rc != 0) {
     atomic_fetch_sub(&set->saves, 1);
     ofl_staged_release(set);
+    pthread_mutex_lock(&s->lock);
+    s->threads--;
+    pthread_mutex_unlock(&s->lock);
     give_slot(s);
     ofl__stager_unref(s);
     pthread_cond_destroy(&f->cond);

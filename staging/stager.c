@@ -321,7 +321,7 @@ static bool plan_matches(const ofl_stager_t *s, const ofl_staged_t *c,
   return true;
 }
 
-static void shape_str(const int64_t *shape, int ndim, char *out, size_t cap) {
+void ofl__shape_str(const int64_t *shape, int ndim, char *out, size_t cap) {
   size_t len = (size_t)snprintf(out, cap, "[");
   for (int d = 0; d < ndim && len < cap; d++)
     len += (size_t)snprintf(out + len, cap - len, d ? ",%lld" : "%lld",
@@ -357,8 +357,8 @@ static ofl_status_t type_check(const ofl_stager_t *s, const ofl_staged_t *c,
     if (now->dtype != was->dtype || now->ndim != was->ndim ||
         memcmp(now->shape, was->shape, sizeof now->shape) != 0) {
       char a[160], b[160];
-      shape_str(was->shape, was->ndim, a, sizeof a);
-      shape_str(now->shape, now->ndim, b, sizeof b);
+      ofl__shape_str(was->shape, was->ndim, a, sizeof a);
+      ofl__shape_str(now->shape, now->ndim, b, sizeof b);
       return ofl__error(OFL_ERR_MISMATCH, OFL_SUBSYS_STAGING,
                         "stage: tensor '%.128s' changed from %s %s to %s %s "
                         "since it was cached (type_check); keep shapes and "
@@ -707,8 +707,11 @@ fail:
 void ofl__stager_ref(ofl_stager_t *s) { atomic_fetch_add(&s->refs, 1); }
 
 void ofl__stager_unref(ofl_stager_t *s) {
-  if (atomic_fetch_sub(&s->refs, 1) != 1)
-    return;
+  if (atomic_fetch_sub(&s->refs, 1) == 1)
+    ofl__stager_free(s);
+}
+
+void ofl__stager_free(ofl_stager_t *s) {
   if (s->compute_done != NULL)
     ofl_event_destroy(s->compute_done);
   if (s->own_stream && s->stream != NULL)
@@ -729,9 +732,11 @@ ofl_status_t ofl_stager_destroy(ofl_stager_t *s) {
   ofl__deadline(OFL_TIMEOUT_DEFAULT, &dl);
   pthread_mutex_lock(&s->lock);
   int rc = 0;
-  while (s->inflight > 0 && rc != ETIMEDOUT)
+  /* Every save thread, not only every save: a thread that completed its
+   * future may still be releasing the set (pinned memory of the device). */
+  while (s->threads > 0 && rc != ETIMEDOUT)
     rc = pthread_cond_timedwait(&s->cond, &s->lock, &dl);
-  int left = s->inflight;
+  int left = s->threads;
   pthread_mutex_unlock(&s->lock);
   if (left > 0)
     st = ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_STAGING,

@@ -101,6 +101,7 @@ struct ofl_stager {
   pthread_mutex_t lock;  /* inflight, stats, save bookkeeping */
   pthread_cond_t cond;
   int inflight;
+  int threads;           /* save threads not yet past their last release */
   int max_inflight;
   ofl_stager_stats_t stats;
 };
@@ -111,6 +112,10 @@ ofl_status_t ofl__staged_join(ofl_staged_t *set, int64_t timeout_ms);
 void ofl__staged_ref(ofl_staged_t *set);
 void ofl__stager_ref(ofl_stager_t *s);
 void ofl__stager_unref(ofl_stager_t *s);
+/* Writes shape as "[a,b,c]" into out (cut to cap). */
+void ofl__shape_str(const int64_t *shape, int ndim, char *out, size_t cap);
+/* Frees s; for the holder of its last reference. */
+void ofl__stager_free(ofl_stager_t *s);
 /* Absolute CLOCK_MONOTONIC deadline timeout_ms from now (resolved). */
 void ofl__deadline(int64_t timeout_ms, struct timespec *ts);
 

@@ -754,6 +754,12 @@ Test(stager, saved_checkpoint_restores_into_device_tensors) {
   cr_assert(eq(int, ofl_safetensors_copy_to(rd, names[1], u, c),
                OFL_ERR_MISMATCH));
   cr_assert(not(eq(ptr, strstr(ofl_last_error(), "'layers.0.norm'"), NULL)));
+  cr_assert(not(eq(ptr, strstr(ofl_last_error(), "BF16 [17,5] in the file"),
+                   NULL)),
+            "%s", ofl_last_error());
+  cr_assert(not(eq(ptr, strstr(ofl_last_error(), "destination is BF16 [17,6]"),
+                   NULL)),
+            "%s", ofl_last_error());
   cr_assert(eq(int, ofl_safetensors_copy_to(rd, "nope", u, c),
                OFL_ERR_INVALID_ARG));
   cr_assert(eq(int, ofl_stream_synchronize(c, 10000), OFL_SUCCESS));
