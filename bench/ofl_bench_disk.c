@@ -212,6 +212,8 @@ static void mode_run(ofl_disk_direct_t direct, size_t bounce, int reps,
   ofl_disk_get_stats(d, st);
   st->stalls = (st->stalls - s0.stalls) / (uint64_t)reps;
   st->prefetch_hits = (st->prefetch_hits - s0.prefetch_hits) / (uint64_t)reps;
+  st->keep_hits = (st->keep_hits - s0.keep_hits) / (uint64_t)reps;
+  st->bytes_read = (st->bytes_read - s0.bytes_read) / (uint64_t)reps;
   ofl_disk_close(d);
 }
 
@@ -268,23 +270,31 @@ static size_t compare(int reps, size_t bounce, unsigned char **src,
   mode_run(OFL_DISK_DIRECT_OFF, bounce, reps, src, dst, &tb, &wrong_b, &sb);
   sync();
   double moved = 2.0 * (double)tensor_bytes * count;
-  printf("%-34s %9s %9s %8s %8s %7s\n", "", "time s", "GB/s", "stalls", "hits",
-         "wrong");
-  printf("%-34s %9.3f %9.3f %8llu %8llu %7zu\n",
+  printf("%-34s %9s %9s %8s %8s %8s %9s %7s\n", "", "time s", "GB/s", "stalls",
+         "hits", "kept", "read MiB", "wrong");
+  printf("%-34s %9.3f %9.3f %8llu %8llu %8llu %9.0f %7zu\n",
          sd.direct ? "ofl disk store, O_DIRECT" : "ofl disk store, auto", td,
          gbps(moved, td), (unsigned long long)sd.stalls,
-         (unsigned long long)sd.prefetch_hits, wrong_d);
-  printf("%-34s %9.3f %9.3f %8llu %8llu %7zu\n", "ofl disk store, buffered", tb,
-         gbps(moved, tb), (unsigned long long)sb.stalls,
-         (unsigned long long)sb.prefetch_hits, wrong_b);
-  printf("%-34s %9.3f %9.3f %8s %8s %7zu\n", "file per tensor, write/read", tp,
-         gbps(moved, tp), "-", "-", wrong_p);
+         (unsigned long long)sd.prefetch_hits,
+         (unsigned long long)sd.keep_hits, (double)sd.bytes_read / 1048576.0,
+         wrong_d);
+  printf("%-34s %9.3f %9.3f %8llu %8llu %8llu %9.0f %7zu\n",
+         "ofl disk store, buffered", tb, gbps(moved, tb),
+         (unsigned long long)sb.stalls, (unsigned long long)sb.prefetch_hits,
+         (unsigned long long)sb.keep_hits, (double)sb.bytes_read / 1048576.0,
+         wrong_b);
+  printf("%-34s %9.3f %9.3f %8s %8s %8s %9s %7zu\n",
+         "file per tensor, write/read", tp, gbps(moved, tp), "-", "-", "-", "-",
+         wrong_p);
   printf("%-34s %9.2f   (goal > 1)\n",
          sd.direct ? "speedup O_DIRECT store / per-file"
                    : "speedup auto store / per-file",
          tp / td);
   printf("%-34s %9.2f\n", "speedup buffered store / per-file", tp / tb);
-  printf("# GB/s counts bytes both ways (offload + reload)\n");
+  printf("# GB/s counts bytes both ways (offload + reload); kept: reloads "
+         "served by buffers kept after their write (OFL_DISK_KEEP %zu MiB), "
+         "read MiB: bytes read back per iteration\n",
+         sd.keep_bytes >> 20);
   return wrong_d + wrong_b + wrong_p;
 }
 

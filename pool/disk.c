@@ -356,6 +356,7 @@ ofl_status_t ofl_disk_open(const ofl_disk_params_t *params, ofl_disk_t **out) {
     d->space.file_bytes = want;
   }
 
+  size_t bounce_cap = 0; /* 0: none known */
   if (params->bounce_pool != NULL) {
     if (ofl_pool_kind(params->bounce_pool) != OFL_POOL_PINNED) {
       st = ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DISK,
@@ -374,19 +375,28 @@ ofl_status_t ofl_disk_open(const ofl_disk_params_t *params, ofl_disk_t **out) {
           fail);
     OFL_CHECK_GOTO(ofl_pool_create(d->dev, &pp, &d->pool), st, fail);
     d->own_pool = true;
+    bounce_cap = pp.budget_bytes;
   }
+  size_t keep = params->keep_bytes;
+  if (keep == OFL_DISK_FROM_ENV) {
+    keep = 0; /* an external pool's memory is its owner's to manage */
+    if (d->own_pool)
+      OFL_CHECK_GOTO(ofl__config_size("OFL_DISK_KEEP", &keep), st, fail);
+  }
+  d->keep_cap = bounce_cap != 0 && keep > bounce_cap ? bounce_cap : keep;
   OFL_CHECK_GOTO(start_engine(d, params->engine), st, fail);
 
   d->st.queue_depth = d->queue_depth;
   d->st.file_bytes = d->space.file_bytes;
   d->st.budget_bytes = d->budget;
+  d->st.keep_bytes = d->keep_cap;
   OFL_INFO(OFL_SUBSYS_DISK,
            "rank %d disk store dir %s file %s io %s engine %s queue_depth %d "
-           "block %zu budget %llu checksum %d",
+           "block %zu budget %llu checksum %d keep %zu",
            d->rank, d->dir, how,
            d->direct ? "O_DIRECT" : "buffered (no O_DIRECT here)", d->eng->name,
            d->queue_depth, d->block_bytes, (unsigned long long)d->budget,
-           (int)d->checksum);
+           (int)d->checksum, d->keep_cap);
   *out = d;
   return OFL_SUCCESS;
 fail:
@@ -448,6 +458,7 @@ void ofl_disk_get_stats(const ofl_disk_t *d, ofl_disk_stats_t *out) {
     return;
   lock(d);
   ofl_disk_stats_t s = d->st;
+  s.kept_bytes = d->kept_bytes;
   uint64_t now = ofl__now_ns();
   uint64_t ns[2];
   for (int w = 0; w < 2; w++)
@@ -511,10 +522,93 @@ const char *ofl_disk_dir(const ofl_disk_t *d) {
 /* ---- extents
  * ----------------------------------------------------------------- */
 
+/* ---- kept buffers: written extents whose bytes are still in memory ------- */
+
+/* Lock held: takes e off the keep list; returns its buffer. */
+static ofl_tensor_t *keep_unlink(ofl_disk_t *d, ofl_disk_extent_t *e) {
+  if (e->keep_prev != NULL)
+    e->keep_prev->keep_next = e->keep_next;
+  else
+    d->keep_head = e->keep_next;
+  if (e->keep_next != NULL)
+    e->keep_next->keep_prev = e->keep_prev;
+  else
+    d->keep_tail = e->keep_prev;
+  e->keep_prev = e->keep_next = NULL;
+  d->kept_bytes -= e->span;
+  ofl_tensor_t *t = e->kept;
+  e->kept = NULL;
+  return t;
+}
+
+/* Lock held: gives the oldest kept buffer back to the pool; false when
+ * none is kept. */
+static bool keep_drop_oldest(ofl_disk_t *d) {
+  if (d->keep_head == NULL)
+    return false;
+  ofl_pool_free(d->pool, keep_unlink(d, d->keep_head));
+  d->st.keep_drops++;
+  return true;
+}
+
+/* Lock held: a write of e completed; keeps its buffer when the cap allows
+ * (dropping older ones) and returns NULL, else returns the buffer to free. */
+static ofl_tensor_t *keep_add(ofl_disk_t *d, ofl_disk_extent_t *e,
+                              ofl_tensor_t *t) {
+  if (e->span > d->keep_cap)
+    return t;
+  while (d->kept_bytes + e->span > d->keep_cap)
+    keep_drop_oldest(d);
+  e->kept = t;
+  e->keep_prev = d->keep_tail;
+  e->keep_next = NULL;
+  if (d->keep_tail != NULL)
+    d->keep_tail->keep_next = e;
+  else
+    d->keep_head = e;
+  d->keep_tail = e;
+  d->kept_bytes += e->span;
+  return NULL;
+}
+
+/* Lock held: an ON_DISK extent with a kept buffer becomes RESIDENT without
+ * a read; false when it has none. */
+static bool keep_take(ofl_disk_t *d, ofl_disk_extent_t *e) {
+  if (e->kept == NULL)
+    return false;
+  e->buf = keep_unlink(d, e);
+  e->data = ofl_tensor_data(e->buf);
+  e->state = OFL_DISK_EXTENT_RESIDENT;
+  d->st.keep_hits++;
+  return true;
+}
+
+size_t ofl_disk_drop_kept(ofl_disk_t *d) {
+  if (d == NULL)
+    return 0;
+  lock(d);
+  size_t bytes = d->kept_bytes;
+  while (keep_drop_oldest(d)) {
+  }
+  unlock(d);
+  return bytes;
+}
+
+/* A bounce buffer; when the pool refuses, kept buffers go back to it,
+ * oldest first, until it gives one or none is left. */
 static ofl_status_t buffer_alloc(ofl_disk_t *d, size_t span, ofl_tensor_t **t) {
   int64_t shape[1] = {(int64_t)span};
-  ofl_status_t st =
-      ofl_pool_alloc_dynamic(d->pool, shape, 1, OFL_DTYPE_U8, NULL, t);
+  ofl_status_t st;
+  for (;;) {
+    st = ofl_pool_alloc_dynamic(d->pool, shape, 1, OFL_DTYPE_U8, NULL, t);
+    if (st != OFL_ERR_NO_MEMORY)
+      break;
+    lock(d);
+    bool dropped = keep_drop_oldest(d);
+    unlock(d);
+    if (!dropped)
+      break;
+  }
   if (st != OFL_SUCCESS) {
     lock(d);
     d->st.buffer_refusals++;
@@ -731,6 +825,11 @@ ofl_status_t ofl_disk_extent_wait(ofl_disk_extent_t *e, int64_t timeout_ms) {
 /* Lock not held. Starts a read of an ON_DISK extent into a new buffer. */
 static ofl_status_t start_read(ofl_disk_extent_t *e) {
   ofl_disk_t *d = e->disk;
+  lock(d);
+  bool kept = e->state == OFL_DISK_EXTENT_ON_DISK && keep_take(d, e);
+  unlock(d);
+  if (kept)
+    return OFL_SUCCESS;
   ofl_tensor_t *t = NULL;
   OFL_CHECK(buffer_alloc(d, e->span, &t));
   lock(d);
@@ -793,6 +892,8 @@ ofl_status_t ofl_disk_extent_reload(ofl_disk_extent_t *e, int64_t timeout_ms,
       e->pending = OFL_SUCCESS;
       break;
     }
+    if (s == OFL_DISK_EXTENT_ON_DISK && keep_take(d, e))
+      break;
     stalled = true;
     if (s == OFL_DISK_EXTENT_ON_DISK) {
       unlock(d);
@@ -872,6 +973,8 @@ static void extent_release(ofl_disk_t *d, ofl_disk_extent_t *e,
   d->st.extents--;
   d->st.extent_bytes -= e->span;
   ofl_tensor_t *t = e->buf;
+  if (e->kept != NULL)
+    t = keep_unlink(d, e); /* an ON_DISK extent has no other buffer */
   unlock(d);
   if (t != NULL) {
     ofl_status_t st = after != NULL ? ofl_pool_free_after(d->pool, t, after)
@@ -895,6 +998,7 @@ static ofl_status_t destroy(ofl_disk_extent_t *e, ofl_stream_t *after,
     e->op = DISK_OP_NONE;
     d->ops_inflight--;
     d->st.writes_skipped++;
+    d->st.bytes_skipped += e->bytes;
     pthread_cond_broadcast(&d->done_cv);
   }
   while (e->op != DISK_OP_NONE && wait_until(d, deadline)) {
@@ -956,7 +1060,7 @@ void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
       if (e->keep_buffer) {
         e->state = OFL_DISK_EXTENT_RESIDENT;
       } else { /* the bounce buffer is reused only now */
-        drop = e->buf;
+        drop = keep_add(d, e, e->buf);
         e->buf = NULL;
         e->data = NULL;
         e->state = OFL_DISK_EXTENT_ON_DISK;

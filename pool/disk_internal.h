@@ -103,6 +103,10 @@ struct ofl_disk_extent {
   ofl_status_t last;    /* outcome of the last finished operation */
   ofl_status_t pending; /* read error not yet returned by reload */
   uint32_t crc;
+  /* ON_DISK with the written bytes still in this buffer (keep list, oldest
+   * first); buf and data stay NULL until a reload takes it. */
+  ofl_tensor_t *kept;
+  struct ofl_disk_extent *keep_prev, *keep_next;
   struct ofl_disk_extent *next_queued; /* FIFO of ops with uncarved bytes */
   struct ofl_disk_extent *prev, *next; /* live list */
 };
@@ -143,6 +147,8 @@ struct ofl_disk {
   pthread_cond_t work_cv; /* thread engine: requests are queued */
   disk_space_t space;
   ofl_disk_extent_t *live; /* list of live extents */
+  ofl_disk_extent_t *keep_head, *keep_tail; /* kept buffers, oldest first */
+  size_t keep_cap, kept_bytes;
   /* Operations with requests left to cut, [0] reads and [1] writes. Reads
    * go first: the backward pass waits on them, writes only hold buffers. */
   ofl_disk_extent_t *q_head[2], *q_tail[2];

@@ -89,6 +89,10 @@ static const entry_t table[] = {
     {"OFL_DISK_BOUNCE_BUDGET", "0", K_SIZE, NULL,
      "pinned bytes for the disk tier's bounce buffers (0: no cap); a full "
      "pool makes the tier refuse, and the data stays where it is"},
+    {"OFL_DISK_KEEP", "256M", K_SIZE, NULL,
+     "bounce buffers the disk tier keeps after their write, so that reloads "
+     "of recent extents need no read (capped at OFL_DISK_BOUNCE_BUDGET; 0: "
+     "none)"},
     {"OFL_DISK_QUEUE_DEPTH", "8", K_INT, NULL, "io_uring queue depth"},
     {"OFL_DISK_BLOCK", "4M", K_SIZE, NULL, "disk I/O block size"},
     {"OFL_DISK_PREFETCH", "2", K_INT, NULL,

@@ -822,7 +822,7 @@ int main(int argc, char **argv) {
   MPI_Reduce(&bad, &bad_ranks, 1, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
 
   /* Per-rank figures, printed by rank 0 in rank order. */
-  enum { NF = 19 };
+  enum { NF = 20 };
   const glue_stats_t *os = &off.stats;
   double mine[NF] = {(double)base.peak_bytes,
                      (double)off.peak_bytes,
@@ -842,7 +842,8 @@ int main(int argc, char **argv) {
                      os->disk_write_gbps,
                      os->disk_read_gbps,
                      (double)os->disk_prefetch_hits + (double)os->disk_stalls,
-                     (double)os->disk_faults};
+                     (double)os->disk_faults,
+                     (double)os->disk_keep_hits};
   double *all = rank == 0 ? malloc(sizeof mine * (size_t)pp) : NULL;
   MPI_Gather(mine, NF, MPI_DOUBLE, all, NF, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   int mem_fail = 0;
@@ -864,14 +865,17 @@ int main(int argc, char **argv) {
         mem_fail++;
     }
     if (all[12] > 0) {
-      printf("\ndisk tier (%s):\n%-6s %12s %12s %10s %10s %12s %8s\n",
+      printf("\ndisk tier (%s):\n%-6s %12s %12s %10s %10s %10s %10s %8s\n",
              o.disk_groups, "rank", "written_MiB", "read_MiB", "write_GB/s",
-             "read_GB/s", "reads", "faults");
+             "read_GB/s", "reloads", "from_kept", "faults");
       for (int i = 0; i < pp; i++) {
         double *v = &all[NF * i];
-        printf("%-6d %12.2f %12.2f %10.2f %10.2f %12.0f %8.0f\n", i,
-               v[13] / 1048576, v[14] / 1048576, v[15], v[16], v[17], v[18]);
+        printf("%-6d %12.2f %12.2f %10.2f %10.2f %10.0f %10.0f %8.0f\n", i,
+               v[13] / 1048576, v[14] / 1048576, v[15], v[16], v[17], v[19],
+               v[18]);
       }
+      printf("# from_kept: reloads served by bounce buffers kept after their "
+             "write (OFL_DISK_KEEP), without a read\n");
     }
     double sb = 0, so = 0;
     for (int i = 0; i < pp; i++) {

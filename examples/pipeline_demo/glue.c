@@ -156,6 +156,7 @@ void glue_get_stats(glue_t *g, glue_stats_t *out) {
     out->disk_read_gbps = d.read_gbps;
     out->disk_prefetch_hits = d.prefetch_hits;
     out->disk_stalls = d.stalls;
+    out->disk_keep_hits = d.keep_hits;
     out->disk_faults =
         d.faults_enospc + d.faults_eio + d.faults_short + d.faults_corrupt;
   }

@@ -54,6 +54,7 @@ typedef struct {
   uint64_t disk_written, disk_read;
   double disk_write_gbps, disk_read_gbps;
   uint64_t disk_prefetch_hits, disk_stalls, disk_faults;
+  uint64_t disk_keep_hits; /* reloads served by kept buffers, no read */
 } glue_stats_t;
 void glue_get_stats(glue_t *g, glue_stats_t *out);
 

@@ -14,6 +14,7 @@
  *             D2H copy into ofl_disk_extent_data(e) on the D2H stream
  *             ofl_disk_extent_write_after(e, d2h)        write once the copy
  *                                                        is done; the buffer
+ *                                                        is kept (below) or
  *                                                        returns to the pool
  *                                                        when the write is
  *   prefetch  ofl_disk_extent_prefetch(e)                read into a buffer,
@@ -30,6 +31,13 @@
  * marked degraded (new extents are refused until ofl_disk_clear_degraded).
  * A read that fails, or whose CRC32C does not match (OFL_DISK_CHECKSUM), is
  * an error returned by reload; the buffer is never handed out then.
+ *
+ * Kept buffers (keep_bytes, OFL_DISK_KEEP): after a write the buffer, which
+ * still holds the bytes, is kept up to that many bytes, newest first; a
+ * prefetch or reload of such an extent takes it back without a read (the
+ * backward pass reloads the newest offloads first). Kept buffers go back to
+ * the pool, oldest first, whenever the store needs a buffer the pool
+ * refuses, and all at once with ofl_disk_drop_kept.
  *
  * Reads are issued before queued writes. Destroying an extent whose write
  * has not started drops the write.
@@ -96,12 +104,19 @@ typedef struct ofl_disk_params {
   const char *groups; /* group names on disk (comma list, "*" all);
                          NULL: OFL_DISK_GROUPS */
   int rank;           /* for log lines; -1: unknown */
+  size_t keep_bytes;  /* bounce buffers kept after their write, so that a
+                         reload of a recent extent needs no read; given back
+                         oldest first whenever the store needs a buffer.
+                         OFL_DISK_FROM_ENV: OFL_DISK_KEEP (and 0 with an
+                         external bounce_pool); capped at the bounce
+                         budget; 0: none */
 } ofl_disk_params_t;
 
 #define OFL_DISK_PARAMS_INIT                                                   \
   {                                                                            \
     NULL, NULL, OFL_DISK_FROM_ENV, NULL, OFL_DISK_FROM_ENV, 0, 0, -1, 0, 0,    \
-        -1, -1, OFL_DISK_DIRECT_FROM_ENV, OFL_DISK_ENGINE_AUTO, NULL, -1       \
+        -1, -1, OFL_DISK_DIRECT_FROM_ENV, OFL_DISK_ENGINE_AUTO, NULL, -1,      \
+        OFL_DISK_FROM_ENV                                                      \
   }
 
 typedef enum ofl_disk_extent_state {
@@ -121,6 +136,8 @@ typedef struct ofl_disk_stats {
   uint64_t writes, reads;  /* extent operations completed (ok or not) */
   uint64_t writes_skipped; /* queued writes dropped: the extent was
                               destroyed before its write started */
+  uint64_t bytes_skipped;  /* their payload bytes (written + skipped = all
+                              bytes given to the store) */
   uint64_t requests;       /* I/O requests (blocks) completed */
   int queue_depth;         /* configured */
   int queue_depth_max;     /* requests in flight at once, high-water mark */
@@ -134,6 +151,11 @@ typedef struct ofl_disk_stats {
   uint64_t faults_corrupt;  /* CRC32C mismatches on read */
   uint64_t budget_refusals; /* creates refused by budget_bytes */
   uint64_t buffer_refusals; /* creates/prefetches refused: no bounce buffer */
+  uint64_t keep_hits;       /* reloads/prefetches served by a kept buffer,
+                               without a read */
+  uint64_t keep_drops;      /* kept buffers given back unused */
+  size_t keep_bytes;        /* configured cap */
+  size_t kept_bytes;        /* bytes of kept buffers now */
   size_t file_bytes;        /* current file size */
   size_t budget_bytes;      /* 0: none */
   size_t extent_bytes;      /* file bytes held by live extents (4 KiB units) */
@@ -167,6 +189,9 @@ OFL_API int ofl_disk_group_selected(const ofl_disk_t *disk, const char *group);
 OFL_API int ofl_disk_prefetch_groups(const ofl_disk_t *disk);
 /* The path of the directory that holds the (unnamed) file. */
 OFL_API const char *ofl_disk_dir(const ofl_disk_t *disk);
+/* Gives every kept buffer back to the bounce pool (host memory is needed
+ * elsewhere); their extents stay ON_DISK. Returns the bytes given back. */
+OFL_API size_t ofl_disk_drop_kept(ofl_disk_t *disk);
 
 /* Reserves bytes of file space and a bounce buffer of at least bytes,
  * rounded up to 4 KiB (ofl_disk_extent_capacity). bytes may be any size > 0.
@@ -201,7 +226,8 @@ OFL_API ofl_status_t ofl_disk_extent_wait(ofl_disk_extent_t *e,
                                           int64_t timeout_ms);
 
 /* Starts reading an ON_DISK extent into a new bounce buffer; a write still
- * in flight keeps its buffer instead (no read needed). Does nothing for an
+ * in flight keeps its buffer instead, and a kept buffer is taken back (no
+ * read needed in either case). Does nothing for an
  * extent already in memory or being read. OFL_ERR_NO_MEMORY (quiet) when no
  * buffer is free now: try again later, or let reload read it. */
 OFL_API ofl_status_t ofl_disk_extent_prefetch(ofl_disk_extent_t *e);

@@ -63,6 +63,7 @@ static inline ofl_disk_params_t params_for(ofl_disk_engine_t engine,
   p.queue_depth = 8;
   p.block_bytes = (size_t)1 << 20;
   p.rank = 0;
+  p.keep_bytes = 0; /* reloads read the file; the keep tests set their own */
   return p;
 }
 

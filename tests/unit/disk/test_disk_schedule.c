@@ -141,7 +141,8 @@ Test(disk_schedule, groups_named_for_disk_round_trip_with_prefetch) {
   cr_expect(eq(sz, s.on_disk, 12)); /* 3 of every 7 */
   cr_expect(eq(sz, backward(&s, acts, N), 0));
   ofl_disk_stats_t st = disk_stats(s.d);
-  cr_expect(eq(u64, st.bytes_written, s.on_disk_bytes));
+  /* a write still queued when its reload came is dropped at destroy */
+  cr_expect(eq(u64, st.bytes_written + st.bytes_skipped, s.on_disk_bytes));
   cr_expect(eq(u64, st.reloads, s.on_disk));
   cr_expect(eq(u64, st.prefetch_hits + st.stalls, s.on_disk));
   cr_expect(gt(u64, st.reads, 0));
@@ -170,7 +171,8 @@ Test(disk_schedule, spill_to_disk_when_the_host_budget_is_small) {
   cr_expect(gt(u64, ps.budget_refusals, 0));
   cr_expect(eq(sz, backward(&s, acts, N), 0));
   ofl_disk_stats_t st = disk_stats(s.d);
-  cr_expect(eq(u64, st.bytes_written, s.on_disk_bytes));
+  /* a write still queued when its reload came is dropped at destroy */
+  cr_expect(eq(u64, st.bytes_written + st.bytes_skipped, s.on_disk_bytes));
   cr_expect(eq(u64, st.reloads, s.on_disk));
   sched_close(&s);
 }
