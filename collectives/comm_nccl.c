@@ -25,6 +25,7 @@ typedef struct nccl_impl {
 } nccl_impl_t;
 
 static ofl_status_t cuda_fail(cudaError_t e, const char *what) {
+  (void)cudaGetLastError(); /* ofl reports it; not the application's */
   return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_COLL, "nccl comm: %s: %s", what,
                     cudaGetErrorString(e));
 }
@@ -36,23 +37,40 @@ static ofl_status_t nccl_fail(ncclResult_t r, const char *what) {
                     what, ncclGetErrorString(r));
 }
 
-/* Polls the stream until it is idle or the deadline passes. */
-static ofl_status_t wait_stream(ofl_comm_t *c, nccl_impl_t *m,
-                                const char *what) {
+/* Polls until the work enqueued up to `done` completed or the deadline
+ * passes. With a nonblocking communicator the collective may still be
+ * ncclInProgress (not yet on the stream): the event is recorded only once
+ * NCCL reports ncclSuccess, so an idle stream is never taken for a finished
+ * collective. Only the operation's own event is waited for, not the rest of
+ * the caller's stream (other work may keep it busy). */
+static ofl_status_t wait_done(ofl_comm_t *c, nccl_impl_t *m, cudaEvent_t done,
+                              const char *what) {
   uint64_t deadline = ofl__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
   unsigned round = 0;
+  bool recorded = false;
   for (;;) {
-    cudaError_t e = cudaStreamQuery(m->stream);
-    if (e == cudaSuccess)
-      return OFL_SUCCESS;
-    if (e != cudaErrorNotReady)
-      return cuda_fail(e, what);
+    if (recorded) {
+      cudaError_t e = cudaEventQuery(done);
+      if (e == cudaSuccess)
+        return OFL_SUCCESS;
+      if (e != cudaErrorNotReady)
+        return cuda_fail(e, what);
+      if (cudaPeekAtLastError() == cudaErrorNotReady)
+        (void)cudaGetLastError();
+    }
     ncclResult_t async = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(m->comm, &async);
     if (r != ncclSuccess)
       return nccl_fail(r, "ncclCommGetAsyncError");
     if (async != ncclSuccess && async != ncclInProgress)
       return nccl_fail(async, what);
+    if (!recorded && async == ncclSuccess) {
+      cudaError_t e = cudaEventRecord(done, m->stream);
+      if (e != cudaSuccess)
+        return cuda_fail(e, "recording the completion event");
+      recorded = true;
+      continue;
+    }
     if (ofl__now_ns() >= deadline)
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
                         "nccl comm: %s did not complete within %lld ms on "
@@ -73,28 +91,50 @@ static ofl_status_t allgather_bytes(ofl_comm_t *c, nccl_impl_t *m,
   cudaError_t e = cudaMalloc((void **)&dev, total);
   if (e != cudaSuccess)
     return cuda_fail(e, "cudaMalloc of the gather buffer");
+  cudaEvent_t done = NULL;
+  e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    cudaFree(dev);
+    return cuda_fail(e, "cudaEventCreateWithFlags");
+  }
   unsigned char *own = dev + count * (size_t)c->rank;
   e = cudaMemcpyAsync(own, host + count * (size_t)c->rank, count,
                       cudaMemcpyHostToDevice, m->stream);
   if (e != cudaSuccess) {
+    cudaEventDestroy(done);
     cudaFree(dev);
     return cuda_fail(e, "copying the table to the device");
   }
   ncclResult_t r =
       ncclAllGather(own, dev, count, ncclUint8, m->comm, m->stream);
-  if (r != ncclSuccess) {
+  /* A nonblocking communicator answers ncclInProgress: the collective is
+   * being enqueued; wait_done polls ncclCommGetAsyncError until it is. */
+  if (r != ncclSuccess && r != ncclInProgress) {
     c->broken = true;
-    return nccl_fail(r, "ncclAllGather");
+    cudaEventDestroy(done);
+    return nccl_fail(r, "ncclAllGather"); /* dev: the H2D copy may be queued */
   }
-  ofl_status_t st = wait_stream(c, m, what);
+  ofl_status_t st = wait_done(c, m, done, what);
   if (st != OFL_SUCCESS) {
     c->broken = true;
+    cudaEventDestroy(done);
     return st; /* dev stays allocated: see the top of the file */
   }
-  e = cudaMemcpy(host, dev, total, cudaMemcpyDeviceToHost);
-  cudaFree(dev);
-  if (e != cudaSuccess)
+  /* Stream-ordered and polled: cudaMemcpy would run on the legacy default
+   * stream and wait, without a deadline, for every blocking stream. */
+  e = cudaMemcpyAsync(host, dev, total, cudaMemcpyDeviceToHost, m->stream);
+  if (e != cudaSuccess) {
+    cudaEventDestroy(done);
+    c->broken = true;
     return cuda_fail(e, "copying the gathered tables to the host");
+  }
+  st = wait_done(c, m, done, what); /* records done after the copy */
+  cudaEventDestroy(done);
+  if (st != OFL_SUCCESS) {
+    c->broken = true;
+    return st;
+  }
+  cudaFree(dev);
   return OFL_SUCCESS;
 }
 

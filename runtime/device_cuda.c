@@ -15,13 +15,28 @@
 
 #include "runtime/device_internal.h"
 
+/* A failed runtime call also sets the calling thread's last error, which the
+ * application's own cudaGetLastError checks would report at an unrelated
+ * launch: ofl reports the error itself, so it clears it (sticky errors stay,
+ * as cudaGetLastError cannot clear them). */
 #define CUDA_TRY(call, what)                                                   \
   do {                                                                         \
     cudaError_t ofl__ce = (call);                                              \
-    if (ofl__ce != cudaSuccess)                                                \
+    if (ofl__ce != cudaSuccess) {                                              \
+      (void)cudaGetLastError();                                                \
       return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE, "%s: %s (%s)", what,  \
                         cudaGetErrorString(ofl__ce), #call);                   \
+    }                                                                          \
   } while (0)
+
+/* cudaErrorNotReady from a query is an answer, not an error, but the runtime
+ * records it as the thread's last error: clear it, or the application's next
+ * cudaGetLastError() (PyTorch's launch check) fails with "device not ready".
+ * Only a NotReady is cleared, never an error the application has not read. */
+static void clear_not_ready(void) {
+  if (cudaPeekAtLastError() == cudaErrorNotReady)
+    (void)cudaGetLastError();
+}
 
 typedef struct {
   size_t bytes;
@@ -60,19 +75,59 @@ static ofl_status_t cuda_open(ofl_device_t *dev) {
   return OFL_SUCCESS;
 }
 
-static void cuda_close(ofl_device_t *dev) { (void)dev; }
-
 /* Sizes of live device allocations, for the statistics and to reject
- * foreign or double frees before they reach cudaFree. */
+ * foreign or double frees before they reach cudaFree; each tagged with its
+ * device, whose close releases what is left. */
 typedef struct size_node {
   void *ptr;
   size_t bytes;
+  const ofl_device_t *dev;
   struct size_node *next;
 } size_node_t;
 
 #define SIZE_BUCKETS 1024
 static pthread_mutex_t sizes_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_node_t *sizes[SIZE_BUCKETS];
+
+/* Device close (the streams are drained): blocks still allocated on this
+ * device are released, as on the host backend. */
+static void cuda_close(ofl_device_t *dev) {
+  size_node_t *left = NULL;
+  pthread_mutex_lock(&sizes_lock);
+  for (size_t b = 0; b < SIZE_BUCKETS; b++) {
+    size_node_t **pp = &sizes[b];
+    while (*pp != NULL) {
+      size_node_t *n = *pp;
+      if (n->dev == dev) {
+        *pp = n->next;
+        n->next = left;
+        left = n;
+      } else {
+        pp = &n->next;
+      }
+    }
+  }
+  pthread_mutex_unlock(&sizes_lock);
+  if (left == NULL)
+    return;
+  bool selected = cudaSetDevice(dev->cfg.device_index) == cudaSuccess;
+  size_t n = 0, bytes = 0;
+  while (left != NULL) {
+    size_node_t *next = left->next;
+    if (selected && cudaFree(left->ptr) != cudaSuccess)
+      (void)cudaGetLastError();
+    n++;
+    bytes += left->bytes;
+    free(left);
+    left = next;
+  }
+  if (!selected)
+    (void)cudaGetLastError();
+  OFL_INFO(OFL_SUBSYS_DEVICE,
+           "device close: %zu block(s) of %zu bytes still allocated; "
+           "released now",
+           n, bytes);
+}
 
 static size_t bucket(const void *p) {
   return (size_t)(((uintptr_t)p >> 8) * 11400714819323198485ull >> 54) %
@@ -100,6 +155,7 @@ static ofl_status_t cuda_device_malloc(ofl_device_t *dev, size_t bytes,
   }
   node->ptr = p;
   node->bytes = bytes;
+  node->dev = dev;
   pthread_mutex_lock(&sizes_lock);
   node->next = sizes[bucket(p)];
   sizes[bucket(p)] = node;
@@ -126,6 +182,7 @@ static ofl_status_t cuda_device_free(ofl_device_t *dev, void *ptr,
                       ptr);
   cudaError_t ce = cudaFree(ptr);
   if (ce != cudaSuccess) {
+    (void)cudaGetLastError();
     /* Nothing changed: the block stays known (a failed call has no side
      * effects). */
     pthread_mutex_lock(&sizes_lock);
@@ -159,6 +216,7 @@ static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
   ((pinned_hdr_t *)mem)->bytes = bytes;
   cudaError_t ce = cudaHostRegister(user, bytes, cudaHostRegisterDefault);
   if (ce != cudaSuccess) {
+    (void)cudaGetLastError();
     free(mem);
     return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE,
                       "cudaHostRegister of %zu bytes failed: %s; check the "
@@ -171,7 +229,7 @@ static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
 
 static ofl_status_t cuda_pinned_free(ofl_device_t *dev, void *ptr,
                                      size_t *bytes) {
-  (void)dev;
+  OFL_CHECK(use_device(dev));
   long page = sysconf(_SC_PAGESIZE);
   size_t pg = page > 0 ? (size_t)page : 4096;
   char *mem = (char *)ptr - pg;
@@ -183,9 +241,12 @@ static ofl_status_t cuda_pinned_free(ofl_device_t *dev, void *ptr,
 }
 
 /* The compute stream is the legacy default stream (NULL), which names the
- * calling thread's current device: select ours before using it. */
+ * calling thread's current device: select ours before using it. Other
+ * streams need it too: on a thread without a current device (a save or disk
+ * thread, a thread of the application) any runtime call initialises device
+ * 0's primary context, an extra context on GPU 0 per process. */
 static ofl_status_t use_stream(const ofl_stream_t *s) {
-  return s->impl == NULL ? use_device(s->dev) : OFL_SUCCESS;
+  return use_device(s->dev);
 }
 
 static ofl_status_t cuda_stream_create(ofl_stream_t *s) {
@@ -210,9 +271,12 @@ static ofl_status_t poll_until(cudaError_t (*query)(void *), void *h,
     cudaError_t ce = query(h);
     if (ce == cudaSuccess)
       return OFL_SUCCESS;
-    if (ce != cudaErrorNotReady)
+    if (ce != cudaErrorNotReady) {
+      (void)cudaGetLastError();
       return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE, "%s: %s", what,
                         cudaGetErrorString(ce));
+    }
+    clear_not_ready();
     if (ofl__now_ns() >= deadline)
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
                         "%s: not complete after %lld ms", what,
@@ -238,18 +302,22 @@ static ofl_status_t cuda_stream_synchronize(ofl_stream_t *s,
 }
 
 static ofl_status_t cuda_stream_destroy(ofl_stream_t *s) {
-  if (s->impl == NULL)
-    return OFL_SUCCESS;
+  /* The compute stream (legacy default) is not destroyed, but it is drained
+   * like the others: device close promises that no work is left in flight
+   * (on the host backend the compute stream never has any). */
   ofl_status_t st = cuda_stream_synchronize(s, ofl__timeout_ms(-1));
-  cudaStreamDestroy((cudaStream_t)s->impl);
+  if (s->impl != NULL)
+    cudaStreamDestroy((cudaStream_t)s->impl);
   return st;
 }
 
 static ofl_status_t cuda_stream_query(ofl_stream_t *s) {
   OFL_CHECK(use_stream(s));
   cudaError_t ce = cudaStreamQuery((cudaStream_t)s->impl);
-  if (ce == cudaErrorNotReady)
+  if (ce == cudaErrorNotReady) {
+    clear_not_ready();
     return OFL_ERR_NOT_READY;
+  }
   CUDA_TRY(ce, "stream query");
   return OFL_SUCCESS;
 }
@@ -264,7 +332,8 @@ static ofl_status_t cuda_event_create(ofl_event_t *e) {
 }
 
 static void cuda_event_destroy(ofl_event_t *e) {
-  cudaEventDestroy((cudaEvent_t)e->impl);
+  if (use_device(e->dev) == OFL_SUCCESS)
+    cudaEventDestroy((cudaEvent_t)e->impl);
 }
 
 static ofl_status_t cuda_event_record(ofl_event_t *e, ofl_stream_t *s) {
@@ -275,14 +344,18 @@ static ofl_status_t cuda_event_record(ofl_event_t *e, ofl_stream_t *s) {
 }
 
 static ofl_status_t cuda_event_query(ofl_event_t *e) {
+  OFL_CHECK(use_device(e->dev));
   cudaError_t ce = cudaEventQuery((cudaEvent_t)e->impl);
-  if (ce == cudaErrorNotReady)
+  if (ce == cudaErrorNotReady) {
+    clear_not_ready();
     return OFL_ERR_NOT_READY;
+  }
   CUDA_TRY(ce, "event query");
   return OFL_SUCCESS;
 }
 
 static ofl_status_t cuda_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
+  OFL_CHECK(use_device(e->dev));
   return poll_until(query_event, e->impl, timeout_ms, "event synchronize");
 }
 
