@@ -38,9 +38,6 @@ static void clear_not_ready(void) {
     (void)cudaGetLastError();
 }
 
-typedef struct {
-  size_t bytes;
-} pinned_hdr_t;
 
 ofl_status_t ofl__cuda_probe(int device_index, char *why, size_t cap) {
   int n = 0;
@@ -82,12 +79,21 @@ typedef struct size_node {
   void *ptr;
   size_t bytes;
   const ofl_device_t *dev;
+  bool pinned; /* pinned host memory (ptr is the registered range) */
   struct size_node *next;
 } size_node_t;
 
 #define SIZE_BUCKETS 1024
 static pthread_mutex_t sizes_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_node_t *sizes[SIZE_BUCKETS];
+
+static size_t page_bytes(void) {
+  long page = sysconf(_SC_PAGESIZE);
+  return page > 0 ? (size_t)page : 4096;
+}
+
+/* Pinned blocks have a page in front of the registered range (alignment). */
+static void *pinned_base(void *user) { return (char *)user - page_bytes(); }
 
 /* Device close (the streams are drained): blocks still allocated on this
  * device are released, as on the host backend. */
@@ -114,8 +120,13 @@ static void cuda_close(ofl_device_t *dev) {
   size_t n = 0, bytes = 0;
   while (left != NULL) {
     size_node_t *next = left->next;
-    if (selected && cudaFree(left->ptr) != cudaSuccess)
+    if (left->pinned) {
+      if (cudaHostUnregister(left->ptr) != cudaSuccess)
+        (void)cudaGetLastError();
+      free(pinned_base(left->ptr));
+    } else if (selected && cudaFree(left->ptr) != cudaSuccess) {
       (void)cudaGetLastError();
+    }
     n++;
     bytes += left->bytes;
     free(left);
@@ -132,6 +143,27 @@ static void cuda_close(ofl_device_t *dev) {
 static size_t bucket(const void *p) {
   return (size_t)(((uintptr_t)p >> 8) * 11400714819323198485ull >> 54) %
          SIZE_BUCKETS;
+}
+
+static void node_add(size_node_t *node) {
+  pthread_mutex_lock(&sizes_lock);
+  node->next = sizes[bucket(node->ptr)];
+  sizes[bucket(node->ptr)] = node;
+  pthread_mutex_unlock(&sizes_lock);
+}
+
+/* Takes the record of ptr if it is a live block of that kind; NULL for a
+ * foreign pointer or a second free (nothing is touched then). */
+static size_node_t *node_take(const void *ptr, bool pinned) {
+  pthread_mutex_lock(&sizes_lock);
+  size_node_t **pp = &sizes[bucket(ptr)];
+  while (*pp != NULL && ((*pp)->ptr != ptr || (*pp)->pinned != pinned))
+    pp = &(*pp)->next;
+  size_node_t *node = *pp;
+  if (node != NULL)
+    *pp = node->next;
+  pthread_mutex_unlock(&sizes_lock);
+  return node;
 }
 
 static ofl_status_t cuda_device_malloc(ofl_device_t *dev, size_t bytes,
@@ -156,10 +188,8 @@ static ofl_status_t cuda_device_malloc(ofl_device_t *dev, size_t bytes,
   node->ptr = p;
   node->bytes = bytes;
   node->dev = dev;
-  pthread_mutex_lock(&sizes_lock);
-  node->next = sizes[bucket(p)];
-  sizes[bucket(p)] = node;
-  pthread_mutex_unlock(&sizes_lock);
+  node->pinned = false;
+  node_add(node);
   *out = p;
   return OFL_SUCCESS;
 }
@@ -167,14 +197,7 @@ static ofl_status_t cuda_device_malloc(ofl_device_t *dev, size_t bytes,
 static ofl_status_t cuda_device_free(ofl_device_t *dev, void *ptr,
                                      size_t *bytes) {
   OFL_CHECK(use_device(dev));
-  pthread_mutex_lock(&sizes_lock);
-  size_node_t **pp = &sizes[bucket(ptr)];
-  while (*pp != NULL && (*pp)->ptr != ptr)
-    pp = &(*pp)->next;
-  size_node_t *node = *pp;
-  if (node != NULL)
-    *pp = node->next;
-  pthread_mutex_unlock(&sizes_lock);
+  size_node_t *node = node_take(ptr, false);
   if (node == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
                       "%p is not a device block of ofl (freed twice or "
@@ -185,10 +208,7 @@ static ofl_status_t cuda_device_free(ofl_device_t *dev, void *ptr,
     (void)cudaGetLastError();
     /* Nothing changed: the block stays known (a failed call has no side
      * effects). */
-    pthread_mutex_lock(&sizes_lock);
-    node->next = sizes[bucket(ptr)];
-    sizes[bucket(ptr)] = node;
-    pthread_mutex_unlock(&sizes_lock);
+    node_add(node);
     return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE,
                       "cudaFree of %p failed: %s; the block is kept", ptr,
                       cudaGetErrorString(ce));
@@ -199,30 +219,35 @@ static ofl_status_t cuda_device_free(ofl_device_t *dev, void *ptr,
 }
 
 /* Pinned memory: page-aligned malloc, touch every page, register the exact
- * size (faster to set up than cudaHostAlloc and sized exactly). A header page
- * in front keeps the size for free. */
+ * size (faster to set up than cudaHostAlloc and sized exactly). The block is
+ * recorded like a device block, so that a foreign or second free is refused
+ * before anything is touched. */
 static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
                                        void **out) {
   OFL_CHECK(use_device(dev));
-  long page = sysconf(_SC_PAGESIZE);
-  size_t pg = page > 0 ? (size_t)page : 4096;
+  size_t pg = page_bytes();
+  size_node_t *node = malloc(sizeof *node);
   void *mem = NULL;
-  if (posix_memalign(&mem, pg, bytes + pg) != 0)
+  if (node == NULL || posix_memalign(&mem, pg, bytes + pg) != 0) {
+    free(node);
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                       "cannot allocate %zu bytes of host memory to pin", bytes);
+  }
   char *user = (char *)mem + pg;
   for (size_t off = 0; off < bytes; off += pg)
     user[off] = 0;
-  ((pinned_hdr_t *)mem)->bytes = bytes;
   cudaError_t ce = cudaHostRegister(user, bytes, cudaHostRegisterDefault);
   if (ce != cudaSuccess) {
     (void)cudaGetLastError();
+    free(node);
     free(mem);
     return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE,
                       "cudaHostRegister of %zu bytes failed: %s; check the "
                       "locked-memory limit (ulimit -l)",
                       bytes, cudaGetErrorString(ce));
   }
+  *node = (size_node_t){.ptr = user, .bytes = bytes, .dev = dev, .pinned = true};
+  node_add(node);
   *out = user;
   return OFL_SUCCESS;
 }
@@ -230,13 +255,23 @@ static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
 static ofl_status_t cuda_pinned_free(ofl_device_t *dev, void *ptr,
                                      size_t *bytes) {
   OFL_CHECK(use_device(dev));
-  long page = sysconf(_SC_PAGESIZE);
-  size_t pg = page > 0 ? (size_t)page : 4096;
-  char *mem = (char *)ptr - pg;
-  CUDA_TRY(cudaHostUnregister(ptr), "cudaHostUnregister failed (not pinned "
-                                    "by ofl, or freed twice)");
-  *bytes = ((pinned_hdr_t *)mem)->bytes;
-  free(mem);
+  size_node_t *node = node_take(ptr, true);
+  if (node == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "%p is not pinned memory of ofl (freed twice or "
+                      "foreign)",
+                      ptr);
+  cudaError_t ce = cudaHostUnregister(ptr);
+  if (ce != cudaSuccess) {
+    (void)cudaGetLastError();
+    node_add(node); /* kept, as for cudaFree */
+    return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE,
+                      "cudaHostUnregister of %p failed: %s; the block is kept",
+                      ptr, cudaGetErrorString(ce));
+  }
+  *bytes = node->bytes;
+  free(node);
+  free(pinned_base(ptr));
   return OFL_SUCCESS;
 }
 
