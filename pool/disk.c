@@ -729,13 +729,12 @@ static ofl_status_t begin_write(ofl_disk_extent_t *e, const char *who) {
   return OFL_SUCCESS;
 }
 
-/* The checksum is taken where the write is queued, once the buffer holds
- * the data (after the D2H copy for write_after). */
+/* Queues the write once the buffer holds the data (after the D2H copy for
+ * write_after, where this runs as the stream's host function: it stays
+ * short, the checksum is taken by the engine when the write completes). */
 static void submit_write(ofl_disk_extent_t *e) {
   ofl_disk_t *d = e->disk;
-  uint32_t crc = d->checksum ? ofl__crc32c(0, e->data, e->bytes) : 0;
   lock(d);
-  e->crc = crc;
   queue_op(d, e);
   unlock(d);
 }
@@ -1040,6 +1039,11 @@ void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
     st = OFL_ERR_IO;
   else if (!write && d->checksum && ofl__crc32c(0, e->data, e->bytes) != e->crc)
     st = OFL_ERR_CORRUPT;
+  /* The buffer holds what was written and nobody writes into it while the
+   * extent is WRITING: its checksum is that of the bytes on disk. */
+  uint32_t crc = write && st == OFL_SUCCESS && d->checksum
+                     ? ofl__crc32c(0, e->data, e->bytes)
+                     : e->crc;
   size_t bytes = e->bytes;
   unsigned long long off = e->off;
   ofl_tensor_t *drop = NULL;
@@ -1056,6 +1060,7 @@ void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
   if (write) {
     d->st.writes++;
     if (st == OFL_SUCCESS) {
+      e->crc = crc;
       d->st.bytes_written += bytes;
       if (e->keep_buffer) {
         e->state = OFL_DISK_EXTENT_RESIDENT;
