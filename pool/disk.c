@@ -972,8 +972,10 @@ static void extent_release(ofl_disk_t *d, ofl_disk_extent_t *e,
   d->st.extents--;
   d->st.extent_bytes -= e->span;
   ofl_tensor_t *t = e->buf;
-  if (e->kept != NULL)
+  if (e->kept != NULL) {
     t = keep_unlink(d, e); /* an ON_DISK extent has no other buffer */
+    d->st.keep_drops++;    /* given back unused */
+  }
   unlock(d);
   if (t != NULL) {
     ofl_status_t st = after != NULL ? ofl_pool_free_after(d->pool, t, after)

@@ -136,8 +136,9 @@ typedef struct ofl_disk_stats {
   uint64_t writes, reads;  /* extent operations completed (ok or not) */
   uint64_t writes_skipped; /* queued writes dropped: the extent was
                               destroyed before its write started */
-  uint64_t bytes_skipped;  /* their payload bytes (written + skipped = all
-                              bytes given to the store) */
+  uint64_t bytes_skipped;  /* their payload bytes (written + skipped +
+                              those of failed writes = all bytes given to
+                              the store) */
   uint64_t requests;       /* I/O requests (blocks) completed */
   int queue_depth;         /* configured */
   int queue_depth_max;     /* requests in flight at once, high-water mark */
@@ -153,7 +154,8 @@ typedef struct ofl_disk_stats {
   uint64_t buffer_refusals; /* creates/prefetches refused: no bounce buffer */
   uint64_t keep_hits;       /* reloads/prefetches served by a kept buffer,
                                without a read */
-  uint64_t keep_drops;      /* kept buffers given back unused */
+  uint64_t keep_drops;      /* kept buffers given back unused (also at
+                               destroy and close) */
   size_t keep_bytes;        /* configured cap */
   size_t kept_bytes;        /* bytes of kept buffers now */
   size_t file_bytes;        /* current file size */
