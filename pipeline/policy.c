@@ -63,10 +63,12 @@ static void keep_rank_delta(ofl_manager_t *m) {
     chunk_t *c = m->bwd[i];
     for (uint32_t j = 0; j < c->ngroups && keep > 0; j++) {
       group_t *g = c->groups[j];
-      if (!g->policy_offload || g->warm_bytes == 0 || g->warm_bytes > keep)
+      if (!g->policy_offload || g->warm_bytes == 0)
         continue;
+      /* As the reference: a group is kept while any budget is left, so the
+       * last one may go past it (a budget below one group keeps one). */
       g->policy_offload = false;
-      keep -= g->warm_bytes;
+      keep = g->warm_bytes >= keep ? 0 : keep - g->warm_bytes;
       OFL__PLOG(OFL_LOG_INFO, m, c, ofl__gname(m, g),
                 "stays on the device (pp rank delta, %llu bytes)",
                 (unsigned long long)g->warm_bytes);

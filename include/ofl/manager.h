@@ -111,7 +111,10 @@ typedef struct ofl_manager_params {
   double fraction;            /* of groups of each chunk kept offloaded after
                                  warmup, in [0, 1]; <0: OFL_OFFLOAD_FRACTION */
   int64_t rank_delta_bytes;   /* bytes kept on the device per pipeline rank
-                                 (pp_rank x delta); <0: OFL_RANK_DELTA_BYTES */
+                                 (pp_rank x delta; groups are kept in
+                                 backward order while any of it is left, so
+                                 the last may go past it, as in the
+                                 reference); <0: OFL_RANK_DELTA_BYTES */
   int max_inflight;           /* offloads in flight per group name before
                                  compute waits; 0 unlimited; <0: env */
   int64_t host_budget_bytes;  /* pinned pool budget; 0 unlimited; <0: env */

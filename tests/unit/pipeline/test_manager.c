@@ -110,6 +110,11 @@ Test(pipeline_manager, fraction_keeps_the_latest_groups_on_the_device) {
 Test(pipeline_manager, rank_delta_keeps_pp_rank_times_delta_bytes) {
   policy_run(1.0, 2, (int64_t)(16 * KIB), 1, 16 * KIB); /* 2 groups kept */
   policy_run(1.0, 0, (int64_t)(16 * KIB), 3, 3 * 16 * KIB);
+  /* Groups are kept while budget is left, the last going past it, as in
+   * the reference: 20 KiB keeps two 16 KiB groups (20 -> 4 -> 0), 8 KiB
+   * keeps one. */
+  policy_run(1.0, 1, (int64_t)(20 * KIB), 1, 16 * KIB);
+  policy_run(1.0, 1, (int64_t)(8 * KIB), 2, 2 * 16 * KIB);
 }
 
 Test(pipeline_manager, max_inflight_makes_compute_wait_for_the_oldest) {
