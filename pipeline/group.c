@@ -124,6 +124,7 @@ static ofl_status_t hold(ofl_manager_t *m, ofl_tensor_t *t, ofl_tag_t *tag) {
   m->held[m->nheld] = t;
   *tag = TAG_HELD | TAG_GEN(m) | (uint64_t)(m->nheld + 1);
   m->nheld++;
+  t->owner = m;
   return OFL_SUCCESS;
 }
 
@@ -134,6 +135,20 @@ ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
                       "ofl_manager_tensor_push: manager, tensor and tag must "
                       "not be NULL");
   group_t *g = m->nopen > 0 ? m->open[m->nopen - 1].g : NULL;
+  if (t->owner != NULL) { /* held, or in this group or an earlier one */
+    const char *whose = t->owner == m ? "this" : "another";
+    if (g != NULL)
+      return OFL__PERR(OFL_ERR_INVALID_ARG, m, g->chunk, ofl__gname(m, g),
+                       "tensor %p pushed twice: %s manager owns it from its "
+                       "first push until its pop; push an alias "
+                       "(ofl_tensor_alias) to save it under a second tag",
+                       (void *)t, whose);
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "rank %d: tensor %p pushed twice: %s manager owns it "
+                      "from its first push until its pop; push an alias "
+                      "(ofl_tensor_alias) to save it under a second tag",
+                      m->rank, (void *)t, whose);
+  }
   if (!ofl__manager_active(m) || g == NULL)
     return hold(m, t, tag);
   if (!ofl_tensor_has_storage(t))
@@ -142,13 +157,6 @@ ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
   if (g->n >= 0xffffu)
     return OFL__PERR(OFL_ERR_INVALID_USAGE, m, g->chunk, ofl__gname(m, g),
                      "more than %u tensors pushed in one group", 0xffffu);
-  for (uint32_t i = 0; i < g->n; i++)
-    if (g->entries[i].t == t)
-      return OFL__PERR(OFL_ERR_INVALID_ARG, m, g->chunk, ofl__gname(m, g),
-                       "tensor %p pushed twice in this group (the manager "
-                       "owns it from the first push); push an alias "
-                       "(ofl_tensor_alias) to save it under a second tag",
-                       (void *)t);
   OFL_CHECK(
       ofl__grow((void **)&g->entries, &g->cap, g->n + 1, sizeof *g->entries));
   entry_t *e = &g->entries[g->n];
@@ -158,6 +166,7 @@ ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
   e->state = E_HELD;
   *tag = tag_make(m, g->chunk->index, g->index, g->n);
   g->n++;
+  t->owner = m;
   return OFL_SUCCESS;
 }
 
@@ -849,6 +858,7 @@ static ofl_status_t pop_held(ofl_manager_t *m, ofl_tag_t tag,
                       m->rank, (unsigned long long)tag);
   *out = m->held[slot - 1];
   m->held[slot - 1] = NULL;
+  (*out)->owner = NULL;
   return OFL_SUCCESS;
 }
 
@@ -902,6 +912,7 @@ ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
   *out = e->t;
   e->t = NULL;
   e->state = E_POPPED;
+  (*out)->owner = NULL;
   return OFL_SUCCESS;
 }
 

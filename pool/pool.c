@@ -340,6 +340,7 @@ static void handle_reset(ofl_tensor_t *t, ofl_pool_t *home) {
   t->flags = 0;
   t->loc = OFL_LOC_NONE;
   t->home = home;
+  t->owner = NULL;
   t->cache_next = NULL;
   t->state = OFL__TENSOR_LIVE;
 }
@@ -349,6 +350,7 @@ static void handle_cache_push(ofl_pool_t *p, ofl_tensor_t *t) {
   t->state = OFL__TENSOR_DEAD;
   t->st = NULL;
   t->data = NULL;
+  t->owner = NULL;
   t->loc = OFL_LOC_NONE;
   t->cache_next = p->handle_cache;
   p->handle_cache = t;

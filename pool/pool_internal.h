@@ -50,6 +50,9 @@ struct ofl_tensor {
   /* The pool whose handle cache this handle returns to when it ends; NULL
    * for a handle from malloc (create, wrap, view). */
   ofl_pool_t *home;
+  /* The offload manager that owns the handle between its push and its pop
+   * (pipeline/); NULL otherwise. */
+  const void *owner;
   ofl_tensor_t *cache_next; /* home's cache of ended handles */
   ofl_tensor_t *all_next;   /* every handle home ever made */
 };

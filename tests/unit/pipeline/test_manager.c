@@ -637,6 +637,49 @@ Test(pipeline_manager, same_handle_pushed_twice_is_an_error) {
   h_close(&e);
 }
 
+/* The manager owns a handle from its push to its pop, whether held outside
+ * a group or in any group: a second push is refused wherever the first one
+ * was, and the first tag still pops the right bytes. */
+Test(pipeline_manager, a_handle_owned_by_the_manager_is_not_pushed_again) {
+  h_env_t e;
+  h_open(&e, 0, 21);
+  ofl_tensor_t *x = h_tensor(&e, 8 * KIB, 7);
+  ofl_tensor_t *y = h_tensor(&e, 8 * KIB, 8);
+  ofl_tag_t th, tg, t2 = OFL_TAG_INVALID;
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_tensor_push(e.m, x, &th)); /* held: no group open */
+  cr_assert(eq(int, ofl_manager_tensor_push(e.m, x, &t2), OFL_ERR_INVALID_ARG));
+  cr_assert(has("pushed twice"), "%s", ofl_last_error());
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  cr_assert(eq(int, ofl_manager_tensor_push(e.m, x, &t2), OFL_ERR_INVALID_ARG));
+  cr_assert(has("group core_attn") && has("pushed twice"), "%s",
+            ofl_last_error());
+  cr_assert(eq(u64, t2, OFL_TAG_INVALID));
+  H_OK(ofl_manager_tensor_push(e.m, y, &tg));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  /* y sits in a committed group: not pushable into the next one */
+  H_OK(ofl_manager_group_start(e.m, "expert_fc1"));
+  cr_assert(eq(int, ofl_manager_tensor_push(e.m, y, &t2), OFL_ERR_INVALID_ARG));
+  H_OK(ofl_manager_group_commit(e.m, "expert_fc1", NULL, 0, 0));
+  /* the held tensor kept its storage and bytes */
+  ofl_tensor_t *a = NULL;
+  H_OK(ofl_manager_tensor_pop(e.m, th, &a));
+  cr_assert(eq(ptr, a, x));
+  cr_assert(ofl_tensor_has_storage(a));
+  cr_assert(eq(sz, drv_wrong(ofl_tensor_data(a), 8 * KIB, 7), 0));
+  /* popped, it may be pushed again */
+  H_OK(ofl_manager_tensor_push(e.m, a, &th));
+  H_OK(ofl_manager_tensor_pop(e.m, th, &a));
+  H_OK(ofl_manager_group_backward_begin(e.m, "expert_fc1"));
+  H_OK(ofl_manager_group_backward_end(e.m, "expert_fc1"));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  cr_assert(eq(sz, h_pop_check(&e, tg, 8 * KIB, 8), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_reset(e.m));
+  ofl_tensor_destroy(a);
+  h_close(&e);
+}
+
 Test(pipeline_manager, tensors_not_on_the_device_and_small_ones_stay) {
   h_env_t e;
   h_open_dev(&e, 0, 22);
