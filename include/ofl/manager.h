@@ -121,7 +121,9 @@ typedef struct ofl_manager_params {
   int pp_rank;                /* pipeline rank of this process */
   int rank;                   /* rank written in log lines; <0: the log rank */
   ofl_comm_t *comm;           /* summary gather at the end of warmup (every
-                                 rank of it resets); NULL: this rank only */
+                                 rank of it resets; a rank with offload off
+                                 joins at its first reset with an empty
+                                 row); NULL: this rank only */
   const char *dynamic_groups; /* names whose shapes change per microbatch
                                  (byte-keyed pool blocks); NULL:
                                  "expert_fc1,moe_act,fused_group_mlp" */
