@@ -296,6 +296,9 @@ static ofl_status_t offload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
                                     bool *done) {
   const char *src = (const char *)l->t->st->base + l->lo;
   *done = false;
+  if (m->fail_offload_after >= 0 && m->fail_offload_after-- == 0)
+    return ofl__error(OFL_ERR_INTERNAL, OFL_SUBSYS_PIPELINE,
+                      "injected offload fault (tests)");
   bool disk_first =
       m->disk != NULL && ofl_disk_group_selected(m->disk, ofl__gname(m, g));
   if (disk_first) {
@@ -354,6 +357,55 @@ static void throttle(ofl_manager_t *m, group_t *g) {
   }
 }
 
+/* An offload failed half-way (st): the copies already queued are let go
+ * after the D2H stream reaches this point, every tensor stays on the device
+ * (none was released yet) and the group is committed as kept, so each tag
+ * pops its own untouched tensor. Returns st. */
+static ofl_status_t abandon_offload(ofl_manager_t *m, group_t *g,
+                                    ofl_status_t st) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ofl_last_error());
+  bool recorded = ofl_event_record(g->offload_ev, m->d2h) == OFL_SUCCESS;
+  /* The queued D2H copies read the tensors' device blocks: whatever the
+   * caller does with a popped tensor on compute comes after them. */
+  if (!recorded ||
+      ofl_stream_wait_event(ofl__compute(m), g->offload_ev) != OFL_SUCCESS)
+    (void)ofl_stream_synchronize(m->d2h, OFL_TIMEOUT_DEFAULT);
+  for (uint32_t i = 0; i < g->n; i++) {
+    entry_t *l = &g->entries[i];
+    if (l->host != NULL) {
+      if (!recorded || ofl_pool_free_after_event(m->host_pool, l->host,
+                                                 g->offload_ev) != OFL_SUCCESS) {
+        (void)ofl_stream_synchronize(m->d2h, OFL_TIMEOUT_DEFAULT);
+        ofl_pool_free(m->host_pool, l->host);
+      }
+      l->host = NULL;
+    }
+    if (l->ext != NULL) {
+      if (ofl_disk_extent_destroy_after(l->ext, m->d2h) != OFL_SUCCESS)
+        OFL_WARN(OFL_SUBSYS_PIPELINE, "rank %d group %s: disk extent not "
+                 "released", m->rank, ofl__gname(m, g));
+      l->ext = NULL;
+    }
+    if (l->leader == i && l->state == E_OFFLOADED) {
+      m->st.offloaded_tensors--;
+      m->st.offloaded_bytes -= l->span;
+      m->names[g->nid].st.offloaded_tensors--;
+      m->names[g->nid].st.offloaded_bytes -= l->span;
+      m->st.dedup_tensors -= l->nmembers - 1;
+      if (m->warmup) {
+        g->warm_bytes -= l->span;
+        g->warm_tensors--;
+      }
+    }
+  }
+  keep_all(m, g);
+  return OFL__PERR(st, m, g->chunk, ofl__gname(m, g),
+                   "commit: offload failed after some copies were queued "
+                   "(%s); every tensor of the group stays on the device",
+                   msg);
+}
+
 static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
                                  ofl_tensor_t *const *forced, size_t n) {
   chunk_t *c = g->chunk;
@@ -380,7 +432,9 @@ static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
     if (l->leader != i || l->state != E_HELD)
       continue;
     bool done = false;
-    OFL_CHECK(offload_cluster(m, g, l, &done));
+    ofl_status_t st = offload_cluster(m, g, l, &done);
+    if (st != OFL_SUCCESS)
+      return abandon_offload(m, g, st);
     if (!done) {
       l->state = E_KEPT;
       continue;

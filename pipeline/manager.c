@@ -214,6 +214,7 @@ ofl_status_t ofl_manager_create(const ofl_manager_params_t *params,
                       "no memory for the offload manager");
   m->warmup = true;
   m->enabled = true;
+  m->fail_offload_after = -1;
   ofl_status_t s;
   OFL_CHECK_GOTO(configure(m, p), s, fail);
   OFL_CHECK_GOTO(open_resources(m, p), s, fail);
@@ -519,4 +520,8 @@ ofl_status_t ofl_manager_group_stats(const ofl_manager_t *m, size_t i,
 
 void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask) {
   m->rules_off = mask;
+}
+
+void ofl__manager_fail_offload_after(ofl_manager_t *m, int after_n) {
+  m->fail_offload_after = after_n;
 }

@@ -136,6 +136,8 @@ struct ofl_manager {
   int pp_rank, rank;
   char *groups_cfg, *dynamic_cfg;
   unsigned rules_off;
+  int fail_offload_after; /* tests: the offload of that many more clusters
+                             succeeds, the next fails; <0: never */
   ofl_disk_t *disk; /* the tier below pinned memory, or NULL */
 
   /* State. */
@@ -195,6 +197,9 @@ ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m);
 
 /* Tests only. */
 void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask);
+/* The offload of after_n more clusters succeeds, the next one fails (as a
+ * copy that cannot be queued would); -1: no fault. */
+void ofl__manager_fail_offload_after(ofl_manager_t *m, int after_n);
 
 /* Log and error lines name the rank, chunk, microbatch and group. */
 #define OFL__PLOG(level, m, c, gname, fmt, ...)                                \

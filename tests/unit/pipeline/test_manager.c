@@ -680,6 +680,56 @@ Test(pipeline_manager, a_handle_owned_by_the_manager_is_not_pushed_again) {
   h_close(&e);
 }
 
+/* An offload that fails after some copies were queued: the commit returns
+ * the error, nothing is lost (every tensor stays on the device with its
+ * bytes, its tag pops it), the counters do not count the abandoned copies,
+ * and the next iteration runs normally. */
+Test(pipeline_manager, an_offload_failing_half_way_keeps_the_group_on_device) {
+  h_env_t e;
+  h_open(&e, 10, 24);
+  enum { N = 3 };
+  ofl_tag_t t[N];
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  for (int i = 0; i < N; i++)
+    H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 8 * KIB, 30 + (uint64_t)i),
+                                 &t[i]));
+  ofl__manager_fail_offload_after(e.m, 2); /* two copies queued, then a fault */
+  cr_assert(eq(int, ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0),
+               OFL_ERR_INTERNAL));
+  cr_assert(has("stays on the device") && has("injected"), "%s",
+            ofl_last_error());
+  ofl__manager_fail_offload_after(e.m, -1);
+  ofl_manager_stats_t s = stats(&e);
+  cr_assert(eq(u64, s.offloaded_tensors, 0));
+  cr_assert(eq(u64, s.offloaded_bytes, 0));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  for (int i = N - 1; i >= 0; i--)
+    cr_assert(eq(sz, h_pop_check(&e, t[i], 8 * KIB, 30 + (uint64_t)i), 0),
+              "tensor %d", i);
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_reset(e.m));
+  /* the next iterations offload and reload as usual */
+  for (int it = 0; it < 2; it++) {
+    H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+    H_OK(ofl_manager_group_start(e.m, "core_attn"));
+    for (int i = 0; i < N; i++)
+      H_OK(ofl_manager_tensor_push(
+          e.m, h_tensor(&e, 8 * KIB, 40 + (uint64_t)i), &t[i]));
+    H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+    H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+    for (int i = N - 1; i >= 0; i--)
+      cr_assert(eq(sz, h_pop_check(&e, t[i], 8 * KIB, 40 + (uint64_t)i), 0));
+    H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+    H_OK(ofl_manager_reset(e.m));
+  }
+  cr_assert(gt(u64, stats(&e).offloaded_tensors, 0));
+  ofl_pool_stats_t ps;
+  ofl_pool_get_stats(e.m->host_pool, &ps);
+  cr_assert(eq(u64, ps.blocks_in_use, 0));
+  h_close(&e);
+}
+
 Test(pipeline_manager, tensors_not_on_the_device_and_small_ones_stay) {
   h_env_t e;
   h_open_dev(&e, 0, 22);
