@@ -335,12 +335,6 @@ static bool parse_metadata(ofl_safetensors_t *st, parser_t *ps) {
     char *k = parse_string(ps);
     if (k == NULL)
       return false;
-    for (size_t i = 0; i < st->n_meta; i++)
-      if (strcmp(st->meta[i].key, k) == 0) {
-        fail(ps, "metadata key \"%.40s\" appears twice", k);
-        free(k);
-        return false;
-      }
     char *v = NULL;
     if (expect(ps, ':') && !peek(ps, '"'))
       fail(ps, "metadata value of \"%.40s\" is not a string", k);
@@ -372,6 +366,7 @@ static bool add_rec(ofl_safetensors_t *st, parser_t *ps, const rec_t *r) {
 
 static ofl_status_t parse_header(ofl_safetensors_t *st, parser_t *ps) {
   bool seen_meta = false;
+  skip_ws(ps);
   if (ps->p >= ps->end || *ps->p != '{')
     return fail(ps, "header does not start with '{'", NULL);
   ps->p++;
@@ -441,7 +436,8 @@ static ofl_status_t corrupt(const char *source, const char *fmt, ...) {
 
 static ofl_status_t check_entries(ofl_safetensors_t *st, const char *source) {
   uint64_t data_size = st->size - st->data_offset;
-  qsort(st->recs, st->n, sizeof *st->recs, cmp_name);
+  if (st->n > 1) /* recs is NULL when there are none: qsort(NULL, ...) is UB */
+    qsort(st->recs, st->n, sizeof *st->recs, cmp_name);
   for (size_t i = 1; i < st->n; i++)
     if (strcmp(st->recs[i - 1].name, st->recs[i].name) == 0)
       return corrupt(source, "tensor '%.64s' appears twice",
@@ -458,13 +454,17 @@ static ofl_status_t check_entries(ofl_safetensors_t *st, const char *source) {
                              "the %llu data bytes in the file",
                      r->name, ULL(r->end), ULL(data_size));
     if (ofl__st_shape_bytes(r->shape, r->ndim, r->dtype, &need) !=
-            OFL_SUCCESS ||
-        need != r->end - r->begin)
+        OFL_SUCCESS)
+      return corrupt(source, "tensor '%.64s' has a shape whose size in bytes "
+                             "does not fit in size_t",
+                     r->name);
+    if (need != r->end - r->begin)
       return corrupt(source, "tensor '%.64s' has %llu data bytes but its shape "
                              "and dtype need %llu",
                      r->name, ULL(r->end - r->begin), ULL(need));
   }
-  qsort(st->recs, st->n, sizeof *st->recs, cmp_offset);
+  if (st->n > 1)
+    qsort(st->recs, st->n, sizeof *st->recs, cmp_offset);
   uint64_t at = 0;
   for (size_t i = 0; i < st->n; i++) {
     const rec_t *r = &st->recs[i];
@@ -483,6 +483,32 @@ static ofl_status_t check_entries(ofl_safetensors_t *st, const char *source) {
                            "ends at %llu",
                    ULL(data_size - at), ULL(at));
   return OFL_SUCCESS;
+}
+
+static int cmp_key(const void *a, const void *b) {
+  return strcmp((*(const ofl_safetensors_kv_t *const *)a)->key,
+                (*(const ofl_safetensors_kv_t *const *)b)->key);
+}
+
+/* Duplicate metadata keys, found by sorting pointers (the pairs keep their
+ * file order): a linear scan per key was quadratic, minutes for a header of
+ * a few MB of short keys. */
+static ofl_status_t check_metadata(ofl_safetensors_t *st, const char *source) {
+  if (st->n_meta < 2)
+    return OFL_SUCCESS;
+  const ofl_safetensors_kv_t **v = malloc(st->n_meta * sizeof *v);
+  if (v == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
+                      "safetensors '%s': out of host memory", source);
+  for (size_t i = 0; i < st->n_meta; i++)
+    v[i] = &st->meta[i];
+  qsort(v, st->n_meta, sizeof *v, cmp_key);
+  ofl_status_t s = OFL_SUCCESS;
+  for (size_t i = 1; i < st->n_meta && s == OFL_SUCCESS; i++)
+    if (strcmp(v[i - 1]->key, v[i]->key) == 0)
+      s = corrupt(source, "metadata key \"%.40s\" appears twice", v[i]->key);
+  free(v);
+  return s;
 }
 
 static ofl_status_t load(ofl_safetensors_t *st, const char *source) {
@@ -504,6 +530,7 @@ static ofl_status_t load(ofl_safetensors_t *st, const char *source) {
   parser_t ps = {(const char *)st->image + 8, (const char *)st->image + 8,
                  (const char *)st->image + 8 + n, source, OFL_SUCCESS};
   OFL_CHECK(parse_header(st, &ps));
+  OFL_CHECK(check_metadata(st, source));
   return check_entries(st, source);
 }
 

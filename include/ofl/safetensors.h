@@ -89,7 +89,8 @@ OFL_API ofl_status_t ofl_safetensors_metadata(const ofl_safetensors_t *st,
 /* The value of key, NULL when absent. */
 OFL_API const char *ofl_safetensors_metadata_get(const ofl_safetensors_t *st,
                                                  const char *key);
-/* Byte offset of the data in the file (8 + header length; a multiple of 8). */
+/* Byte offset of the data in the file (8 + header length; a multiple of 8
+ * in files ofl writes, any value in files from elsewhere). */
 OFL_API size_t ofl_safetensors_data_offset(const ofl_safetensors_t *st);
 
 /* Restores one tensor: copies the tensor called name from st into dst

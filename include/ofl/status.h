@@ -23,7 +23,7 @@ OFL_EXTERN_C_BEGIN
   X(OFL_ERR_NOT_SUPPORTED, 12, "not supported in this build or backend")       \
   X(OFL_ERR_CONFIG, 13, "invalid configuration")                               \
   X(OFL_ERR_MISMATCH, 14, "structure does not match the warmup record")        \
-  X(OFL_ERR_CORRUPT, 15, "data corrupted (checksum mismatch)")                 \
+  X(OFL_ERR_CORRUPT, 15, "data corrupted (bad checksum or malformed file)")    \
   X(OFL_ERR_NO_SPACE, 16, "no space left on device")                           \
   X(OFL_ERR_INTERNAL, 17, "internal error")
 

@@ -288,6 +288,55 @@ Test(safetensors, reader_rejects_malformed_headers_with_a_clear_message) {
   cr_assert(eq(int, ofl_safetensors_parse(img, 5, &st), OFL_ERR_CORRUPT));
 }
 
+/* Found by fuzzing: an empty header ran qsort on a NULL array (UB), leading
+ * whitespace (valid JSON) was refused, a shape too large for size_t was
+ * reported as "has 0 data bytes but ... need 0", and duplicate metadata keys
+ * were looked for with a scan per key (minutes for a few MB of short keys;
+ * with the 200000 keys here that scan would run into the test timeout). */
+Test(safetensors, reader_edge_cases_found_by_fuzzing) {
+  unsigned char img[256];
+  ofl_safetensors_t *st = NULL;
+  size_t n = image(img, "{}      ", 0);
+  cr_assert(eq(int, ofl_safetensors_parse(img, n, &st), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  cr_assert(eq(sz, ofl_safetensors_count(st), 0));
+  ofl_safetensors_close(st);
+  n = image(img, " {}     ", 0);
+  cr_assert(eq(int, ofl_safetensors_parse(img, n, &st), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  ofl_safetensors_close(st);
+  expect_corrupt("{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],"
+                 "\"data_offsets\":[0,0]}}",
+                 0, "does not fit");
+
+  enum { KEYS = 200000 };
+  size_t cap = 32 + (size_t)KEYS * 16;
+  char *hdr = malloc(cap);
+  cr_assert(not(eq(ptr, hdr, NULL)));
+  size_t len = (size_t)snprintf(hdr, cap, "{\"__metadata__\":{");
+  for (int i = 0; i < KEYS; i++)
+    len += (size_t)snprintf(hdr + len, cap - len, "%s\"%x\":\"\"",
+                            i ? "," : "", i);
+  /* the last key repeats the first: still found */
+  len += (size_t)snprintf(hdr + len, cap - len, ",\"0\":\"\"}}");
+  unsigned char *big = malloc(8 + len);
+  cr_assert(not(eq(ptr, big, NULL)));
+  for (int i = 0; i < 8; i++)
+    big[i] = (unsigned char)((uint64_t)len >> (8 * i));
+  memcpy(big + 8, hdr, len);
+  cr_assert(eq(int, ofl_safetensors_parse(big, 8 + len, &st), OFL_ERR_CORRUPT));
+  cr_assert(not(eq(ptr, strstr(ofl_last_error(), "\"0\" appears twice"), NULL)),
+            "%s", ofl_last_error());
+  memcpy(big + 8 + len - 9, "}}       ", 9); /* drop the repeat: accepted */
+  cr_assert(eq(int, ofl_safetensors_parse(big, 8 + len, &st), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  cr_assert(eq(sz, ofl_safetensors_metadata_count(st), KEYS));
+  cr_assert(eq(str, (char *)ofl_safetensors_metadata_get(st, "0"), ""));
+  ofl_safetensors_close(st);
+  free(big);
+  free(hdr);
+}
+
 Test(safetensors, writer_rejects_bad_entries_and_writes_nothing) {
   uint8_t b[4] = {0};
   char path[300];
