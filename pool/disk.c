@@ -189,6 +189,51 @@ static ofl_status_t space_alloc(ofl_disk_t *d, uint64_t span, uint64_t *out) {
 /* ---- configuration ----------------------------------------------------------
  */
 
+/* The rank of this process on its node, for picking one of several
+ * directories: what the launcher says (Open MPI, MPICH, Slurm, torchrun),
+ * else the store's rank, else 0. */
+static int local_rank(int rank) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK",
+                                     "MPI_LOCALRANKID", "SLURM_LOCALID",
+                                     "LOCAL_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    char *end = NULL;
+    long r = v != NULL && v[0] != '\0' ? strtol(v, &end, 10) : -1;
+    if (end != NULL && *end == '\0' && r >= 0 && r < (1L << 30))
+      return (int)r;
+  }
+  return rank > 0 ? rank : 0;
+}
+
+/* dir may list several directories (comma separated, one per disk): the
+ * store takes entry local_rank % count, so that the ranks of a node spread
+ * over the disks. */
+static ofl_status_t pick_dir(ofl_disk_t *d, const char *dir, int rank) {
+  size_t count = 1;
+  for (const char *c = dir; *c != '\0'; c++)
+    count += *c == ',';
+  size_t want = (size_t)local_rank(rank) % count;
+  const char *start = dir;
+  for (size_t i = 0; i < want; i++)
+    start = strchr(start, ',') + 1;
+  const char *end = strchr(start, ',');
+  size_t len = end != NULL ? (size_t)(end - start) : strlen(start);
+  if (len == 0)
+    return ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_DISK,
+                      "disk store: entry %zu of the directory list '%.200s' "
+                      "is empty; list directories separated by single "
+                      "commas (OFL_DISK_DIR)",
+                      want, dir);
+  if (len >= sizeof d->dir)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DISK,
+                      "disk store: directory path longer than %zu bytes",
+                      sizeof d->dir - 1);
+  memcpy(d->dir, start, len);
+  d->dir[len] = '\0';
+  return OFL_SUCCESS;
+}
+
 static ofl_status_t read_config(const ofl_disk_params_t *p, ofl_disk_t *d,
                                 ofl_disk_direct_t *direct) {
   const char *dir = p->dir;
@@ -199,11 +244,7 @@ static ofl_status_t read_config(const ofl_disk_params_t *p, ofl_disk_t *d,
     if (dir == NULL || dir[0] == '\0')
       dir = "/tmp";
   }
-  if (strlen(dir) >= sizeof d->dir)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DISK,
-                      "disk store: directory path longer than %zu bytes",
-                      sizeof d->dir - 1);
-  strcpy(d->dir, dir);
+  OFL_CHECK(pick_dir(d, dir, p->rank));
 
   size_t budget = p->budget_bytes;
   if (budget == OFL_DISK_FROM_ENV)

@@ -81,7 +81,8 @@ static const entry_t table[] = {
      "max offloads in flight per group name (0: unlimited)"},
     /* disk tier */
     {"OFL_DISK_DIR", "", K_STR, NULL,
-     "directory of the disk tier file (empty: TMPDIR or /tmp)"},
+     "directory of the disk tier file (empty: TMPDIR or /tmp); a comma "
+     "list spreads the ranks of a node over several disks"},
     {"OFL_DISK_GROUPS", "", K_STR, NULL,
      "group names placed on disk rather than in host memory"},
     {"OFL_DISK_BUDGET", "0", K_SIZE, NULL,

@@ -86,7 +86,12 @@ typedef struct ofl_disk_params {
                               the store makes its own (bounce_budget_bytes) */
   size_t bounce_budget_bytes; /* budget of the store's own pool; 0: none;
                                  OFL_DISK_FROM_ENV: OFL_DISK_BOUNCE_BUDGET */
-  const char *dir;            /* NULL: OFL_DISK_DIR, else TMPDIR, else /tmp */
+  const char *dir;            /* NULL: OFL_DISK_DIR, else TMPDIR, else /tmp;
+                                 a comma list (one directory per disk): the
+                                 store takes entry local rank % count, the
+                                 local rank from the launcher
+                                 (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
+                                 SLURM_LOCALID, LOCAL_RANK), else rank */
   size_t budget_bytes;  /* file size cap; OFL_DISK_FROM_ENV: OFL_DISK_BUDGET;
                            0: no cap but the file system's */
   size_t initial_bytes; /* preallocated at open (<= budget); 0: none */

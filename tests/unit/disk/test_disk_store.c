@@ -1,6 +1,7 @@
 /* Disk store: CRC32C, space inside the file, round trips byte for byte
  * through both engines, prefetch and stalls, budget, timeouts, buffers. */
 #include <pthread.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "disk_test_util.h"
@@ -301,6 +302,64 @@ Test(disk, bounce_budget_from_the_environment) {
             "%s", ofl_last_error());
   unsetenv("OFL_DISK_BOUNCE_BUDGET");
   ofl_config_reload();
+}
+
+/* A comma list of directories: the store takes entry local rank % count,
+ * the local rank from the launcher's variable, else the store's rank; an
+ * empty entry is an error naming the variable. Data goes round trip in the
+ * chosen directory. */
+Test(disk, directory_list_spreads_ranks_over_disks) {
+  static const char *const launcher[] = {"OMPI_COMM_WORLD_LOCAL_RANK",
+                                         "MPI_LOCALRANKID", "SLURM_LOCALID",
+                                         "LOCAL_RANK"};
+  for (size_t i = 0; i < 4; i++)
+    unsetenv(launcher[i]);
+  char a[sizeof tdir + 8], b[sizeof tdir + 8], list[3 * sizeof tdir];
+  snprintf(a, sizeof a, "%s/a", tdir);
+  snprintf(b, sizeof b, "%s/b", tdir);
+  cr_assert(eq(int, mkdir(a, 0700), 0));
+  cr_assert(eq(int, mkdir(b, 0700), 0));
+  snprintf(list, sizeof list, "%s,%s", a, b);
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 1);
+  p.dir = list;
+  for (int rank = 0; rank < 3; rank++) {
+    p.rank = rank; /* no launcher variable: the store's rank */
+    ofl_disk_t *d = open_with(&p);
+    cr_expect(eq(str, (char *)ofl_disk_dir(d), rank % 2 ? b : a));
+    ofl_disk_extent_t *e = put(d, 5000, 9);
+    void *data = NULL;
+    cr_assert(eq(int, ofl_disk_extent_wait(e, -1), OFL_SUCCESS));
+    cr_assert(eq(int, ofl_disk_extent_state(e), OFL_DISK_EXTENT_ON_DISK));
+    cr_assert(eq(int, ofl_disk_extent_reload(e, -1, &data), OFL_SUCCESS));
+    cr_expect(eq(sz, count_wrong(data, 5000, 9), 0));
+    cr_expect(eq(u64, disk_stats(d).bytes_read, 5000));
+    ofl_disk_extent_destroy(e);
+    ofl_disk_close(d);
+  }
+  /* the launcher's local rank wins over the store's rank */
+  setenv("SLURM_LOCALID", "3", 1);
+  p.rank = 0;
+  ofl_disk_t *d = open_with(&p);
+  cr_expect(eq(str, (char *)ofl_disk_dir(d), b));
+  ofl_disk_close(d);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "4", 1); /* first in the order */
+  d = open_with(&p);
+  cr_expect(eq(str, (char *)ofl_disk_dir(d), a));
+  ofl_disk_close(d);
+  for (size_t i = 0; i < 4; i++)
+    unsetenv(launcher[i]);
+  /* an empty entry */
+  snprintf(list, sizeof list, "%s,,%s", a, b);
+  p.rank = 1;
+  d = NULL;
+  cr_expect(eq(int, ofl_disk_open(&p, &d), OFL_ERR_CONFIG));
+  cr_expect(eq(ptr, d, NULL));
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "OFL_DISK_DIR"), NULL), "%s",
+            ofl_last_error());
+  cr_expect(eq(int, dir_entries(a), 0));
+  cr_expect(eq(int, dir_entries(b), 0));
+  rmdir(a);
+  rmdir(b);
 }
 
 Test(disk, bad_arguments_are_errors_with_messages) {
