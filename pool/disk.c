@@ -483,9 +483,12 @@ void ofl_disk_close(ofl_disk_t *d) {
              "destroyed them",
              d->rank, n);
   OFL_INFO(OFL_SUBSYS_DISK,
-           "rank %d disk store closed written %llu read %llu faults %llu",
+           "rank %d disk store closed written %llu read %llu reloads %llu "
+           "stalls %llu from kept buffers %llu faults %llu",
            d->rank, (unsigned long long)d->st.bytes_written,
            (unsigned long long)d->st.bytes_read,
+           (unsigned long long)d->st.reloads, (unsigned long long)d->st.stalls,
+           (unsigned long long)d->st.keep_hits,
            (unsigned long long)(d->st.faults_enospc + d->st.faults_eio +
                                 d->st.faults_short + d->st.faults_corrupt));
   free_store(d);
