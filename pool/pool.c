@@ -70,6 +70,11 @@ struct ofl_pool {
   /* Ended handles, ready for the next ofl_pool_alloc; all handles made. */
   ofl_tensor_t *handle_cache;
   ofl_tensor_t *handles_all;
+  /* Headers of destroyed blocks, kept for new blocks until the pool is
+   * destroyed: a stale handle (its block reclaimed by reset, then freed by
+   * clear or eviction) still points at its header and finds another
+   * generation there, never freed memory. */
+  pool_block_t *spare_headers;
   /* Stream that turns a caller's event into a block event (lazy). */
   pthread_mutex_t order_stream_mu;
   ofl_stream_t *order_stream;
@@ -259,7 +264,41 @@ static bool block_quiesce(pool_block_t *b) {
   return true;
 }
 
-/* Frees a block's memory and header; the block is unlinked already. */
+/* A header for a new block: a spare one (its generation moves on) or a new
+ * one. Lock not held. */
+static pool_block_t *header_take(ofl_pool_t *p) {
+  pthread_mutex_lock(&p->mu);
+  pool_block_t *b = p->spare_headers;
+  if (b != NULL)
+    p->spare_headers = b->next;
+  pthread_mutex_unlock(&p->mu);
+  uint32_t gen = 0;
+  if (b != NULL) {
+    gen = b->st.gen + 1;
+    pthread_mutex_destroy(&b->order_mu);
+    memset(b, 0, sizeof *b);
+  } else if ((b = calloc(1, sizeof *b)) == NULL) {
+    return NULL;
+  }
+  b->st.gen = gen;
+  pthread_mutex_init(&b->order_mu, NULL);
+  return b;
+}
+
+/* Lock not held: b goes to the spare headers; handles still on it are
+ * stale from here on. */
+static void header_retire(ofl_pool_t *p, pool_block_t *b) {
+  pthread_mutex_lock(&p->mu);
+  b->st.gen++;
+  b->st.base = NULL;
+  b->held = false;
+  b->next = p->spare_headers;
+  p->spare_headers = b;
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Frees a block's memory; its header is kept (see spare_headers). The
+ * block is unlinked already. */
 static void block_destroy(ofl_pool_t *p, pool_block_t *b) {
   if (!b->carved && b->st.base != NULL) {
     if (backend_free(p, b->st.base) == OFL_SUCCESS) {
@@ -270,8 +309,8 @@ static void block_destroy(ofl_pool_t *p, pool_block_t *b) {
   }
   if (b->ev != NULL)
     ofl_event_destroy(b->ev);
-  pthread_mutex_destroy(&b->order_mu);
-  free(b);
+  b->ev = NULL;
+  header_retire(p, b);
 }
 
 void ofl_pool_destroy(ofl_pool_t *pool) {
@@ -305,6 +344,12 @@ void ofl_pool_destroy(ofl_pool_t *pool) {
   }
   if (p->arena != NULL)
     backend_free(p, p->arena);
+  while (p->spare_headers != NULL) {
+    pool_block_t *b = p->spare_headers;
+    p->spare_headers = b->next;
+    pthread_mutex_destroy(&b->order_mu);
+    free(b);
+  }
   ofl_tensor_t *t = p->handles_all;
   while (t != NULL) {
     ofl_tensor_t *tn = t->all_next;
@@ -532,7 +577,7 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
                                  pool_block_t **out) {
   size_t bytes = k->block_bytes;
   ofl_status_t s = OFL_SUCCESS;
-  pool_block_t *b = calloc(1, sizeof *b);
+  pool_block_t *b = header_take(p);
   void *mem = carved;
   if (b == NULL)
     s = ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_POOL,
@@ -548,10 +593,10 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
     if (carved != NULL)
       p->arena_live--;
     pthread_mutex_unlock(&p->mu);
-    free(b);
+    if (b != NULL)
+      header_retire(p, b);
     return s;
   }
-  pthread_mutex_init(&b->order_mu, NULL);
   b->st.base = mem;
   b->st.bytes = bytes;
   b->st.loc = p->loc;
