@@ -63,6 +63,8 @@ struct ofl_pool {
   pool_key_t *keys;
   ofl_pool_stats_t stats;
   size_t creating_bytes; /* budget held by blocks being created */
+  size_t carved_bytes;   /* bytes of blocks in (or being carved from) the
+                            reserve: the reserve already counts them */
   /* The reserve: one backend allocation carved by a bump pointer. */
   void *arena;
   size_t arena_bytes, arena_used;
@@ -486,23 +488,38 @@ static pick_t block_pick(ofl_pool_t *p, pool_key_t *k, ofl_stream_t *stream,
   return PICK_NONE;
 }
 
+/* Lock held: where a block of bytes would start in the reserve; false
+ * when the reserve has no room for it. */
+static bool arena_fits(const ofl_pool_t *p, size_t bytes, size_t *off) {
+  if (p->arena == NULL)
+    return false;
+  *off = (p->arena_used + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1);
+  return *off <= p->arena_bytes && bytes <= p->arena_bytes - *off;
+}
+
+/* Lock held: memory the pool holds against its budget: the whole reserve,
+ * and the blocks outside it (made or being made). */
+static size_t budget_used(const ofl_pool_t *p) {
+  return (p->arena != NULL ? p->arena_bytes : 0) + p->stats.total_bytes +
+         p->creating_bytes - p->carved_bytes;
+}
+
 static bool budget_allows(const ofl_pool_t *p, size_t bytes) {
-  size_t b = p->stats.budget_bytes;
-  if (b == 0)
+  size_t b = p->stats.budget_bytes, off;
+  if (b == 0 || arena_fits(p, bytes, &off))
     return true;
-  size_t used = p->stats.total_bytes + p->creating_bytes;
+  size_t used = budget_used(p);
   return used <= b && bytes <= b - used;
 }
 
 /* Lock held: carves from the reserve; NULL when it has no room. */
 static void *arena_carve(ofl_pool_t *p, size_t bytes) {
-  if (p->arena == NULL)
-    return NULL;
-  size_t off = (p->arena_used + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1);
-  if (off > p->arena_bytes || bytes > p->arena_bytes - off)
+  size_t off;
+  if (!arena_fits(p, bytes, &off))
     return NULL;
   p->arena_used = off + bytes;
   p->arena_live++;
+  p->carved_bytes += bytes;
   return (char *)p->arena + off;
 }
 
@@ -523,8 +540,10 @@ static void key_forget(ofl_pool_t *p, pool_block_t *b) {
   k->total--;
   p->stats.blocks_total--;
   p->stats.total_bytes -= b->st.bytes;
-  if (b->carved)
+  if (b->carved) {
     p->arena_live--;
+    p->carved_bytes -= b->st.bytes;
+  }
 }
 
 /* Lock held. Makes room for bytes by taking free blocks of keys other than
@@ -534,7 +553,7 @@ static void key_forget(ofl_pool_t *p, pool_block_t *b) {
 static bool evict_for(ofl_pool_t *p, pool_key_t *k, size_t bytes,
                       pool_block_t **victims) {
   size_t budget = p->stats.budget_bytes;
-  size_t used = p->stats.total_bytes + p->creating_bytes;
+  size_t used = budget_used(p);
   if (bytes > budget)
     return false;
   size_t need = used + bytes > budget ? used + bytes - budget : 0;
@@ -542,8 +561,10 @@ static bool evict_for(ofl_pool_t *p, pool_key_t *k, size_t bytes,
   for (pool_key_t *o = p->keys; o != NULL && avail < need; o = o->lnext) {
     if (o == k)
       continue;
+    /* Blocks in the reserve give no room: the reserve stays. */
     for (pool_block_t *b = o->free_head; b != NULL && avail < need; b = b->next)
-      if (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS)
+      if (!b->carved && (!atomic_load(&b->pending) ||
+                         ofl_event_query(b->ev) == OFL_SUCCESS))
         avail += b->st.bytes;
   }
   if (avail < need)
@@ -555,7 +576,8 @@ static bool evict_for(ofl_pool_t *p, pool_key_t *k, size_t bytes,
     pool_block_t *prev = NULL, *b = o->free_head;
     while (b != NULL && got < need) {
       pool_block_t *next = b->next;
-      if (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS) {
+      if (!b->carved && (!atomic_load(&b->pending) ||
+                         ofl_event_query(b->ev) == OFL_SUCCESS)) {
         free_unlink(o, prev, b);
         key_forget(p, b);
         got += b->st.bytes;
@@ -590,8 +612,10 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
   if (carved == NULL && b != NULL)
     p->stats.backend_allocs += 1; /* a call reached the backend */
   if (s != OFL_SUCCESS) {
-    if (carved != NULL)
+    if (carved != NULL) {
       p->arena_live--;
+      p->carved_bytes -= bytes;
+    }
     pthread_mutex_unlock(&p->mu);
     if (b != NULL)
       header_retire(p, b);
@@ -663,12 +687,12 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
       b = k->free_head;
     } else if (!p->evict || !evict_for(p, k, key_bytes, &victims)) {
       p->stats.budget_refusals++;
-      size_t total = p->stats.total_bytes, budget = p->stats.budget_bytes;
+      size_t total = budget_used(p), budget = p->stats.budget_bytes;
       pthread_mutex_unlock(&p->mu);
       return ofl__error_quiet(OFL_ERR_NO_MEMORY,
                               "pool %s: budget exhausted (%zu of %zu bytes "
-                              "used, %zu more requested); free blocks or "
-                              "raise the budget",
+                              "held, the reserve included, %zu more "
+                              "requested); free blocks or raise the budget",
                               p->name, total, budget, key_bytes);
     }
   }
@@ -1076,6 +1100,8 @@ ofl_status_t ofl_pool_clear(ofl_pool_t *pool) {
         k->total--;
         p->stats.blocks_total--;
         p->stats.total_bytes -= b->st.bytes;
+        if (b->carved)
+          p->carved_bytes -= b->st.bytes;
       }
       b = bn;
     }
@@ -1107,6 +1133,8 @@ ofl_status_t ofl_pool_clear(ofl_pool_t *pool) {
       k->total++;
       p->stats.blocks_total++;
       p->stats.total_bytes += b->st.bytes;
+      if (b->carved)
+        p->carved_bytes += b->st.bytes;
       free_push(k, b);
       pthread_mutex_unlock(&p->mu);
       continue;

@@ -706,3 +706,62 @@ Test(pool, stale_handles_after_reset_and_clear_end_safely) {
   cr_expect(eq(int, ofl_pool_free(pool, w), OFL_SUCCESS));
   ofl_pool_destroy(pool);
 }
+
+/* The budget covers the reserve as a whole plus the blocks outside it: a
+ * block that does not fit the reserve's room must fit next to it, and a
+ * free block in the reserve gives no room outside (the reserve stays). The
+ * device memory the pool holds never exceeds its budget. */
+Test(pool, budget_counts_the_reserve_and_the_blocks_outside_it) {
+  size_t d0 = dev_stats().device_bytes_in_use;
+  ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
+  pp.kind = OFL_POOL_DEVICE;
+  pp.budget_bytes = (size_t)192 << 10;
+  pp.reserve_bytes = (size_t)64 << 10;
+  pp.evict = 1;
+  ofl_pool_t *pool = NULL;
+  cr_assert(eq(int, ofl_pool_create(dev, &pp, &pool), OFL_SUCCESS));
+  int64_t big[1] = {80 << 10}, small[1] = {32 << 10};
+  ofl_tensor_t *a = NULL, *b = NULL, *c = NULL, *x = NULL;
+  /* 64 (reserve) + 80 outside: fits */
+  cr_assert(eq(int, ofl_pool_alloc(pool, big, 1, OFL_DTYPE_U8, NULL, &a),
+               OFL_SUCCESS));
+  fill(a, 1);
+  /* 32 carved from the reserve: no new budget */
+  cr_assert(eq(int, ofl_pool_alloc(pool, small, 1, OFL_DTYPE_U8, NULL, &b),
+               OFL_SUCCESS));
+  fill(b, 2);
+  /* another 80 outside: 64 + 160 > 192, refused while a is in use */
+  cr_expect(eq(int, ofl_pool_alloc(pool, big, 1, OFL_DTYPE_I8, NULL, &x),
+               OFL_ERR_NO_MEMORY));
+  cr_expect(le(sz, dev_stats().device_bytes_in_use - d0, (size_t)192 << 10));
+  /* a free: its 80 outside the reserve can be evicted for the new key */
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_alloc(pool, big, 1, OFL_DTYPE_I8, NULL, &c),
+               OFL_SUCCESS));
+  cr_expect(eq(u64, stats_of(pool).evictions, 1));
+  cr_expect(le(sz, dev_stats().device_bytes_in_use - d0, (size_t)192 << 10));
+  cr_expect(eq(sz, wrong_bytes(b, 2), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  /* b's free block is in the reserve: no room outside for a second 80 */
+  cr_expect(eq(int, ofl_pool_alloc(pool, big, 1, OFL_DTYPE_F8_E4M3, NULL, &x),
+               OFL_ERR_NO_MEMORY));
+  cr_expect(le(sz, dev_stats().device_bytes_in_use - d0, (size_t)192 << 10));
+  cr_assert(eq(int, ofl_pool_free(pool, c), OFL_SUCCESS));
+  ofl_pool_destroy(pool);
+
+  /* budget equal to the reserve: everything lives in the reserve */
+  pp.budget_bytes = pp.reserve_bytes = (size_t)64 << 10;
+  cr_assert(eq(int, ofl_pool_create(dev, &pp, &pool), OFL_SUCCESS));
+  int64_t full[1] = {64 << 10};
+  cr_assert(eq(int, ofl_pool_alloc(pool, full, 1, OFL_DTYPE_U8, NULL, &a),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_pool_alloc(pool, full, 1, OFL_DTYPE_I8, NULL, &x),
+               OFL_ERR_NO_MEMORY));
+  cr_expect(le(sz, dev_stats().device_bytes_in_use - d0, (size_t)64 << 10));
+  /* the same key reuses its block in the reserve */
+  cr_assert(eq(int, ofl_pool_alloc(pool, full, 1, OFL_DTYPE_U8, NULL, &a),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  ofl_pool_destroy(pool);
+}
