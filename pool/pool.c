@@ -19,6 +19,7 @@
 
 #define ARENA_ALIGN ((size_t)256)
 #define NBUCKETS 256u
+#define HANDLE_QUARANTINE ((size_t)32) /* ended handles before reuse */
 
 typedef struct pool_key pool_key_t;
 
@@ -70,7 +71,11 @@ struct ofl_pool {
   size_t arena_bytes, arena_used;
   uint64_t arena_live;
   /* Ended handles, ready for the next ofl_pool_alloc; all handles made. */
-  ofl_tensor_t *handle_cache;
+  /* Ended handles, reused first in, first out and only once more than
+   * HANDLE_QUARANTINE wait: a handle freed twice with allocations between
+   * is still found ended rather than taken for its next owner's. */
+  ofl_tensor_t *handle_cache, *handle_cache_tail;
+  size_t handle_cache_n;
   ofl_tensor_t *handles_all;
   /* Headers of destroyed blocks, kept for new blocks until the pool is
    * destroyed: a stale handle (its block reclaimed by reset, then freed by
@@ -399,8 +404,13 @@ static void handle_cache_push(ofl_pool_t *p, ofl_tensor_t *t) {
   t->data = NULL;
   t->owner = NULL;
   t->loc = OFL_LOC_NONE;
-  t->cache_next = p->handle_cache;
-  p->handle_cache = t;
+  t->cache_next = NULL;
+  if (p->handle_cache_tail != NULL)
+    p->handle_cache_tail->cache_next = t;
+  else
+    p->handle_cache = t;
+  p->handle_cache_tail = t;
+  p->handle_cache_n++;
 }
 
 void ofl__pool_handle_put(ofl_tensor_t *t) {
@@ -697,9 +707,12 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
     }
   }
   ofl_tensor_t *t = into;
-  if (t == NULL && p->handle_cache != NULL) {
+  if (t == NULL && p->handle_cache_n > HANDLE_QUARANTINE) {
     t = p->handle_cache;
     p->handle_cache = t->cache_next;
+    if (p->handle_cache == NULL)
+      p->handle_cache_tail = NULL;
+    p->handle_cache_n--;
   }
   void *carved = NULL;
   if (pick != PICK_NONE) {

@@ -148,7 +148,8 @@ OFL_API ofl_status_t ofl_pool_alloc_into_dynamic(ofl_pool_t *pool,
  * shares it. OFL_ERR_INVALID_ARG with a message, and pool and t unchanged,
  * when t's storage is not a block of this pool (another pool's, wrapped
  * memory, none) or t was already freed (detected while the pool lives for
- * handles from ofl_pool_alloc). */
+ * handles from ofl_pool_alloc: an ended handle is reused only after 32 more
+ * have ended, so a second free after a few allocations is still found). */
 OFL_API ofl_status_t ofl_pool_free(ofl_pool_t *pool, ofl_tensor_t *t);
 /* Stream-ordered free: the block is reused only after the work queued on
  * stream so far (its last use) has completed. The pool records its own

@@ -765,3 +765,31 @@ Test(pool, budget_counts_the_reserve_and_the_blocks_outside_it) {
   cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
   ofl_pool_destroy(pool);
 }
+
+/* Ended handles wait in a first-in first-out quarantine before reuse: a
+ * handle freed a second time after other allocations is found ended (an
+ * error), not taken for the tensor that now holds it; the other tensors'
+ * bytes are untouched. */
+Test(pool, double_free_after_other_allocations_is_found) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shape[1] = {4096};
+  enum { N = 40 };
+  ofl_tensor_t *t = NULL, *u[N];
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, t), OFL_SUCCESS));
+  for (int i = 0; i < N; i++) {
+    cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &u[i]),
+                 OFL_SUCCESS));
+    cr_assert(not(eq(ptr, u[i], t)), "handle %d reused at once", i);
+    fill(u[i], (uint8_t)i);
+  }
+  cr_expect(eq(int, ofl_pool_free(pool, t), OFL_ERR_INVALID_ARG));
+  cr_expect(not(eq(ptr, strstr(ofl_last_error(), "double free"), NULL)), "%s",
+            ofl_last_error());
+  for (int i = 0; i < N; i++) {
+    cr_expect(eq(sz, wrong_bytes(u[i], (uint8_t)i), 0), "tensor %d", i);
+    cr_assert(eq(int, ofl_pool_free(pool, u[i]), OFL_SUCCESS));
+  }
+  ofl_pool_destroy(pool);
+}
