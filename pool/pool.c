@@ -883,6 +883,8 @@ static ofl_status_t block_order(ofl_pool_t *p, pool_block_t *b,
   return s;
 }
 
+static ofl_status_t order_stream_get(ofl_pool_t *p, ofl_stream_t **out);
+
 ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
                                ofl_stream_t *stream, bool end_handle) {
   if (t == NULL)
@@ -919,7 +921,11 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
   }
   pool_block_t *b = (pool_block_t *)t->st;
   bool last = atomic_load(&b->st.refs) == 1;
-  if (last && stream == NULL && p->strict) {
+  /* An ordered release (a view's, or a stream wait at hand-out) recorded the
+   * block's event after its queued uses: reuse already waits for them, and
+   * the strict poison must too. */
+  bool ordered = atomic_load(&b->pending);
+  if (last && stream == NULL && p->strict && !ordered) {
     size_t n = ofl__device_inflight(p->dev, b->st.base, b->st.bytes);
     if (n > 0) {
       pthread_mutex_unlock(&p->mu);
@@ -933,6 +939,13 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
   uint32_t gen = b->st.gen;
   pthread_mutex_unlock(&p->mu);
 
+  if (stream == NULL && last && p->strict && ordered) {
+    ofl_stream_t *order = NULL;
+    if (order_stream_get(p, &order) == OFL_SUCCESS)
+      stream = order; /* the poison is queued after the recorded uses */
+    else
+      (void)block_quiesce(b); /* or waits for them */
+  }
   if (stream != NULL) {
     s = block_order(p, b, stream, last);
     if (s != OFL_SUCCESS)

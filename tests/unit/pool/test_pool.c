@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <ofl/ofl.h>
 
@@ -791,5 +792,42 @@ Test(pool, double_free_after_other_allocations_is_found) {
     cr_expect(eq(sz, wrong_bytes(u[i], (uint8_t)i), 0), "tensor %d", i);
     cr_assert(eq(int, ofl_pool_free(pool, u[i]), OFL_SUCCESS));
   }
+  ofl_pool_destroy(pool);
+}
+
+static void sleep_ms_fn(void *arg) { usleep((useconds_t)(uintptr_t)arg * 1000); }
+
+/* Strict pools: a view released stream-ordered after its copy, then the
+ * base freed without a stream. The view's release already orders the
+ * block's reuse after the copy, so the free is accepted, and the strict
+ * poison is queued after the copy too: the copy reads the real bytes. */
+Test(pool, strict_free_after_an_ordered_view_release) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "copy", &s), OFL_SUCCESS));
+  int64_t shape[1] = {1 << 16};
+  ofl_tensor_t *t = NULL, *v = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_SUCCESS));
+  fill(t, 9);
+  cr_assert(eq(int, ofl_tensor_alias(t, &v), OFL_SUCCESS));
+  uint8_t *out = malloc(1 << 16);
+  cr_assert(not(eq(ptr, out, NULL)));
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_ms_fn, (void *)40),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(out, ofl_tensor_data(v), 1 << 16,
+                                     OFL_COPY_D2H, s),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_release_storage_after(v, s), OFL_SUCCESS));
+  cr_expect(eq(int, ofl_tensor_destroy(t), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
+  size_t wrong = 0;
+  for (size_t i = 0; i < (1u << 16); i++)
+    wrong += out[i] != (uint8_t)(9 + i * 13);
+  cr_expect(eq(sz, wrong, 0));
+  cr_assert(eq(int, ofl_tensor_destroy(v), OFL_SUCCESS));
+  ofl_stream_destroy(s);
+  free(out);
   ofl_pool_destroy(pool);
 }
