@@ -123,6 +123,8 @@ ofl_status_t ofl_manager_chunk_begin(ofl_manager_t *m, int vp_size,
   if (m == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "ofl_manager_chunk_begin: manager is NULL");
+  if (!m->offload && m->enabled && !m->forward_only)
+    m->off_trained = true; /* joins the summary gather at the next reset */
   if (!ofl__manager_active(m))
     return OFL_SUCCESS;
   int vpp = vp_size > 0 ? vp_size : 1;

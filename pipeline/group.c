@@ -386,6 +386,8 @@ static ofl_status_t abandon_offload(ofl_manager_t *m, group_t *g,
         OFL_WARN(OFL_SUBSYS_PIPELINE, "rank %d group %s: disk extent not "
                  "released", m->rank, ofl__gname(m, g));
       l->ext = NULL;
+      m->st.disk_tensors--;
+      m->st.disk_bytes -= l->span;
     }
     if (l->leader == i && l->state == E_OFFLOADED) {
       m->st.offloaded_tensors--;
@@ -451,7 +453,9 @@ static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
       g->warm_tensors++;
     }
   }
-  OFL_CHECK(ofl_event_record(g->offload_ev, m->d2h));
+  ofl_status_t rec = ofl_event_record(g->offload_ev, m->d2h);
+  if (rec != OFL_SUCCESS)
+    return abandon_offload(m, g, rec);
   /* Forced releases: tensors the caller holds whose storage went with the
    * group lose it after the copy, like the group's own tensors. */
   for (size_t f = 0; f < n; f++) {

@@ -386,11 +386,13 @@ ofl_status_t ofl_manager_reset(ofl_manager_t *m) {
   }
   ofl_status_t s = check_structure(m);
   /* A rank whose offload is switched off records nothing, but the summary
-   * gather is collective: it joins it at its first reset with an empty row
-   * (else every other rank of the comm would wait for it until the
-   * timeout). */
-  bool end_warmup =
-      m->warmup && (m->nfwd > 0 || (!m->offload && m->comm != NULL));
+   * gather is collective: it joins it with an empty row at the reset where
+   * the others end their warmup, the first after a training chunk (not
+   * forward-only, offload not disabled); else every other rank of the comm
+   * would wait for it until the timeout. */
+  bool end_warmup = m->warmup && (m->nfwd > 0 || (!m->offload &&
+                                                   m->comm != NULL &&
+                                                   m->off_trained));
   end_iteration(m);
   if (end_warmup) {
     ofl_status_t p = ofl__policy_end_warmup(m);

@@ -136,6 +136,8 @@ struct ofl_manager {
   int pp_rank, rank;
   char *groups_cfg, *dynamic_cfg;
   unsigned rules_off;
+  bool off_trained; /* offload off: a training chunk began (not forward-only,
+                       not disabled), so this reset ends the warmup */
   int fail_offload_after; /* tests: the offload of that many more clusters
                              succeeds, the next fails; <0: never */
   ofl_disk_t *disk; /* the tier below pinned memory, or NULL */

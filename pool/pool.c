@@ -271,24 +271,25 @@ static bool block_quiesce(pool_block_t *b) {
   return true;
 }
 
-/* A header for a new block: a spare one (its generation moves on) or a new
- * one. Lock not held. */
+/* A header for a new block: a spare one (its generation moves on; its
+ * pool, kind and lock stay, since stale handles may read them at any time)
+ * or a new one. Lock not held. */
 static pool_block_t *header_take(ofl_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   pool_block_t *b = p->spare_headers;
-  if (b != NULL)
-    p->spare_headers = b->next;
-  pthread_mutex_unlock(&p->mu);
-  uint32_t gen = 0;
   if (b != NULL) {
-    gen = b->st.gen + 1;
-    pthread_mutex_destroy(&b->order_mu);
-    memset(b, 0, sizeof *b);
-  } else if ((b = calloc(1, sizeof *b)) == NULL) {
-    return NULL;
+    p->spare_headers = b->next;
+    b->st.gen++;
+    b->next = b->key_next = NULL;
+    b->key = NULL;
+    b->held = b->carved = false;
   }
-  b->st.gen = gen;
-  pthread_mutex_init(&b->order_mu, NULL);
+  pthread_mutex_unlock(&p->mu);
+  if (b == NULL && (b = calloc(1, sizeof *b)) != NULL) {
+    pthread_mutex_init(&b->order_mu, NULL);
+    b->pool = p;
+    b->st.kind = OFL__STORAGE_BLOCK;
+  }
   return b;
 }
 
@@ -883,8 +884,6 @@ static ofl_status_t block_order(ofl_pool_t *p, pool_block_t *b,
   return s;
 }
 
-static ofl_status_t order_stream_get(ofl_pool_t *p, ofl_stream_t **out);
-
 ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
                                ofl_stream_t *stream, bool end_handle) {
   if (t == NULL)
@@ -921,12 +920,23 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
   }
   pool_block_t *b = (pool_block_t *)t->st;
   bool last = atomic_load(&b->st.refs) == 1;
-  /* An ordered release (a view's, or a stream wait at hand-out) recorded the
-   * block's event after its queued uses: reuse already waits for them, and
-   * the strict poison must too. */
-  bool ordered = atomic_load(&b->pending);
-  if (last && stream == NULL && p->strict && !ordered) {
-    size_t n = ofl__device_inflight(p->dev, b->st.base, b->st.bytes);
+  if (last && stream == NULL && p->strict) {
+    /* An ordered release (a view's) recorded the block's event after its
+     * queued uses: those are over once it completes. Other uses still
+     * queued (on other streams) make the free an error. */
+    if (atomic_load(&b->pending)) {
+      pthread_mutex_unlock(&p->mu);
+      (void)block_quiesce(b);
+      pthread_mutex_lock(&p->mu);
+      s = release_check(expect, t);
+      if (s != OFL_SUCCESS) {
+        pthread_mutex_unlock(&p->mu);
+        return s;
+      }
+      last = atomic_load(&b->st.refs) == 1;
+    }
+    size_t n = last ? ofl__device_inflight(p->dev, b->st.base, b->st.bytes)
+                    : 0;
     if (n > 0) {
       pthread_mutex_unlock(&p->mu);
       return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_POOL,
@@ -939,13 +949,6 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
   uint32_t gen = b->st.gen;
   pthread_mutex_unlock(&p->mu);
 
-  if (stream == NULL && last && p->strict && ordered) {
-    ofl_stream_t *order = NULL;
-    if (order_stream_get(p, &order) == OFL_SUCCESS)
-      stream = order; /* the poison is queued after the recorded uses */
-    else
-      (void)block_quiesce(b); /* or waits for them */
-  }
   if (stream != NULL) {
     s = block_order(p, b, stream, last);
     if (s != OFL_SUCCESS)

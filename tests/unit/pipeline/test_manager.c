@@ -864,3 +864,87 @@ Test(pipeline_manager, configuration_comes_from_the_environment) {
   H_OK(ofl_config_reload());
   h_close(&e);
 }
+
+/* the summary gather is collective. A rank with offload on skips it
+ * at a reset that recorded nothing (a forward-only pass first); a rank with
+ * offload off joins it at its very first reset. Both ranks must gather at the
+ * same reset, else every rank waits for the other until the timeout. */
+static int gathers_at_first_reset(int offload) {
+  ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
+  dp.backend = OFL_BACKEND_HOST;
+  ofl_device_t *dev = NULL;
+  cr_assert(eq(int, ofl_device_open(&dp, &dev), OFL_SUCCESS));
+  ofl_comm_params_t cp = OFL_COMM_PARAMS_INIT;
+  ofl_comm_t *comm = NULL;
+  cr_assert(eq(int, ofl_comm_create_self(&cp, &comm), OFL_SUCCESS));
+  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
+  mp.device = dev;
+  mp.offload = offload;
+  mp.groups = "";
+  mp.comm = comm;
+  ofl_manager_t *m = NULL;
+  cr_assert(eq(int, ofl_manager_create(&mp, &m), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  /* a forward-only pass (logprobs, validation) before the first training
+   * iteration, then its reset */
+  ofl_manager_set_forward_only(m, 1);
+  cr_assert(eq(int, ofl_manager_chunk_begin(m, 1, 0), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_manager_reset(m), OFL_SUCCESS));
+  int gathered = ofl_manager_summary(m) != NULL;
+  ofl_manager_set_forward_only(m, 0);
+  ofl_manager_destroy(m);
+  ofl_comm_destroy(comm);
+  ofl_device_close(dev);
+  return gathered;
+}
+
+Test(pipeline_manager, offload_off_rank_gathers_at_the_same_reset) {
+  int on = gathers_at_first_reset(1);
+  int off = gathers_at_first_reset(0);
+  cr_expect(eq(int, on, off),
+            "after a forward-only first pass: offload-on rank gathered %d, "
+            "offload-off rank gathered %d (a collective mismatch)",
+            on, off);
+}
+
+/* an offload failing half-way drops the abandoned copies from the
+ * counters: the disk tier's too. */
+Test(pipeline_manager, abandoned_disk_copies_leave_the_counters) {
+  h_env_t e;
+  h_open_dev(&e, 10, 23);
+  ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
+  kp.dev = e.dev;
+  kp.dir = "/tmp";
+  kp.budget_bytes = 0;
+  kp.groups = "core_attn";
+  kp.direct = OFL_DISK_DIRECT_OFF;
+  kp.engine = OFL_DISK_ENGINE_THREADS;
+  ofl_disk_t *disk = NULL;
+  H_OK(ofl_disk_open(&kp, &disk));
+  ofl_manager_params_t mp = h_params(&e);
+  mp.disk = disk;
+  H_OK(ofl_manager_create(&mp, &e.m));
+  ofl_tag_t t[3];
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  for (int i = 0; i < 3; i++)
+    H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 64 * KIB, 30 + (uint64_t)i),
+                                 &t[i]));
+  ofl__manager_fail_offload_after(e.m, 2);
+  cr_assert(eq(int, ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0),
+               OFL_ERR_INTERNAL));
+  ofl_manager_stats_t s = stats(&e);
+  cr_expect(eq(u64, s.offloaded_tensors, 0));
+  cr_expect(eq(u64, s.disk_tensors, 0), "disk_tensors %llu after abandon",
+            (unsigned long long)s.disk_tensors);
+  cr_expect(eq(u64, s.disk_bytes, 0));
+  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  for (int i = 2; i >= 0; i--)
+    cr_assert(eq(sz, h_pop_check(&e, t[i], 64 * KIB, 30 + (uint64_t)i), 0));
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_reset(e.m));
+  ofl_manager_destroy(e.m);
+  e.m = NULL;
+  ofl_disk_close(disk);
+  h_close(&e);
+}

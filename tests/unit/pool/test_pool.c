@@ -831,3 +831,73 @@ Test(pool, strict_free_after_an_ordered_view_release) {
   free(out);
   ofl_pool_destroy(pool);
 }
+
+/* Strict pools: an ordered release of a view covers only the view's uses; the
+ * base's own copy queued on another stream is not covered, so an unordered
+ * free of the base must still be refused (or its poison must wait for it). */
+Test(pool, strict_free_with_a_base_use_not_covered_by_a_view_release) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  ofl_stream_t *s = NULL, *s2 = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "copy", &s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_create(dev, "copy2", &s2), OFL_SUCCESS));
+  int64_t shape[1] = {1 << 16};
+  ofl_tensor_t *t = NULL, *v = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_SUCCESS));
+  fill(t, 9);
+  cr_assert(eq(int, ofl_tensor_alias(t, &v), OFL_SUCCESS));
+  uint8_t *out = malloc(1 << 16), *out2 = malloc(1 << 16);
+  /* the base's own copy, late, on s2 */
+  cr_assert(eq(int, ofl_stream_launch_host_func(s2, sleep_ms_fn, (void *)60),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(out2, ofl_tensor_data(t), 1 << 16,
+                                     OFL_COPY_D2H, s2),
+               OFL_SUCCESS));
+  /* the view's copy on s, released ordered on s */
+  cr_assert(eq(int, ofl_memcpy_async(out, ofl_tensor_data(v), 1 << 16,
+                                     OFL_COPY_D2H, s),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_release_storage_after(v, s), OFL_SUCCESS));
+  ofl_status_t st = ofl_tensor_destroy(t);
+  cr_assert(eq(int, ofl_stream_synchronize(s2, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
+  size_t wrong = 0;
+  for (size_t i = 0; i < (1u << 16); i++)
+    wrong += out2[i] != (uint8_t)(9 + i * 13);
+  cr_expect(st != OFL_SUCCESS || wrong == 0,
+            "unordered free accepted while the base's copy on s2 was queued; "
+            "%zu bytes of that copy read poison", wrong);
+  if (st != OFL_SUCCESS)
+    ofl_tensor_destroy(t);
+  ofl_tensor_destroy(v);
+  ofl_stream_destroy(s);
+  ofl_stream_destroy(s2);
+  free(out);
+  free(out2);
+  ofl_pool_destroy(pool);
+}
+
+/* A header recycled for a block whose creation failed goes back to
+ * the spare list with its pool and kind: a stale handle on it is still
+ * found stale, and no view of it can be made. */
+Test(pool, stale_handle_on_a_header_whose_next_block_failed) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
+  int64_t shape[1] = {0}, huge[1] = {(int64_t)512 << 20};
+  ofl_tensor_t *t = NULL, *u = NULL, *v = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_reset(pool), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_clear(pool), OFL_SUCCESS));
+  /* takes t's old header, the backend refuses, the header is retired */
+  cr_assert(eq(int, ofl_pool_alloc(pool, huge, 1, OFL_DTYPE_U8, NULL, &u),
+               OFL_ERR_NO_MEMORY));
+  cr_expect(eq(int, ofl_pool_free(pool, t), OFL_ERR_INVALID_ARG));
+  cr_expect(not(eq(ptr, strstr(ofl_last_error(), "stale"), NULL)), "%s",
+            ofl_last_error());
+  cr_expect(not(eq(int, ofl_tensor_alias(t, &v), OFL_SUCCESS)),
+            "a view of a stale handle was made");
+  if (v != NULL)
+    ofl_tensor_destroy(v); /* frees the header: double free at destroy */
+  cr_expect(eq(int, ofl_tensor_destroy(t), OFL_SUCCESS));
+  ofl_pool_destroy(pool);
+}
