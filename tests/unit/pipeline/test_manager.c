@@ -2,6 +2,7 @@
  * switches. */
 #include <ofl/log.h>
 
+#include "pool/disk_internal.h"
 #include "tests/unit/pipeline/harness.h"
 
 #define KIB ((size_t)1024)
@@ -942,6 +943,68 @@ Test(pipeline_manager, abandoned_disk_copies_leave_the_counters) {
   for (int i = 2; i >= 0; i--)
     cr_assert(eq(sz, h_pop_check(&e, t[i], 64 * KIB, 30 + (uint64_t)i), 0));
   H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_reset(e.m));
+  ofl_manager_destroy(e.m);
+  e.m = NULL;
+  ofl_disk_close(disk);
+  h_close(&e);
+}
+
+/* A read fault of the disk tier during backward (an injected EIO) is an
+ * error from the call that reloads (the prefetch in backward_begin or the
+ * pop), never wrong bytes; once the fault is gone the same tag pops its
+ * exact bytes. */
+Test(pipeline_manager, a_disk_read_fault_is_an_error_never_wrong_bytes) {
+  h_env_t e;
+  h_open_dev(&e, 10, 25);
+  ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
+  kp.dev = e.dev;
+  kp.dir = "/tmp";
+  kp.budget_bytes = 0;
+  kp.groups = "core_attn";
+  kp.direct = OFL_DISK_DIRECT_OFF;
+  kp.engine = OFL_DISK_ENGINE_THREADS;
+  kp.checksum = 1;
+  kp.keep_bytes = 0; /* read back from the file */
+  ofl_disk_t *disk = NULL;
+  H_OK(ofl_disk_open(&kp, &disk));
+  ofl_manager_params_t mp = h_params(&e);
+  mp.disk = disk;
+  H_OK(ofl_manager_create(&mp, &e.m));
+  ofl_tag_t t[2];
+  H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  for (int l = 0; l < 2; l++) {
+    H_OK(ofl_manager_group_start(e.m, "core_attn"));
+    H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 64 * KIB, 50 + (uint64_t)l),
+                                 &t[l]));
+    H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  }
+  H_OK(ofl_stream_synchronize(ofl_manager_d2h_stream(e.m), -1));
+  cr_assert(eq(u64, stats(&e).disk_tensors, 2));
+  ofl__disk_inject_fault(disk, OFL__DISK_FAULT_READ_EIO, 0, 1);
+  int failures = 0;
+  for (int l = 1; l >= 0; l--) {
+    ofl_status_t s = ofl_manager_group_backward_begin(e.m, "core_attn");
+    failures += s != OFL_SUCCESS;
+    ofl_tensor_t *x = NULL;
+    s = ofl_manager_tensor_pop(e.m, t[l], &x);
+    if (s != OFL_SUCCESS) {
+      failures++;
+      cr_assert(eq(ptr, x, NULL));
+      ofl__disk_inject_fault(disk, OFL__DISK_FAULT_NONE, 0, 0);
+      s = ofl_manager_tensor_pop(e.m, t[l], &x); /* the fault is gone */
+    }
+    cr_assert(eq(int, s, OFL_SUCCESS), "%s", ofl_last_error());
+    H_OK(ofl_stream_synchronize(ofl_device_compute_stream(e.dev), -1));
+    cr_assert(eq(sz, drv_wrong(ofl_tensor_data(x), 64 * KIB, 50 + (uint64_t)l),
+                 0));
+    H_OK(ofl_tensor_destroy(x));
+    H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  }
+  cr_assert(gt(int, failures, 0), "the injected fault was not seen");
+  ofl_disk_stats_t ds;
+  ofl_disk_get_stats(disk, &ds);
+  cr_assert(eq(u64, ds.faults_eio, 1));
   H_OK(ofl_manager_reset(e.m));
   ofl_manager_destroy(e.m);
   e.m = NULL;
