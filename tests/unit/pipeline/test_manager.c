@@ -950,11 +950,11 @@ Test(pipeline_manager, abandoned_disk_copies_leave_the_counters) {
   h_close(&e);
 }
 
-/* A read fault of the disk tier during backward (an injected EIO) is an
- * error from the call that reloads (the prefetch in backward_begin or the
- * pop), never wrong bytes; once the fault is gone the same tag pops its
- * exact bytes. */
-Test(pipeline_manager, a_disk_read_fault_is_an_error_never_wrong_bytes) {
+/* A read fault of the disk tier during backward (EIO, or a flipped byte
+ * that the checksum catches) is an error from the call that reloads (the
+ * prefetch in backward_begin or the pop), never wrong bytes; once the fault
+ * is gone the same tag pops its exact bytes. */
+static void disk_read_fault_run(ofl__disk_fault_t fault) {
   h_env_t e;
   h_open_dev(&e, 10, 25);
   ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
@@ -981,7 +981,7 @@ Test(pipeline_manager, a_disk_read_fault_is_an_error_never_wrong_bytes) {
   }
   H_OK(ofl_stream_synchronize(ofl_manager_d2h_stream(e.m), -1));
   cr_assert(eq(u64, stats(&e).disk_tensors, 2));
-  ofl__disk_inject_fault(disk, OFL__DISK_FAULT_READ_EIO, 0, 1);
+  ofl__disk_inject_fault(disk, fault, 0, 1);
   int failures = 0;
   for (int l = 1; l >= 0; l--) {
     ofl_status_t s = ofl_manager_group_backward_begin(e.m, "core_attn");
@@ -1004,10 +1004,18 @@ Test(pipeline_manager, a_disk_read_fault_is_an_error_never_wrong_bytes) {
   cr_assert(gt(int, failures, 0), "the injected fault was not seen");
   ofl_disk_stats_t ds;
   ofl_disk_get_stats(disk, &ds);
-  cr_assert(eq(u64, ds.faults_eio, 1));
+  cr_assert(eq(u64, ds.faults_eio + ds.faults_corrupt, 1));
+  cr_assert(eq(u64, fault == OFL__DISK_FAULT_READ_EIO ? ds.faults_eio
+                                                       : ds.faults_corrupt,
+               1));
   H_OK(ofl_manager_reset(e.m));
   ofl_manager_destroy(e.m);
   e.m = NULL;
   ofl_disk_close(disk);
   h_close(&e);
+}
+
+Test(pipeline_manager, a_disk_read_fault_is_an_error_never_wrong_bytes) {
+  disk_read_fault_run(OFL__DISK_FAULT_READ_EIO);
+  disk_read_fault_run(OFL__DISK_FAULT_READ_CORRUPT); /* checksum mismatch */
 }
