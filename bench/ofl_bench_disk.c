@@ -275,9 +275,8 @@ static size_t compare(int reps, size_t bounce, unsigned char **src,
   printf("%-34s %9.3f %9.3f %8llu %8llu %8llu %9.0f %7zu\n",
          sd.direct ? "ofl disk store, O_DIRECT" : "ofl disk store, auto", td,
          gbps(moved, td), (unsigned long long)sd.stalls,
-         (unsigned long long)sd.prefetch_hits,
-         (unsigned long long)sd.keep_hits, (double)sd.bytes_read / 1048576.0,
-         wrong_d);
+         (unsigned long long)sd.prefetch_hits, (unsigned long long)sd.keep_hits,
+         (double)sd.bytes_read / 1048576.0, wrong_d);
   printf("%-34s %9.3f %9.3f %8llu %8llu %8llu %9.0f %7zu\n",
          "ofl disk store, buffered", tb, gbps(moved, tb),
          (unsigned long long)sb.stalls, (unsigned long long)sb.prefetch_hits,

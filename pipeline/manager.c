@@ -390,9 +390,9 @@ ofl_status_t ofl_manager_reset(ofl_manager_t *m) {
    * the others end their warmup, the first after a training chunk (not
    * forward-only, offload not disabled); else every other rank of the comm
    * would wait for it until the timeout. */
-  bool end_warmup = m->warmup && (m->nfwd > 0 || (!m->offload &&
-                                                   m->comm != NULL &&
-                                                   m->off_trained));
+  bool end_warmup =
+      m->warmup &&
+      (m->nfwd > 0 || (!m->offload && m->comm != NULL && m->off_trained));
   end_iteration(m);
   if (end_warmup) {
     ofl_status_t p = ofl__policy_end_warmup(m);

@@ -146,7 +146,7 @@ struct ofl_disk {
   pthread_cond_t done_cv; /* an operation finished */
   pthread_cond_t work_cv; /* thread engine: requests are queued */
   disk_space_t space;
-  ofl_disk_extent_t *live; /* list of live extents */
+  ofl_disk_extent_t *live;                  /* list of live extents */
   ofl_disk_extent_t *keep_head, *keep_tail; /* kept buffers, oldest first */
   size_t keep_cap, kept_bytes;
   /* Operations with requests left to cut, [0] reads and [1] writes. Reads

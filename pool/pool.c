@@ -574,8 +574,8 @@ static bool evict_for(ofl_pool_t *p, pool_key_t *k, size_t bytes,
       continue;
     /* Blocks in the reserve give no room: the reserve stays. */
     for (pool_block_t *b = o->free_head; b != NULL && avail < need; b = b->next)
-      if (!b->carved && (!atomic_load(&b->pending) ||
-                         ofl_event_query(b->ev) == OFL_SUCCESS))
+      if (!b->carved &&
+          (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS))
         avail += b->st.bytes;
   }
   if (avail < need)
@@ -935,8 +935,7 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
       }
       last = atomic_load(&b->st.refs) == 1;
     }
-    size_t n = last ? ofl__device_inflight(p->dev, b->st.base, b->st.bytes)
-                    : 0;
+    size_t n = last ? ofl__device_inflight(p->dev, b->st.base, b->st.bytes) : 0;
     if (n > 0) {
       pthread_mutex_unlock(&p->mu);
       return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_POOL,

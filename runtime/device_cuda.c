@@ -38,7 +38,6 @@ static void clear_not_ready(void) {
     (void)cudaGetLastError();
 }
 
-
 ofl_status_t ofl__cuda_probe(int device_index, char *why, size_t cap) {
   int n = 0;
   cudaError_t ce = cudaGetDeviceCount(&n);
@@ -246,7 +245,8 @@ static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
                       "locked-memory limit (ulimit -l)",
                       bytes, cudaGetErrorString(ce));
   }
-  *node = (size_node_t){.ptr = user, .bytes = bytes, .dev = dev, .pinned = true};
+  *node =
+      (size_node_t){.ptr = user, .bytes = bytes, .dev = dev, .pinned = true};
   node_add(node);
   *out = user;
   return OFL_SUCCESS;

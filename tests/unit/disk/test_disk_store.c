@@ -521,7 +521,8 @@ Test(disk, reads_overtake_queued_writes_and_unstarted_writes_are_dropped) {
   ofl_disk_stats_t s = disk_stats(d);
   cr_expect(eq(u64, s.writes_skipped, 1));
   cr_expect(eq(u64, s.bytes_skipped, 8 << 20));
-  cr_expect(eq(u64, s.bytes_written, (1 << 20) + (uint64_t)(N - 1) * (8 << 20)));
+  cr_expect(
+      eq(u64, s.bytes_written, (1 << 20) + (uint64_t)(N - 1) * (8 << 20)));
   cr_expect(eq(u64, s.writes, N)); /* r and N - 1 of the others */
   cr_assert(eq(int, ofl_disk_extent_reload(r, -1, &data), OFL_SUCCESS));
   cr_expect(eq(sz, count_wrong(data, 1 << 20, 1), 0));

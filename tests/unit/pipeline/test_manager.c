@@ -715,8 +715,8 @@ Test(pipeline_manager, an_offload_failing_half_way_keeps_the_group_on_device) {
     H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
     H_OK(ofl_manager_group_start(e.m, "core_attn"));
     for (int i = 0; i < N; i++)
-      H_OK(ofl_manager_tensor_push(
-          e.m, h_tensor(&e, 8 * KIB, 40 + (uint64_t)i), &t[i]));
+      H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 8 * KIB, 40 + (uint64_t)i),
+                                   &t[i]));
     H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
     H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
     for (int i = N - 1; i >= 0; i--)
@@ -996,8 +996,8 @@ static void disk_read_fault_run(ofl__disk_fault_t fault) {
     }
     cr_assert(eq(int, s, OFL_SUCCESS), "%s", ofl_last_error());
     H_OK(ofl_stream_synchronize(ofl_device_compute_stream(e.dev), -1));
-    cr_assert(eq(sz, drv_wrong(ofl_tensor_data(x), 64 * KIB, 50 + (uint64_t)l),
-                 0));
+    cr_assert(
+        eq(sz, drv_wrong(ofl_tensor_data(x), 64 * KIB, 50 + (uint64_t)l), 0));
     H_OK(ofl_tensor_destroy(x));
     H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
   }
@@ -1005,9 +1005,10 @@ static void disk_read_fault_run(ofl__disk_fault_t fault) {
   ofl_disk_stats_t ds;
   ofl_disk_get_stats(disk, &ds);
   cr_assert(eq(u64, ds.faults_eio + ds.faults_corrupt, 1));
-  cr_assert(eq(u64, fault == OFL__DISK_FAULT_READ_EIO ? ds.faults_eio
-                                                       : ds.faults_corrupt,
-               1));
+  cr_assert(
+      eq(u64,
+         fault == OFL__DISK_FAULT_READ_EIO ? ds.faults_eio : ds.faults_corrupt,
+         1));
   H_OK(ofl_manager_reset(e.m));
   ofl_manager_destroy(e.m);
   e.m = NULL;

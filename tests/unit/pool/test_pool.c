@@ -795,7 +795,9 @@ Test(pool, double_free_after_other_allocations_is_found) {
   ofl_pool_destroy(pool);
 }
 
-static void sleep_ms_fn(void *arg) { usleep((useconds_t)(uintptr_t)arg * 1000); }
+static void sleep_ms_fn(void *arg) {
+  usleep((useconds_t)(uintptr_t)arg * 1000);
+}
 
 /* Strict pools: a view released stream-ordered after its copy, then the
  * base freed without a stream. The view's release already orders the
@@ -815,9 +817,9 @@ Test(pool, strict_free_after_an_ordered_view_release) {
   cr_assert(not(eq(ptr, out, NULL)));
   cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_ms_fn, (void *)40),
                OFL_SUCCESS));
-  cr_assert(eq(int, ofl_memcpy_async(out, ofl_tensor_data(v), 1 << 16,
-                                     OFL_COPY_D2H, s),
-               OFL_SUCCESS));
+  cr_assert(eq(
+      int, ofl_memcpy_async(out, ofl_tensor_data(v), 1 << 16, OFL_COPY_D2H, s),
+      OFL_SUCCESS));
   cr_assert(eq(int, ofl_tensor_release_storage_after(v, s), OFL_SUCCESS));
   cr_expect(eq(int, ofl_tensor_destroy(t), OFL_SUCCESS), "%s",
             ofl_last_error());
@@ -850,13 +852,14 @@ Test(pool, strict_free_with_a_base_use_not_covered_by_a_view_release) {
   /* the base's own copy, late, on s2 */
   cr_assert(eq(int, ofl_stream_launch_host_func(s2, sleep_ms_fn, (void *)60),
                OFL_SUCCESS));
-  cr_assert(eq(int, ofl_memcpy_async(out2, ofl_tensor_data(t), 1 << 16,
-                                     OFL_COPY_D2H, s2),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int,
+         ofl_memcpy_async(out2, ofl_tensor_data(t), 1 << 16, OFL_COPY_D2H, s2),
+         OFL_SUCCESS));
   /* the view's copy on s, released ordered on s */
-  cr_assert(eq(int, ofl_memcpy_async(out, ofl_tensor_data(v), 1 << 16,
-                                     OFL_COPY_D2H, s),
-               OFL_SUCCESS));
+  cr_assert(eq(
+      int, ofl_memcpy_async(out, ofl_tensor_data(v), 1 << 16, OFL_COPY_D2H, s),
+      OFL_SUCCESS));
   cr_assert(eq(int, ofl_tensor_release_storage_after(v, s), OFL_SUCCESS));
   ofl_status_t st = ofl_tensor_destroy(t);
   cr_assert(eq(int, ofl_stream_synchronize(s2, 10000), OFL_SUCCESS));
@@ -866,7 +869,8 @@ Test(pool, strict_free_with_a_base_use_not_covered_by_a_view_release) {
     wrong += out2[i] != (uint8_t)(9 + i * 13);
   cr_expect(st != OFL_SUCCESS || wrong == 0,
             "unordered free accepted while the base's copy on s2 was queued; "
-            "%zu bytes of that copy read poison", wrong);
+            "%zu bytes of that copy read poison",
+            wrong);
   if (st != OFL_SUCCESS)
     ofl_tensor_destroy(t);
   ofl_tensor_destroy(v);
