@@ -696,18 +696,14 @@ static ofl_status_t reload_group(ofl_manager_t *m, group_t *g) {
  * Systems), the compute track of the Chrome trace on the host backend. */
 ofl_status_t ofl__group_commit_now(ofl_manager_t *m, group_t *g,
                                    ofl_tensor_t *const *forced, size_t n) {
-  char range[96];
-  snprintf(range, sizeof range, "ofl offload %s", ofl__gname(m, g));
-  ofl_range_push(m->dev, range);
+  ofl_range_push(m->dev, m->names[g->nid].range_offload);
   ofl_status_t st = commit_group(m, g, forced, n);
   ofl_range_pop(m->dev);
   return st;
 }
 
 ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g) {
-  char range[96];
-  snprintf(range, sizeof range, "ofl reload %s", ofl__gname(m, g));
-  ofl_range_push(m->dev, range);
+  ofl_range_push(m->dev, m->names[g->nid].range_reload);
   ofl_status_t st = reload_group(m, g);
   ofl_range_pop(m->dev);
   return st;

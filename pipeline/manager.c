@@ -85,10 +85,21 @@ ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out) {
   name_info_t *ni = &m->names[m->nnames];
   memset(ni, 0, sizeof *ni);
   ni->name = strdup(name);
+  size_t len = strlen(name) + sizeof "ofl offload ";
+  ni->range_offload = malloc(len);
+  ni->range_reload = malloc(len);
+  if (ni->range_offload != NULL && ni->range_reload != NULL) {
+    snprintf(ni->range_offload, len, "ofl offload %s", name);
+    snprintf(ni->range_reload, len, "ofl reload %s", name);
+  }
   if (m->max_inflight > 0)
     ni->ring = calloc(m->max_inflight + 1, sizeof *ni->ring);
-  if (ni->name == NULL || (m->max_inflight > 0 && ni->ring == NULL)) {
+  if (ni->name == NULL || ni->range_offload == NULL ||
+      ni->range_reload == NULL ||
+      (m->max_inflight > 0 && ni->ring == NULL)) {
     free(ni->name);
+    free(ni->range_offload);
+    free(ni->range_reload);
     free(ni->ring);
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
                       "rank %d: no memory for group name %s", m->rank, name);
@@ -259,6 +270,8 @@ void ofl_manager_destroy(ofl_manager_t *m) {
     ofl_device_close(m->dev);
   for (int i = 0; i < m->nnames; i++) {
     free(m->names[i].name);
+    free(m->names[i].range_offload);
+    free(m->names[i].range_reload);
     free(m->names[i].ring);
   }
   for (uint32_t i = 0; i < m->capdelayed; i++)

@@ -83,6 +83,8 @@ struct chunk {
 
 typedef struct name_info {
   char *name;
+  /* Range names ("ofl offload <name>", "ofl reload <name>"), made once. */
+  char *range_offload, *range_reload;
   bool selected; /* offloaded at all (params.groups) */
   bool dynamic;  /* byte-keyed pool blocks */
   uint64_t summary_bytes;
