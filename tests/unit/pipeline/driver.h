@@ -327,6 +327,7 @@ static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
     kp.bounce_budget_bytes = 0;
     kp.prefetch_groups = 2;
     kp.checksum = 1;
+    kp.keep_bytes = 0; /* every reload reads the file (and its checksum) */
     kp.direct = OFL_DISK_DIRECT_OFF;
     kp.engine = OFL_DISK_ENGINE_THREADS;
     kp.rank = cfg->rank;
