@@ -16,6 +16,7 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,11 +38,29 @@ enum {
 
 typedef struct mpi_impl {
   MPI_Comm comm;
-  /* Send buffers of requests abandoned after a failure: MPI may still read
-   * them, so they are freed only with the comm. */
+  /* Buffers of requests abandoned after a failure: MPI may still read or
+   * write them (a late peer), so they outlive the comm (see kept_forever). */
   void **graveyard;
   size_t ngrave;
 } mpi_impl_t;
+
+/* Buffers of abandoned requests of destroyed comms: a late peer may still
+ * complete a transfer into or out of them, so they are never freed (they
+ * exist only after a fault), and stay reachable. */
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static void **kept_forever;
+static size_t nkept_forever;
+
+static void keep_forever(void **bufs, size_t n) {
+  pthread_mutex_lock(&kept_mu);
+  void **k = realloc(kept_forever, (nkept_forever + n) * sizeof(void *));
+  if (k != NULL) { /* else: leaked, which is as safe */
+    kept_forever = k;
+    memcpy(k + nkept_forever, bufs, n * sizeof(void *));
+    nkept_forever += n;
+  }
+  pthread_mutex_unlock(&kept_mu);
+}
 
 typedef struct wire_hdr {
   uint32_t magic, seq;
@@ -594,8 +613,14 @@ static void mpi_destroy(ofl_comm_t *c) {
   MPI_Finalized(&fin);
   if (!fin && m->comm != MPI_COMM_NULL)
     MPI_Comm_free(&m->comm);
-  for (size_t i = 0; i < m->ngrave; i++)
-    free(m->graveyard[i]);
+  if (m->ngrave > 0) {
+    OFL_INFO(OFL_SUBSYS_COLL,
+             "mpi comm destroyed with %zu buffers of operations abandoned "
+             "after a fault; kept for the life of the process, since a late "
+             "rank may still transfer into or out of them",
+             m->ngrave);
+    keep_forever(m->graveyard, m->ngrave);
+  }
   free(m->graveyard);
   free(m);
 }
@@ -650,14 +675,17 @@ ofl_status_t ofl_comm_create_mpi_handle(const void *mpi_comm,
                   "duplicating the communicator", -1, &timed_out);
   if (timed_out) {
     /* A pending nonblocking collective cannot be cancelled or freed; the
-     * request is left to MPI. */
-    free(m);
+     * request is left to MPI, and m, whose comm field it may still write
+     * when a late rank completes it, is kept for the life of the process. */
+    void *keep[1] = {m};
+    keep_forever(keep, 1);
     free(c);
     return ofl__error(
         OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
         "ofl_comm_create_mpi: not every rank of the "
         "communicator called it within %lld ms; it is "
-        "collective",
+        "collective. The duplication is still pending on your "
+        "communicator: do not start other collectives on it",
         (long long)ofl__timeout_ms(params ? params->timeout_ms : -1));
   }
   if (st == OFL_SUCCESS) {
