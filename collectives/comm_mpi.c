@@ -421,8 +421,19 @@ static ofl_status_t root_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
   }
   unsigned char *reply = NULL;
   size_t reply_len = 0;
+  if (st == OFL_SUCCESS && (uint64_t)len > MAX_PAYLOAD)
+    st = ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_COLL,
+                    "mpi comm: rank 0's table of %zu bytes is over the "
+                    "%llu-byte limit of one message",
+                    len, (unsigned long long)MAX_PAYLOAD);
   if (st == OFL_SUCCESS && to_all)
     st = ofl__blobs_encode(&b, &reply, &reply_len);
+  if (st == OFL_SUCCESS && (uint64_t)reply_len > MAX_PAYLOAD)
+    st = ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_COLL,
+                    "mpi comm: the gathered tables make %zu bytes, over the "
+                    "%llu-byte limit of one message; gather on rank 0 only "
+                    "(root_only) or use fewer names",
+                    reply_len, (unsigned long long)MAX_PAYLOAD);
   if (st != OFL_SUCCESS) {
     /* The others get rank 0's message (with its terminating NUL). */
     const char *msg = ofl_last_error();
