@@ -47,22 +47,36 @@ static bool source_freed(const ofl_tensor_t *keep) {
   return atomic_load(&st->refs) <= 1;
 }
 
+/* Lock held: the outcome of a joined set. */
+static ofl_status_t joined_status(const ofl_staged_t *set) {
+  ofl_status_t st = set->status;
+  if (st != OFL_SUCCESS)
+    ofl__error_quiet(st, "%s", set->message);
+  return st;
+}
+
 ofl_status_t ofl__staged_join(ofl_staged_t *set, int64_t timeout_ms) {
   pthread_mutex_lock(&set->join_lock);
   if (!set->pending) {
-    ofl_status_t st = set->status;
-    if (st != OFL_SUCCESS)
-      ofl__error_quiet(st, "%s", set->message);
+    ofl_status_t st = joined_status(set);
     pthread_mutex_unlock(&set->join_lock);
     return st;
   }
+  /* The wait runs without the lock: a save thread joining with the default
+   * timeout must not hold up a caller's short synchronize or a status. */
+  uint64_t gen = set->stage_gen;
+  pthread_mutex_unlock(&set->join_lock);
   ofl_status_t st = ofl_event_synchronize(set->done, timeout_ms);
-  if (st == OFL_ERR_TIMEOUT) {
-    pthread_mutex_unlock(&set->join_lock);
+  if (st == OFL_ERR_TIMEOUT)
     return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_STAGING,
                       "staging copies of %zu tensors not complete in time; "
                       "the D2H stream is stalled or the timeout too short",
                       set->n);
+  pthread_mutex_lock(&set->join_lock);
+  if (!set->pending || set->stage_gen != gen) { /* another join did it */
+    st = joined_status(set);
+    pthread_mutex_unlock(&set->join_lock);
+    return st;
   }
   if (st != OFL_SUCCESS) {
     snprintf(set->message, sizeof set->message,
@@ -518,6 +532,8 @@ static ofl_status_t wait_saves_done(ofl_stager_t *s, ofl_staged_t *set) {
 static void set_status(ofl_staged_t *set, bool pending, ofl_status_t st) {
   pthread_mutex_lock(&set->join_lock);
   set->pending = pending;
+  if (pending)
+    set->stage_gen++;
   set->status = st;
   if (st == OFL_SUCCESS)
     set->message[0] = '\0';
@@ -576,7 +592,9 @@ ofl_status_t ofl_stager_stage(ofl_stager_t *s, const ofl_named_tensor_t *in,
   if (!reuse && s->p.cache_staged) {
     if (s->cached != NULL) {
       ofl_staged_release(s->cached); /* holders keep it alive */
+      pthread_mutex_lock(&s->lock);
       s->stats.cache_rebuilds++;
+      pthread_mutex_unlock(&s->lock);
     }
     ofl__staged_ref(set);
     s->cached = set;

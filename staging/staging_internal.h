@@ -76,6 +76,7 @@ struct ofl_staged {
   /* Join state, under join_lock. */
   pthread_mutex_t join_lock;
   bool pending;           /* copies queued, not yet joined */
+  uint64_t stage_gen;     /* bumped by every stage into the set */
   ofl_tensor_t **keep;    /* one alias per group: source storage held */
   const char **keep_name; /* a tensor name of each group, for messages */
   ofl_status_t status;

@@ -772,3 +772,74 @@ Test(stager, saved_checkpoint_restores_into_device_tensors) {
   free_state(t);
   ofl_stager_destroy(s);
 }
+
+/* A save thread joining a stage whose copies are still queued waits on the
+ * stage's event without holding the set's lock: the caller's short
+ * synchronize still times out and the set's status still says NOT_READY.
+ * The stager's D2H stream is held by a gate that opens only after those
+ * calls returned (or, if they block, after a 20 s watchdog, which fails the
+ * test). */
+static atomic_int stall_open;
+static void stall_fn(void *arg) {
+  (void)arg;
+  while (!atomic_load(&stall_open))
+    usleep(1000);
+}
+static void *stall_watchdog(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 2000 && !atomic_load(&stall_open); i++)
+    usleep(10 * 1000);
+  atomic_store(&stall_open, 1);
+  return NULL;
+}
+
+Test(stager, a_save_joining_does_not_block_a_short_synchronize_or_status) {
+  ofl_stager_params_t p = OFL_STAGER_PARAMS_INIT;
+  p.async_staging = 1;
+  ofl_stream_t *d2h = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "staging-d2h", &d2h), OFL_SUCCESS));
+  p.stream = d2h;
+  ofl_stager_t *s = NULL;
+  cr_assert(eq(int, ofl_stager_create(dev, &p, &s), OFL_SUCCESS));
+  ofl_tensor_t *t[NT];
+  ofl_named_tensor_t nt[NT];
+  make_state(t, nt, 500);
+  atomic_store(&stall_open, 0);
+  cr_assert(eq(int, ofl_stream_launch_host_func(d2h, stall_fn, NULL),
+               OFL_SUCCESS));
+  pthread_t th;
+  cr_assert(eq(int, pthread_create(&th, NULL, stall_watchdog, NULL), 0));
+  ofl_staged_t *set = NULL;
+  cr_assert(eq(int, ofl_stager_stage(s, nt, NT, &set), OFL_SUCCESS));
+  char path[300];
+  snprintf(path, sizeof path, "%s/pending.safetensors", dir);
+  ofl_save_future_t *f = NULL;
+  cr_assert(eq(int, ofl_stager_save(s, set, path, NULL, 0, &f), OFL_SUCCESS));
+  usleep(50 * 1000); /* the save thread is in its join by now */
+  ofl_status_t sy = ofl_stager_synchronize(s, 50);
+  ofl_status_t ss = ofl_staged_status(set);
+  int gate_was_open = atomic_load(&stall_open);
+  atomic_store(&stall_open, 1);
+  pthread_join(th, NULL);
+  cr_expect(eq(int, gate_was_open, 0), "the calls blocked until the watchdog");
+  cr_expect(eq(int, sy, OFL_ERR_TIMEOUT));
+  cr_expect(eq(int, ss, OFL_ERR_NOT_READY));
+  cr_assert(eq(int, ofl_save_wait(f, 20000), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  cr_assert(eq(int, ofl_stager_synchronize(s, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_staged_status(set), OFL_SUCCESS));
+  ofl_safetensors_t *rd = NULL;
+  cr_assert(eq(int, ofl_safetensors_open(path, &rd), OFL_SUCCESS));
+  for (int i = 0; i < NT; i++) {
+    ofl_safetensors_entry_t e;
+    cr_assert(eq(int, ofl_safetensors_find(rd, nt[i].name, &e), OFL_SUCCESS));
+    cr_assert(eq(int, memcmp(e.data, ofl_tensor_data(t[i]), e.bytes), 0),
+              "bytes of %s", nt[i].name);
+  }
+  ofl_safetensors_close(rd);
+  ofl_save_release(f);
+  ofl_staged_release(set);
+  free_state(t);
+  ofl_stager_destroy(s);
+  ofl_stream_destroy(d2h);
+}
