@@ -788,18 +788,28 @@ Test(pipeline_manager, tensors_not_on_the_device_and_small_ones_stay) {
   h_close(&e);
 }
 
+/* A disk store for the manager tests: buffered I/O through the thread
+ * engine in /tmp, groups on disk as named, no kept buffers unless keep. */
+static ofl_disk_t *h_disk(h_env_t *e, const char *groups, int checksum,
+                          size_t keep) {
+  ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
+  kp.dev = e->dev;
+  kp.dir = "/tmp";
+  kp.budget_bytes = 0;
+  kp.groups = groups;
+  kp.direct = OFL_DISK_DIRECT_OFF;
+  kp.engine = OFL_DISK_ENGINE_THREADS;
+  kp.checksum = checksum;
+  kp.keep_bytes = keep;
+  ofl_disk_t *disk = NULL;
+  H_OK(ofl_disk_open(&kp, &disk));
+  return disk;
+}
+
 Test(pipeline_manager, host_budget_full_falls_to_the_disk_tier) {
   h_env_t e;
   h_open_dev(&e, 10, 23);
-  ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
-  kp.dev = e.dev;
-  kp.dir = "/tmp";
-  kp.budget_bytes = 0;
-  kp.groups = "";
-  kp.direct = OFL_DISK_DIRECT_OFF;
-  kp.engine = OFL_DISK_ENGINE_THREADS;
-  ofl_disk_t *disk = NULL;
-  H_OK(ofl_disk_open(&kp, &disk));
+  ofl_disk_t *disk = h_disk(&e, "", 0, OFL_DISK_FROM_ENV);
   ofl_manager_params_t mp = h_params(&e);
   mp.host_budget_bytes = (int64_t)(100 * KIB);
   mp.disk = disk;
@@ -913,15 +923,7 @@ Test(pipeline_manager, offload_off_rank_gathers_at_the_same_reset) {
 Test(pipeline_manager, abandoned_disk_copies_leave_the_counters) {
   h_env_t e;
   h_open_dev(&e, 10, 23);
-  ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
-  kp.dev = e.dev;
-  kp.dir = "/tmp";
-  kp.budget_bytes = 0;
-  kp.groups = "core_attn";
-  kp.direct = OFL_DISK_DIRECT_OFF;
-  kp.engine = OFL_DISK_ENGINE_THREADS;
-  ofl_disk_t *disk = NULL;
-  H_OK(ofl_disk_open(&kp, &disk));
+  ofl_disk_t *disk = h_disk(&e, "core_attn", 0, OFL_DISK_FROM_ENV);
   ofl_manager_params_t mp = h_params(&e);
   mp.disk = disk;
   H_OK(ofl_manager_create(&mp, &e.m));
@@ -957,17 +959,7 @@ Test(pipeline_manager, abandoned_disk_copies_leave_the_counters) {
 static void disk_read_fault_run(ofl__disk_fault_t fault) {
   h_env_t e;
   h_open_dev(&e, 10, 25);
-  ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
-  kp.dev = e.dev;
-  kp.dir = "/tmp";
-  kp.budget_bytes = 0;
-  kp.groups = "core_attn";
-  kp.direct = OFL_DISK_DIRECT_OFF;
-  kp.engine = OFL_DISK_ENGINE_THREADS;
-  kp.checksum = 1;
-  kp.keep_bytes = 0; /* read back from the file */
-  ofl_disk_t *disk = NULL;
-  H_OK(ofl_disk_open(&kp, &disk));
+  ofl_disk_t *disk = h_disk(&e, "core_attn", 1, 0); /* read back the file */
   ofl_manager_params_t mp = h_params(&e);
   mp.disk = disk;
   H_OK(ofl_manager_create(&mp, &e.m));
