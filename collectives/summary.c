@@ -162,10 +162,35 @@ ofl_status_t ofl_summary_gather(ofl_comm_t *comm, const ofl_byte_table_t *local,
   ofl__blobs_t b = {0};
   ofl_summary_t *s = NULL;
   ofl_status_t st = ofl__byte_table_encode(local, &mine, &len);
-  if (st == OFL_SUCCESS)
+  bool gathered = false;
+  if (st == OFL_SUCCESS) {
     st = ofl__comm_gather(comm, mine, len, !root_only, &b);
+    gathered = st == OFL_SUCCESS;
+  }
   if (st == OFL_SUCCESS && (!root_only || comm->rank == 0))
     st = from_blobs(&b, &s);
+  if (gathered && root_only && comm->size > 1) {
+    /* Every rank learns whether rank 0 built the summary: the others were
+     * told the gather succeeded before rank 0 built it. */
+    int32_t root_st = (int32_t)st;
+    ofl__blobs_t agree = {0};
+    ofl_status_t a = ofl__comm_gather(comm, &root_st, sizeof root_st, true,
+                                      &agree);
+    if (a == OFL_SUCCESS && agree.nranks > 0 && agree.lens[0] == sizeof root_st)
+      memcpy(&root_st, agree.data + agree.offsets[0], sizeof root_st);
+    ofl__blobs_free(&agree);
+    if (a != OFL_SUCCESS && st == OFL_SUCCESS) {
+      st = a;
+      ofl_summary_destroy(s);
+      s = NULL;
+    }
+    else if (comm->rank != 0 && st == OFL_SUCCESS &&
+             root_st != (int32_t)OFL_SUCCESS)
+      st = ofl__error((ofl_status_t)root_st, OFL_SUBSYS_COLL,
+                      "ofl_summary_gather: rank 0 could not build the "
+                      "summary (%s); its log says why",
+                      ofl_status_str((ofl_status_t)root_st));
+  }
   if (st == OFL_SUCCESS) {
     OFL_INFO(OFL_SUBSYS_COLL,
              "summary gathered on rank %d of %d (%s comm): %zu groups, total "

@@ -263,7 +263,7 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &wn);
   ofl_log_set_rank(wr);
   if (wr == 0)
-    tap_plan(9);
+    tap_plan(10);
   long bad, total;
 
   /* 1, 2: tables on rank 0 only, then on every rank. */
@@ -387,6 +387,32 @@ int main(int argc, char **argv) {
            "manager summary with offload off on the last rank: every reset "
            "succeeds, that rank's row is zeros (%ld wrong)",
            total);
+
+  /* 10: with root_only, rank 0 fails to build the summary (every rank holds
+   * "g" = 2^63, so the group total overflows 64 bits, found only after the
+   * transfer): every rank reports that failure, not only rank 0. */
+  {
+    ofl_byte_table_t *t = NULL;
+    bad = ofl_byte_table_create(&t) != OFL_SUCCESS ||
+          ofl_byte_table_set(t, "g", UINT64_C(1) << 63) != OFL_SUCCESS;
+    ofl_summary_t *s = NULL;
+    ofl_log_set_level(OFL_LOG_NONE);
+    ofl_status_t st = comm ? ofl_summary_gather(comm, t, 1, &s)
+                           : OFL_ERR_INTERNAL;
+    ofl_log_set_level(OFL_LOG_WARN);
+    bad += wn == 1 ? st != OFL_SUCCESS : st == OFL_SUCCESS || s != NULL;
+    int mine = (int)st, first = 0;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    bad += mine != first; /* the same status everywhere */
+    ofl_summary_destroy(s);
+    ofl_byte_table_destroy(t);
+    total = sum_to_root(bad);
+    if (wr == 0)
+      tap_ok(total == 0,
+             "root_only: a summary rank 0 cannot build fails on every rank "
+             "with the same status (%ld wrong)",
+             total);
+  }
 
   /* 8: ranks that disagree on root_only all get OFL_ERR_MISMATCH (with one
    * rank this is simply a successful gather). */
