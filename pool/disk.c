@@ -868,11 +868,6 @@ ofl_status_t ofl_disk_extent_wait(ofl_disk_extent_t *e, int64_t timeout_ms) {
 /* Lock not held. Starts a read of an ON_DISK extent into a new buffer. */
 static ofl_status_t start_read(ofl_disk_extent_t *e) {
   ofl_disk_t *d = e->disk;
-  lock(d);
-  bool kept = e->state == OFL_DISK_EXTENT_ON_DISK && keep_take(d, e);
-  unlock(d);
-  if (kept)
-    return OFL_SUCCESS;
   ofl_tensor_t *t = NULL;
   OFL_CHECK(buffer_alloc(d, e->span, &t));
   lock(d);
@@ -897,6 +892,8 @@ ofl_status_t ofl_disk_extent_prefetch(ofl_disk_extent_t *e) {
   ofl_disk_extent_state_t s = e->state;
   if (s == OFL_DISK_EXTENT_WRITING)
     e->keep_buffer = true; /* the bytes are still in host memory */
+  else if (s == OFL_DISK_EXTENT_ON_DISK && keep_take(d, e))
+    s = OFL_DISK_EXTENT_RESIDENT; /* a kept buffer: no read */
   unlock(d);
   if (s != OFL_DISK_EXTENT_ON_DISK)
     return OFL_SUCCESS;
