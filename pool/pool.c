@@ -70,13 +70,12 @@ struct ofl_pool {
   void *arena;
   size_t arena_bytes, arena_used;
   uint64_t arena_live;
-  /* Ended handles, ready for the next ofl_pool_alloc; all handles made. */
   /* Ended handles, reused first in, first out and only once more than
    * HANDLE_QUARANTINE wait: a handle freed twice with allocations between
    * is still found ended rather than taken for its next owner's. */
   ofl_tensor_t *handle_cache, *handle_cache_tail;
   size_t handle_cache_n;
-  ofl_tensor_t *handles_all;
+  ofl_tensor_t *handles_all; /* every handle made */
   /* Headers of destroyed blocks, kept for new blocks until the pool is
    * destroyed: a stale handle (its block reclaimed by reset, then freed by
    * clear or eviction) still points at its header and finds another
@@ -557,6 +556,13 @@ static void key_forget(ofl_pool_t *p, pool_block_t *b) {
   }
 }
 
+/* Lock held: a free block eviction may take: its last use is over, and it
+ * lies outside the reserve (a block in the reserve gives no room). */
+static bool evictable(pool_block_t *b) {
+  return !b->carved &&
+         (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS);
+}
+
 /* Lock held. Makes room for bytes by taking free blocks of keys other than
  * k whose last use is over, oldest first per key; returns them in *victims
  * for block_destroy outside the lock. Takes nothing when that cannot make
@@ -572,10 +578,8 @@ static bool evict_for(ofl_pool_t *p, pool_key_t *k, size_t bytes,
   for (pool_key_t *o = p->keys; o != NULL && avail < need; o = o->lnext) {
     if (o == k)
       continue;
-    /* Blocks in the reserve give no room: the reserve stays. */
     for (pool_block_t *b = o->free_head; b != NULL && avail < need; b = b->next)
-      if (!b->carved &&
-          (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS))
+      if (evictable(b))
         avail += b->st.bytes;
   }
   if (avail < need)
@@ -587,8 +591,7 @@ static bool evict_for(ofl_pool_t *p, pool_key_t *k, size_t bytes,
     pool_block_t *prev = NULL, *b = o->free_head;
     while (b != NULL && got < need) {
       pool_block_t *next = b->next;
-      if (!b->carved && (!atomic_load(&b->pending) ||
-                         ofl_event_query(b->ev) == OFL_SUCCESS)) {
+      if (evictable(b)) {
         free_unlink(o, prev, b);
         key_forget(p, b);
         got += b->st.bytes;
