@@ -135,20 +135,13 @@ ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
                       "ofl_manager_tensor_push: manager, tensor and tag must "
                       "not be NULL");
   group_t *g = m->nopen > 0 ? m->open[m->nopen - 1].g : NULL;
-  if (t->owner != NULL) { /* held, or in this group or an earlier one */
-    const char *whose = t->owner == m ? "this" : "another";
-    if (g != NULL)
-      return OFL__PERR(OFL_ERR_INVALID_ARG, m, g->chunk, ofl__gname(m, g),
-                       "tensor %p pushed twice: %s manager owns it from its "
-                       "first push until its pop; push an alias "
-                       "(ofl_tensor_alias) to save it under a second tag",
-                       (void *)t, whose);
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
-                      "rank %d: tensor %p pushed twice: %s manager owns it "
-                      "from its first push until its pop; push an alias "
-                      "(ofl_tensor_alias) to save it under a second tag",
-                      m->rank, (void *)t, whose);
-  }
+  if (t->owner != NULL) /* held, or in this group or an earlier one */
+    return OFL__PERR(OFL_ERR_INVALID_ARG, m, g ? g->chunk : m->cur_fwd,
+                     ofl__gname(m, g),
+                     "tensor %p pushed twice: %s manager owns it from its "
+                     "first push until its pop; push an alias "
+                     "(ofl_tensor_alias) to save it under a second tag",
+                     (void *)t, t->owner == m ? "this" : "another");
   if (!ofl__manager_active(m) || g == NULL)
     return hold(m, t, tag);
   if (!ofl_tensor_has_storage(t))
@@ -357,6 +350,23 @@ static void throttle(ofl_manager_t *m, group_t *g) {
   }
 }
 
+/* Counts leader l's cluster as offloaded (undo: takes it back out after
+ * an abandoned offload); the warm-up counters of g too. */
+static void count_offload(ofl_manager_t *m, group_t *g, const entry_t *l,
+                          bool undo) {
+  name_info_t *ni = &m->names[g->nid];
+  uint64_t n = undo ? UINT64_MAX : 1; /* +1 or -1, modulo 2^64 */
+  m->st.offloaded_tensors += n;
+  m->st.offloaded_bytes += n * l->span;
+  ni->st.offloaded_tensors += n;
+  ni->st.offloaded_bytes += n * l->span;
+  m->st.dedup_tensors += n * (l->nmembers - 1);
+  if (m->warmup) {
+    g->warm_bytes += n * l->span;
+    g->warm_tensors += n;
+  }
+}
+
 /* An offload failed half-way (st): the copies already queued are let go
  * after the D2H stream reaches this point, every tensor stays on the device
  * (none was released yet) and the group is committed as kept, so each tag
@@ -389,17 +399,8 @@ static ofl_status_t abandon_offload(ofl_manager_t *m, group_t *g,
       m->st.disk_tensors--;
       m->st.disk_bytes -= l->span;
     }
-    if (l->leader == i && l->state == E_OFFLOADED) {
-      m->st.offloaded_tensors--;
-      m->st.offloaded_bytes -= l->span;
-      m->names[g->nid].st.offloaded_tensors--;
-      m->names[g->nid].st.offloaded_bytes -= l->span;
-      m->st.dedup_tensors -= l->nmembers - 1;
-      if (m->warmup) {
-        g->warm_bytes -= l->span;
-        g->warm_tensors--;
-      }
-    }
+    if (l->leader == i && l->state == E_OFFLOADED)
+      count_offload(m, g, l, true);
   }
   keep_all(m, g);
   return OFL__PERR(st, m, g->chunk, ofl__gname(m, g),
@@ -443,15 +444,7 @@ static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
     }
     copied++;
     l->state = E_OFFLOADED;
-    m->st.offloaded_tensors++;
-    m->st.offloaded_bytes += l->span;
-    ni->st.offloaded_tensors++;
-    ni->st.offloaded_bytes += l->span;
-    m->st.dedup_tensors += l->nmembers - 1;
-    if (m->warmup) {
-      g->warm_bytes += l->span;
-      g->warm_tensors++;
-    }
+    count_offload(m, g, l, false);
   }
   ofl_status_t rec = ofl_event_record(g->offload_ev, m->d2h);
   if (rec != OFL_SUCCESS)
