@@ -91,9 +91,6 @@ static size_t page_bytes(void) {
   return page > 0 ? (size_t)page : 4096;
 }
 
-/* Pinned blocks have a page in front of the registered range (alignment). */
-static void *pinned_base(void *user) { return (char *)user - page_bytes(); }
-
 /* Device close (the streams are drained): blocks still allocated on this
  * device are released, as on the host backend. */
 static void cuda_close(ofl_device_t *dev) {
@@ -122,7 +119,7 @@ static void cuda_close(ofl_device_t *dev) {
     if (left->pinned) {
       if (cudaHostUnregister(left->ptr) != cudaSuccess)
         (void)cudaGetLastError();
-      free(pinned_base(left->ptr));
+      free(left->ptr);
     } else if (selected && cudaFree(left->ptr) != cudaSuccess) {
       (void)cudaGetLastError();
     }
@@ -227,12 +224,12 @@ static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
   size_t pg = page_bytes();
   size_node_t *node = malloc(sizeof *node);
   void *mem = NULL;
-  if (node == NULL || posix_memalign(&mem, pg, bytes + pg) != 0) {
+  if (node == NULL || posix_memalign(&mem, pg, bytes) != 0) {
     free(node);
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                       "cannot allocate %zu bytes of host memory to pin", bytes);
   }
-  char *user = (char *)mem + pg;
+  char *user = mem;
   for (size_t off = 0; off < bytes; off += pg)
     user[off] = 0;
   cudaError_t ce = cudaHostRegister(user, bytes, cudaHostRegisterDefault);
@@ -271,7 +268,7 @@ static ofl_status_t cuda_pinned_free(ofl_device_t *dev, void *ptr,
   }
   *bytes = node->bytes;
   free(node);
-  free(pinned_base(ptr));
+  free(ptr);
   return OFL_SUCCESS;
 }
 
