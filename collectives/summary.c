@@ -174,8 +174,8 @@ ofl_status_t ofl_summary_gather(ofl_comm_t *comm, const ofl_byte_table_t *local,
      * told the gather succeeded before rank 0 built it. */
     int32_t root_st = (int32_t)st;
     ofl__blobs_t agree = {0};
-    ofl_status_t a = ofl__comm_gather(comm, &root_st, sizeof root_st, true,
-                                      &agree);
+    ofl_status_t a =
+        ofl__comm_gather(comm, &root_st, sizeof root_st, true, &agree);
     if (a == OFL_SUCCESS && agree.nranks > 0 && agree.lens[0] == sizeof root_st)
       memcpy(&root_st, agree.data + agree.offsets[0], sizeof root_st);
     ofl__blobs_free(&agree);
@@ -183,9 +183,8 @@ ofl_status_t ofl_summary_gather(ofl_comm_t *comm, const ofl_byte_table_t *local,
       st = a;
       ofl_summary_destroy(s);
       s = NULL;
-    }
-    else if (comm->rank != 0 && st == OFL_SUCCESS &&
-             root_st != (int32_t)OFL_SUCCESS)
+    } else if (comm->rank != 0 && st == OFL_SUCCESS &&
+               root_st != (int32_t)OFL_SUCCESS)
       st = ofl__error((ofl_status_t)root_st, OFL_SUBSYS_COLL,
                       "ofl_summary_gather: rank 0 could not build the "
                       "summary (%s); its log says why",
