@@ -253,6 +253,16 @@ static double baseline_workload(unsigned char **src, unsigned char *dst,
   return now_s() - t0;
 }
 
+/* One row of the table for a store run: stats per timed iteration. */
+static void store_row(const char *name, double t, double moved,
+                      const ofl_disk_stats_t *st, size_t wrong) {
+  printf("%-34s %9.3f %9.3f %8llu %8llu %8llu %9.0f %7zu\n", name, t,
+         gbps(moved, t), (unsigned long long)st->stalls,
+         (unsigned long long)st->prefetch_hits,
+         (unsigned long long)st->keep_hits, (double)st->bytes_read / 1048576.0,
+         wrong);
+}
+
 /* The three ways (store direct, per-file, store buffered) one after the
  * other with sync() between, so that one's dirty pages are not written back
  * during another's timing; one store per mode, as in training: its first
@@ -275,16 +285,9 @@ static size_t compare(int reps, size_t bounce, unsigned char **src,
   double moved = 2.0 * (double)tensor_bytes * count;
   printf("%-34s %9s %9s %8s %8s %8s %9s %7s\n", "", "time s", "GB/s", "stalls",
          "hits", "kept", "read MiB", "wrong");
-  printf("%-34s %9.3f %9.3f %8llu %8llu %8llu %9.0f %7zu\n",
-         sd.direct ? "ofl disk store, O_DIRECT" : "ofl disk store, auto", td,
-         gbps(moved, td), (unsigned long long)sd.stalls,
-         (unsigned long long)sd.prefetch_hits, (unsigned long long)sd.keep_hits,
-         (double)sd.bytes_read / 1048576.0, wrong_d);
-  printf("%-34s %9.3f %9.3f %8llu %8llu %8llu %9.0f %7zu\n",
-         "ofl disk store, buffered", tb, gbps(moved, tb),
-         (unsigned long long)sb.stalls, (unsigned long long)sb.prefetch_hits,
-         (unsigned long long)sb.keep_hits, (double)sb.bytes_read / 1048576.0,
-         wrong_b);
+  store_row(sd.direct ? "ofl disk store, O_DIRECT" : "ofl disk store, auto", td,
+            moved, &sd, wrong_d);
+  store_row("ofl disk store, buffered", tb, moved, &sb, wrong_b);
   printf("%-34s %9.3f %9.3f %8s %8s %8s %9s %7zu\n",
          "file per tensor, write/read", tp, gbps(moved, tp), "-", "-", "-", "-",
          wrong_p);
