@@ -374,15 +374,6 @@ static bool event_complete_locked(host_event_t *he, uint64_t target) {
   return he->sleepers > 0;
 }
 
-static void event_complete(host_event_t *he, uint64_t target) {
-  pthread_mutex_lock(&he->mu);
-  bool wake = event_complete_locked(he, target);
-  pthread_mutex_unlock(&he->mu);
-  /* he stays alive: the op that completes it holds a reference. */
-  if (wake)
-    pthread_cond_broadcast(&he->cv);
-}
-
 /* Makes room in he->ahead for every record in flight plus one more (mu
  * held); false when out of memory. */
 static bool event_make_room(host_event_t *he) {
@@ -579,10 +570,8 @@ static void execute(host_stream_t *hs, op_t *op) {
     memset(op->dst, op->value, op->bytes);
     tname = "memset";
     break;
-  case OP_RECORD:
-    event_complete(op->ev, op->target);
-    tname = NULL;
-    break;
+  case OP_RECORD: /* reached by the worker, with the stream's count */
+    return;
   case OP_WAIT: {
     if (!event_wait_target(op->ev, op->target, -1, spin_ns_of(dev),
                            &hs->stop)) {
@@ -663,7 +652,17 @@ static void *worker_main(void *arg) {
     if (dev->cfg.strict && dev->cfg.jitter_max_us > 0)
       sleep_ns(next_rand(&hs->rng) %
                ((uint64_t)dev->cfg.jitter_max_us * 1000u + 1));
-    execute(hs, op);
+    /* A record is reached below, together with the stream's count, so that
+     * whoever sees the event complete also sees the stream past it (a
+     * stream query right after a wait on its event says idle). */
+    host_event_t *reached = NULL;
+    uint64_t target = op->target;
+    if (op->type == OP_RECORD) {
+      reached = op->ev; /* its reference is dropped below */
+      op->ev = NULL;
+    } else {
+      execute(hs, op);
+    }
     release_blocks(dev, op);
     pthread_mutex_lock(&hs->mu);
     hs->head = op->next;
@@ -672,6 +671,14 @@ static void *worker_main(void *arg) {
     op->next = hs->free_ops;
     hs->free_ops = op;
     hs->completed++;
+    if (reached != NULL) { /* lock order: stream, then event */
+      pthread_mutex_lock(&reached->mu);
+      bool wake = event_complete_locked(reached, target);
+      pthread_mutex_unlock(&reached->mu);
+      if (wake)
+        pthread_cond_broadcast(&reached->cv);
+      event_unref(reached);
+    }
     /* Synchronize waits for an empty queue: wake it only then. */
     if (hs->head == NULL && hs->idle_waiters > 0)
       pthread_cond_broadcast(&hs->idle_cv);
