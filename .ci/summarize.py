@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Prints one line "N passed, M failed[, K skipped]" from meson's testlog.json.
+"""Prints "N passed, M failed[, K skipped]" from meson's testlog.json: one line
+per backend pass ("host: ...", "cudasim: ..."; a test's pass is its suite,
+tests in neither suite count with the host pass) and the total line last.
 
 A TAP test counts each of its "ok"/"not ok" lines; any other test counts once.
 A TAP test that failed as a whole (crash, timeout, bad exit) with no failing
@@ -10,7 +12,8 @@ import sys
 
 TAP_LINE = re.compile(r"^(not ok|ok)\b(.*)$")
 
-passed = failed = skipped = 0
+PASSES = ("host", "cudasim")
+counts = {p: [0, 0, 0] for p in PASSES}  # passed, failed, skipped
 try:
     lines = open(sys.argv[1], encoding="utf-8").read().splitlines()
 except OSError as exc:
@@ -21,31 +24,41 @@ for line in lines:
     if not line.strip():
         continue
     t = json.loads(line)
+    suites = t.get("suite") or []
+    c = counts["cudasim" if "cudasim" in suites else "host"]
     result = t.get("result", "")
     good = result in ("OK", "EXPECTEDFAIL")
     subs = [TAP_LINE.match(l) for l in (t.get("stdout") or "").splitlines()]
     subs = [m for m in subs if m]
     if not subs:
         if good:
-            passed += 1
+            c[0] += 1
         elif result == "SKIP":
-            skipped += 1
+            c[2] += 1
         else:
-            failed += 1
+            c[1] += 1
         continue
     sub_fail = 0
     for m in subs:
         if "# SKIP" in m.group(2).upper():
-            skipped += 1
+            c[2] += 1
         elif m.group(1) == "ok":
-            passed += 1
+            c[0] += 1
         else:
-            failed += 1
+            c[1] += 1
             sub_fail += 1
     if not good and result != "SKIP" and sub_fail == 0:
-        failed += 1
-line = f"{passed} passed, {failed} failed"
-if skipped:
-    line += f", {skipped} skipped"
-print(line)
+        c[1] += 1
+
+
+def fmt(p, f, s):
+    line = f"{p} passed, {f} failed"
+    return line + (f", {s} skipped" if s else "")
+
+
+for name in PASSES:
+    if any(counts[name]):
+        print(f"{name}: " + fmt(*counts[name]))
+passed, failed, skipped = (sum(c[i] for c in counts.values()) for i in range(3))
+print(fmt(passed, failed, skipped))
 sys.exit(1 if failed else 0)

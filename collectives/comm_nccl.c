@@ -1,12 +1,14 @@
 /* ofl: the NCCL comm. The gather is two all-gathers on the caller's stream
  * through device buffers: first every rank's size, then every payload padded
- * to the largest. The stream is polled against the deadline (and NCCL's
- * asynchronous error checked) instead of synchronised, so a rank that died or
- * never calls becomes OFL_ERR_TIMEOUT here rather than a hang. NCCL cannot
- * say which rank is missing; after a timeout the application should abort the
- * NCCL communicator (ncclCommAbort). Device buffers of an operation that
- * timed out are left allocated: freeing them would wait for the stuck
- * kernel. */
+ * to the largest. The operation's own event is polled against the deadline
+ * (and NCCL's asynchronous error checked) instead of synchronised, so a rank
+ * that died or never calls becomes OFL_ERR_TIMEOUT here rather than a hang.
+ * NCCL cannot say which rank is missing. After a timeout the communicator is
+ * aborted (ncclCommAbort), so that the collective left on the stream ends
+ * instead of blocking the application's later work; its buffers are then
+ * leaked (a kernel may have been writing them). Buffers and the event are
+ * kept between gathers and grow only when a larger table comes: steady state
+ * allocates nothing (DESIGN.md section 3.1). */
 #include <ofl/version.h>
 
 #if OFL_HAVE_NCCL
@@ -17,11 +19,19 @@
 #include <string.h>
 
 #include "collectives/comm_internal.h"
+#include "runtime/device_internal.h"
 
 typedef struct nccl_impl {
   ncclComm_t comm; /* owned by the application */
   cudaStream_t stream;
   int device;
+  bool nonblocking;
+  bool aborted;
+  cudaEvent_t done;    /* created at the first gather, kept */
+  unsigned char *dev;  /* device buffer, dev_cap bytes */
+  size_t dev_cap;
+  unsigned char *host; /* pinned, host_cap bytes: sizes then payloads */
+  size_t host_cap;
 } nccl_impl_t;
 
 static ofl_status_t cuda_fail(cudaError_t e, const char *what) {
@@ -71,136 +81,158 @@ static ofl_status_t wait_done(ofl_comm_t *c, nccl_impl_t *m, cudaEvent_t done,
       recorded = true;
       continue;
     }
-    if (ofl__now_ns() >= deadline)
+    if (ofl__now_ns() >= deadline) {
+      /* The collective stays on the stream until the communicator is
+       * aborted: abort it, so later work on the stream does not hang. */
+      ncclResult_t ar = ncclCommAbort(m->comm);
+      m->aborted = ar == ncclSuccess;
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
                         "nccl comm: %s did not complete within %lld ms on "
                         "rank %d of %d (a rank died, never called, or is "
-                        "stuck); abort the NCCL communicator",
-                        what, (long long)c->timeout_ms, c->rank, c->size);
+                        "stuck); the NCCL communicator %s: destroy this comm "
+                        "and create a new communicator",
+                        what, (long long)c->timeout_ms, c->rank, c->size,
+                        ar == ncclSuccess ? "was aborted (ncclCommAbort)"
+                                          : "could not be aborted");
+    }
     ofl__comm_poll_pause(&round);
   }
 }
 
-/* One all-gather of count bytes per rank, in place in dev (n * count bytes),
- * own part taken from host (pinned, n * count bytes, result written back). */
+/* Makes the kept buffers at least dev_bytes (device) and host_bytes
+ * (pinned); they only grow, so repeated gathers of the same tables allocate
+ * nothing. */
+static ofl_status_t reserve(nccl_impl_t *m, size_t dev_bytes,
+                            size_t host_bytes) {
+  cudaError_t e;
+  if (m->done == NULL) {
+    e = cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      m->done = NULL;
+      return cuda_fail(e, "cudaEventCreateWithFlags");
+    }
+  }
+  if (dev_bytes > m->dev_cap) {
+    unsigned char *d = NULL;
+    e = cudaMalloc((void **)&d, dev_bytes);
+    if (e != cudaSuccess)
+      return cuda_fail(e, "cudaMalloc of the gather buffer");
+    if (m->dev != NULL)
+      cudaFree(m->dev); /* idle: every earlier gather was waited for */
+    m->dev = d;
+    m->dev_cap = dev_bytes;
+  }
+  if (host_bytes > m->host_cap) {
+    unsigned char *h = NULL;
+    e = cudaMallocHost((void **)&h, host_bytes);
+    if (e != cudaSuccess)
+      return cuda_fail(e, "cudaMallocHost of the gather buffer");
+    if (m->host != NULL)
+      cudaFreeHost(m->host);
+    m->host = h;
+    m->host_cap = host_bytes;
+  }
+  return OFL_SUCCESS;
+}
+
+/* One all-gather of count bytes per rank through the kept device buffer;
+ * host (pinned, n * count bytes) holds this rank's part at its offset and
+ * receives every part. */
 static ofl_status_t allgather_bytes(ofl_comm_t *c, nccl_impl_t *m,
                                     unsigned char *host, size_t count,
                                     const char *what) {
-  unsigned char *dev = NULL;
   size_t total = count * (size_t)c->size;
-  cudaError_t e = cudaMalloc((void **)&dev, total);
+  unsigned char *own = m->dev + count * (size_t)c->rank;
+  cudaError_t e = cudaMemcpyAsync(own, host + count * (size_t)c->rank, count,
+                                  cudaMemcpyHostToDevice, m->stream);
   if (e != cudaSuccess)
-    return cuda_fail(e, "cudaMalloc of the gather buffer");
-  cudaEvent_t done = NULL;
-  e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-  if (e != cudaSuccess) {
-    cudaFree(dev);
-    return cuda_fail(e, "cudaEventCreateWithFlags");
-  }
-  unsigned char *own = dev + count * (size_t)c->rank;
-  e = cudaMemcpyAsync(own, host + count * (size_t)c->rank, count,
-                      cudaMemcpyHostToDevice, m->stream);
-  if (e != cudaSuccess) {
-    cudaEventDestroy(done);
-    cudaFree(dev);
     return cuda_fail(e, "copying the table to the device");
-  }
   ncclResult_t r =
-      ncclAllGather(own, dev, count, ncclUint8, m->comm, m->stream);
+      ncclAllGather(own, m->dev, count, ncclUint8, m->comm, m->stream);
   /* A nonblocking communicator answers ncclInProgress: the collective is
    * being enqueued; wait_done polls ncclCommGetAsyncError until it is. */
   if (r != ncclSuccess && r != ncclInProgress) {
     c->broken = true;
-    cudaEventDestroy(done);
-    return nccl_fail(r, "ncclAllGather"); /* dev: the H2D copy may be queued */
+    return nccl_fail(r, "ncclAllGather");
   }
-  ofl_status_t st = wait_done(c, m, done, what);
-  if (st != OFL_SUCCESS) {
-    c->broken = true;
-    cudaEventDestroy(done);
-    return st; /* dev stays allocated: see the top of the file */
-  }
-  /* Stream-ordered and polled: cudaMemcpy would run on the legacy default
-   * stream and wait, without a deadline, for every blocking stream. */
-  e = cudaMemcpyAsync(host, dev, total, cudaMemcpyDeviceToHost, m->stream);
-  if (e != cudaSuccess) {
-    cudaEventDestroy(done);
-    c->broken = true;
-    return cuda_fail(e, "copying the gathered tables to the host");
-  }
-  st = wait_done(c, m, done, what); /* records done after the copy */
-  cudaEventDestroy(done);
+  ofl_status_t st = wait_done(c, m, m->done, what);
   if (st != OFL_SUCCESS) {
     c->broken = true;
     return st;
   }
-  cudaFree(dev);
-  return OFL_SUCCESS;
+  /* Stream-ordered and polled: cudaMemcpy would run on the legacy default
+   * stream and wait, without a deadline, for every blocking stream. */
+  e = cudaMemcpyAsync(host, m->dev, total, cudaMemcpyDeviceToHost, m->stream);
+  if (e != cudaSuccess) {
+    c->broken = true;
+    return cuda_fail(e, "copying the gathered tables to the host");
+  }
+  st = wait_done(c, m, m->done, what); /* records done after the copy */
+  if (st != OFL_SUCCESS)
+    c->broken = true;
+  return st;
 }
 
-static ofl_status_t nccl_gather(ofl_comm_t *c, const void *mine, size_t len,
-                                bool to_all, ofl__blobs_t *out) {
-  nccl_impl_t *m = c->impl;
-  int n = c->size;
-  int prev = -1;
-  cudaGetDevice(&prev);
-  cudaError_t e = cudaSetDevice(m->device);
-  if (e != cudaSuccess)
-    return cuda_fail(e, "cudaSetDevice");
-  unsigned char *sizes = NULL, *data = NULL;
-  ofl_status_t st = OFL_SUCCESS;
-  e = cudaMallocHost((void **)&sizes, 8 * (size_t)n);
-  if (e != cudaSuccess) {
-    st = cuda_fail(e, "cudaMallocHost");
-    goto done;
-  }
+static ofl_status_t gather_on_device(ofl_comm_t *c, nccl_impl_t *m,
+                                     const void *mine, size_t len, bool to_all,
+                                     ofl__blobs_t *out) {
+  size_t n = (size_t)c->size;
+  OFL_CHECK(reserve(m, 8 * n, 8 * n));
+  unsigned char *sizes = m->host;
   ofl__put_u64(sizes + 8 * (size_t)c->rank, len);
-  OFL_CHECK_GOTO(allgather_bytes(c, m, sizes, 8, "the size all-gather"), st,
-                 done);
+  OFL_CHECK(allgather_bytes(c, m, sizes, 8, "the size all-gather"));
   size_t max = 0;
-  for (int r = 0; r < n; r++) {
-    uint64_t l = ofl__get_u64(sizes + 8 * (size_t)r);
-    if (l > (uint64_t)SIZE_MAX / (size_t)n) {
+  uint64_t lens[1024];
+  uint64_t *lv = n <= 1024 ? lens : malloc(n * sizeof *lv);
+  if (lv == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_COLL,
+                      "nccl comm: out of memory for %zu sizes", n);
+  ofl_status_t st = OFL_SUCCESS;
+  for (size_t r = 0; r < n; r++) {
+    lv[r] = ofl__get_u64(sizes + 8 * r);
+    if (lv[r] > (uint64_t)SIZE_MAX / n) {
       st = ofl__error(OFL_ERR_CORRUPT, OFL_SUBSYS_COLL,
-                      "nccl comm: rank %d announced %llu bytes", r,
-                      (unsigned long long)l);
+                      "nccl comm: rank %zu announced %llu bytes", r,
+                      (unsigned long long)lv[r]);
       goto done;
     }
-    max = (size_t)l > max ? (size_t)l : max;
+    max = (size_t)lv[r] > max ? (size_t)lv[r] : max;
   }
   if (max > 0) {
-    e = cudaMallocHost((void **)&data, max * (size_t)n);
-    if (e != cudaSuccess) {
-      st = cuda_fail(e, "cudaMallocHost");
-      goto done;
-    }
+    OFL_CHECK_GOTO(reserve(m, max * n, max * n), st, done);
     if (len)
-      memcpy(data + max * (size_t)c->rank, mine, len);
-    OFL_CHECK_GOTO(allgather_bytes(c, m, data, max, "the table all-gather"), st,
-                   done);
+      memcpy(m->host + max * (size_t)c->rank, mine, len);
+    OFL_CHECK_GOTO(allgather_bytes(c, m, m->host, max, "the table all-gather"),
+                   st, done);
   }
   if (to_all || c->rank == 0) {
     ofl__blobs_t b;
-    OFL_CHECK_GOTO(ofl__blobs_alloc(&b, n), st, done);
-    for (int r = 0; r < n; r++)
-      b.lens[r] = (size_t)ofl__get_u64(sizes + 8 * (size_t)r);
+    OFL_CHECK_GOTO(ofl__blobs_alloc(&b, (int)n), st, done);
+    for (size_t r = 0; r < n; r++)
+      b.lens[r] = (size_t)lv[r];
     st = ofl__blobs_pack(&b);
     if (st != OFL_SUCCESS) {
       ofl__blobs_free(&b);
       goto done;
     }
-    for (int r = 0; r < n; r++)
+    for (size_t r = 0; r < n; r++)
       if (b.lens[r])
-        memcpy(b.data + b.offsets[r], data + max * (size_t)r, b.lens[r]);
+        memcpy(b.data + b.offsets[r], m->host + max * r, b.lens[r]);
     *out = b;
   }
 done:
-  if (!c->broken) {
-    cudaFreeHost(data);
-    cudaFreeHost(sizes);
-  }
-  if (prev >= 0)
-    cudaSetDevice(prev);
+  if (lv != lens)
+    free(lv);
+  return st;
+}
+
+static ofl_status_t nccl_gather(ofl_comm_t *c, const void *mine, size_t len,
+                                bool to_all, ofl__blobs_t *out) {
+  nccl_impl_t *m = c->impl;
+  ofl__cuda_guard_t g;
+  OFL_CHECK(ofl__cuda_enter(m->device, &g));
+  ofl_status_t st = gather_on_device(c, m, mine, len, to_all, out);
+  ofl__cuda_leave(&g);
   return st;
 }
 
@@ -211,7 +243,25 @@ static ofl_status_t nccl_barrier(ofl_comm_t *c) {
   return st;
 }
 
-static void nccl_destroy(ofl_comm_t *c) { free(c->impl); }
+static void nccl_destroy(ofl_comm_t *c) {
+  nccl_impl_t *m = c->impl;
+  ofl__cuda_guard_t g;
+  if (!c->broken && ofl__cuda_enter(m->device, &g) == OFL_SUCCESS) {
+    if (m->dev != NULL)
+      cudaFree(m->dev);
+    if (m->host != NULL)
+      cudaFreeHost(m->host);
+    if (m->done != NULL)
+      cudaEventDestroy(m->done);
+    (void)cudaGetLastError();
+    ofl__cuda_leave(&g);
+  } else if (m->dev != NULL || m->host != NULL) {
+    OFL_INFO(OFL_SUBSYS_COLL,
+             "nccl comm destroy: gather buffers of a failed operation are "
+             "leaked (a collective may have been using them)");
+  }
+  free(m);
+}
 
 static const ofl__comm_ops_t nccl_ops = {nccl_gather, nccl_barrier,
                                          nccl_destroy};
@@ -244,6 +294,15 @@ ofl_status_t ofl_comm_create_nccl_handle(const void *nccl_comm,
   m->comm = nc;
   m->stream = (cudaStream_t)cuda_stream;
   m->device = device;
+  m->nonblocking = params != NULL && params->nccl_nonblocking == 1;
+  if (!m->nonblocking)
+    OFL_INFO(OFL_SUBSYS_COLL,
+             "nccl comm rank %d of %d: a blocking communicator (or one not "
+             "declared nonblocking in ofl_comm_params_t.nccl_nonblocking): "
+             "the gather's deadline holds once NCCL enqueued the collective; "
+             "create the communicator with ncclConfig_t blocking = 0 for "
+             "bounded waits throughout",
+             rank, count);
   c->rank = rank;
   c->size = count;
   c->impl = m;

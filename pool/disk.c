@@ -189,23 +189,6 @@ static ofl_status_t space_alloc(ofl_disk_t *d, uint64_t span, uint64_t *out) {
 /* ---- configuration ----------------------------------------------------------
  */
 
-/* The rank of this process on its node, for picking one of several
- * directories: what the launcher says (Open MPI, MPICH, Slurm, torchrun),
- * else the store's rank, else 0. */
-static int local_rank(int rank) {
-  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK",
-                                     "MPI_LOCALRANKID", "SLURM_LOCALID",
-                                     "LOCAL_RANK"};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-    const char *v = getenv(vars[i]);
-    char *end = NULL;
-    long r = v != NULL && v[0] != '\0' ? strtol(v, &end, 10) : -1;
-    if (end != NULL && *end == '\0' && r >= 0 && r < (1L << 30))
-      return (int)r;
-  }
-  return rank > 0 ? rank : 0;
-}
-
 /* dir may list several directories (comma separated, one per disk): the
  * store takes entry local_rank % count, so that the ranks of a node spread
  * over the disks. */
@@ -213,7 +196,7 @@ static ofl_status_t pick_dir(ofl_disk_t *d, const char *dir, int rank) {
   size_t count = 1;
   for (const char *c = dir; *c != '\0'; c++)
     count += *c == ',';
-  size_t want = (size_t)local_rank(rank) % count;
+  size_t want = (size_t)ofl__local_rank(rank) % count;
   const char *start = dir;
   for (size_t i = 0; i < want; i++)
     start = strchr(start, ',') + 1;

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/device_internal.h"
 #include "runtime/internal.h"
 
 #define IDLE_WAIT_NS (100 * 1000000L)
@@ -212,6 +213,7 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long ns) {
 
 static void *worker_main(void *arg) {
   ofl_disk_t *d = arg;
+  ofl__thread_mark_owned();
   pthread_mutex_lock(&d->mu);
   for (;;) {
     disk_req_t *r = ofl__disk_next_req(d);
@@ -328,6 +330,7 @@ static void uring_kick(ofl_disk_t *d) {
 
 static void *reaper_main(void *arg) {
   ofl_disk_t *d = arg;
+  ofl__thread_mark_owned();
   ofl_disk_extent_t **done = calloc((size_t)d->queue_depth, sizeof *done);
   for (;;) {
     struct io_uring_cqe *cqe = NULL;

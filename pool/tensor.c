@@ -6,6 +6,7 @@
 #include <strings.h>
 
 #include "pool/pool_internal.h"
+#include "runtime/device_internal.h"
 #include "runtime/internal.h"
 
 static const struct {
@@ -296,35 +297,40 @@ static void external_free(ofl__storage_t *st) {
   free(st);
 }
 
-/* Runs on the stream's timeline: the last use queued before it is done. */
-static void external_free_fn(void *arg) { external_free(arg); }
+/* Drops one reference; the last one releases the memory. */
+static void external_unref(void *arg) {
+  ofl__storage_t *st = arg;
+  if (atomic_fetch_sub(&st->refs, 1) == 1)
+    external_free(st);
+}
 
 ofl_status_t ofl__tensor_release_external(ofl_tensor_t *t,
                                           ofl_stream_t *stream) {
   ofl__storage_t *st = t->st;
-  if (stream != NULL && atomic_load(&st->refs) > 1) {
-    /* Another handle keeps the memory; it may release it on a different
-     * stream, so this handle's queued uses must be finished first. */
-    OFL_CHECK(ofl_stream_synchronize(stream, OFL_TIMEOUT_DEFAULT));
-  }
   detach_fields(t);
-  if (atomic_fetch_sub(&st->refs, 1) != 1)
+  if (stream == NULL) {
+    external_unref(st);
     return OFL_SUCCESS;
-  if (stream != NULL) {
-    if (ofl_stream_launch_host_func(stream, external_free_fn, st) ==
-        OFL_SUCCESS)
-      return OFL_SUCCESS;
-    /* Could not queue the release: order it by waiting instead. */
-    ofl_status_t s = ofl_stream_synchronize(stream, OFL_TIMEOUT_DEFAULT);
-    if (s != OFL_SUCCESS) {
-      OFL_WARN(OFL_SUBSYS_POOL,
-               "external storage %p bytes %zu not released: its stream did "
-               "not drain",
-               st->base, st->bytes);
-      return s;
-    }
   }
-  external_free(st);
+  /* This handle's reference goes only once the work queued on stream (the
+   * copies that read the memory) completed, whether or not other handles
+   * share the storage: so the caller never waits, and whoever drops the
+   * last reference frees it after every use it queued. The release callback
+   * runs on an ofl thread or at a synchronize of the stream, never inside a
+   * host function (include/ofl/tensor.h). */
+  ofl_status_t s = ofl__device_defer(stream, external_unref, st);
+  if (s == OFL_SUCCESS)
+    return OFL_SUCCESS;
+  /* Could not defer: order it by waiting instead. */
+  s = ofl_stream_synchronize(stream, OFL_TIMEOUT_DEFAULT);
+  if (s != OFL_SUCCESS) {
+    OFL_WARN(OFL_SUBSYS_POOL,
+             "external storage %p bytes %zu not released: its stream did "
+             "not drain",
+             st->base, st->bytes);
+    return s;
+  }
+  external_unref(st);
   return OFL_SUCCESS;
 }
 

@@ -41,6 +41,10 @@ static const entry_t table[] = {
     {"OFL_TRACE_FILE", "", K_STR, NULL,
      "write a Chrome trace (JSON) of streams, copies and waits here at device "
      "close; %p pid, %r rank"},
+    {"OFL_DEVICE", "", K_STR, NULL,
+     "cuda device of a device opened without an index: an ordinal, or local "
+     "(the launcher's local rank modulo the device count); empty: the "
+     "calling thread's current device"},
     {"OFL_DEVICE_CAPACITY", "0", K_SIZE, NULL,
      "host backend: device memory capacity (0: unlimited)"},
     {"OFL_STRICT", "0", K_BOOL, NULL,
@@ -360,6 +364,20 @@ const char *ofl_config_get(const char *name) {
   const char *v = values[idx] ? values[idx] : table[idx].def;
   pthread_mutex_unlock(&config_lock);
   return v;
+}
+
+int ofl__local_rank(int fallback) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK",
+                                     "MPI_LOCALRANKID", "SLURM_LOCALID",
+                                     "LOCAL_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    char *end = NULL;
+    long r = v != NULL && v[0] != '\0' ? strtol(v, &end, 10) : -1;
+    if (end != NULL && *end == '\0' && r >= 0 && r < (1L << 30))
+      return (int)r;
+  }
+  return fallback > 0 ? fallback : 0;
 }
 
 ofl_status_t ofl__config_str(const char *name, const char **out) {

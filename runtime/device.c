@@ -17,6 +17,10 @@ static atomic_uint_fast64_t next_uid = 1;
 
 /* The calling thread's compute-stream override, and the device's
  * streams_gone when the stream was last seen alive. */
+static _Thread_local bool owned_thread;
+void ofl__thread_mark_owned(void) { owned_thread = true; }
+bool ofl__thread_is_owned(void) { return owned_thread; }
+
 static _Thread_local struct {
   ofl_device_t *dev;
   uint64_t dev_uid;
@@ -78,33 +82,42 @@ static ofl_status_t resolve_config(const ofl_device_params_t *p,
   return OFL_SUCCESS;
 }
 
-/* Chooses the backend; with auto and no usable GPU, host and the reason. */
-static const ofl__device_ops_t *select_backend(ofl_device_t *dev) {
+/* Chooses the backend; with auto and no usable GPU, host and the reason
+ * (at INFO: a machine without a GPU is normal for auto). NULL on an error
+ * (ofl_last_error says it). */
+static const ofl__device_ops_t *select_backend(ofl_device_t *dev,
+                                               ofl_status_t *err) {
+  *err = OFL_SUCCESS;
   if (dev->cfg.backend == OFL_BACKEND_HOST)
     return &ofl__host_ops;
 #if OFL_HAVE_CUDA
-  char why[200];
-  if (ofl__cuda_probe(dev->cfg.device_index, why, sizeof why) == OFL_SUCCESS) {
+  char why[300];
+  ofl_status_t st = ofl__cuda_probe(&dev->cfg.device_index, why, sizeof why);
+  if (st == OFL_SUCCESS) {
     if (dev->cfg.backend == OFL_BACKEND_AUTO)
       snprintf(dev->reason, sizeof dev->reason,
                "auto: cuda device %d is available", dev->cfg.device_index);
     return &ofl__cuda_ops;
   }
+  if (st == OFL_ERR_CONFIG) {
+    *err = st;
+    return NULL;
+  }
 #else
   const char *why = "this build has no cuda backend (toolkit not found)";
 #endif
   if (dev->cfg.backend == OFL_BACKEND_CUDA) {
-    ofl__error(OFL_ERR_NO_DEVICE, OFL_SUBSYS_DEVICE,
-               "OFL_BACKEND=cuda but no cuda device was found (%s); use "
-               "OFL_BACKEND=host or auto to run on the CPU",
-               why);
+    *err = ofl__error(OFL_ERR_NO_DEVICE, OFL_SUBSYS_DEVICE,
+                      "OFL_BACKEND=cuda but no cuda device can be used (%s); "
+                      "use OFL_BACKEND=host or auto to run on the CPU",
+                      why);
     return NULL;
   }
-  snprintf(dev->reason, sizeof dev->reason, "auto: host backend, since %s",
+  snprintf(dev->reason, sizeof dev->reason, "auto: host backend, since %.200s",
            why);
   static atomic_flag logged = ATOMIC_FLAG_INIT;
   if (!atomic_flag_test_and_set(&logged))
-    OFL_WARN(OFL_SUBSYS_DEVICE, "%s", dev->reason);
+    OFL_INFO(OFL_SUBSYS_DEVICE, "%s", dev->reason);
   return &ofl__host_ops;
 }
 
@@ -120,14 +133,14 @@ ofl_status_t ofl_device_open(const ofl_device_params_t *params,
   pthread_mutex_init(&dev->stats_lock, NULL);
   pthread_mutex_init(&dev->streams_lock, NULL);
   dev->uid = atomic_fetch_add(&next_uid, 1);
-  ofl_status_t st = resolve_config(params, &dev->cfg);
+  ofl_status_t st = ofl__defer_init(dev);
+  if (st == OFL_SUCCESS)
+    st = resolve_config(params, &dev->cfg);
   if (st != OFL_SUCCESS)
     goto fail;
-  dev->ops = select_backend(dev);
-  if (dev->ops == NULL) {
-    st = OFL_ERR_NO_DEVICE;
+  dev->ops = select_backend(dev, &st);
+  if (dev->ops == NULL)
     goto fail;
-  }
   dev->backend =
       dev->ops == &ofl__host_ops ? OFL_BACKEND_HOST : OFL_BACKEND_CUDA;
   dev->stats.device_capacity_bytes = dev->cfg.capacity_bytes;
@@ -149,6 +162,7 @@ ofl_status_t ofl_device_open(const ofl_device_params_t *params,
   return OFL_SUCCESS;
 fail:
   ofl__trace_close(dev);
+  ofl__defer_close(dev);
   pthread_mutex_destroy(&dev->streams_lock);
   pthread_mutex_destroy(&dev->stats_lock);
   free(dev);
@@ -196,15 +210,25 @@ void ofl_device_close(ofl_device_t *dev) {
              "draining and destroying it now",
              s->name);
     ofl_status_t st = dev->ops->stream_destroy(s);
-    if (st != OFL_SUCCESS)
+    if (st != OFL_SUCCESS) {
+      dev->drain_failed = true;
       OFL_WARN(OFL_SUBSYS_DEVICE,
                "device close: stream '%s' did not drain: "
                "%s",
                s->name, ofl_status_str(st));
+    }
     free(s);
   }
-  if (dev->compute != NULL)
-    ofl_stream_destroy(dev->compute);
+  if (dev->compute != NULL) {
+    forget_stream(dev->compute);
+    if (dev->ops->stream_destroy(dev->compute) != OFL_SUCCESS)
+      dev->drain_failed = true;
+    free(dev->compute);
+    dev->compute = NULL;
+  }
+  /* Releases ordered after the drained work run now; those after work that
+   * did not drain are leaked (their copies may still run). */
+  ofl__defer_close(dev);
   dev->ops->close(dev);
   ofl__trace_close(dev);
   pthread_mutex_destroy(&dev->streams_lock);
@@ -392,8 +416,49 @@ ofl_status_t ofl_stream_destroy(ofl_stream_t *s) {
     tl.s = NULL;
   forget_stream(s);
   ofl_status_t st = dev->ops->stream_destroy(s);
+  if (st == OFL_SUCCESS)
+    ofl__defer_run_stream(s);
   free(s);
   return st;
+}
+
+ofl_status_t ofl_stream_wrap_native(ofl_device_t *dev, void *native,
+                                    const char *name, ofl_stream_t **out) {
+  if (dev == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_stream_wrap_native: NULL argument");
+  if (dev->ops->stream_wrap == NULL)
+    return ofl__error(OFL_ERR_NOT_SUPPORTED, OFL_SUBSYS_DEVICE,
+                      "ofl_stream_wrap_native: the %s backend has no native "
+                      "streams; use ofl_stream_create",
+                      dev->ops->name);
+  ofl_stream_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot allocate a stream object");
+  s->dev = dev;
+  s->uid = atomic_fetch_add(&next_uid, 1);
+  s->id = atomic_fetch_add(&dev->next_stream_id, 1);
+  s->wrapped = true;
+  snprintf(s->name, sizeof s->name, "%s", name ? name : "native");
+  ofl_status_t st = dev->ops->stream_wrap(s, native);
+  if (st != OFL_SUCCESS) {
+    free(s);
+    return st;
+  }
+  ofl__trace_name_track(dev, s->id, s->name);
+  pthread_mutex_lock(&dev->streams_lock);
+  s->dev_next = dev->streams;
+  dev->streams = s;
+  pthread_mutex_unlock(&dev->streams_lock);
+  *out = s;
+  return OFL_SUCCESS;
+}
+
+void *ofl_stream_native(const ofl_stream_t *s) {
+  if (s == NULL || s->dev->ops->stream_native == NULL)
+    return NULL;
+  return s->dev->ops->stream_native(s);
 }
 
 #define CHECK_STREAM(s, fn)                                                    \
@@ -411,7 +476,13 @@ ofl_status_t ofl_stream_destroy(ofl_stream_t *s) {
 
 ofl_status_t ofl_stream_synchronize(ofl_stream_t *s, int64_t timeout_ms) {
   CHECK_STREAM(s, "ofl_stream_synchronize");
-  return s->dev->ops->stream_synchronize(s, ofl__timeout_ms(timeout_ms));
+  ofl_status_t st =
+      s->dev->ops->stream_synchronize(s, ofl__timeout_ms(timeout_ms));
+  /* Releases ordered after this stream's work have all run when it
+   * returns (on this thread, or the device's release thread). */
+  if (st == OFL_SUCCESS)
+    ofl__defer_run_stream(s);
+  return st;
 }
 
 ofl_status_t ofl_stream_query(ofl_stream_t *s) {

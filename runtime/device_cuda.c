@@ -7,6 +7,7 @@
 #if OFL_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nvtx3/nvToolsExt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,36 +39,157 @@ static void clear_not_ready(void) {
     (void)cudaGetLastError();
 }
 
-ofl_status_t ofl__cuda_probe(int device_index, char *why, size_t cap) {
+/* The device a device opened without an index uses: OFL_DEVICE (an ordinal,
+ * or `local`: the launcher's local rank modulo the device count), else the
+ * calling thread's current device. */
+static ofl_status_t resolve_index(int count, int *index) {
+  const char *v = "";
+  OFL_CHECK(ofl__config_str("OFL_DEVICE", &v));
+  if (v[0] == '\0') {
+    int cur = 0;
+    if (cudaGetDevice(&cur) != cudaSuccess) {
+      (void)cudaGetLastError();
+      cur = 0;
+    }
+    *index = cur;
+    return OFL_SUCCESS;
+  }
+  if (strcmp(v, "local") == 0) {
+    *index = ofl__local_rank(-1) % count;
+    return OFL_SUCCESS;
+  }
+  char *end = NULL;
+  long n = strtol(v, &end, 10);
+  if (end == v || *end != '\0' || n < 0 || n >= count)
+    return ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_CONFIG,
+                      "OFL_DEVICE=%s is not a device of this node (0..%d, or "
+                      "local)",
+                      v, count - 1);
+  *index = (int)n;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl__cuda_probe(int *device_index, char *why, size_t cap) {
   int n = 0;
   cudaError_t ce = cudaGetDeviceCount(&n);
   if (ce != cudaSuccess) {
-    snprintf(why, cap, "cudaGetDeviceCount failed: %s", cudaGetErrorString(ce));
+    (void)cudaGetLastError();
+    snprintf(why, cap, "%s: %s",
+             ce == cudaErrorInsufficientDriver ? "the driver is too old for "
+                                                 "this CUDA runtime"
+             : ce == cudaErrorNoDevice         ? "no cuda device"
+                                               : "no usable cuda driver",
+             cudaGetErrorString(ce));
     return OFL_ERR_NO_DEVICE;
   }
-  if (n <= device_index) {
-    snprintf(why, cap, "cuda device %d requested, %d present", device_index, n);
+  if (n <= 0) {
+    snprintf(why, cap, "no cuda device");
+    return OFL_ERR_NO_DEVICE;
+  }
+  if (*device_index < 0) {
+    ofl_status_t st = resolve_index(n, device_index);
+    if (st != OFL_SUCCESS) {
+      snprintf(why, cap, "%s", ofl_last_error());
+      return st;
+    }
+  }
+  if (n <= *device_index) {
+    snprintf(why, cap, "cuda device %d requested, %d present", *device_index,
+             n);
     return OFL_ERR_NO_DEVICE;
   }
   why[0] = '\0';
   return OFL_SUCCESS;
 }
 
-/* cudaSetDevice is per host thread: memory, streams, events and pinned
- * registrations go to the calling thread's current device. Any thread may
- * call ofl (the one that opened the device, pipeline and staging threads),
- * so every call that creates something selects the device first (a cheap
- * call when it is already current). */
-static ofl_status_t use_device(const ofl_device_t *dev) {
-  CUDA_TRY(cudaSetDevice(dev->cfg.device_index), "cannot select the device");
+/* ---- the caller's device stays the caller's ------------------------------
+ * cudaSetDevice is per host thread, and memory, streams, events and
+ * registrations go to the calling thread's current device; any runtime call
+ * on a thread that never chose one initialises device 0's primary context.
+ * So every call selects ofl's device when the thread sits elsewhere, and
+ * gives the caller's device back afterwards (DESIGN.md section 3.1). It is
+ * not given back on ofl's own threads, nor to a device whose primary context
+ * does not exist (the thread had never used it: cudaGetDevice answers 0 for
+ * a thread that chose nothing, and selecting device 0 would create a
+ * context there, hundreds of MiB on a GPU the process does not use). */
+typedef ofl__cuda_guard_t dev_guard_t;
+
+typedef int (*cu_device_get_fn)(int *dev, int ordinal);
+typedef int (*cu_ctx_state_fn)(int dev, unsigned *flags, int *active);
+
+/* Whether device `ordinal` has an active primary context, through the
+ * driver API (libcuda, which the runtime has loaded already when a device
+ * works); when it cannot be asked, true (restoring is the safe answer for
+ * the caller). */
+static bool primary_ctx_active(int ordinal) {
+  static cu_device_get_fn get;
+  static cu_ctx_state_fn state;
+  static atomic_int looked;
+  if (atomic_load(&looked) == 0) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW); /* kept for the process */
+    if (h != NULL) {
+      *(void **)&get = dlsym(h, "cuDeviceGet");
+      *(void **)&state = dlsym(h, "cuDevicePrimaryCtxGetState");
+    }
+    atomic_store(&looked, 1);
+  }
+  if (get == NULL || state == NULL)
+    return true;
+  int d = 0, active = 1;
+  unsigned flags = 0;
+  if (get(&d, ordinal) != 0 || state(d, &flags, &active) != 0)
+    return true;
+  return active != 0;
+}
+
+ofl_status_t ofl__cuda_enter(int device, ofl__cuda_guard_t *g) {
+  g->restore = false;
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess) {
+    (void)cudaGetLastError();
+    cur = -1;
+  }
+  if (cur == device)
+    return OFL_SUCCESS;
+  CUDA_TRY(cudaSetDevice(device), "cannot select the device");
+  if (cur >= 0 && !ofl__thread_is_owned() && primary_ctx_active(cur)) {
+    g->prev = cur;
+    g->restore = true;
+  }
   return OFL_SUCCESS;
 }
 
+void ofl__cuda_leave(const ofl__cuda_guard_t *g) {
+  if (g->restore && cudaSetDevice(g->prev) != cudaSuccess)
+    (void)cudaGetLastError();
+}
+
+static ofl_status_t enter(const ofl_device_t *dev, dev_guard_t *g) {
+  return ofl__cuda_enter(dev->cfg.device_index, g);
+}
+static void leave(const dev_guard_t *g) { ofl__cuda_leave(g); }
+
+/* Runs `call` (a cudaError_t expression) with ofl's device selected; on
+ * failure returns an OFL_ERR_CUDA naming `what` (after the caller's device
+ * is back). */
+#define ON_DEVICE(dev, call, what)                                             \
+  do {                                                                         \
+    dev_guard_t ofl__g;                                                        \
+    OFL_CHECK(enter((dev), &ofl__g));                                          \
+    cudaError_t ofl__e = (call);                                               \
+    leave(&ofl__g);                                                            \
+    CUDA_TRY(ofl__e, what);                                                    \
+  } while (0)
+
 static ofl_status_t cuda_open(ofl_device_t *dev) {
-  CUDA_TRY(cudaSetDevice(dev->cfg.device_index), "cannot select the device");
+  dev_guard_t g;
+  OFL_CHECK(enter(dev, &g));
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
     dev->stats.device_capacity_bytes = total_b;
+  else
+    (void)cudaGetLastError();
+  leave(&g);
   return OFL_SUCCESS;
 }
 
@@ -79,6 +201,7 @@ typedef struct size_node {
   size_t bytes;
   const ofl_device_t *dev;
   bool pinned; /* pinned host memory (ptr is the registered range) */
+  size_t reg_bytes; /* pinned: bytes registered (whole pages) */
   struct size_node *next;
 } size_node_t;
 
@@ -91,8 +214,10 @@ static size_t page_bytes(void) {
   return page > 0 ? (size_t)page : 4096;
 }
 
-/* Device close (the streams are drained): blocks still allocated on this
- * device are released, as on the host backend. */
+/* Device close: blocks still allocated on this device are released, as on
+ * the host backend, once the streams drained. If one did not (a copy stuck
+ * behind work that never completes), DMA may still read or write them:
+ * they are leaked instead, and said so. */
 static void cuda_close(ofl_device_t *dev) {
   size_node_t *left = NULL;
   pthread_mutex_lock(&sizes_lock);
@@ -112,28 +237,38 @@ static void cuda_close(ofl_device_t *dev) {
   pthread_mutex_unlock(&sizes_lock);
   if (left == NULL)
     return;
-  bool selected = cudaSetDevice(dev->cfg.device_index) == cudaSuccess;
   size_t n = 0, bytes = 0;
+  dev_guard_t g;
+  bool selected = !dev->drain_failed && enter(dev, &g) == OFL_SUCCESS;
   while (left != NULL) {
     size_node_t *next = left->next;
-    if (left->pinned) {
-      if (cudaHostUnregister(left->ptr) != cudaSuccess)
+    if (selected) {
+      if (left->pinned) {
+        if (cudaHostUnregister(left->ptr) != cudaSuccess)
+          (void)cudaGetLastError();
+        free(left->ptr);
+      } else if (cudaFree(left->ptr) != cudaSuccess) {
         (void)cudaGetLastError();
-      free(left->ptr);
-    } else if (selected && cudaFree(left->ptr) != cudaSuccess) {
-      (void)cudaGetLastError();
+      }
     }
     n++;
     bytes += left->bytes;
     free(left);
     left = next;
   }
-  if (!selected)
-    (void)cudaGetLastError();
-  OFL_INFO(OFL_SUBSYS_DEVICE,
-           "device close: %zu block(s) of %zu bytes still allocated; "
-           "released now",
-           n, bytes);
+  if (selected) {
+    leave(&g);
+    OFL_INFO(OFL_SUBSYS_DEVICE,
+             "device close: %zu block(s) of %zu bytes still allocated; "
+             "released now",
+             n, bytes);
+  } else {
+    OFL_WARN(OFL_SUBSYS_DEVICE,
+             "device close: %zu block(s) of %zu bytes still allocated are "
+             "leaked, not freed: a stream did not drain, so copies may still "
+             "use them",
+             n, bytes);
+  }
 }
 
 static size_t bucket(const void *p) {
@@ -164,13 +299,19 @@ static size_node_t *node_take(const void *ptr, bool pinned) {
 
 static ofl_status_t cuda_device_malloc(ofl_device_t *dev, size_t bytes,
                                        void **out) {
-  OFL_CHECK(use_device(dev));
   size_node_t *node = malloc(sizeof *node);
   if (node == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                       "cannot allocate bookkeeping for a device block");
+  dev_guard_t g;
+  ofl_status_t gs = enter(dev, &g);
+  if (gs != OFL_SUCCESS) {
+    free(node);
+    return gs;
+  }
   void *p = NULL;
   cudaError_t ce = cudaMalloc(&p, bytes);
+  leave(&g);
   if (ce != cudaSuccess) {
     free(node);
     (void)cudaGetLastError();
@@ -185,6 +326,7 @@ static ofl_status_t cuda_device_malloc(ofl_device_t *dev, size_t bytes,
   node->bytes = bytes;
   node->dev = dev;
   node->pinned = false;
+  node->reg_bytes = 0;
   node_add(node);
   *out = p;
   return OFL_SUCCESS;
@@ -192,14 +334,23 @@ static ofl_status_t cuda_device_malloc(ofl_device_t *dev, size_t bytes,
 
 static ofl_status_t cuda_device_free(ofl_device_t *dev, void *ptr,
                                      size_t *bytes) {
-  OFL_CHECK(use_device(dev));
   size_node_t *node = node_take(ptr, false);
-  if (node == NULL)
+  if (node == NULL || node->dev != dev) {
+    if (node != NULL)
+      node_add(node);
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
-                      "%p is not a device block of ofl (freed twice or "
-                      "foreign)",
+                      "%p is not a device block of this ofl device (freed "
+                      "twice, foreign, or another device's)",
                       ptr);
+  }
+  dev_guard_t g;
+  ofl_status_t gs = enter(dev, &g);
+  if (gs != OFL_SUCCESS) {
+    node_add(node);
+    return gs;
+  }
   cudaError_t ce = cudaFree(ptr);
+  leave(&g);
   if (ce != cudaSuccess) {
     (void)cudaGetLastError();
     /* Nothing changed: the block stays known (a failed call has no side
@@ -214,25 +365,38 @@ static ofl_status_t cuda_device_free(ofl_device_t *dev, void *ptr,
   return OFL_SUCCESS;
 }
 
-/* Pinned memory: page-aligned malloc, touch every page, register the exact
- * size (faster to set up than cudaHostAlloc and sized exactly). The block is
- * recorded like a device block, so that a foreign or second free is refused
- * before anything is touched. */
+/* Pinned memory: page-aligned malloc, touch every page, register whole
+ * pages (a registration that ended inside a page would share that page with
+ * heap data, and an application registering its neighbour would fail). The
+ * block is recorded like a device block, so that a foreign or second free is
+ * refused before anything is touched. */
 static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
                                        void **out) {
-  OFL_CHECK(use_device(dev));
   size_t pg = page_bytes();
+  size_t reg = bytes + (pg - bytes % pg) % pg;
+  if (reg < bytes)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "%zu bytes of pinned memory cannot be rounded to pages",
+                      bytes);
   size_node_t *node = malloc(sizeof *node);
   void *mem = NULL;
-  if (node == NULL || posix_memalign(&mem, pg, bytes) != 0) {
+  if (node == NULL || posix_memalign(&mem, pg, reg) != 0) {
     free(node);
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
-                      "cannot allocate %zu bytes of host memory to pin", bytes);
+                      "cannot allocate %zu bytes of host memory to pin", reg);
   }
   char *user = mem;
-  for (size_t off = 0; off < bytes; off += pg)
+  for (size_t off = 0; off < reg; off += pg)
     user[off] = 0;
-  cudaError_t ce = cudaHostRegister(user, bytes, cudaHostRegisterDefault);
+  dev_guard_t g;
+  ofl_status_t gs = enter(dev, &g);
+  if (gs != OFL_SUCCESS) {
+    free(node);
+    free(mem);
+    return gs;
+  }
+  cudaError_t ce = cudaHostRegister(user, reg, cudaHostRegisterDefault);
+  leave(&g);
   if (ce != cudaSuccess) {
     (void)cudaGetLastError();
     free(node);
@@ -240,10 +404,13 @@ static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
     return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE,
                       "cudaHostRegister of %zu bytes failed: %s; check the "
                       "locked-memory limit (ulimit -l)",
-                      bytes, cudaGetErrorString(ce));
+                      reg, cudaGetErrorString(ce));
   }
-  *node =
-      (size_node_t){.ptr = user, .bytes = bytes, .dev = dev, .pinned = true};
+  *node = (size_node_t){.ptr = user,
+                        .bytes = bytes,
+                        .dev = dev,
+                        .pinned = true,
+                        .reg_bytes = reg};
   node_add(node);
   *out = user;
   return OFL_SUCCESS;
@@ -251,14 +418,23 @@ static ofl_status_t cuda_pinned_malloc(ofl_device_t *dev, size_t bytes,
 
 static ofl_status_t cuda_pinned_free(ofl_device_t *dev, void *ptr,
                                      size_t *bytes) {
-  OFL_CHECK(use_device(dev));
   size_node_t *node = node_take(ptr, true);
-  if (node == NULL)
+  if (node == NULL || node->dev != dev) {
+    if (node != NULL)
+      node_add(node);
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
-                      "%p is not pinned memory of ofl (freed twice or "
-                      "foreign)",
+                      "%p is not pinned memory of this ofl device (freed "
+                      "twice, foreign, or another device's)",
                       ptr);
+  }
+  dev_guard_t g;
+  ofl_status_t gs = enter(dev, &g);
+  if (gs != OFL_SUCCESS) {
+    node_add(node);
+    return gs;
+  }
   cudaError_t ce = cudaHostUnregister(ptr);
+  leave(&g);
   if (ce != cudaSuccess) {
     (void)cudaGetLastError();
     node_add(node); /* kept, as for cudaFree */
@@ -272,50 +448,72 @@ static ofl_status_t cuda_pinned_free(ofl_device_t *dev, void *ptr,
   return OFL_SUCCESS;
 }
 
-/* The compute stream is the legacy default stream (NULL), which names the
- * calling thread's current device: select ours before using it. Other
- * streams need it too: on a thread without a current device (a save or disk
- * thread, a thread of the application) any runtime call initialises device
- * 0's primary context, an extra context on GPU 0 per process. */
-static ofl_status_t use_stream(const ofl_stream_t *s) {
-  return use_device(s->dev);
-}
-
+/* The device's compute stream is the legacy default stream (impl NULL): it
+ * names the current device's, which enter() makes ofl's. Wrapped streams are
+ * the application's (impl: its cudaStream_t, never destroyed). */
 static ofl_status_t cuda_stream_create(ofl_stream_t *s) {
   if (s->is_compute) {
-    s->impl = NULL; /* the legacy default stream */
+    s->impl = NULL;
     return OFL_SUCCESS;
   }
-  OFL_CHECK(use_device(s->dev));
   cudaStream_t cs = NULL;
-  CUDA_TRY(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking),
-           "cannot create a stream");
+  ON_DEVICE(s->dev, cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking),
+            "cannot create a stream");
   s->impl = cs;
   return OFL_SUCCESS;
 }
 
-/* Polls until done() is not cudaErrorNotReady or the deadline passes. */
-static ofl_status_t poll_until(cudaError_t (*query)(void *), void *h,
+static ofl_status_t cuda_stream_wrap(ofl_stream_t *s, void *native) {
+  cudaStream_t cs = (cudaStream_t)native;
+  if (cs != NULL && cs != cudaStreamLegacy && cs != cudaStreamPerThread) {
+    int d = -1;
+    dev_guard_t g;
+    OFL_CHECK(enter(s->dev, &g));
+    cudaError_t ce = cudaStreamGetDevice(cs, &d);
+    leave(&g);
+    CUDA_TRY(ce, "ofl_stream_wrap_native: not a valid cudaStream_t");
+    if (d != s->dev->cfg.device_index)
+      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                        "ofl_stream_wrap_native: stream '%s' belongs to cuda "
+                        "device %d, this ofl device is %d",
+                        s->name, d, s->dev->cfg.device_index);
+  }
+  s->impl = cs == cudaStreamLegacy ? NULL : cs;
+  return OFL_SUCCESS;
+}
+
+static void *cuda_stream_native(const ofl_stream_t *s) {
+  return s->impl != NULL ? s->impl : (void *)cudaStreamLegacy;
+}
+
+/* Polls until the query is not cudaErrorNotReady or the deadline passes.
+ * Sleeps grow from 1 to 50 us: a synchronize returns at most ~50 us late. */
+static ofl_status_t poll_until(const ofl_device_t *dev,
+                               cudaError_t (*query)(void *), void *h,
                                int64_t timeout_ms, const char *what) {
   uint64_t deadline = ofl__deadline_ns(timeout_ms);
   uint64_t sleep_ns = 1000;
   for (;;) {
+    dev_guard_t g;
+    OFL_CHECK(enter(dev, &g));
     cudaError_t ce = query(h);
+    if (ce == cudaErrorNotReady)
+      clear_not_ready();
+    else if (ce != cudaSuccess)
+      (void)cudaGetLastError();
+    leave(&g);
     if (ce == cudaSuccess)
       return OFL_SUCCESS;
-    if (ce != cudaErrorNotReady) {
-      (void)cudaGetLastError();
+    if (ce != cudaErrorNotReady)
       return ofl__error(OFL_ERR_CUDA, OFL_SUBSYS_DEVICE, "%s: %s", what,
                         cudaGetErrorString(ce));
-    }
-    clear_not_ready();
     if (ofl__now_ns() >= deadline)
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
                         "%s: not complete after %lld ms", what,
                         (long long)timeout_ms);
     struct timespec ts = {0, (long)sleep_ns};
     nanosleep(&ts, NULL);
-    if (sleep_ns < 1000000)
+    if (sleep_ns < 50000)
       sleep_ns *= 2;
   }
 }
@@ -329,99 +527,114 @@ static cudaError_t query_event(void *h) {
 
 static ofl_status_t cuda_stream_synchronize(ofl_stream_t *s,
                                             int64_t timeout_ms) {
-  OFL_CHECK(use_stream(s));
-  return poll_until(query_stream, s->impl, timeout_ms, "stream synchronize");
+  return poll_until(s->dev, query_stream, s->impl, timeout_ms,
+                    "stream synchronize");
 }
 
 static ofl_status_t cuda_stream_destroy(ofl_stream_t *s) {
+  if (s->wrapped)
+    return OFL_SUCCESS; /* the application's: only the wrapper goes */
   /* The compute stream (legacy default) is not destroyed, but it is drained
    * like the others: device close promises that no work is left in flight
    * (on the host backend the compute stream never has any). */
   ofl_status_t st = cuda_stream_synchronize(s, ofl__timeout_ms(-1));
-  if (s->impl != NULL)
-    cudaStreamDestroy((cudaStream_t)s->impl);
+  if (s->impl != NULL) {
+    dev_guard_t g;
+    if (enter(s->dev, &g) == OFL_SUCCESS) {
+      if (cudaStreamDestroy((cudaStream_t)s->impl) != cudaSuccess)
+        (void)cudaGetLastError();
+      leave(&g);
+    }
+  }
   return st;
 }
 
-static ofl_status_t cuda_stream_query(ofl_stream_t *s) {
-  OFL_CHECK(use_stream(s));
-  cudaError_t ce = cudaStreamQuery((cudaStream_t)s->impl);
-  if (ce == cudaErrorNotReady) {
+static ofl_status_t query_status(const ofl_device_t *dev,
+                                 cudaError_t (*query)(void *), void *h,
+                                 const char *what) {
+  dev_guard_t g;
+  OFL_CHECK(enter(dev, &g));
+  cudaError_t ce = query(h);
+  if (ce == cudaErrorNotReady)
     clear_not_ready();
+  leave(&g);
+  if (ce == cudaErrorNotReady)
     return OFL_ERR_NOT_READY;
-  }
-  CUDA_TRY(ce, "stream query");
+  CUDA_TRY(ce, what);
   return OFL_SUCCESS;
 }
 
+static ofl_status_t cuda_stream_query(ofl_stream_t *s) {
+  return query_status(s->dev, query_stream, s->impl, "stream query");
+}
+
 static ofl_status_t cuda_event_create(ofl_event_t *e) {
-  OFL_CHECK(use_device(e->dev));
   cudaEvent_t ev = NULL;
-  CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
-           "cannot create an event");
+  ON_DEVICE(e->dev, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
+            "cannot create an event");
   e->impl = ev;
   return OFL_SUCCESS;
 }
 
 static void cuda_event_destroy(ofl_event_t *e) {
-  if (use_device(e->dev) == OFL_SUCCESS)
-    cudaEventDestroy((cudaEvent_t)e->impl);
+  dev_guard_t g;
+  if (enter(e->dev, &g) != OFL_SUCCESS)
+    return;
+  if (cudaEventDestroy((cudaEvent_t)e->impl) != cudaSuccess)
+    (void)cudaGetLastError();
+  leave(&g);
 }
 
 static ofl_status_t cuda_event_record(ofl_event_t *e, ofl_stream_t *s) {
-  OFL_CHECK(use_stream(s));
-  CUDA_TRY(cudaEventRecord((cudaEvent_t)e->impl, (cudaStream_t)s->impl),
-           "event record");
+  ON_DEVICE(s->dev,
+            cudaEventRecord((cudaEvent_t)e->impl, (cudaStream_t)s->impl),
+            "event record");
   return OFL_SUCCESS;
 }
 
 static ofl_status_t cuda_event_query(ofl_event_t *e) {
-  OFL_CHECK(use_device(e->dev));
-  cudaError_t ce = cudaEventQuery((cudaEvent_t)e->impl);
-  if (ce == cudaErrorNotReady) {
-    clear_not_ready();
-    return OFL_ERR_NOT_READY;
-  }
-  CUDA_TRY(ce, "event query");
-  return OFL_SUCCESS;
+  return query_status(e->dev, query_event, e->impl, "event query");
 }
 
 static ofl_status_t cuda_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
-  OFL_CHECK(use_device(e->dev));
-  return poll_until(query_event, e->impl, timeout_ms, "event synchronize");
+  return poll_until(e->dev, query_event, e->impl, timeout_ms,
+                    "event synchronize");
 }
 
 static ofl_status_t cuda_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
-  OFL_CHECK(use_stream(s));
-  CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)s->impl, (cudaEvent_t)e->impl, 0),
-           "stream wait event");
+  ON_DEVICE(s->dev,
+            cudaStreamWaitEvent((cudaStream_t)s->impl, (cudaEvent_t)e->impl,
+                                0),
+            "stream wait event");
   return OFL_SUCCESS;
 }
 
+/* cudaMemcpyDefault: with unified addressing the runtime takes the
+ * direction from the pointers, so a kind that does not match them (a
+ * caller's mistake) cannot make the copy wrong; the kind still counts the
+ * bytes per direction in the statistics. */
 static ofl_status_t cuda_memcpy_async(void *dst, const void *src, size_t bytes,
                                       ofl_copy_kind_t kind, ofl_stream_t *s) {
-  OFL_CHECK(use_stream(s));
-  static const enum cudaMemcpyKind kinds[] = {
-      cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
-      cudaMemcpyHostToHost};
-  CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kinds[kind], (cudaStream_t)s->impl),
-           "async copy");
+  (void)kind;
+  ON_DEVICE(s->dev,
+            cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                            (cudaStream_t)s->impl),
+            "async copy");
   return OFL_SUCCESS;
 }
 
 static ofl_status_t cuda_memset_async(void *dst, int value, size_t bytes,
                                       ofl_stream_t *s) {
-  OFL_CHECK(use_stream(s));
-  CUDA_TRY(cudaMemsetAsync(dst, value, bytes, (cudaStream_t)s->impl),
-           "async memset");
+  ON_DEVICE(s->dev,
+            cudaMemsetAsync(dst, value, bytes, (cudaStream_t)s->impl),
+            "async memset");
   return OFL_SUCCESS;
 }
 
 static ofl_status_t cuda_launch_host_func(ofl_stream_t *s, ofl_host_fn fn,
                                           void *arg) {
-  OFL_CHECK(use_stream(s));
-  CUDA_TRY(cudaLaunchHostFunc((cudaStream_t)s->impl, fn, arg),
-           "host function launch");
+  ON_DEVICE(s->dev, cudaLaunchHostFunc((cudaStream_t)s->impl, fn, arg),
+            "host function launch");
   return OFL_SUCCESS;
 }
 
@@ -444,6 +657,8 @@ const ofl__device_ops_t ofl__cuda_ops = {
     .pinned_malloc = cuda_pinned_malloc,
     .pinned_free = cuda_pinned_free,
     .stream_create = cuda_stream_create,
+    .stream_wrap = cuda_stream_wrap,
+    .stream_native = cuda_stream_native,
     .stream_destroy = cuda_stream_destroy,
     .stream_synchronize = cuda_stream_synchronize,
     .stream_query = cuda_stream_query,

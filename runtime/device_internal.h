@@ -19,7 +19,8 @@ typedef struct ofl__trace ofl__trace_t;
 /* Parameters after the environment filled what the caller left unset. */
 typedef struct ofl__device_config {
   ofl_backend_t backend;
-  int device_index;
+  int device_index; /* -1 until resolved: cuda takes the caller's current
+                       device at open (or OFL_DEVICE) */
   size_t capacity_bytes;
   bool strict;
   uint64_t jitter_seed;
@@ -51,6 +52,11 @@ struct ofl_device {
    * checked against the list only after one went. */
   uint64_t uid;
   atomic_uint_fast64_t streams_gone;
+  /* A stream did not drain at close: memory DMA may still use is leaked
+   * instead of freed. */
+  bool drain_failed;
+  /* Releases ordered after stream work (runtime/defer.c). */
+  struct ofl__defer *defer;
 };
 
 struct ofl_stream {
@@ -58,6 +64,7 @@ struct ofl_stream {
   char name[32];
   int id;          /* trace track */
   bool is_compute; /* executes on the calling thread (host backend) */
+  bool wrapped;    /* the application's native stream: never destroyed */
   void *impl;
   ofl_stream_t *dev_next; /* the device's list of streams */
   uint64_t uid;           /* unique in the process */
@@ -77,6 +84,10 @@ struct ofl__device_ops {
   ofl_status_t (*pinned_malloc)(ofl_device_t *dev, size_t bytes, void **out);
   ofl_status_t (*pinned_free)(ofl_device_t *dev, void *ptr, size_t *bytes);
   ofl_status_t (*stream_create)(ofl_stream_t *s);
+  /* Wraps the application's native stream (NULL op: not supported). */
+  ofl_status_t (*stream_wrap)(ofl_stream_t *s, void *native);
+  /* The native handle of a stream (NULL op or answer: none). */
+  void *(*stream_native)(const ofl_stream_t *s);
   ofl_status_t (*stream_destroy)(ofl_stream_t *s);
   ofl_status_t (*stream_synchronize)(ofl_stream_t *s, int64_t timeout_ms);
   ofl_status_t (*stream_query)(ofl_stream_t *s);
@@ -98,9 +109,44 @@ struct ofl__device_ops {
 extern const ofl__device_ops_t ofl__host_ops;
 #if OFL_HAVE_CUDA
 extern const ofl__device_ops_t ofl__cuda_ops;
-/* OFL_SUCCESS when a CUDA device can be used; else the reason in why. */
-ofl_status_t ofl__cuda_probe(int device_index, char *why, size_t cap);
+/* OFL_SUCCESS when a CUDA device can be used; else the reason in why. A
+ * *device_index of -1 is resolved first (OFL_DEVICE, else the calling
+ * thread's current device); OFL_ERR_CONFIG for an invalid OFL_DEVICE. */
+ofl_status_t ofl__cuda_probe(int *device_index, char *why, size_t cap);
+/* Selects cuda device `device` on the calling thread when it sits on
+ * another, remembering whether leave must give the caller's back (see
+ * runtime/device_cuda.c: never to a device without a primary context, never
+ * on ofl's own threads). */
+typedef struct {
+  int prev;
+  bool restore;
+} ofl__cuda_guard_t;
+ofl_status_t ofl__cuda_enter(int device, ofl__cuda_guard_t *g);
+void ofl__cuda_leave(const ofl__cuda_guard_t *g);
 #endif
+
+/* ---- deferred work (runtime/defer.c) --------------------------------------
+ * fn(arg) runs once the work queued on stream so far has completed, on an
+ * ofl thread of the device (or on the thread that synchronises that stream,
+ * whichever comes first), never inside a stream's host function: user
+ * callbacks and CUDA calls are allowed in fn (DESIGN.md section 3.1).
+ * Steady state allocates nothing: entries and their events are reused. */
+ofl_status_t ofl__defer_init(ofl_device_t *dev);
+ofl_status_t ofl__device_defer(ofl_stream_t *stream, void (*fn)(void *),
+                               void *arg);
+/* Runs the deferred work of stream whose event completed, on the calling
+ * thread, and waits for any of it the device thread is running (called by
+ * ofl_stream_synchronize after the stream drained). */
+void ofl__defer_run_stream(ofl_stream_t *stream);
+/* Device close, streams drained (or not: then pending work is leaked and
+ * said so). Stops the device thread. */
+void ofl__defer_close(ofl_device_t *dev);
+
+/* Threads that ofl starts (release, save, disk threads) mark themselves:
+ * the cuda backend selects its device on them and leaves it selected, while
+ * on the application's threads it restores the caller's device. */
+void ofl__thread_mark_owned(void);
+bool ofl__thread_is_owned(void);
 
 /* ---- trace (runtime/trace.c) ---------------------------------------------
  * Chrome trace events, one track per stream; written at device close. */

@@ -82,6 +82,9 @@ static inline bool ofl__log_enabled(ofl_log_level_t level, unsigned subsys) {
  * OFL_ERR_CONFIG with a message naming the variable and what it accepts when
  * the value in force is invalid; *out is set only on success. */
 ofl_status_t ofl__config_str(const char *name, const char **out);
+/* The rank of this process on its node, as the launcher says (Open MPI,
+ * MPICH, Slurm, torchrun), else fallback (when >= 0), else 0. */
+int ofl__local_rank(int fallback);
 ofl_status_t ofl__config_bool(const char *name, bool *out);
 ofl_status_t ofl__config_int(const char *name, int64_t *out);
 /* Sizes accept K, M, G, T suffixes (powers of 1024) and KB/MB/GB. */

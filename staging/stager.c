@@ -710,6 +710,16 @@ ofl_status_t ofl_stager_create(ofl_device_t *dev,
     s->own_stream = true;
   }
   OFL_CHECK_GOTO(ofl_event_create(dev, &s->compute_done), st, fail);
+  /* CUDA copies device memory into pageable host memory synchronously: the
+   * call returns once the bytes arrived, so asynchronous staging without
+   * pinned memory is not asynchronous there. Say so once per stager. */
+  if (p.async_staging && !p.pin_memory &&
+      ofl_device_backend(dev) == OFL_BACKEND_CUDA)
+    OFL_WARN(OFL_SUBSYS_STAGING,
+             "stager: async_staging with pin_memory 0: on cuda a copy into "
+             "pageable memory is synchronous, so stage() returns only after "
+             "the copies; set pin_memory 1 for staging that overlaps "
+             "training");
   OFL_INFO(OFL_SUBSYS_STAGING,
            "stager created cache %d pinned %d type_check %d async %d "
            "max_inflight_saves %d",

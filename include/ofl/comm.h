@@ -39,10 +39,20 @@ typedef struct ofl_comm_params {
    * twice this long for rank 0's answer, so that rank 0 can tell them which
    * rank was missing. */
   int64_t timeout_ms;
+  /* NCCL comms: 1 when the communicator was created nonblocking
+   * (ncclConfig_t.blocking = 0), 0 when blocking, -1 unknown (taken as
+   * blocking; NCCL has no call that tells). With a nonblocking communicator
+   * every wait of a gather is bounded by timeout_ms; with a blocking one the
+   * NCCL call itself may block before ofl's deadline can act (while it
+   * connects to its peers), so create it with blocking = 0 for bounded
+   * waits. After a timeout ofl aborts the communicator (ncclCommAbort), so
+   * that the kernel left on the stream ends instead of hanging later work;
+   * the application must then destroy and recreate it. */
+  int nccl_nonblocking;
 } ofl_comm_params_t;
 
 #define OFL_COMM_PARAMS_INIT                                                   \
-  { -1 }
+  { -1, -1 }
 
 /* A one-rank comm (rank 0 of 1). params may be NULL. */
 OFL_API ofl_status_t ofl_comm_create_self(const ofl_comm_params_t *params,

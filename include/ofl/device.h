@@ -42,7 +42,8 @@ typedef enum ofl_copy_kind {
  * from the OFL_* environment (see ofl_config_print). */
 typedef struct ofl_device_params {
   ofl_backend_t backend;        /* OFL_BACKEND */
-  int device_index;             /* cuda device ordinal */
+  int device_index;             /* cuda device ordinal; -1: OFL_DEVICE, else
+                                   the calling thread's current device */
   size_t device_capacity_bytes; /* host backend "device" memory; 0: env */
   int strict;                   /* host backend strict mode; -1: env */
   uint64_t jitter_seed;         /* 0: env (OFL_JITTER_SEED) */
@@ -53,7 +54,7 @@ typedef struct ofl_device_params {
 } ofl_device_params_t;
 
 #define OFL_DEVICE_PARAMS_INIT                                                 \
-  { OFL_BACKEND_AUTO, 0, 0, -1, 0, -1, -1.0, -1.0, -1.0 }
+  { OFL_BACKEND_AUTO, -1, 0, -1, 0, -1, -1.0, -1.0, -1.0 }
 
 /* Counters of one device; bytes are "device" memory unless named pinned. */
 typedef struct ofl_device_stats {
@@ -72,7 +73,13 @@ typedef struct ofl_device_stats {
 
 /* Opens a device. With OFL_BACKEND_AUTO and no GPU it falls back to the host
  * backend and logs why once; with OFL_BACKEND_CUDA and no GPU it fails with
- * OFL_ERR_NO_DEVICE. params may be NULL (all from the environment). */
+ * OFL_ERR_NO_DEVICE. params may be NULL (all from the environment).
+ *
+ * cuda: the GPU is params->device_index when set (>= 0), else OFL_DEVICE
+ * (an ordinal, or `local` for the launcher's local rank modulo the device
+ * count), else the calling thread's current device at open. ofl never leaves
+ * a thread's current device changed: a call that needs its device on a
+ * thread that sits on another one selects it and restores the caller's. */
 OFL_API ofl_status_t ofl_device_open(const ofl_device_params_t *params,
                                      ofl_device_t **out);
 /* Waits for all streams (bounded), stops workers, writes the trace file if
@@ -101,7 +108,18 @@ OFL_API ofl_status_t ofl_pinned_malloc(ofl_device_t *dev, size_t bytes,
                                        void **out);
 OFL_API ofl_status_t ofl_pinned_free(ofl_device_t *dev, void *ptr);
 
-/* The compute stream of the calling thread, looked up at each call (never
+/* The compute stream is the stream the application computes on: offloads
+ * wait for the work queued on it before their copies, and reloads are made
+ * visible to it. By default it is the device's compute stream: on cuda the
+ * legacy default stream (cudaStreamLegacy), which orders against the
+ * application's work on the legacy stream and on blocking streams, but NOT
+ * against work on non-blocking streams (PyTorch's side streams, a C++
+ * pipeline's own streams). A program computing on its own stream wraps it
+ * (ofl_stream_wrap_native) and makes it the compute stream
+ * (ofl_device_set_compute_stream, per thread). Work ofl was not told about
+ * is not ordered.
+ *
+ * The compute stream of the calling thread, looked up at each call (never
  * cache it across a change of stream; DESIGN.md section 5 rule 3). Defaults
  * to the device's compute stream; ofl_device_set_compute_stream overrides it
  * for the calling thread (NULL: back to the default). An override whose
@@ -117,8 +135,20 @@ OFL_API void ofl_device_set_compute_stream(ofl_device_t *dev,
  * backend, a non-blocking stream on cuda). */
 OFL_API ofl_status_t ofl_stream_create(ofl_device_t *dev, const char *name,
                                        ofl_stream_t **out);
-/* Drains the stream (bounded by the default timeout) then destroys it. */
+/* Drains the stream (bounded by the default timeout) then destroys it. A
+ * wrapped native stream is neither drained nor destroyed: only the wrapper
+ * is freed. */
 OFL_API ofl_status_t ofl_stream_destroy(ofl_stream_t *stream);
+/* Wraps the application's own stream (cuda: a cudaStream_t of the device's
+ * GPU, any flags) so that ofl orders against it, for example as the compute
+ * stream. ofl never destroys it. The host backend answers
+ * OFL_ERR_NOT_SUPPORTED. */
+OFL_API ofl_status_t ofl_stream_wrap_native(ofl_device_t *dev, void *native,
+                                            const char *name,
+                                            ofl_stream_t **out);
+/* The native handle of any ofl stream (cuda: its cudaStream_t, the default
+ * compute stream being cudaStreamLegacy); NULL on the host backend. */
+OFL_API void *ofl_stream_native(const ofl_stream_t *stream);
 OFL_API ofl_status_t ofl_stream_synchronize(ofl_stream_t *stream,
                                             int64_t timeout_ms);
 /* OFL_SUCCESS when idle, OFL_ERR_NOT_READY when work is pending, or the first
@@ -150,8 +180,10 @@ OFL_API ofl_status_t ofl_memset_async(void *dst, int value, size_t bytes,
                                       ofl_stream_t *stream);
 
 typedef void (*ofl_host_fn)(void *arg);
-/* Runs fn(arg) on the stream's timeline, after the work before it. fn must
- * not call ofl stream functions on the same device that wait. */
+/* Runs fn(arg) on the stream's timeline, after the work before it. On cuda fn
+ * runs inside cudaLaunchHostFunc, where the driver forbids CUDA calls: fn
+ * must not call CUDA or ofl functions, nor take a lock that a thread waiting
+ * on the stream may hold. */
 OFL_API ofl_status_t ofl_stream_launch_host_func(ofl_stream_t *stream,
                                                  ofl_host_fn fn, void *arg);
 

@@ -68,7 +68,9 @@ typedef struct ofl_stager_params {
   int pin_memory;    /* page-locked host copy (ofl_pinned_malloc) */
   int type_check;    /* with cache_staged: a different name set, shape or
                         dtype is an error rather than a rebuild */
-  int async_staging; /* stage returns after queuing the copies */
+  int async_staging; /* stage returns after queuing the copies (on cuda only
+                        with pin_memory: a copy into pageable memory is
+                        synchronous there, which the stager warns about) */
   ofl_stream_t *stream; /* D2H stream for the copies; NULL: the stager
                            creates its own */
   int max_inflight_saves; /* 0: OFL_STAGING_MAX_INFLIGHT */

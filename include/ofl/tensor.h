@@ -55,7 +55,19 @@ typedef struct ofl_pool ofl_pool_t;
 typedef struct ofl_tensor ofl_tensor_t;
 typedef struct ofl_stream ofl_stream_t;
 
-/* Called when external storage wrapped by ofl_tensor_wrap is released. */
+/* Called when external storage wrapped by ofl_tensor_wrap is released.
+ * Which thread, and when:
+ * - an unordered release (ofl_tensor_release_storage, ofl_tensor_destroy of
+ *   the last handle): on the calling thread, before the call returns;
+ * - an ordered release (ofl_tensor_release_storage_after, and the manager's
+ *   offload of forced-release tensors, which orders after the D2H copy): once
+ *   the work queued on the stream before the release completed, on an
+ *   ofl-owned thread of the device, or on the thread that synchronises that
+ *   stream (ofl_stream_synchronize returns after it ran), whichever comes
+ *   first; never inside a stream's host function, so the callback may call
+ *   CUDA (cudaFree) and take its own locks, but it must not wait for the
+ *   thread that released. If the stream never completes (a stuck device),
+ *   the callback never runs and device close leaks the memory, saying so. */
 typedef void (*ofl_release_fn)(void *data, size_t bytes, void *user);
 
 OFL_API size_t ofl_dtype_size(ofl_dtype_t dtype); /* 0 for an invalid dtype */
@@ -103,10 +115,10 @@ OFL_API ofl_status_t ofl_tensor_alias(const ofl_tensor_t *t,
 OFL_API ofl_status_t ofl_tensor_release_storage(ofl_tensor_t *t);
 /* Stream-ordered release: like ofl_tensor_release_storage, but the memory
  * is reused or released only after the work queued on stream so far has
- * completed. A pool block goes back to its pool at once, marked with an
- * event the pool owns (see ofl_pool_free_after). External memory's release
- * callback runs on stream's timeline (ofl_stream_launch_host_func: on a
- * worker thread; on cuda it must not call CUDA). */
+ * completed; the call never waits. A pool block goes back to its pool at
+ * once, marked with an event the pool owns (see ofl_pool_free_after).
+ * External memory's share is dropped once that work completed (see
+ * ofl_release_fn for where its callback runs). */
 OFL_API ofl_status_t ofl_tensor_release_storage_after(ofl_tensor_t *t,
                                                       ofl_stream_t *stream);
 /* Gives a handle without storage external memory of storage_bytes

@@ -1,0 +1,218 @@
+/* ofl: work ordered after a stream without a host function. A release that
+ * must follow queued copies (external storage whose last handle let go, a
+ * reference held by queued work) records a reused event on the stream and
+ * is run by the device's ofl thread once that event completed, or by the
+ * thread that synchronises the stream, whichever comes first. Host functions
+ * may not call CUDA and must not run user code (they can deadlock the
+ * driver, or take a lock the training thread holds: DESIGN.md section 3.1),
+ * so nothing user-visible runs inside one. */
+#include <stdlib.h>
+
+#include "runtime/device_internal.h"
+
+typedef struct entry {
+  ofl_event_t *ev; /* kept with the entry: steady state creates no event */
+  uint64_t stream_uid;
+  void (*fn)(void *);
+  void *arg;
+  struct entry *next;
+} entry_t;
+
+struct ofl__defer {
+  pthread_mutex_t lock;
+  pthread_cond_t work_cv; /* work queued, or stop */
+  pthread_cond_t done_cv; /* the device thread finished an entry */
+  entry_t *head, *tail;   /* pending, oldest first */
+  entry_t *free;          /* done entries, reused */
+  entry_t *running;       /* taken by the device thread, fn not yet done */
+  pthread_t thread;
+  bool started;
+  atomic_bool stop;
+};
+
+ofl_status_t ofl__defer_init(ofl_device_t *dev) {
+  struct ofl__defer *d = calloc(1, sizeof *d);
+  if (d == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot allocate the device's release queue");
+  pthread_mutex_init(&d->lock, NULL);
+  pthread_cond_init(&d->work_cv, NULL);
+  pthread_cond_init(&d->done_cv, NULL);
+  atomic_init(&d->stop, false);
+  dev->defer = d;
+  return OFL_SUCCESS;
+}
+
+static void unlink_entry(struct ofl__defer *d, entry_t *prev, entry_t *e) {
+  if (prev == NULL)
+    d->head = e->next;
+  else
+    prev->next = e->next;
+  if (d->tail == e)
+    d->tail = prev;
+  e->next = NULL;
+}
+
+/* The first pending entry whose event completed (of one stream when uid is
+ * not 0); unlinked. */
+static entry_t *take_complete(struct ofl__defer *d, uint64_t uid) {
+  entry_t *prev = NULL;
+  for (entry_t *e = d->head; e != NULL; prev = e, e = e->next) {
+    if (uid != 0 && e->stream_uid != uid)
+      continue;
+    if (ofl_event_query(e->ev) == OFL_SUCCESS) {
+      unlink_entry(d, prev, e);
+      return e;
+    }
+  }
+  return NULL;
+}
+
+static void recycle(struct ofl__defer *d, entry_t *e) {
+  e->fn = NULL;
+  e->arg = NULL;
+  e->next = d->free;
+  d->free = e;
+}
+
+static void *defer_main(void *arg) {
+  ofl_device_t *dev = arg;
+  struct ofl__defer *d = dev->defer;
+  ofl__thread_mark_owned();
+  pthread_mutex_lock(&d->lock);
+  while (!atomic_load(&d->stop)) {
+    if (d->head == NULL) {
+      pthread_cond_wait(&d->work_cv, &d->lock);
+      continue;
+    }
+    entry_t *e = take_complete(d, 0);
+    if (e == NULL) {
+      /* Nothing finished yet: wait a little on the oldest (entries are never
+       * freed before close, so the pointer stays valid; a re-record by a
+       * reuse only makes this wait return). */
+      ofl_event_t *ev = d->head->ev;
+      pthread_mutex_unlock(&d->lock);
+      (void)ofl_event_synchronize(ev, 1);
+      pthread_mutex_lock(&d->lock);
+      continue;
+    }
+    d->running = e;
+    pthread_mutex_unlock(&d->lock);
+    e->fn(e->arg);
+    pthread_mutex_lock(&d->lock);
+    d->running = NULL;
+    recycle(d, e);
+    pthread_cond_broadcast(&d->done_cv);
+  }
+  pthread_mutex_unlock(&d->lock);
+  return NULL;
+}
+
+ofl_status_t ofl__device_defer(ofl_stream_t *stream, void (*fn)(void *),
+                               void *arg) {
+  ofl_device_t *dev = stream->dev;
+  struct ofl__defer *d = dev->defer;
+  pthread_mutex_lock(&d->lock);
+  entry_t *e = d->free;
+  if (e != NULL)
+    d->free = e->next;
+  pthread_mutex_unlock(&d->lock);
+  if (e == NULL) {
+    e = calloc(1, sizeof *e);
+    if (e == NULL)
+      return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                        "cannot allocate a deferred release");
+    ofl_status_t st = ofl_event_create(dev, &e->ev);
+    if (st != OFL_SUCCESS) {
+      free(e);
+      return st;
+    }
+  }
+  ofl_status_t st = ofl_event_record(e->ev, stream);
+  pthread_mutex_lock(&d->lock);
+  if (st == OFL_SUCCESS && !d->started) {
+    if (pthread_create(&d->thread, NULL, defer_main, dev) == 0)
+      d->started = true;
+    else
+      st = ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_DEVICE,
+                      "cannot start the device's release thread");
+  }
+  if (st != OFL_SUCCESS) {
+    recycle(d, e);
+    pthread_mutex_unlock(&d->lock);
+    return st;
+  }
+  e->stream_uid = stream->uid;
+  e->fn = fn;
+  e->arg = arg;
+  e->next = NULL;
+  if (d->tail != NULL)
+    d->tail->next = e;
+  else
+    d->head = e;
+  d->tail = e;
+  pthread_cond_signal(&d->work_cv);
+  pthread_mutex_unlock(&d->lock);
+  return OFL_SUCCESS;
+}
+
+void ofl__defer_run_stream(ofl_stream_t *stream) {
+  struct ofl__defer *d = stream->dev->defer;
+  if (d == NULL)
+    return;
+  pthread_mutex_lock(&d->lock);
+  for (;;) {
+    while (d->running != NULL && d->running->stream_uid == stream->uid)
+      pthread_cond_wait(&d->done_cv, &d->lock);
+    entry_t *e = take_complete(d, stream->uid);
+    if (e == NULL)
+      break;
+    pthread_mutex_unlock(&d->lock);
+    e->fn(e->arg);
+    pthread_mutex_lock(&d->lock);
+    recycle(d, e);
+  }
+  pthread_mutex_unlock(&d->lock);
+}
+
+void ofl__defer_close(ofl_device_t *dev) {
+  struct ofl__defer *d = dev->defer;
+  if (d == NULL)
+    return;
+  pthread_mutex_lock(&d->lock);
+  atomic_store(&d->stop, true);
+  pthread_cond_broadcast(&d->work_cv);
+  bool started = d->started;
+  pthread_mutex_unlock(&d->lock);
+  if (started)
+    pthread_join(d->thread, NULL);
+  /* The streams are drained: run what completed; what did not (a stream
+   * that did not drain) is leaked, since its copies may still run. */
+  size_t leaked = 0;
+  for (entry_t *e; (e = take_complete(d, 0)) != NULL;) {
+    e->fn(e->arg);
+    recycle(d, e);
+  }
+  for (entry_t *e = d->head, *next; e != NULL; e = next) {
+    next = e->next;
+    leaked++;
+    ofl_event_destroy(e->ev); /* legal while pending; fn's arg is leaked */
+    free(e);
+  }
+  if (leaked > 0)
+    OFL_WARN(OFL_SUBSYS_DEVICE,
+             "device close: %zu release(s) still wait for stream work that "
+             "did not complete; their memory is leaked, not freed under "
+             "running copies",
+             leaked);
+  for (entry_t *e = d->free, *next; e != NULL; e = next) {
+    next = e->next;
+    ofl_event_destroy(e->ev);
+    free(e);
+  }
+  pthread_cond_destroy(&d->done_cv);
+  pthread_cond_destroy(&d->work_cv);
+  pthread_mutex_destroy(&d->lock);
+  free(d);
+  dev->defer = NULL;
+}

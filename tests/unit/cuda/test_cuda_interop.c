@@ -1,0 +1,571 @@
+/* The cuda backend inside an application's GPU program: the caller's device
+ * stays the caller's, the application's own streams are ordered, releases
+ * never run inside host functions, commit never waits for copies, steady
+ * state allocates nothing, NCCL timeouts abort the communicator. On the
+ * cudasim stand-in (the counters and the second device come from it). */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ofl/ofl.h>
+
+#include "tests/devmem.h"
+
+#define OK(call)                                                               \
+  cr_assert(eq(int, (call), OFL_SUCCESS), "%s: %s", #call, ofl_last_error())
+#define CUDA_OK(call) cr_assert(eq(int, (int)(call), (int)cudaSuccess), #call)
+
+static cudasim_stats_t sim(void) {
+  cudasim_stats_t s;
+  memset(&s, 0, sizeof s);
+  if (!t_sim_stats(&s))
+    cr_skip_test("needs the cudasim stand-in (its counters)");
+  return s;
+}
+
+static int sim_device_of(const void *p) {
+  int (*is_dev)(const void *, int *) = NULL;
+  *(void **)&is_dev = dlsym(RTLD_DEFAULT, "cudasim_is_device_memory");
+  int d = -1;
+  cr_assert(is_dev != NULL && is_dev(p, &d), "%p is not device memory", p);
+  return d;
+}
+
+static int sim_in_host_fn(void) {
+  int (*f)(void) = NULL;
+  *(void **)&f = dlsym(RTLD_DEFAULT, "cudasim_in_host_fn");
+  return f != NULL && f();
+}
+
+static int current_device(void) {
+  int d = -1;
+  CUDA_OK(cudaGetDevice(&d));
+  return d;
+}
+
+static ofl_device_t *open_cuda(int index) {
+  ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
+  dp.backend = OFL_BACKEND_CUDA;
+  dp.device_index = index;
+  ofl_device_t *dev = NULL;
+  OK(ofl_device_open(&dp, &dev));
+  return dev;
+}
+
+/* A gate that holds a stream: a host function that waits until opened (it
+ * calls nothing, as host functions must). */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int open;
+} gate_t;
+static gate_t gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+static void gate_fn(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&gate.mu);
+  while (!gate.open)
+    pthread_cond_wait(&gate.cv, &gate.mu);
+  pthread_mutex_unlock(&gate.mu);
+}
+static void gate_open(void) {
+  pthread_mutex_lock(&gate.mu);
+  gate.open = 1;
+  pthread_cond_broadcast(&gate.cv);
+  pthread_mutex_unlock(&gate.mu);
+}
+
+TestSuite(cuda_interop, .timeout = 120);
+
+/* ---- 1: the caller's device ----------------------------------------------- */
+
+Test(cuda_interop, device_without_index_is_the_callers_and_stays_selected) {
+  sim();
+  CUDA_OK(cudaSetDevice(1));
+  ofl_device_t *dev = open_cuda(-1);
+  void *d = NULL, *h = NULL;
+  OK(ofl_device_malloc(dev, 1 << 16, &d));
+  cr_assert(eq(int, sim_device_of(d), 1));
+  OK(ofl_pinned_malloc(dev, 1 << 16, &h));
+  ofl_stream_t *s = NULL;
+  ofl_event_t *ev = NULL;
+  OK(ofl_stream_create(dev, "copy", &s));
+  OK(ofl_event_create(dev, &ev));
+  OK(t_fill(dev, d, 1 << 16, 7));
+  OK(ofl_memcpy_async(h, d, 1 << 16, OFL_COPY_D2H, s));
+  OK(ofl_event_record(ev, s));
+  OK(ofl_event_synchronize(ev, -1));
+  cr_assert(eq(sz, t_pattern_wrong(h, 1 << 16, 7), 0));
+  cr_assert(eq(int, current_device(), 1));
+
+  /* A second ofl device on GPU 0, used from this thread: the thread is
+   * back on 1 after every call. */
+  ofl_device_t *dev0 = open_cuda(0);
+  cr_assert(eq(int, current_device(), 1));
+  void *d0 = NULL;
+  OK(ofl_device_malloc(dev0, 4096, &d0));
+  cr_assert(eq(int, sim_device_of(d0), 0));
+  cr_assert(eq(int, current_device(), 1));
+  OK(t_fill(dev0, d0, 4096, 9));
+  cr_assert(eq(sz, t_wrong(dev0, d0, 4096, 9), 0));
+  cr_assert(eq(int, current_device(), 1));
+  OK(ofl_device_free(dev0, d0));
+  ofl_device_close(dev0);
+  cr_assert(eq(int, current_device(), 1));
+
+  ofl_event_destroy(ev);
+  OK(ofl_stream_destroy(s));
+  OK(ofl_pinned_free(dev, h));
+  OK(ofl_device_free(dev, d));
+  ofl_device_close(dev);
+  cr_assert(eq(int, current_device(), 1));
+}
+
+typedef struct {
+  ofl_device_t *dev;
+  int ok;
+  int device_after;
+} thread_job_t;
+
+static void *foreign_thread(void *arg) {
+  thread_job_t *j = arg;
+  void *d = NULL;
+  j->ok = ofl_device_malloc(j->dev, 8192, &d) == OFL_SUCCESS &&
+          t_fill(j->dev, d, 8192, 3) == OFL_SUCCESS &&
+          t_wrong(j->dev, d, 8192, 3) == 0 &&
+          ofl_device_free(j->dev, d) == OFL_SUCCESS;
+  cudaGetDevice(&j->device_after);
+  return NULL;
+}
+
+Test(cuda_interop, ofl_on_gpu1_creates_no_context_on_gpu0) {
+  sim();
+  CUDA_OK(cudaSetDevice(1));
+  ofl_device_t *dev = open_cuda(-1);
+  /* A thread of the application that never chose a device calls ofl. */
+  thread_job_t j = {dev, 0, -1};
+  pthread_t t;
+  cr_assert(eq(int, pthread_create(&t, NULL, foreign_thread, &j), 0));
+  pthread_join(t, NULL);
+  cr_assert(j.ok, "%s", ofl_last_error());
+  /* A release after a copy, run by ofl's release thread. */
+  void *raw = NULL;
+  CUDA_OK(cudaMalloc(&raw, 4096));
+  int64_t shape[1] = {4096};
+  ofl_tensor_t *w = NULL;
+  OK(ofl_tensor_wrap(raw, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE, NULL, NULL,
+                     &w));
+  ofl_stream_t *s = NULL;
+  OK(ofl_stream_create(dev, "s", &s));
+  OK(ofl_tensor_release_storage_after(w, s));
+  OK(ofl_stream_synchronize(s, -1));
+  OK(ofl_tensor_destroy(w));
+  OK(ofl_stream_destroy(s));
+  ofl_device_close(dev);
+  CUDA_OK(cudaFree(raw));
+  cudasim_stats_t st = sim();
+  cr_assert(eq(u64, st.contexts[0], 0),
+            "a primary context was created on GPU 0, which the application "
+            "never used");
+  cr_assert(eq(u64, st.contexts[1], 1));
+  cr_assert(eq(int, current_device(), 1));
+}
+
+Test(cuda_interop, ofl_device_variable_names_the_gpu) {
+  sim();
+  setenv("OFL_DEVICE", "local", 1);
+  setenv("LOCAL_RANK", "3", 1); /* 3 % 2 devices */
+  OK(ofl_config_reload());
+  ofl_device_t *dev = open_cuda(-1);
+  void *d = NULL;
+  OK(ofl_device_malloc(dev, 256, &d));
+  cr_assert(eq(int, sim_device_of(d), 1));
+  OK(ofl_device_free(dev, d));
+  ofl_device_close(dev);
+  setenv("OFL_DEVICE", "7", 1);
+  OK(ofl_config_reload());
+  ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
+  dp.backend = OFL_BACKEND_CUDA;
+  cr_assert(eq(int, ofl_device_open(&dp, &dev), OFL_ERR_CONFIG));
+  cr_assert(strstr(ofl_last_error(), "OFL_DEVICE=7") != NULL, "%s",
+            ofl_last_error());
+  unsetenv("OFL_DEVICE");
+  unsetenv("LOCAL_RANK");
+  OK(ofl_config_reload());
+}
+
+/* ---- 2: releases never inside host functions ----------------------------- */
+
+static atomic_int released, released_in_host_fn, release_free_failed;
+static void free_release(void *data, size_t bytes, void *user) {
+  (void)bytes;
+  (void)user;
+  if (sim_in_host_fn())
+    atomic_fetch_add(&released_in_host_fn, 1);
+  if (cudaFree(data) != cudaSuccess) /* a CUDA call: legal here */
+    atomic_fetch_add(&release_free_failed, 1);
+  atomic_fetch_add(&released, 1);
+}
+
+Test(cuda_interop, release_callback_runs_after_the_copy_outside_host_fns) {
+  sim();
+  ofl_device_t *dev = open_cuda(0);
+  const size_t n = 1 << 20;
+  void *raw = NULL, *h = NULL;
+  CUDA_OK(cudaMalloc(&raw, n));
+  OK(ofl_pinned_malloc(dev, n, &h));
+  OK(t_fill(dev, raw, n, 11));
+  int64_t shape[1] = {(int64_t)n};
+  ofl_tensor_t *t = NULL;
+  OK(ofl_tensor_wrap(raw, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE,
+                     free_release, NULL, &t));
+  ofl_stream_t *s = NULL;
+  OK(ofl_stream_create(dev, "d2h", &s));
+  gate.open = 0;
+  OK(ofl_stream_launch_host_func(s, gate_fn, NULL));
+  OK(ofl_memcpy_async(h, raw, n, OFL_COPY_D2H, s));
+  OK(ofl_tensor_release_storage_after(t, s));
+  cr_assert(eq(int, atomic_load(&released), 0),
+            "released while its copy is still queued");
+  gate_open();
+  OK(ofl_stream_synchronize(s, -1));
+  cr_assert(eq(int, atomic_load(&released), 1),
+            "not released once its stream was synchronised");
+  cr_assert(eq(int, atomic_load(&released_in_host_fn), 0));
+  cr_assert(eq(int, atomic_load(&release_free_failed), 0));
+  cr_assert(eq(sz, t_pattern_wrong(h, n, 11), 0));
+  OK(ofl_tensor_destroy(t));
+  OK(ofl_stream_destroy(s));
+  OK(ofl_pinned_free(dev, h));
+  ofl_device_close(dev);
+}
+
+/* ---- 3 and 5: the application's stream; commit never waits --------------- */
+
+typedef struct {
+  ofl_device_t *dev;
+  ofl_pool_t *pool;
+  ofl_manager_t *m;
+} env_t;
+
+static void env_open(env_t *e, int index) {
+  e->dev = open_cuda(index);
+  ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
+  pp.name = "activations";
+  OK(ofl_pool_create(e->dev, &pp, &e->pool));
+  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
+  mp.device = e->dev;
+  mp.device_pool = e->pool;
+  mp.offload = 1;
+  mp.groups = "";
+  mp.min_offload_bytes = 1;
+  mp.min_offload_elems = 0;
+  mp.fraction = 1.0;
+  OK(ofl_manager_create(&mp, &e->m));
+}
+
+static void env_close(env_t *e) {
+  ofl_manager_destroy(e->m);
+  ofl_pool_destroy(e->pool);
+  ofl_device_close(e->dev);
+}
+
+static void gate_cuda_fn(void *arg) { gate_fn(arg); }
+
+Test(cuda_interop, compute_on_the_applications_nonblocking_stream_is_ordered) {
+  sim();
+  env_t e;
+  env_open(&e, 0);
+  cudaStream_t app = NULL;
+  CUDA_OK(cudaStreamCreateWithFlags(&app, cudaStreamNonBlocking));
+  ofl_stream_t *ws = NULL;
+  OK(ofl_stream_wrap_native(e.dev, app, "app", &ws));
+  cr_assert(eq(ptr, ofl_stream_native(ws), (void *)app));
+  cr_assert(eq(ptr, ofl_stream_native(ofl_device_compute_stream(e.dev)),
+               (void *)cudaStreamLegacy));
+  ofl_device_set_compute_stream(e.dev, ws);
+
+  const size_t n = 256 * 1024;
+  void *src = NULL;
+  CUDA_OK(cudaMallocHost(&src, n));
+  t_pattern(src, n, 21);
+  OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  OK(ofl_manager_group_start(e.m, "core_attn"));
+  ofl_tensor_t *t = NULL;
+  int64_t shape[1] = {(int64_t)n};
+  OK(ofl_pool_alloc(e.pool, shape, 1, OFL_DTYPE_U8, ws, &t));
+  /* The application writes the activation late, on its own stream. */
+  gate.open = 0;
+  CUDA_OK(cudaLaunchHostFunc(app, gate_cuda_fn, NULL));
+  CUDA_OK(cudaMemcpyAsync(ofl_tensor_data(t), src, n, cudaMemcpyHostToDevice,
+                          app));
+  ofl_tag_t tag;
+  OK(ofl_manager_tensor_push(e.m, t, &tag));
+  OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  gate_open();
+  OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  ofl_tensor_t *back = NULL;
+  OK(ofl_manager_tensor_pop(e.m, tag, &back));
+  cr_assert(eq(sz, t_wrong(e.dev, ofl_tensor_data(back), n, 21), 0),
+            "the offload read the activation before the application's "
+            "stream wrote it");
+  OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  OK(ofl_tensor_destroy(back));
+  OK(ofl_manager_reset(e.m));
+  OK(ofl_stream_synchronize(ws, -1));
+  ofl_device_set_compute_stream(e.dev, NULL);
+  OK(ofl_stream_destroy(ws));
+  /* Only the wrapper went: the application's stream still works. */
+  CUDA_OK(cudaStreamSynchronize(app));
+  CUDA_OK(cudaStreamDestroy(app));
+  CUDA_OK(cudaFreeHost(src));
+  env_close(&e);
+}
+
+Test(cuda_interop, wrapping_a_stream_of_another_gpu_is_refused) {
+  sim();
+  ofl_device_t *dev = open_cuda(1);
+  CUDA_OK(cudaSetDevice(0));
+  cudaStream_t s0 = NULL;
+  CUDA_OK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  ofl_stream_t *w = NULL;
+  cr_assert(eq(int, ofl_stream_wrap_native(dev, s0, "s0", &w),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(strstr(ofl_last_error(), "device 0") != NULL, "%s",
+            ofl_last_error());
+  cr_assert(eq(int, current_device(), 0));
+  CUDA_OK(cudaStreamDestroy(s0));
+  ofl_device_close(dev);
+}
+
+Test(cuda_interop, commit_of_shared_external_storage_never_waits_for_d2h) {
+  sim();
+  setenv("OFL_WAIT_TIMEOUT_MS", "3000", 1);
+  OK(ofl_config_reload());
+  env_t e;
+  env_open(&e, 0);
+  const size_t n = 128 * 1024;
+  void *raw = NULL;
+  CUDA_OK(cudaMalloc(&raw, n));
+  OK(t_fill(e.dev, raw, n, 31));
+  int64_t shape[1] = {(int64_t)n};
+  ofl_tensor_t *t = NULL, *alias = NULL;
+  atomic_store(&released, 0);
+  OK(ofl_tensor_wrap(raw, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE,
+                     free_release, NULL, &t));
+  OK(ofl_tensor_alias(t, &alias)); /* another handle shares the storage */
+  gate.open = 0;
+  OK(ofl_stream_launch_host_func(ofl_manager_d2h_stream(e.m), gate_fn, NULL));
+  OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  OK(ofl_manager_group_start(e.m, "expert_fc1"));
+  ofl_tag_t tag;
+  OK(ofl_manager_tensor_push(e.m, t, &tag));
+  /* The D2H stream is held by the gate: a commit that waited for it would
+   * time out here. */
+  OK(ofl_manager_group_commit(e.m, "expert_fc1", &t, 1, 0));
+  cr_assert(eq(int, atomic_load(&released), 0));
+  gate_open();
+  OK(ofl_manager_group_backward_begin(e.m, "expert_fc1"));
+  ofl_tensor_t *back = NULL;
+  OK(ofl_manager_tensor_pop(e.m, tag, &back));
+  cr_assert(eq(sz, t_wrong(e.dev, ofl_tensor_data(back), n, 31), 0));
+  OK(ofl_manager_group_backward_end(e.m, "expert_fc1"));
+  OK(ofl_tensor_destroy(back));
+  OK(ofl_manager_reset(e.m));
+  /* The alias still holds the memory, with its bytes. */
+  cr_assert(eq(sz, t_wrong(e.dev, raw, n, 31), 0));
+  OK(ofl_tensor_destroy(alias));
+  OK(ofl_manager_synchronize(e.m, -1));
+  OK(ofl_stream_synchronize(ofl_manager_d2h_stream(e.m), -1));
+  cr_assert(eq(int, atomic_load(&released), 1));
+  cr_assert(eq(int, atomic_load(&release_free_failed), 0));
+  env_close(&e);
+  unsetenv("OFL_WAIT_TIMEOUT_MS");
+}
+
+/* ---- 4: steady state allocates nothing ------------------------------------ */
+
+static void iteration(env_t *e, int mbs, uint64_t seed, size_t *wrong) {
+  static const char *const names[3] = {"attn_norm", "core_attn", "moe_act"};
+  ofl_tag_t tags[8][3][2];
+  ofl_stream_t *cs = ofl_device_compute_stream(e->dev);
+  for (int mb = 0; mb < mbs; mb++) {
+    OK(ofl_manager_chunk_begin(e->m, 1, 0));
+    for (int g = 0; g < 3; g++) {
+      OK(ofl_manager_group_start(e->m, names[g]));
+      for (int k = 0; k < 2; k++) {
+        ofl_tensor_t *t = NULL;
+        int64_t shape[2] = {64, 256 * (k + 1)};
+        OK(ofl_pool_alloc(e->pool, shape, 2, OFL_DTYPE_F32, cs, &t));
+        OK(t_fill(e->dev, ofl_tensor_data(t), ofl_tensor_bytes(t),
+                  seed + (uint64_t)(mb * 100 + g * 10 + k)));
+        OK(ofl_manager_tensor_push(e->m, t, &tags[mb][g][k]));
+      }
+      OK(ofl_manager_group_commit(e->m, names[g], NULL, 0, 0));
+    }
+  }
+  for (int mb = 0; mb < mbs; mb++) {
+    for (int g = 2; g >= 0; g--) {
+      OK(ofl_manager_group_backward_begin(e->m, names[g]));
+      for (int k = 1; k >= 0; k--) {
+        ofl_tensor_t *t = NULL;
+        OK(ofl_manager_tensor_pop(e->m, tags[mb][g][k], &t));
+        *wrong += t_wrong(e->dev, ofl_tensor_data(t), ofl_tensor_bytes(t),
+                          seed + (uint64_t)(mb * 100 + g * 10 + k));
+        OK(ofl_tensor_destroy(t));
+      }
+      OK(ofl_manager_group_backward_end(e->m, names[g]));
+    }
+  }
+  OK(ofl_manager_reset(e->m));
+}
+
+Test(cuda_interop, steady_state_makes_no_allocation_free_or_registration) {
+  sim();
+  env_t e;
+  env_open(&e, 0);
+  size_t wrong = 0;
+  iteration(&e, 4, 1000, &wrong); /* warmup */
+  iteration(&e, 4, 2000, &wrong); /* first steady-state iteration */
+  OK(ofl_manager_synchronize(e.m, -1));
+  void (*reset)(void) = NULL;
+  *(void **)&reset = dlsym(RTLD_DEFAULT, "cudasim_reset_stats");
+  cr_assert(reset != NULL);
+  reset();
+  for (int it = 0; it < 20; it++)
+    iteration(&e, 4, 3000 + (uint64_t)it * 7919, &wrong);
+  OK(ofl_manager_synchronize(e.m, -1));
+  cudasim_stats_t s = sim();
+  cr_assert(eq(sz, wrong, 0));
+  cr_assert(eq(u64, s.device_mallocs, 0));
+  cr_assert(eq(u64, s.device_frees, 0));
+  cr_assert(eq(u64, s.host_registers, 0));
+  cr_assert(eq(u64, s.host_unregisters, 0));
+  cr_assert(eq(u64, s.host_allocs, 0));
+  cr_assert(eq(u64, s.host_frees, 0));
+  cr_assert(gt(u64, s.copies, 0));
+  env_close(&e);
+}
+
+/* ---- 6: NCCL gathers are bounded and abort after a timeout ---------------- */
+
+typedef struct {
+  ncclUniqueId id;
+  int rank;
+  ncclComm_t comm;
+  cudaStream_t stream;
+  ofl_comm_t *oc;
+  int barriers;
+  ofl_status_t last;
+  char msg[512];
+} nccl_rank_t;
+
+static void *nccl_rank_main(void *arg) {
+  nccl_rank_t *r = arg;
+  if (cudaSetDevice(r->rank) != cudaSuccess)
+    return NULL;
+  cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclResult_t res = ncclCommInitRankConfig(&r->comm, 2, r->id, r->rank, &cfg);
+  ncclResult_t state = res;
+  while (state == ncclInProgress)
+    ncclCommGetAsyncError(r->comm, &state);
+  if (state != ncclSuccess)
+    return NULL;
+  ofl_comm_params_t p = OFL_COMM_PARAMS_INIT;
+  p.timeout_ms = 500;
+  p.nccl_nonblocking = 1;
+  r->last = ofl_comm_create_nccl(r->comm, r->stream, &p, &r->oc);
+  for (int i = 0; i < r->barriers && r->last == OFL_SUCCESS; i++)
+    r->last = ofl_comm_barrier(r->oc);
+  snprintf(r->msg, sizeof r->msg, "%s", ofl_last_error());
+  return NULL;
+}
+
+static void *barrier_main(void *arg) {
+  nccl_rank_t *r = arg;
+  cudaSetDevice(r->rank); /* the rank's thread sits on its GPU */
+  r->last = ofl_comm_barrier(r->oc);
+  snprintf(r->msg, sizeof r->msg, "%s", ofl_last_error());
+  return NULL;
+}
+
+Test(cuda_interop, nccl_gather_keeps_its_buffers_between_operations) {
+  sim();
+  nccl_rank_t r[2];
+  memset(r, 0, sizeof r);
+  cr_assert(eq(int, ncclGetUniqueId(&r[0].id), ncclSuccess));
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++) {
+    r[i].id = r[0].id;
+    r[i].rank = i;
+    r[i].barriers = 1;
+    pthread_create(&t[i], NULL, nccl_rank_main, &r[i]);
+  }
+  for (int i = 0; i < 2; i++) {
+    pthread_join(t[i], NULL);
+    cr_assert(eq(int, r[i].last, OFL_SUCCESS), "rank %d: %s", i, r[i].msg);
+  }
+  void (*reset)(void) = NULL;
+  *(void **)&reset = dlsym(RTLD_DEFAULT, "cudasim_reset_stats");
+  reset();
+  /* Five more barriers on each rank, each rank in its own thread. */
+  for (int round = 0; round < 5; round++) {
+    for (int i = 0; i < 2; i++)
+      pthread_create(&t[i], NULL, barrier_main, &r[i]);
+    for (int i = 0; i < 2; i++) {
+      pthread_join(t[i], NULL);
+      cr_assert(eq(int, r[i].last, OFL_SUCCESS), "rank %d: %s", i, r[i].msg);
+    }
+  }
+  cudasim_stats_t s = sim();
+  cr_assert(eq(u64, s.device_mallocs, 0));
+  cr_assert(eq(u64, s.host_allocs, 0));
+  cr_assert(ge(u64, s.copies, 20)); /* the gathers ran: 2 copies each */
+  for (int i = 0; i < 2; i++) {
+    ofl_comm_destroy(r[i].oc);
+    cr_assert(eq(int, ncclCommDestroy(r[i].comm), ncclSuccess));
+    cudaStreamDestroy(r[i].stream);
+  }
+}
+
+Test(cuda_interop, nccl_timeout_aborts_the_communicator) {
+  sim();
+  nccl_rank_t r[2];
+  memset(r, 0, sizeof r);
+  cr_assert(eq(int, ncclGetUniqueId(&r[0].id), ncclSuccess));
+  r[1].id = r[0].id;
+  r[0].rank = 0;
+  r[1].rank = 1;
+  r[0].barriers = 1; /* rank 1 never calls */
+  r[1].barriers = 0;
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    pthread_create(&t[i], NULL, nccl_rank_main, &r[i]);
+  for (int i = 0; i < 2; i++)
+    pthread_join(t[i], NULL);
+  cr_assert(eq(int, r[0].last, OFL_ERR_TIMEOUT), "%s", r[0].msg);
+  cr_assert(strstr(r[0].msg, "ncclCommAbort") != NULL, "%s", r[0].msg);
+  cr_assert(ofl_comm_is_broken(r[0].oc));
+  /* The collective left on the stream ended: the stream drains. */
+  CUDA_OK(cudaSetDevice(0));
+  cudaError_t q = cudaErrorNotReady;
+  for (int i = 0; i < 2000 && q == cudaErrorNotReady; i++) {
+    q = cudaStreamQuery(r[0].stream);
+    if (q == cudaErrorNotReady)
+      usleep(1000);
+  }
+  (void)cudaGetLastError();
+  cr_assert(ne(int, (int)q, (int)cudaErrorNotReady),
+            "the aborted collective still holds the stream");
+  ofl_comm_destroy(r[0].oc);
+  ofl_comm_destroy(r[1].oc);
+  ncclCommAbort(r[1].comm);
+  cudaStreamDestroy(r[0].stream);
+  cudaStreamDestroy(r[1].stream);
+}
