@@ -713,12 +713,23 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
   if (g->reload_joined && g->joined_on == compute)
     return OFL_SUCCESS;
   name_info_t *ni = &m->names[g->nid];
-  bool late = !g->reload_joined &&
+  /* On a backend with timing events the wait is timed on the device
+   * (stall.c): a CPU query here would see nearly every reload unfinished,
+   * the CPU being far ahead of the GPU. */
+  ofl_status_t timed =
+      g->reload_joined ? OFL_ERR_NOT_SUPPORTED
+                       : ofl__stall_timed_wait(m, g->nid, compute, g->reload_ev);
+  if (timed != OFL_SUCCESS && timed != OFL_ERR_NOT_SUPPORTED)
+    return timed;
+  bool late = timed == OFL_ERR_NOT_SUPPORTED && !g->reload_joined &&
               ofl_event_query(g->reload_ev) == OFL_ERR_NOT_READY;
   uint64_t t0 = late ? ofl__now_ns() : 0;
-  OFL_CHECK(ofl_stream_wait_event(compute, g->reload_ev));
+  if (timed != OFL_SUCCESS)
+    OFL_CHECK(ofl_stream_wait_event(compute, g->reload_ev));
   g->joined_on = compute;
   if (late) {
+    /* The host compute stream waits on the calling thread: CPU time is the
+     * stall. */
     uint64_t dt =
         ofl_device_backend(m->dev) == OFL_BACKEND_HOST ? ofl__now_ns() - t0 : 0;
     m->st.stalls++;
@@ -840,7 +851,7 @@ static void disk_read_ahead(ofl_manager_t *m, chunk_t *c) {
   }
 }
 
-static ofl_status_t prefetch_next(ofl_manager_t *m, chunk_t *c) {
+static ofl_status_t prefetch_one(ofl_manager_t *m, chunk_t *c) {
   if (c->nstack > 0) {
     OFL_CHECK(ofl__group_reload(m, c->stack[c->nstack - 1]));
     disk_read_ahead(m, c);
@@ -853,6 +864,30 @@ static ofl_status_t prefetch_next(ofl_manager_t *m, chunk_t *c) {
   OFL_CHECK(ofl__group_reload(m, next->stack[next->nstack - 1]));
   disk_read_ahead(m, next);
   return OFL_SUCCESS;
+}
+
+/* Reloads issued for groups whose backward has not begun, in chunk c. */
+static uint32_t issued_ahead(const chunk_t *c) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; c != NULL && i < c->ngroups; i++)
+    n += c->groups[i]->reload_issued && c->groups[i]->bwd == 0;
+  return n;
+}
+
+/* Keeps prefetch_groups reloads issued ahead of the backward pass: the
+ * groups next in reload order (this chunk's, then the next chunk's in
+ * backward order) until that many wait for their backward. */
+static ofl_status_t prefetch_next(ofl_manager_t *m, chunk_t *c) {
+  for (;;) {
+    chunk_t *next = ofl__front_backward_chunk(m, -1);
+    uint32_t ahead = issued_ahead(c) + (next != c ? issued_ahead(next) : 0);
+    if (ahead >= m->prefetch_groups)
+      return OFL_SUCCESS;
+    uint32_t before = c->nstack, next_before = next ? next->nstack : 0;
+    OFL_CHECK(prefetch_one(m, c));
+    if (c->nstack == before && (next == NULL || next->nstack == next_before))
+      return OFL_SUCCESS; /* nothing left to reload ahead */
+  }
 }
 
 ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,

@@ -170,6 +170,18 @@ static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
                         (long long)v);
     m->max_inflight = (uint32_t)v;
   }
+  if (p->prefetch_groups > 0) {
+    v = p->prefetch_groups;
+  } else {
+    OFL_CHECK(ofl__config_int("OFL_PREFETCH_GROUPS", &v));
+  }
+  if (v < 1 || v > 64)
+    return ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_PIPELINE,
+                      "prefetch groups %lld is outside 1..64; set "
+                      "OFL_PREFETCH_GROUPS or params.prefetch_groups in that "
+                      "range",
+                      (long long)v);
+  m->prefetch_groups = (uint32_t)v;
   m->pp_rank = p->pp_rank < 0 ? 0 : p->pp_rank;
   m->rank = p->rank >= 0 ? p->rank : ofl_log_get_rank();
   m->comm = p->comm;
@@ -263,6 +275,8 @@ void ofl_manager_destroy(ofl_manager_t *m) {
     ofl_stream_destroy(m->d2h);
   if (m->h2d)
     ofl_stream_destroy(m->h2d);
+  ofl__stall_harvest(m, true);
+  ofl__stall_free(m);
   ofl_event_destroy(m->ev_compute);
   ofl_event_destroy(m->ev_d2h);
   ofl_event_destroy(m->ev_h2d);
@@ -398,6 +412,7 @@ ofl_status_t ofl_manager_reset(ofl_manager_t *m) {
                      "");
   }
   ofl_status_t s = check_structure(m);
+  ofl__stall_harvest(m, false);
   /* A rank whose offload is switched off records nothing, but the summary
    * gather is collective: it joins it with an empty row at the reset where
    * the others end their warmup, the first after a training chunk (not
@@ -505,6 +520,7 @@ void ofl_manager_get_stats(const ofl_manager_t *m, ofl_manager_stats_t *out) {
   memset(out, 0, sizeof *out);
   if (m == NULL)
     return;
+  ofl__stall_harvest((ofl_manager_t *)m, false);
   *out = m->st;
   ofl_device_stats_t ds;
   ofl_device_get_stats(m->dev, &ds);

@@ -116,6 +116,8 @@ enum {
   OFL__RULE2D_OFF = 1u << 7 /* rule 2, device side */
 };
 
+typedef struct ofl__stall_probes ofl__stall_probes_t;
+
 struct ofl_manager {
   ofl_device_t *dev;
   bool own_dev;
@@ -135,6 +137,7 @@ struct ofl_manager {
   double fraction;
   uint64_t rank_delta_bytes;
   uint32_t max_inflight;
+  uint32_t prefetch_groups; /* reloads issued ahead of backward */
   int pp_rank, rank;
   char *groups_cfg, *dynamic_cfg;
   unsigned rules_off;
@@ -173,6 +176,7 @@ struct ofl_manager {
   uint32_t nheld, capheld;
 
   ofl_manager_stats_t st;
+  ofl__stall_probes_t *probes; /* cuda: stalls timed on the GPU (stall.c) */
 };
 
 /* manager.c */
@@ -195,6 +199,17 @@ ofl_status_t ofl__group_commit_now(ofl_manager_t *m, group_t *g,
 ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g);
 void ofl__group_free(group_t *g);
 void ofl__group_end_iteration(ofl_manager_t *m, group_t *g);
+
+/* stall.c: on backends with timing events, compute's wait for a reload is
+ * timed on the device (events before and after the wait, read later). */
+/* Makes compute wait for ev and times the wait: OFL_ERR_NOT_SUPPORTED
+ * where the backend cannot time (the caller measures on the CPU). */
+ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, int nid,
+                                   ofl_stream_t *compute, ofl_event_t *ev);
+/* Adds the completed measurements to the stall counters (all of them,
+ * waiting boundedly, when wait). */
+void ofl__stall_harvest(ofl_manager_t *m, bool wait);
+void ofl__stall_free(ofl_manager_t *m);
 
 /* policy.c */
 ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m);

@@ -81,6 +81,9 @@ static const entry_t table[] = {
      "fraction of groups of each name offloaded after warmup"},
     {"OFL_RANK_DELTA_BYTES", "0", K_SIZE, NULL,
      "per pipeline rank, bytes fewer offloaded than the rank before"},
+    {"OFL_PREFETCH_GROUPS", "1", K_INT, NULL,
+     "groups whose reloads are issued ahead of the backward pass (each holds "
+     "its device buffers until its backward), 1..64"},
     {"OFL_MAX_INFLIGHT", "0", K_INT, NULL,
      "max offloads in flight per group name (0: unlimited)"},
     /* disk tier */

@@ -513,6 +513,30 @@ ofl_status_t ofl_event_create(ofl_device_t *dev, ofl_event_t **out) {
   return OFL_SUCCESS;
 }
 
+ofl_status_t ofl__event_create_timed(ofl_device_t *dev, ofl_event_t **out) {
+  if (dev->ops->event_create_timed == NULL)
+    return OFL_ERR_NOT_SUPPORTED;
+  ofl_event_t *e = calloc(1, sizeof *e);
+  if (e == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
+                      "cannot allocate an event object");
+  e->dev = dev;
+  ofl_status_t st = dev->ops->event_create_timed(e);
+  if (st != OFL_SUCCESS) {
+    free(e);
+    return st;
+  }
+  *out = e;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl__event_elapsed_ns(ofl_event_t *a, ofl_event_t *b,
+                                   uint64_t *ns) {
+  if (a->dev->ops->event_elapsed_ns == NULL)
+    return OFL_ERR_NOT_SUPPORTED;
+  return a->dev->ops->event_elapsed_ns(a, b, ns);
+}
+
 void ofl_event_destroy(ofl_event_t *e) {
   if (e == NULL)
     return;

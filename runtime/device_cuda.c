@@ -576,6 +576,33 @@ static ofl_status_t cuda_event_create(ofl_event_t *e) {
   return OFL_SUCCESS;
 }
 
+static ofl_status_t cuda_event_create_timed(ofl_event_t *e) {
+  cudaEvent_t ev = NULL;
+  ON_DEVICE(e->dev, cudaEventCreateWithFlags(&ev, cudaEventDefault),
+            "cannot create a timing event");
+  e->impl = ev;
+  return OFL_SUCCESS;
+}
+
+static ofl_status_t cuda_event_elapsed_ns(ofl_event_t *a, ofl_event_t *b,
+                                          uint64_t *ns) {
+  float ms = 0;
+  dev_guard_t g;
+  OFL_CHECK(enter(a->dev, &g));
+  cudaError_t ce =
+      cudaEventElapsedTime(&ms, (cudaEvent_t)a->impl, (cudaEvent_t)b->impl);
+  if (ce == cudaErrorNotReady)
+    clear_not_ready();
+  else if (ce != cudaSuccess)
+    (void)cudaGetLastError();
+  leave(&g);
+  if (ce == cudaErrorNotReady)
+    return OFL_ERR_NOT_READY;
+  CUDA_TRY(ce, "event elapsed time");
+  *ns = ms > 0 ? (uint64_t)((double)ms * 1e6) : 0;
+  return OFL_SUCCESS;
+}
+
 static void cuda_event_destroy(ofl_event_t *e) {
   dev_guard_t g;
   if (enter(e->dev, &g) != OFL_SUCCESS)
@@ -668,6 +695,8 @@ const ofl__device_ops_t ofl__cuda_ops = {
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
     .stream_wait_event = cuda_stream_wait_event,
+    .event_create_timed = cuda_event_create_timed,
+    .event_elapsed_ns = cuda_event_elapsed_ns,
     .memcpy_async = cuda_memcpy_async,
     .memset_async = cuda_memset_async,
     .launch_host_func = cuda_launch_host_func,

@@ -97,6 +97,11 @@ struct ofl__device_ops {
   ofl_status_t (*event_query)(ofl_event_t *e);
   ofl_status_t (*event_synchronize)(ofl_event_t *e, int64_t timeout_ms);
   ofl_status_t (*stream_wait_event)(ofl_stream_t *s, ofl_event_t *e);
+  /* Events that time (NULL ops: the backend's waits are measured on the
+   * CPU, as the host compute stream runs on the calling thread). */
+  ofl_status_t (*event_create_timed)(ofl_event_t *e);
+  ofl_status_t (*event_elapsed_ns)(ofl_event_t *a, ofl_event_t *b,
+                                   uint64_t *ns);
   ofl_status_t (*memcpy_async)(void *dst, const void *src, size_t bytes,
                                ofl_copy_kind_t kind, ofl_stream_t *s);
   ofl_status_t (*memset_async)(void *dst, int value, size_t bytes,
@@ -141,6 +146,14 @@ void ofl__defer_run_stream(ofl_stream_t *stream);
 /* Device close, streams drained (or not: then pending work is leaked and
  * said so). Stops the device thread. */
 void ofl__defer_close(ofl_device_t *dev);
+
+/* An event that records when its stream reached it; OFL_ERR_NOT_SUPPORTED
+ * where the backend has none (host). */
+ofl_status_t ofl__event_create_timed(ofl_device_t *dev, ofl_event_t **out);
+/* Time between two completed timed events; OFL_ERR_NOT_READY while either
+ * has not completed. */
+ofl_status_t ofl__event_elapsed_ns(ofl_event_t *a, ofl_event_t *b,
+                                   uint64_t *ns);
 
 /* Threads that ofl starts (release, save, disk threads) mark themselves:
  * the cuda backend selects its device on them and leaves it selected, while

@@ -4,7 +4,8 @@
  * CPU, so the same test runs on the host backend, on the cudasim stand-in
  * (whose device memory the CPU cannot touch) and on a real GPU.
  *
- * The backend under test comes from OFL_TEST_BACKEND (host, the default, or
+ * The backend under test comes from OFLTEST_BACKEND (not an OFL_ name: the
+ * library warns about OFL_ variables it does not know): host, the default, or
  * cuda); the meson test setups set it for the host and cudasim passes. */
 #ifndef OFL_TESTS_DEVMEM_H
 #define OFL_TESTS_DEVMEM_H
@@ -20,7 +21,7 @@
 #include "tests/cudasim/cudasim.h"
 
 static inline ofl_backend_t t_backend(void) {
-  const char *b = getenv("OFL_TEST_BACKEND");
+  const char *b = getenv("OFLTEST_BACKEND");
   return b != NULL && strcmp(b, "cuda") == 0 ? OFL_BACKEND_CUDA
                                               : OFL_BACKEND_HOST;
 }

@@ -132,12 +132,16 @@ typedef struct ofl_manager_params {
   ofl_disk_t *disk;           /* the disk tier (not owned): groups it selects
                                  (ofl_disk_group_selected) go to disk, and clusters the
                                  host budget refuses fall to it; NULL: none */
+  int prefetch_groups;        /* reloads issued this many groups ahead of
+                                 the backward pass (each holds its device
+                                 buffers until its backward); <=0:
+                                 OFL_PREFETCH_GROUPS */
 } ofl_manager_params_t;
 
 #define OFL_MANAGER_PARAMS_INIT                                                \
   {                                                                            \
     NULL, NULL, -1, NULL, -1, -1, -1.0, -1, -1, -1, 0, -1, NULL, NULL, NULL,   \
-        NULL                                                                   \
+        NULL, 0                                                                \
   }
 
 /* Counters since creation (per group name: ofl_manager_group_stats). */
@@ -148,7 +152,11 @@ typedef struct ofl_manager_stats {
   uint64_t reloaded_tensors; /* H2D copies made */
   uint64_t reloaded_bytes;
   uint64_t inline_reloads;      /* tensors reloaded inside tensor_pop */
-  uint64_t stalls;              /* backward_begin found its reload unfinished */
+  uint64_t stalls;              /* reloads compute had to wait for (cuda:
+                                   measured on the GPU by timing events around
+                                   the wait, counted when compute was held
+                                   over 10 us; read at reset and by get_stats;
+                                   host: backward_begin found it unfinished) */
   uint64_t stall_ns;            /* time compute waited for them (host backend:
                                    measured; cuda: not measured, 0) */
   uint64_t kept_groups;         /* groups the policy kept on the device */

@@ -82,7 +82,9 @@ int cudasim_in_host_fn(void);
 /* An operation run by the stream's worker in stream order; it may block
  * (an NCCL collective waiting for its peers) and should return when *abort
  * becomes non-zero (cudasim__abort_ops). Returns 0 on success, or a CUDA
- * error code which becomes the stream's sticky error. */
+ * error code which becomes the stream's sticky error. *abort is written with
+ * __atomic_store_n by another thread: read it with __atomic_load_n (a plain
+ * volatile read is a data race under ThreadSanitizer). */
 typedef int (*cudasim_op_fn)(void *arg, volatile int *abort);
 /* Enqueues fn(arg) on stream (a cudaStream_t; NULL: the legacy stream of
  * the current device). Returns 0 or a CUDA error (misuse reported). */

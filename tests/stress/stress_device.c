@@ -1,4 +1,5 @@
-/* Threads and streams at once on the host backend: several producer threads
+/* Threads and streams at once on the backend under test (OFLTEST_BACKEND,
+ * tests/devmem.h): several producer threads
  * each drive their own pair of streams joined by events, while sharing one
  * device. Every copied byte is checked. Run in every build; the tsan setup
  * runs it under ThreadSanitizer. */
@@ -7,6 +8,7 @@
 #include <string.h>
 
 #include <ofl/ofl.h>
+#include "tests/devmem.h"
 #include "tests/tap.h"
 
 #define THREADS 4
@@ -60,10 +62,7 @@ static void *worker(void *arg) {
 
 int main(void) {
   tap_plan(3);
-  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.backend = OFL_BACKEND_HOST;
-  p.strict = 1;
-  p.jitter_max_us = 20;
+  ofl_device_params_t p = t_device_params(20, 0);
   if (!tap_ok(ofl_device_open(&p, &dev) == OFL_SUCCESS, "device opens"))
     return tap_done();
   pthread_t th[THREADS];

@@ -1,4 +1,5 @@
-/* The host backend's device capacity under concurrent allocation: threads
+/* Host backend only (registered as host_only_stress_device_capacity): the
+ * host backend's device capacity under concurrent allocation: threads
  * that allocate at the same moment must never together hold more than the
  * capacity (the check and the accounting have to be one step). Run in every
  * build; the tsan setup runs it under ThreadSanitizer. */

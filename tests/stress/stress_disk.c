@@ -12,6 +12,7 @@
 #include <ofl/ofl.h>
 
 #include "pool/disk_internal.h"
+#include "tests/devmem.h"
 #include "tests/tap.h"
 
 static ofl_device_t *dev;
@@ -158,7 +159,7 @@ static void run(ofl_disk_engine_t engine, const char *name) {
 
 int main(void) {
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
-  dp.backend = OFL_BACKEND_HOST;
+  dp.backend = t_backend(); /* the backend under test (tests/devmem.h) */
   if (ofl_device_open(&dp, &dev) != OFL_SUCCESS) {
     printf("1..0 # SKIP no device: %s\n", ofl_last_error());
     return 0;

@@ -1,7 +1,9 @@
 /* Pools under concurrent allocate/free from several threads and from stream
- * callbacks (run by the tsan setup). Every block a thread holds is filled
+ * callbacks (run by the tsan setup), on the backend under test
+ * (OFLTEST_BACKEND, tests/devmem.h). Every block a thread holds is filled
  * with the thread's pattern and checked before it is returned, so two
- * owners of one block show up as wrong bytes. */
+ * owners of one block show up as wrong bytes: pinned blocks by the CPU,
+ * device blocks through copies on the thread's stream. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -9,6 +11,7 @@
 #include <string.h>
 
 #include <ofl/ofl.h>
+#include "tests/devmem.h"
 #include "tests/tap.h"
 
 enum { THREADS = 4, ITERS = 4000 };
@@ -33,10 +36,37 @@ static void free_in_callback(void *arg) {
   free(c);
 }
 
-static void check(ofl_tensor_t *t, uint8_t v) {
+/* Fills t with v: the CPU in pinned memory, an H2D copy of vbuf (pinned,
+ * every byte v, at least the tensor's size) on s, waited for, in device
+ * memory. */
+static void put(ofl_stream_t *s, ofl_tensor_t *t, uint8_t v,
+                const uint8_t *vbuf) {
+  size_t n = ofl_tensor_bytes(t);
+  if (ofl_tensor_location(t) != OFL_LOC_DEVICE) {
+    memset(ofl_tensor_data(t), v, n);
+    return;
+  }
+  if (ofl_memcpy_async(ofl_tensor_data(t), vbuf, n, OFL_COPY_H2D, s) !=
+          OFL_SUCCESS ||
+      ofl_stream_synchronize(s, 20000) != OFL_SUCCESS)
+    atomic_fetch_add(&errors, 1);
+}
+
+/* Counts t's bytes that are not v (device bytes read back into buf on s). */
+static void check(ofl_stream_t *s, ofl_tensor_t *t, uint8_t v, uint8_t *buf) {
+  size_t n = ofl_tensor_bytes(t);
   const uint8_t *d = ofl_tensor_data(t);
+  if (ofl_tensor_location(t) == OFL_LOC_DEVICE) {
+    memset(buf, (uint8_t)~v, n);
+    if (ofl_memcpy_async(buf, d, n, OFL_COPY_D2H, s) != OFL_SUCCESS ||
+        ofl_stream_synchronize(s, 20000) != OFL_SUCCESS) {
+      atomic_fetch_add(&errors, 1);
+      return;
+    }
+    d = buf;
+  }
   size_t w = 0;
-  for (size_t i = 0; i < ofl_tensor_bytes(t); ++i)
+  for (size_t i = 0; i < n; ++i)
     w += d[i] != v;
   atomic_fetch_add(&wrong_bytes, w);
 }
@@ -47,11 +77,19 @@ static void *worker(void *arg) {
   ofl_stream_t *s = NULL;
   char name[16];
   snprintf(name, sizeof name, "w%d", id);
-  if (ofl_stream_create(dev, name, &s) != OFL_SUCCESS) {
+  /* the largest block: 4 x 256 f32; vbuf holds the thread's value, buf
+   * takes device bytes read back */
+  const size_t most = 4 * 256 * sizeof(float);
+  const uint8_t v = (uint8_t)(0x10 + id);
+  uint8_t *buf = malloc(most), *vbuf = NULL;
+  if (buf == NULL || ofl_pinned_malloc(dev, most, (void **)&vbuf) ||
+      ofl_stream_create(dev, name, &s) != OFL_SUCCESS) {
     atomic_fetch_add(&errors, 1);
+    free(buf);
+    ofl_pinned_free(dev, vbuf);
     return NULL;
   }
-  const uint8_t v = (uint8_t)(0x10 + id);
+  memset(vbuf, v, most);
   for (int i = 0; i < ITERS; ++i) {
     rng ^= rng << 13;
     rng ^= rng >> 7;
@@ -69,14 +107,18 @@ static void *worker(void *arg) {
       atomic_fetch_add(&errors, 1);
       continue;
     }
-    memset(ofl_tensor_data(t), v, ofl_tensor_bytes(t));
-    check(t, v);
+    put(s, t, v, vbuf);
+    check(s, t, v, buf);
     switch ((rng >> 24) % 4) {
     case 0:
       st = ofl_pool_free(pool, t);
       break;
-    case 1: /* stream-ordered: the memset on s is the last use */
-      st = ofl_memset_async(ofl_tensor_data(t), v, ofl_tensor_bytes(t), s);
+    case 1: /* stream-ordered: a write on s is the last use (a memset of
+             * device memory, a copy into host memory) */
+      st = ofl_tensor_location(t) == OFL_LOC_DEVICE
+               ? ofl_memset_async(ofl_tensor_data(t), v, ofl_tensor_bytes(t), s)
+               : ofl_memcpy_async(ofl_tensor_data(t), vbuf,
+                                  ofl_tensor_bytes(t), OFL_COPY_H2H, s);
       if (st == OFL_SUCCESS)
         st = ofl_pool_free_after(pool, t, s);
       break;
@@ -93,7 +135,7 @@ static void *worker(void *arg) {
       if (st == OFL_SUCCESS)
         st = ofl_pool_free(pool, t);
       if (st == OFL_SUCCESS) {
-        check(view, v);
+        check(s, view, v, buf);
         st = ofl_tensor_destroy(view);
       }
       break;
@@ -104,14 +146,15 @@ static void *worker(void *arg) {
   }
   if (ofl_stream_destroy(s) != OFL_SUCCESS)
     atomic_fetch_add(&errors, 1);
+  free(buf);
+  ofl_pinned_free(dev, vbuf);
   return NULL;
 }
 
 int main(void) {
   tap_plan(6);
-  ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
-  dp.backend = OFL_BACKEND_HOST;
-  dp.jitter_max_us = 5;
+  ofl_device_params_t dp = t_device_params(5, 0);
+  dp.strict = -1; /* host backend: strict mode from OFL_STRICT */
   if (!tap_ok(ofl_device_open(&dp, &dev) == OFL_SUCCESS, "device opens"))
     return tap_done();
   ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;

@@ -1,4 +1,7 @@
-/* Strict-mode free checks on blocks carved from a pool's reserve, from
+/* Host backend only (registered as host_only_stress_pool_reserve): the
+ * host backend's strict-mode refusal of an unordered free is what keeps the
+ * round trips exact here. Strict-mode free checks on blocks carved from a
+ * pool's reserve, from
  * several threads at once while another thread creates and destroys
  * streams: the check walks the device's streams and their queues, so this
  * is where a lock-order problem or a race would show (the tsan setup runs

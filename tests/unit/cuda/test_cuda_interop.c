@@ -4,7 +4,7 @@
  * state allocates nothing, NCCL timeouts abort the communicator. On the
  * cudasim stand-in (the counters and the second device come from it). */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "tests/cr_assert.h"
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <pthread.h>

@@ -1,10 +1,13 @@
-/* Helpers shared by the disk store tests: a host device, a private temp
- * directory per test (checked empty at the end), seeded byte patterns. */
+/* Helpers shared by the disk store tests: a device of the backend under test
+ * (OFLTEST_BACKEND, tests/devmem.h), a private temp directory per test
+ * (checked empty at the end), seeded byte patterns. Extents' buffers are
+ * pinned memory, which the CPU reads and writes on every backend; device
+ * memory is filled and checked through copies (dev_fill, dev_wrong). */
 #ifndef OFL_TESTS_DISK_UTIL_H
 #define OFL_TESTS_DISK_UTIL_H
 
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "tests/cr_assert.h"
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +18,8 @@
 #include <ofl/ofl.h>
 
 #include "pool/disk_internal.h"
+#include "tests/devmem.h"
+
 
 static ofl_device_t *dev;
 static char tdir[256];
@@ -34,10 +39,8 @@ static inline int dir_entries(const char *path) {
 }
 
 static inline void disk_setup(void) {
-  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.backend = OFL_BACKEND_HOST;
-  p.strict = 1;
-  p.jitter_max_us = 50;
+  /* strict mode with jitter on the host backend */
+  ofl_device_params_t p = t_device_params(50, 0);
   p.device_capacity_bytes = (size_t)1 << 30;
   cr_assert(eq(int, ofl_device_open(&p, &dev), OFL_SUCCESS), "%s",
             ofl_last_error());
@@ -116,6 +119,29 @@ static inline size_t count_wrong(const void *p, size_t n, uint64_t seed) {
     wrong += b[i] != ref[i];
   free(ref);
   return wrong;
+}
+
+/* Device memory [dptr, dptr + n) set to pattern seed, through an H2D copy on
+ * the compute stream (waited for). */
+static inline void dev_fill(void *dptr, size_t n, uint64_t seed) {
+  void *h = malloc(n ? n : 1);
+  cr_assert(not(eq(ptr, h, NULL)));
+  fill(h, n, seed);
+  cr_assert(eq(int, t_write(dev, dptr, h, n), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  free(h);
+}
+
+/* Wrong bytes of device memory [dptr, dptr + n) against pattern seed, read
+ * back through a D2H copy on the compute stream. */
+static inline size_t dev_wrong(const void *dptr, size_t n, uint64_t seed) {
+  void *h = malloc(n ? n : 1);
+  cr_assert(not(eq(ptr, h, NULL)));
+  cr_assert(eq(int, t_read(dev, h, dptr, n), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  size_t w = count_wrong(h, n, seed);
+  free(h);
+  return w;
 }
 
 static inline ofl_disk_stats_t disk_stats(const ofl_disk_t *d) {

@@ -20,7 +20,7 @@ TestSuite(disk_cleanup, .init = dir_setup, .fini = dir_teardown);
 
 static void open_device(void) {
   ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.backend = OFL_BACKEND_HOST;
+  p.backend = t_backend();
   cr_assert(eq(int, ofl_device_open(&p, &dev), OFL_SUCCESS), "%s",
             ofl_last_error());
 }
@@ -46,7 +46,7 @@ Test(disk_cleanup, open_store_has_no_name_and_close_leaves_nothing) {
  * writes, reports, then waits to be killed. */
 static void child(int wfd) {
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
-  dp.backend = OFL_BACKEND_HOST;
+  dp.backend = t_backend(); /* the parent opened no device before fork */
   char ok = 'n';
   ofl_device_t *cdev = NULL;
   ofl_disk_t *d = NULL;

@@ -1,4 +1,4 @@
-/* The disk tier inside a pipeline-like schedule on the host backend:
+/* The disk tier inside a pipeline-like schedule on the backend under test:
  * forward offloads device tensors (D2H into a bounce buffer, write queued
  * after the copy on the D2H stream, device memory freed), backward reloads
  * them in reverse order with prefetch a few groups ahead (H2D on the H2D
@@ -50,7 +50,7 @@ static void sched_close(sched_t *s) {
 static void offload(sched_t *s, act_t *a) {
   cr_assert(
       eq(int, ofl_device_malloc(dev, a->bytes, &a->dev_ptr), OFL_SUCCESS));
-  fill(a->dev_ptr, a->bytes, a->seed); /* host backend: CPU memory */
+  dev_fill(a->dev_ptr, a->bytes, a->seed); /* device memory: by a copy */
   int64_t shape[1] = {(int64_t)a->bytes};
   void *dst = NULL;
   if (!ofl_disk_group_selected(s->d, a->group) &&
@@ -102,7 +102,7 @@ static size_t reload(sched_t *s, act_t *a) {
     cr_assert(eq(int, ofl_pool_free_after(s->host_pool, a->host, s->h2d),
                  OFL_SUCCESS));
   cr_assert(eq(int, ofl_stream_synchronize(s->h2d, -1), OFL_SUCCESS));
-  size_t wrong = count_wrong(a->dev_ptr, a->bytes, a->seed);
+  size_t wrong = dev_wrong(a->dev_ptr, a->bytes, a->seed);
   cr_assert(eq(int, ofl_device_free(dev, a->dev_ptr), OFL_SUCCESS));
   return wrong;
 }

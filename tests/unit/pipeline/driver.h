@@ -1,7 +1,12 @@
 /* A schedule driver for the manager tests: plays 1F1B or interleaved 1F1B
  * for one pipeline stage with layers made of named groups, pushes tensors
  * filled with a pattern, pops them in backward and counts wrong bytes.
- * Header-only (static) so each test program includes it. */
+ * Header-only (static) so each test program includes it.
+ *
+ * Device bytes are written and checked through copies (tests/devmem.h),
+ * never by the CPU, on the backend under test (OFLTEST_BACKEND): the same
+ * schedules run on the host backend and on the cuda backend (the cudasim
+ * stand-in, whose device memory the CPU cannot touch, or a real GPU). */
 #ifndef OFL_TEST_PIPELINE_DRIVER_H
 #define OFL_TEST_PIPELINE_DRIVER_H
 
@@ -13,6 +18,7 @@
 #include <ofl/ofl.h>
 
 #include "pipeline/pipeline_internal.h"
+#include "tests/devmem.h"
 
 static const char *const drv_names[7] = {
     "attn_norm", "qkv_linear", "core_attn", "attn_proj",
@@ -40,6 +46,9 @@ static inline void drv_fill(void *p, size_t n, uint64_t seed) {
   }
 }
 
+/* drv_fill and drv_wrong touch memory with the CPU: only host buffers and
+ * pinned memory. Device memory goes through drv_tensor_fill / drv_tensor_wrong
+ * below (the same pattern, t_pattern of tests/devmem.h). */
 static inline size_t drv_wrong(const void *p, size_t n, uint64_t seed) {
   const uint8_t *d = p;
   uint64_t x = seed;
@@ -50,6 +59,35 @@ static inline size_t drv_wrong(const void *p, size_t n, uint64_t seed) {
     w += d[i] != (uint8_t)(x >> ((i & 7) * 8));
   }
   return w;
+}
+
+/* The bytes of tensor t (n of them) set to the pattern of seed: through an
+ * H2D copy on the compute stream for device memory, by the CPU for pinned
+ * memory (ordered after the compute stream's queued work). */
+static inline ofl_status_t drv_tensor_fill(ofl_device_t *dev, ofl_tensor_t *t,
+                                           size_t n, uint64_t seed) {
+  if (ofl_tensor_location(t) == OFL_LOC_PINNED) {
+    ofl_status_t s = ofl_stream_synchronize(ofl_device_compute_stream(dev),
+                                            OFL_TIMEOUT_DEFAULT);
+    if (s == OFL_SUCCESS)
+      drv_fill(ofl_tensor_data(t), n, seed);
+    return s;
+  }
+  return t_fill(dev, ofl_tensor_data(t), n, seed);
+}
+
+/* Wrong bytes of tensor t against the pattern of seed, read after the
+ * compute stream's queued work: through a D2H copy for device memory, by
+ * the CPU for pinned memory. SIZE_MAX when the bytes could not be read. */
+static inline size_t drv_tensor_wrong(ofl_device_t *dev, const ofl_tensor_t *t,
+                                      size_t n, uint64_t seed) {
+  if (ofl_tensor_location(t) == OFL_LOC_PINNED) {
+    if (ofl_stream_synchronize(ofl_device_compute_stream(dev),
+                               OFL_TIMEOUT_DEFAULT) != OFL_SUCCESS)
+      return SIZE_MAX;
+    return drv_wrong(ofl_tensor_data(t), n, seed);
+  }
+  return t_wrong(dev, ofl_tensor_data(t), n, seed);
 }
 
 /* ---- schedule ------------------------------------------------------------ */
@@ -143,6 +181,8 @@ typedef struct {
   int iter;
   size_t wrong_bytes;
   size_t checked_tensors;
+  size_t eligible_pushes; /* pushes the manager may offload: offload on, at
+                             least thresh bytes, not marked not-offloadable */
   ofl_status_t err;
   char msg[512];
   int order_errors;
@@ -185,7 +225,7 @@ static inline ofl_status_t drv_alloc(drv_t *d, size_t bytes, uint64_t seed,
     DRV_TRY(d, ofl_pool_alloc_dynamic(d->pool, shape, 1, OFL_DTYPE_U8, s, out));
   else
     DRV_TRY(d, ofl_pool_alloc(d->pool, shape, 1, OFL_DTYPE_U8, s, out));
-  drv_fill(ofl_tensor_data(*out), bytes, seed);
+  DRV_TRY(d, drv_tensor_fill(d->dev, *out, bytes, seed));
   return OFL_SUCCESS;
 }
 
@@ -215,6 +255,8 @@ static inline ofl_status_t drv_forward(drv_t *d, int c, int mb) {
         uint64_t trick = cfg->tricks ? drv_hash(hs, (uint64_t)k, 5, 7) % 8 : 0;
         if (trick == 1)
           ofl_manager_mark_not_offloadable(t);
+        else if (cfg->offload && bytes >= cfg->thresh)
+          d->eligible_pushes++;
         if (trick == 2 || trick == 3) {
           /* The module keeps t (e.g. the residual) and saves an alias; t is
            * released with the group. */
@@ -265,11 +307,21 @@ static inline ofl_status_t drv_backward(drv_t *d, int c, int mb) {
       for (int k = r->n - 1; k >= 0; k--) {
         ofl_tensor_t *t = NULL;
         DRV_TRY(d, ofl_manager_tensor_pop(m, r->tag[k], &t));
-        if (ofl_tensor_bytes(t) != r->bytes[k] || !ofl_tensor_has_storage(t))
+        if (ofl_tensor_bytes(t) != r->bytes[k] || !ofl_tensor_has_storage(t)) {
           d->wrong_bytes += r->bytes[k];
-        else
-          d->wrong_bytes +=
-              drv_wrong(ofl_tensor_data(t), r->bytes[k], r->seed[k]);
+        } else {
+          size_t w = drv_tensor_wrong(d->dev, t, r->bytes[k], r->seed[k]);
+          if (w == SIZE_MAX) { /* the read-back copy failed */
+            d->wrong_bytes += r->bytes[k];
+            if (d->err == OFL_SUCCESS) {
+              d->err = OFL_ERR_INTERNAL;
+              snprintf(d->msg, sizeof d->msg, "reading back a popped tensor "
+                       "failed: %s", ofl_last_error());
+            }
+            return d->err;
+          }
+          d->wrong_bytes += w;
+        }
         d->checked_tensors++;
         DRV_TRY(d, ofl_tensor_destroy(t));
       }
@@ -303,11 +355,8 @@ static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
   if (cfg->dev != NULL) {
     d->dev = cfg->dev;
   } else {
-    ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
-    dp.backend = OFL_BACKEND_HOST;
-    dp.strict = 1;
-    dp.jitter_seed = cfg->seed | 1;
-    dp.jitter_max_us = cfg->jitter_us;
+    /* The backend under test; strict mode with jitter on the host one. */
+    ofl_device_params_t dp = t_device_params(cfg->jitter_us, cfg->seed | 1);
     DRV_TRY(d, ofl_device_open(&dp, &d->dev));
   }
   if (cfg->act_pool != NULL) {

@@ -1,15 +1,17 @@
 /* Small helpers for the manager's direct tests (one device, one activation
- * pool, one manager). */
+ * pool, one manager), on the backend under test (OFLTEST_BACKEND, see
+ * tests/devmem.h): device bytes are filled and checked through copies. */
 #ifndef OFL_TEST_PIPELINE_HARNESS_H
 #define OFL_TEST_PIPELINE_HARNESS_H
 
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "tests/cr_assert.h"
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "tests/unit/pipeline/driver.h"
+
 
 typedef struct {
   ofl_device_t *dev;
@@ -35,11 +37,8 @@ static inline ofl_manager_params_t h_params(h_env_t *e) {
 
 static inline void h_open_dev(h_env_t *e, int jitter_us, uint64_t seed) {
   memset(e, 0, sizeof *e);
-  ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
-  dp.backend = OFL_BACKEND_HOST;
-  dp.strict = 1;
-  dp.jitter_seed = seed;
-  dp.jitter_max_us = jitter_us;
+  /* The backend under test; strict mode with jitter on the host one. */
+  ofl_device_params_t dp = t_device_params(jitter_us, seed);
   cr_assert(eq(int, ofl_device_open(&dp, &e->dev), OFL_SUCCESS), "%s",
             ofl_last_error());
   ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
@@ -69,16 +68,62 @@ static inline ofl_tensor_t *h_tensor(h_env_t *e, size_t bytes, uint64_t seed) {
                               ofl_device_compute_stream(e->dev), &t),
                OFL_SUCCESS),
             "%s", ofl_last_error());
-  drv_fill(ofl_tensor_data(t), bytes, seed);
+  cr_assert(eq(int, drv_tensor_fill(e->dev, t, bytes, seed), OFL_SUCCESS),
+            "%s", ofl_last_error());
+  return t;
+}
+
+/* Wrong bytes of tensor t (device or pinned) against the pattern of seed,
+ * read after the compute stream's queued work. */
+static inline size_t h_wrong(h_env_t *e, const ofl_tensor_t *t, size_t bytes,
+                             uint64_t seed) {
+  size_t w = drv_tensor_wrong(e->dev, t, bytes, seed);
+  cr_assert(not(eq(sz, w, SIZE_MAX)), "reading the tensor back: %s",
+            ofl_last_error());
+  return w;
+}
+
+/* Leaves a free block of `bytes` in the activation pool with no queued work
+ * on it, ahead of the blocks freed later: the next allocation of that shape
+ * takes it. A test of an ordering rule uses it so that a reload does not
+ * get back the very block whose pending copy would order it (or overwrite
+ * it) by accident, which hides a missing wait. */
+static inline void h_spare(h_env_t *e, size_t bytes) {
+  ofl_tensor_t *t = NULL;
+  int64_t shape[1] = {(int64_t)bytes};
+  cr_assert(eq(int,
+               ofl_pool_alloc(e->pool, shape, 1, OFL_DTYPE_U8,
+                              ofl_device_compute_stream(e->dev), &t),
+               OFL_SUCCESS),
+            "%s", ofl_last_error());
+  cr_assert(eq(int, ofl_tensor_destroy(t), OFL_SUCCESS), "%s",
+            ofl_last_error());
+}
+
+/* A tensor of the activation pool holding bytes copied from src (the
+ * pattern made beforehand, so that the copy follows at once). */
+static inline ofl_tensor_t *h_tensor_from(h_env_t *e, const void *src,
+                                          size_t bytes) {
+  ofl_tensor_t *t = NULL;
+  int64_t shape[1] = {(int64_t)bytes};
+  cr_assert(eq(int,
+               ofl_pool_alloc(e->pool, shape, 1, OFL_DTYPE_U8,
+                              ofl_device_compute_stream(e->dev), &t),
+               OFL_SUCCESS),
+            "%s", ofl_last_error());
+  cr_assert(eq(int, t_write(e->dev, ofl_tensor_data(t), src, bytes),
+               OFL_SUCCESS),
+            "%s", ofl_last_error());
   return t;
 }
 
 #define H_OK(call)                                                             \
   cr_assert(eq(int, (call), OFL_SUCCESS), "%s: %s", #call, ofl_last_error())
 
-static void h_sleep_fn(void *arg) { usleep((useconds_t)(uintptr_t)arg * 1000); }
+static inline void h_sleep_fn(void *arg) { usleep((useconds_t)(uintptr_t)arg * 1000); }
 
-/* Makes the stream busy for ms milliseconds (a slow copy engine). */
+/* Makes the stream busy for ms milliseconds (a slow copy engine). The host
+ * function only sleeps: no ofl or CUDA call (allowed on both backends). */
 static inline void h_stall(ofl_stream_t *s, unsigned ms) {
   H_OK(ofl_stream_launch_host_func(s, h_sleep_fn, (void *)(uintptr_t)ms));
 }
@@ -91,7 +136,9 @@ static inline size_t h_pop_check(h_env_t *e, ofl_tag_t tag, size_t bytes,
   cr_assert(eq(sz, ofl_tensor_bytes(t), bytes));
   cr_assert(ofl_tensor_has_storage(t));
   H_OK(ofl_stream_synchronize(ofl_device_compute_stream(e->dev), -1));
-  size_t w = drv_wrong(ofl_tensor_data(t), bytes, seed);
+  size_t w = drv_tensor_wrong(e->dev, t, bytes, seed);
+  cr_assert(not(eq(sz, w, SIZE_MAX)), "reading the tensor back: %s",
+            ofl_last_error());
   H_OK(ofl_tensor_destroy(t));
   return w;
 }

@@ -135,6 +135,9 @@ Test(pipeline_manager, max_inflight_makes_compute_wait_for_the_oldest) {
     H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 8 * KIB, 2), &t2));
     H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
     ofl_event_t *first = e.m->fwd[0]->groups[0]->offload_ev;
+    /* The compute stream's queued work (with the throttle's wait) done: on
+     * the host backend it ran on this thread already, on cuda it is async. */
+    H_OK(ofl_stream_synchronize(ofl_device_compute_stream(e.dev), -1));
     ofl_status_t q = ofl_event_query(first);
     if (cap == 1)
       cr_assert(eq(int, q, OFL_SUCCESS), "cap 1: compute waited");
@@ -475,7 +478,7 @@ Test(pipeline_manager, disabled_offload_holds_tensors_and_copies_nothing) {
   ofl_tensor_t *y = NULL;
   H_OK(ofl_manager_tensor_pop(e.m, t, &y));
   cr_assert(eq(ptr, y, x));
-  cr_assert(eq(sz, drv_wrong(ofl_tensor_data(y), 8 * KIB, 5), 0));
+  cr_assert(eq(sz, h_wrong(&e, y, 8 * KIB, 5), 0));
   H_OK(ofl_tensor_destroy(y));
   H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
   H_OK(ofl_manager_reset(e.m));
@@ -526,6 +529,9 @@ Test(pipeline_manager, forward_record_joins_the_d2h_stream) {
   cr_assert(eq(int, ofl_event_query(e.m->fwd[0]->groups[0]->offload_ev),
                OFL_ERR_NOT_READY));
   H_OK(ofl_manager_forward_record(e.m, ev));
+  /* The compute stream now waits for the D2H stream (on the host backend
+   * it has waited already, on this thread; on cuda asynchronously). */
+  H_OK(ofl_stream_synchronize(ofl_device_compute_stream(e.dev), -1));
   cr_assert(eq(int, ofl_event_query(e.m->fwd[0]->groups[0]->offload_ev),
                OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
@@ -533,8 +539,10 @@ Test(pipeline_manager, forward_record_joins_the_d2h_stream) {
   cr_assert(eq(sz, h_pop_check(&e, t, 4 * KIB, 1), 0));
   h_stall(ofl_manager_h2d_stream(e.m), 20);
   H_OK(ofl_manager_backward_record(e.m, ev));
-  cr_assert(
-      eq(int, ofl_stream_query(ofl_manager_h2d_stream(e.m)), OFL_SUCCESS));
+  /* The compute stream waits for everything queued on the H2D stream. */
+  H_OK(ofl_stream_synchronize(ofl_device_compute_stream(e.dev), -1));
+  cr_assert(eq(int, ofl_event_query(e.m->ev_h2d), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
   H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
   H_OK(ofl_manager_reset(e.m));
   ofl_event_destroy(ev);
@@ -667,7 +675,7 @@ Test(pipeline_manager, a_handle_owned_by_the_manager_is_not_pushed_again) {
   H_OK(ofl_manager_tensor_pop(e.m, th, &a));
   cr_assert(eq(ptr, a, x));
   cr_assert(ofl_tensor_has_storage(a));
-  cr_assert(eq(sz, drv_wrong(ofl_tensor_data(a), 8 * KIB, 7), 0));
+  cr_assert(eq(sz, h_wrong(&e, a, 8 * KIB, 7), 0));
   /* popped, it may be pushed again */
   H_OK(ofl_manager_tensor_push(e.m, a, &th));
   H_OK(ofl_manager_tensor_pop(e.m, th, &a));
@@ -689,12 +697,14 @@ Test(pipeline_manager, an_offload_failing_half_way_keeps_the_group_on_device) {
   h_env_t e;
   h_open(&e, 10, 24);
   enum { N = 3 };
-  ofl_tag_t t[N];
+  /* Two layers of core_attn per iteration: in steady state the second one
+   * runs backward first and stays, the first is offloaded. */
+  ofl_tag_t t[2][N];
   H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
   H_OK(ofl_manager_group_start(e.m, "core_attn"));
   for (int i = 0; i < N; i++)
     H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 8 * KIB, 30 + (uint64_t)i),
-                                 &t[i]));
+                                 &t[0][i]));
   ofl__manager_fail_offload_after(e.m, 2); /* two copies queued, then a fault */
   cr_assert(eq(int, ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0),
                OFL_ERR_INTERNAL));
@@ -704,27 +714,49 @@ Test(pipeline_manager, an_offload_failing_half_way_keeps_the_group_on_device) {
   ofl_manager_stats_t s = stats(&e);
   cr_assert(eq(u64, s.offloaded_tensors, 0));
   cr_assert(eq(u64, s.offloaded_bytes, 0));
-  H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
-  for (int i = N - 1; i >= 0; i--)
-    cr_assert(eq(sz, h_pop_check(&e, t[i], 8 * KIB, 30 + (uint64_t)i), 0),
-              "tensor %d", i);
-  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  H_OK(ofl_manager_group_start(e.m, "core_attn"));
+  for (int i = 0; i < N; i++)
+    H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 8 * KIB, 35 + (uint64_t)i),
+                                 &t[1][i]));
+  H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  for (int l = 1; l >= 0; l--) {
+    H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+    for (int i = N - 1; i >= 0; i--)
+      cr_assert(eq(sz,
+                   h_pop_check(&e, t[l][i], 8 * KIB,
+                               (l ? 35 : 30) + (uint64_t)i),
+                   0),
+                "layer %d tensor %d", l, i);
+    H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  }
   H_OK(ofl_manager_reset(e.m));
+  ofl_manager_stats_t w = stats(&e);
+  cr_assert(eq(u64, w.offloaded_tensors, N)); /* the second layer only */
   /* the next iterations offload and reload as usual */
   for (int it = 0; it < 2; it++) {
     H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
-    H_OK(ofl_manager_group_start(e.m, "core_attn"));
-    for (int i = 0; i < N; i++)
-      H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 8 * KIB, 40 + (uint64_t)i),
-                                   &t[i]));
-    H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
-    H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
-    for (int i = N - 1; i >= 0; i--)
-      cr_assert(eq(sz, h_pop_check(&e, t[i], 8 * KIB, 40 + (uint64_t)i), 0));
-    H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+    for (int l = 0; l < 2; l++) {
+      H_OK(ofl_manager_group_start(e.m, "core_attn"));
+      for (int i = 0; i < N; i++)
+        H_OK(ofl_manager_tensor_push(
+            e.m, h_tensor(&e, 8 * KIB, 40 + (uint64_t)(l * 10 + i)),
+            &t[l][i]));
+      H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+    }
+    for (int l = 1; l >= 0; l--) {
+      H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+      for (int i = N - 1; i >= 0; i--)
+        cr_assert(eq(sz,
+                     h_pop_check(&e, t[l][i], 8 * KIB,
+                                 40 + (uint64_t)(l * 10 + i)),
+                     0));
+      H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+    }
     H_OK(ofl_manager_reset(e.m));
   }
-  cr_assert(gt(u64, stats(&e).offloaded_tensors, 0));
+  ofl_manager_stats_t a = stats(&e);
+  cr_assert(eq(u64, a.offloaded_tensors - w.offloaded_tensors, 2 * N));
+  cr_assert(eq(u64, a.reloaded_tensors - w.reloaded_tensors, 2 * N));
   ofl_pool_stats_t ps;
   ofl_pool_get_stats(e.m->host_pool, &ps);
   cr_assert(eq(u64, ps.blocks_in_use, 0));
@@ -746,14 +778,14 @@ Test(pipeline_manager, tensors_not_on_the_device_and_small_ones_stay) {
   int64_t shape[1] = {4096};
   ofl_tensor_t *h = NULL, *small = NULL, *big = NULL, *marked = NULL;
   H_OK(ofl_pool_alloc(pinned, shape, 1, OFL_DTYPE_U8, NULL, &h));
-  drv_fill(ofl_tensor_data(h), 4096, 5);
+  drv_fill(ofl_tensor_data(h), 4096, 5); /* pinned: the CPU writes it */
   int64_t s512[1] = {512}, s2048[1] = {2048};
   H_OK(ofl_pool_alloc(e.pool, s512, 1, OFL_DTYPE_F32, NULL, &small));
   H_OK(ofl_pool_alloc(e.pool, s2048, 1, OFL_DTYPE_F32, NULL, &big));
   H_OK(ofl_pool_alloc(e.pool, s2048, 1, OFL_DTYPE_F32, NULL, &marked));
-  drv_fill(ofl_tensor_data(small), 2048, 6);
-  drv_fill(ofl_tensor_data(big), 8192, 7);
-  drv_fill(ofl_tensor_data(marked), 8192, 8);
+  H_OK(drv_tensor_fill(e.dev, small, 2048, 6));
+  H_OK(drv_tensor_fill(e.dev, big, 8192, 7));
+  H_OK(drv_tensor_fill(e.dev, marked, 8192, 8));
   ofl_manager_mark_not_offloadable(marked);
   ofl_tag_t th, ts, tb, tm;
   H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
@@ -775,7 +807,8 @@ Test(pipeline_manager, tensors_not_on_the_device_and_small_ones_stay) {
   ofl_tensor_t *o = NULL;
   H_OK(ofl_manager_tensor_pop(e.m, th, &o));
   cr_assert(eq(ptr, o, h));
-  cr_assert(eq(sz, drv_wrong(ofl_tensor_data(o), 4096, 5), 0));
+  cr_assert(eq(int, ofl_tensor_location(o), OFL_LOC_PINNED));
+  cr_assert(eq(sz, h_wrong(&e, o, 4096, 5), 0)); /* pinned: CPU read */
   H_OK(ofl_pool_free(pinned, o));
   cr_assert(eq(sz, h_pop_check(&e, ts, 2048, 6), 0));
   cr_assert(eq(sz, h_pop_check(&e, tb, 8192, 7), 0));
@@ -882,7 +915,7 @@ Test(pipeline_manager, configuration_comes_from_the_environment) {
  * same reset, else every rank waits for the other until the timeout. */
 static int gathers_at_first_reset(int offload) {
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
-  dp.backend = OFL_BACKEND_HOST;
+  dp.backend = t_backend();
   ofl_device_t *dev = NULL;
   cr_assert(eq(int, ofl_device_open(&dp, &dev), OFL_SUCCESS));
   ofl_comm_params_t cp = OFL_COMM_PARAMS_INIT;
@@ -987,9 +1020,7 @@ static void disk_read_fault_run(ofl__disk_fault_t fault) {
       s = ofl_manager_tensor_pop(e.m, t[l], &x); /* the fault is gone */
     }
     cr_assert(eq(int, s, OFL_SUCCESS), "%s", ofl_last_error());
-    H_OK(ofl_stream_synchronize(ofl_device_compute_stream(e.dev), -1));
-    cr_assert(
-        eq(sz, drv_wrong(ofl_tensor_data(x), 64 * KIB, 50 + (uint64_t)l), 0));
+    cr_assert(eq(sz, h_wrong(&e, x, 64 * KIB, 50 + (uint64_t)l), 0));
     H_OK(ofl_tensor_destroy(x));
     H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
   }

@@ -1,22 +1,24 @@
 /* Tensor pools: exact and byte-size keys, FIFO reuse, hits and misses,
  * ownership checks, reset, clear, budget, reserve, handles. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "tests/cr_assert.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <ofl/ofl.h>
+#include "tests/devmem.h"
 
+/* On the backend under test (OFLTEST_BACKEND). Pinned blocks are touched by
+ * the CPU; device blocks only through copies (fill, wrong_bytes). Tests
+ * named host_only_ are about the host backend's strict mode and skip on
+ * cuda. */
 static ofl_device_t *dev;
 
 static void open_dev(void) {
-  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.backend = OFL_BACKEND_HOST;
-  p.strict = 1;
-  p.jitter_max_us = 50;
-  p.device_capacity_bytes = (size_t)256 << 20;
+  ofl_device_params_t p = t_device_params(50, 0);
+  p.device_capacity_bytes = (size_t)256 << 20; /* host backend only */
   cr_assert(eq(int, ofl_device_open(&p, &dev), OFL_SUCCESS), "%s",
             ofl_last_error());
 }
@@ -49,17 +51,47 @@ static ofl_device_stats_t dev_stats(void) {
   return s;
 }
 
-static void fill(ofl_tensor_t *t, uint8_t seed) {
-  uint8_t *d = ofl_tensor_data(t);
-  for (size_t i = 0; i < ofl_tensor_bytes(t); ++i)
-    d[i] = (uint8_t)(seed + i * 13);
+/* More than the device can hold: the host backend's 256 MiB capacity set
+ * above, twice the memory of a cuda device. */
+static int64_t past_capacity(void) {
+  ofl_device_stats_t s = dev_stats();
+  size_t cap = s.device_capacity_bytes ? s.device_capacity_bytes
+                                       : (size_t)256 << 20;
+  return (int64_t)(2 * cap);
 }
 
+/* Writes the pattern of seed into a tensor: with the CPU in pinned memory,
+ * through a copy in device memory. */
+static void fill(ofl_tensor_t *t, uint8_t seed) {
+  size_t n = ofl_tensor_bytes(t);
+  int on_device = ofl_tensor_location(t) == OFL_LOC_DEVICE;
+  uint8_t *d = on_device ? malloc(n ? n : 1) : ofl_tensor_data(t);
+  cr_assert(not(eq(ptr, d, NULL)));
+  for (size_t i = 0; i < n; ++i)
+    d[i] = (uint8_t)(seed + i * 13);
+  if (on_device) {
+    cr_assert(eq(int, t_write(dev, ofl_tensor_data(t), d, n), OFL_SUCCESS),
+              "%s", ofl_last_error());
+    free(d);
+  }
+}
+
+/* Bytes of a tensor differing from the pattern of seed (SIZE_MAX when a
+ * device tensor could not be read back). */
 static size_t wrong_bytes(const ofl_tensor_t *t, uint8_t seed) {
-  const uint8_t *d = ofl_tensor_data(t);
+  size_t n = ofl_tensor_bytes(t);
+  int on_device = ofl_tensor_location(t) == OFL_LOC_DEVICE;
+  uint8_t *h = on_device ? malloc(n ? n : 1) : NULL;
+  const uint8_t *d = on_device ? h : ofl_tensor_data(t);
+  if (on_device &&
+      t_read(dev, h, ofl_tensor_data(t), n) != OFL_SUCCESS) {
+    free(h);
+    return SIZE_MAX;
+  }
   size_t wrong = 0;
-  for (size_t i = 0; i < ofl_tensor_bytes(t); ++i)
+  for (size_t i = 0; i < n; ++i)
     wrong += d[i] != (uint8_t)(seed + i * 13);
+  free(h);
   return wrong;
 }
 
@@ -610,7 +642,10 @@ Test(pool, a_view_keeps_the_block_out_of_the_free_list) {
   ofl_pool_destroy(pool);
 }
 
-Test(pool, strict_mode_poisons_a_freed_block) {
+/* The poison is the host backend's strict mode. */
+Test(pool, host_only_strict_mode_poisons_a_freed_block) {
+  if (t_on_cuda())
+    cr_skip_test("host backend only");
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
   int64_t shape[1] = {512};
   ofl_tensor_t *t;
@@ -618,10 +653,7 @@ Test(pool, strict_mode_poisons_a_freed_block) {
   fill(t, 1);
   uint8_t *d = ofl_tensor_data(t);
   ofl_pool_free(pool, t);
-  size_t poisoned = 0;
-  for (int i = 0; i < 512; ++i)
-    poisoned += d[i] == 0xDB;
-  cr_assert(eq(sz, poisoned, 512));
+  cr_assert(eq(sz, t_wrong_value(dev, d, 512, 0xDB), 0));
   ofl_pool_destroy(pool);
 }
 
@@ -653,7 +685,7 @@ Test(pool, invalid_arguments_are_rejected_with_a_message) {
 
 Test(pool, device_pool_out_of_device_memory_is_no_memory) {
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
-  int64_t shape[1] = {(int64_t)512 << 20}; /* past the 256 MiB capacity */
+  int64_t shape[1] = {past_capacity()};
   ofl_tensor_t *t = NULL;
   cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t),
                OFL_ERR_NO_MEMORY));
@@ -684,7 +716,8 @@ Test(pool, stale_handles_after_reset_and_clear_end_safely) {
   /* a new block, of another key, on the recycled header */
   cr_assert(eq(int, ofl_pool_alloc(pool, other, 1, OFL_DTYPE_U8, NULL, &u),
                OFL_SUCCESS));
-  memset(ofl_tensor_data(u), 0x5a, 8192);
+  cr_assert(eq(int, t_set(dev, ofl_tensor_data(u), 0x5a, 8192), OFL_SUCCESS),
+            "%s", ofl_last_error());
   cr_expect(eq(int, ofl_pool_free(pool, t), OFL_ERR_INVALID_ARG));
   cr_expect(not(eq(ptr, strstr(ofl_last_error(), "stale"), NULL)), "%s",
             ofl_last_error());
@@ -693,11 +726,7 @@ Test(pool, stale_handles_after_reset_and_clear_end_safely) {
   /* u is untouched by the stale handles' ends */
   ofl_pool_stats_t s = stats_of(pool);
   cr_expect(eq(u64, s.blocks_in_use, 1));
-  const unsigned char *b = ofl_tensor_data(u);
-  size_t wrong = 0;
-  for (size_t i = 0; i < 8192; i++)
-    wrong += b[i] != 0x5a;
-  cr_expect(eq(sz, wrong, 0));
+  cr_expect(eq(sz, t_wrong_value(dev, ofl_tensor_data(u), 8192, 0x5a), 0));
   /* eviction frees a header's block the same way */
   cr_assert(eq(int, ofl_pool_reset(pool), OFL_SUCCESS));
   cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &w),
@@ -813,8 +842,9 @@ Test(pool, strict_free_after_an_ordered_view_release) {
                OFL_SUCCESS));
   fill(t, 9);
   cr_assert(eq(int, ofl_tensor_alias(t, &v), OFL_SUCCESS));
-  uint8_t *out = malloc(1 << 16);
-  cr_assert(not(eq(ptr, out, NULL)));
+  uint8_t *out = NULL; /* pinned: the copy stays queued on a GPU too */
+  cr_assert(eq(int, ofl_pinned_malloc(dev, 1 << 16, (void **)&out),
+               OFL_SUCCESS));
   cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_ms_fn, (void *)40),
                OFL_SUCCESS));
   cr_assert(eq(
@@ -830,7 +860,7 @@ Test(pool, strict_free_after_an_ordered_view_release) {
   cr_expect(eq(sz, wrong, 0));
   cr_assert(eq(int, ofl_tensor_destroy(v), OFL_SUCCESS));
   ofl_stream_destroy(s);
-  free(out);
+  ofl_pinned_free(dev, out);
   ofl_pool_destroy(pool);
 }
 
@@ -848,7 +878,11 @@ Test(pool, strict_free_with_a_base_use_not_covered_by_a_view_release) {
                OFL_SUCCESS));
   fill(t, 9);
   cr_assert(eq(int, ofl_tensor_alias(t, &v), OFL_SUCCESS));
-  uint8_t *out = malloc(1 << 16), *out2 = malloc(1 << 16);
+  uint8_t *out = NULL, *out2 = NULL; /* pinned: the copies stay queued */
+  cr_assert(eq(int, ofl_pinned_malloc(dev, 1 << 16, (void **)&out),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pinned_malloc(dev, 1 << 16, (void **)&out2),
+               OFL_SUCCESS));
   /* the base's own copy, late, on s2 */
   cr_assert(eq(int, ofl_stream_launch_host_func(s2, sleep_ms_fn, (void *)60),
                OFL_SUCCESS));
@@ -876,8 +910,8 @@ Test(pool, strict_free_with_a_base_use_not_covered_by_a_view_release) {
   ofl_tensor_destroy(v);
   ofl_stream_destroy(s);
   ofl_stream_destroy(s2);
-  free(out);
-  free(out2);
+  ofl_pinned_free(dev, out);
+  ofl_pinned_free(dev, out2);
   ofl_pool_destroy(pool);
 }
 
@@ -886,7 +920,7 @@ Test(pool, strict_free_with_a_base_use_not_covered_by_a_view_release) {
  * found stale, and no view of it can be made. */
 Test(pool, stale_handle_on_a_header_whose_next_block_failed) {
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, 0, 0);
-  int64_t shape[1] = {0}, huge[1] = {(int64_t)512 << 20};
+  int64_t shape[1] = {0}, huge[1] = {past_capacity()};
   ofl_tensor_t *t = NULL, *u = NULL, *v = NULL;
   cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t),
                OFL_SUCCESS));

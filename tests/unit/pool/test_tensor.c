@@ -1,7 +1,7 @@
 /* The tensor handle: dtypes, shapes, wrapped storage, views, release and
  * attach of storage. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "tests/cr_assert.h"
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -9,14 +9,15 @@
 #include <unistd.h>
 
 #include <ofl/ofl.h>
+#include "tests/devmem.h"
 
+/* On the backend under test (OFLTEST_BACKEND). Tensors wrapping host
+ * buffers only look at the handle; device bytes are reached through
+ * copies. */
 static ofl_device_t *dev;
 
 static void open_dev(void) {
-  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.backend = OFL_BACKEND_HOST;
-  p.strict = 1;
-  p.jitter_max_us = 50;
+  ofl_device_params_t p = t_device_params(50, 0);
   cr_assert(eq(int, ofl_device_open(&p, &dev), OFL_SUCCESS), "%s",
             ofl_last_error());
 }
@@ -262,10 +263,16 @@ Test(tensor, stream_ordered_release_waits_for_the_queued_copy) {
   ofl_stream_t *s = NULL;
   cr_assert(eq(int, ofl_stream_create(dev, "d2h", &s), OFL_SUCCESS));
   size_t n = 1 << 16;
-  uint8_t *src = NULL, *dst = malloc(n);
+  /* dst pinned: a copy to pageable memory may complete before the call
+   * returns on a GPU, and the copy must still be queued at the release */
+  uint8_t *src = NULL, *dst = NULL, *h = malloc(n);
+  cr_assert(eq(int, ofl_pinned_malloc(dev, n, (void **)&dst), OFL_SUCCESS));
   cr_assert(eq(int, ofl_device_malloc(dev, n, (void **)&src), OFL_SUCCESS));
   for (size_t i = 0; i < n; ++i)
-    src[i] = (uint8_t)(i * 7 + 3);
+    h[i] = (uint8_t)(i * 7 + 3);
+  cr_assert(eq(int, t_write(dev, src, h, n), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  free(h);
   release_log_t log = {0};
   int64_t shape[1] = {(int64_t)n};
   ofl_tensor_t *t = NULL;
@@ -292,7 +299,7 @@ Test(tensor, stream_ordered_release_waits_for_the_queued_copy) {
   ofl_tensor_destroy(t);
   ofl_device_free(dev, src);
   ofl_stream_destroy(s);
-  free(dst);
+  ofl_pinned_free(dev, dst);
 }
 
 Test(tensor, null_and_destroyed_handles_are_rejected) {

@@ -1,6 +1,6 @@
 /* The OFL_* configuration table. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "tests/cr_assert.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,6 +1,11 @@
-/* The device layer on the host backend: ordering, events, copies, memory. */
+/* The device layer on the backend under test (OFLTEST_BACKEND: host, or
+ * cuda over a GPU or the cudasim stand-in): ordering, events, copies,
+ * memory. Device bytes are only ever reached through copies. Tests named
+ * host_only_ are about the host backend itself (its compute stream running
+ * on the calling thread, its capacity, link model and trace file) and skip
+ * on cuda. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "tests/cr_assert.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -10,17 +15,22 @@
 #include <ofl/ofl.h>
 #include "runtime/device_internal.h"
 #include "runtime/internal.h"
+#include "tests/devmem.h"
+
+#define HOST_ONLY()                                                            \
+  do {                                                                         \
+    if (t_on_cuda())                                                           \
+      cr_skip_test("host backend only");                                       \
+  } while (0)
 
 static ofl_device_t *dev;
 
 static void open_dev(void) {
-  setenv("OFL_BACKEND", "host", 1);
   cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
-  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.strict = 1;
-  p.jitter_max_us = 100;
+  ofl_device_params_t p = t_device_params(100, 0);
   cr_assert(eq(int, ofl_device_open(&p, &dev), OFL_SUCCESS), "%s",
             ofl_last_error());
+  cr_assert(eq(int, ofl_device_backend(dev), t_backend()));
 }
 static void close_dev(void) { ofl_device_close(dev); }
 
@@ -118,7 +128,10 @@ Test(device, event_query_reports_not_ready_until_its_stream_reaches_it) {
   ofl_stream_destroy(s);
 }
 
-Test(device, compute_stream_wait_times_out_instead_of_hanging) {
+/* The host compute stream runs a wait on the calling thread, bounded by
+ * OFL_WAIT_TIMEOUT_MS; on cuda the wait is queued on the device. */
+Test(device, host_only_compute_stream_wait_times_out_instead_of_hanging) {
+  HOST_ONLY();
   setenv("OFL_WAIT_TIMEOUT_MS", "50", 1);
   ofl_config_reload();
   ofl_stream_t *s = NULL;
@@ -138,7 +151,8 @@ Test(device, compute_stream_wait_times_out_instead_of_hanging) {
   ofl_stream_destroy(s);
 }
 
-Test(device, compute_stream_runs_on_the_calling_thread) {
+Test(device, host_only_compute_stream_runs_on_the_calling_thread) {
+  HOST_ONLY();
   ofl_stream_t *c = ofl_device_compute_stream(dev);
   cr_assert(ne(ptr, c, NULL));
   seq_t seq = {0};
@@ -146,7 +160,23 @@ Test(device, compute_stream_runs_on_the_calling_thread) {
   cr_assert(eq(int, ofl_stream_launch_host_func(c, append, &st), OFL_SUCCESS));
   cr_assert(eq(int, atomic_load(&seq.n), 1), "ran before the call returned");
   cr_assert(eq(int, seq.order[0], 7));
-  /* The compute stream is looked up per thread at each call. */
+}
+
+/* The compute stream runs host functions in order (on the calling thread on
+ * the host backend, asynchronously on cuda) and is looked up per thread at
+ * each call. */
+Test(device, compute_stream_runs_host_functions_and_can_be_overridden) {
+  ofl_stream_t *c = ofl_device_compute_stream(dev);
+  cr_assert(ne(ptr, c, NULL));
+  seq_t seq = {0};
+  step_t st[3] = {{&seq, 7}, {&seq, 8}, {&seq, 9}};
+  for (int i = 0; i < 3; i++)
+    cr_assert(
+        eq(int, ofl_stream_launch_host_func(c, append, &st[i]), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(c, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, atomic_load(&seq.n), 3));
+  for (int i = 0; i < 3; i++)
+    cr_assert(eq(int, seq.order[i], 7 + i));
   ofl_stream_t *other = NULL;
   ofl_stream_create(dev, "other", &other);
   ofl_device_set_compute_stream(dev, other);
@@ -211,7 +241,8 @@ Test(device, copies_are_byte_exact_for_all_kinds_sizes_and_alignments) {
   ofl_stream_destroy(s);
 }
 
-Test(device, capacity_exhaustion_returns_no_memory_and_peak_is_tracked) {
+Test(device, host_only_capacity_exhaustion_returns_no_memory_and_peak_is_tracked) {
+  HOST_ONLY(); /* OFL_DEVICE_CAPACITY is the host backend's */
   ofl_device_t *small = NULL;
   ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
   p.backend = OFL_BACKEND_HOST;
@@ -239,7 +270,8 @@ Test(device, capacity_exhaustion_returns_no_memory_and_peak_is_tracked) {
   ofl_device_close(small);
 }
 
-Test(device, link_model_paces_copies_to_the_configured_rate) {
+Test(device, host_only_link_model_paces_copies_to_the_configured_rate) {
+  HOST_ONLY();
   ofl_device_t *slow = NULL;
   ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
   p.backend = OFL_BACKEND_HOST;
@@ -268,7 +300,9 @@ Test(device, link_model_paces_copies_to_the_configured_rate) {
   ofl_device_close(slow);
 }
 
-Test(device, trace_file_has_a_track_per_stream_and_copies_with_bytes) {
+/* The trace file is written by the host backend (cuda ranges go to NVTX). */
+Test(device, host_only_trace_file_has_a_track_per_stream_and_copies_with_bytes) {
+  HOST_ONLY();
   char path[] = "/tmp/ofl-trace-XXXXXX";
   int fd = mkstemp(path);
   close(fd);
@@ -344,7 +378,8 @@ Test(device, trace_names_are_escaped_and_cut_on_character_boundaries) {
 /* A range name longer than the range stack keeps (47 bytes), where byte 47
  * falls inside a 3-byte character, reaches the trace cut before that
  * character. */
-Test(device, long_utf8_range_name_stays_valid_utf8_in_the_trace) {
+Test(device, host_only_long_utf8_range_name_stays_valid_utf8_in_the_trace) {
+  HOST_ONLY();
   char path[] = "/tmp/ofl-trace-XXXXXX";
   int fd = mkstemp(path);
   close(fd);
@@ -438,8 +473,7 @@ Test(device, override_survives_the_destruction_of_another_stream) {
 }
 
 Test(device, override_with_a_stream_of_another_device_is_refused) {
-  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.backend = OFL_BACKEND_HOST;
+  ofl_device_params_t p = t_device_params(-1, 0);
   ofl_device_t *d2 = NULL;
   cr_assert(eq(int, ofl_device_open(&p, &d2), OFL_SUCCESS));
   ofl_stream_t *foreign = NULL;
@@ -450,4 +484,29 @@ Test(device, override_with_a_stream_of_another_device_is_refused) {
   cr_expect(ne(ptr, strstr(ofl_last_error(), "another device"), NULL));
   ofl_stream_destroy(foreign);
   ofl_device_close(d2);
+}
+
+/* Frees of pointers that are not live blocks of the right kind are refused
+ * before they reach the allocator, on every backend. */
+Test(device, foreign_and_double_frees_are_rejected) {
+  void *d = NULL, *pin = NULL;
+  cr_assert(eq(int, ofl_device_malloc(dev, 128, &d), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pinned_malloc(dev, 128, &pin), OFL_SUCCESS));
+  char host[128];
+  cr_assert(eq(int, ofl_device_free(dev, host), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_device_free(dev, pin), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_pinned_free(dev, d), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_pinned_free(dev, host), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_device_malloc(dev, 0, &d), OFL_ERR_INVALID_ARG));
+  /* Still live after the refusals: the bytes round-trip. */
+  cr_assert(eq(int, t_fill(dev, d, 128, 77), OFL_SUCCESS));
+  cr_assert(eq(sz, t_wrong(dev, d, 128, 77), 0));
+  cr_assert(eq(int, ofl_device_free(dev, d), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_device_free(dev, d), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_pinned_free(dev, pin), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pinned_free(dev, pin), OFL_ERR_INVALID_ARG));
+  ofl_device_stats_t st;
+  ofl_device_get_stats(dev, &st);
+  cr_assert(eq(u64, st.device_frees, 1));
+  cr_assert(eq(u64, st.pinned_frees, 1));
 }

@@ -1,8 +1,10 @@
 /* The device layer at its edges: sizes and lengths that wrap the address
  * space, timeouts too long to add to the clock, objects ended while queued
- * work still refers to them, and a device closed with streams left open. */
+ * work still refers to them, and a device closed with streams left open.
+ * On the backend under test (OFLTEST_BACKEND); device bytes are reached
+ * through copies only. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "tests/cr_assert.h"
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,15 +15,13 @@
 
 #include <ofl/ofl.h>
 #include "runtime/internal.h"
+#include "tests/devmem.h"
 
 static ofl_device_t *dev;
 
 static void open_dev(void) {
-  setenv("OFL_BACKEND", "host", 1);
   cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
-  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.strict = 1;
-  p.jitter_max_us = 50;
+  ofl_device_params_t p = t_device_params(50, 0);
   cr_assert(eq(int, ofl_device_open(&p, &dev), OFL_SUCCESS), "%s",
             ofl_last_error());
 }
@@ -74,7 +74,8 @@ Test(device_limits, copies_and_memsets_whose_length_wraps_are_rejected) {
   cr_assert(eq(int, ofl_stream_create(dev, "wrap", &s), OFL_SUCCESS));
   void *d = NULL;
   cr_assert(eq(int, ofl_device_malloc(dev, 4096, &d), OFL_SUCCESS));
-  memset(d, 0x5A, 4096);
+  cr_assert(eq(int, t_set(dev, d, 0x5A, 4096), OFL_SUCCESS), "%s",
+            ofl_last_error());
   unsigned char host[64];
   memset(host, 1, sizeof host);
   /* d + length wraps past the end of the address space, so a check of
@@ -91,8 +92,7 @@ Test(device_limits, copies_and_memsets_whose_length_wraps_are_rejected) {
                OFL_ERR_INVALID_ARG));
   cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
   /* Nothing ran: the block and the host buffer are as they were. */
-  for (size_t i = 0; i < 4096; i++)
-    cr_assert(eq(u8, ((unsigned char *)d)[i], 0x5A));
+  cr_assert(eq(sz, t_wrong_value(dev, d, 4096, 0x5A), 0));
   for (size_t i = 0; i < sizeof host; i++)
     cr_assert(eq(u8, host[i], 1));
   /* And the block has no queued users left: it can be freed in strict mode. */
@@ -123,6 +123,14 @@ Test(device_limits, a_timeout_too_long_to_add_to_the_clock_still_waits) {
   cr_assert(eq(int, ofl_stream_wait_event(ofl_device_compute_stream(dev), ev),
                OFL_SUCCESS),
             "%s", ofl_last_error());
+  /* The host compute stream waited on this thread; on cuda the wait is
+   * queued: the compute stream drains after the record, under the default
+   * timeout too. */
+  cr_assert(eq(int,
+               ofl_stream_synchronize(ofl_device_compute_stream(dev),
+                                      OFL_TIMEOUT_DEFAULT),
+               OFL_SUCCESS),
+            "%s", ofl_last_error());
   cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
   ofl_stream_t *s2 = NULL;
   cr_assert(eq(int, ofl_stream_create(dev, "waiter", &s2), OFL_SUCCESS));
@@ -149,20 +157,25 @@ Test(device_limits, an_event_destroyed_while_its_record_and_waits_are_queued) {
   cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
   atomic_int go = 0;
   void *d = NULL;
-  unsigned char src[256], out[256];
-  memset(src, 0x3C, sizeof src);
-  memset(out, 0, sizeof out);
-  cr_assert(eq(int, ofl_device_malloc(dev, sizeof src, &d), OFL_SUCCESS));
+  /* pinned: a copy from or to pageable memory may wait for its stream on
+   * a GPU, and stream a is held until go is set below */
+  enum { NB = 256 };
+  unsigned char *src = NULL, *out = NULL;
+  cr_assert(eq(int, ofl_pinned_malloc(dev, NB, (void **)&src), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pinned_malloc(dev, NB, (void **)&out), OFL_SUCCESS));
+  memset(src, 0x3C, NB);
+  memset(out, 0, NB);
+  cr_assert(eq(int, ofl_device_malloc(dev, NB, &d), OFL_SUCCESS));
   /* a: blocked, then the copy, then the record; b waits on that record. As
    * with cudaEventDestroy, destroying the event now is allowed: the queued
    * record and wait keep what they need until they have run. */
   cr_assert(
       eq(int, ofl_stream_launch_host_func(a, wait_flag, &go), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_memcpy_async(d, src, sizeof src, OFL_COPY_H2D, a),
+  cr_assert(eq(int, ofl_memcpy_async(d, src, NB, OFL_COPY_H2D, a),
                OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_record(ev, a), OFL_SUCCESS));
   cr_assert(eq(int, ofl_stream_wait_event(b, ev), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_memcpy_async(out, d, sizeof out, OFL_COPY_D2H, b),
+  cr_assert(eq(int, ofl_memcpy_async(out, d, NB, OFL_COPY_D2H, b),
                OFL_SUCCESS));
   ofl_event_destroy(ev);
   /* Other events reuse the memory the destroyed one had. */
@@ -174,21 +187,21 @@ Test(device_limits, an_event_destroyed_while_its_record_and_waits_are_queued) {
             ofl_last_error());
   cr_assert(eq(int, ofl_stream_synchronize(a, 10000), OFL_SUCCESS), "%s",
             ofl_last_error());
-  for (size_t i = 0; i < sizeof out; i++)
+  for (size_t i = 0; i < NB; i++)
     cr_assert(eq(u8, out[i], 0x3C));
   for (int i = 0; i < 8; i++) {
     cr_assert(eq(int, ofl_event_query(others[i]), OFL_SUCCESS));
     ofl_event_destroy(others[i]);
   }
   cr_assert(eq(int, ofl_device_free(dev, d), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pinned_free(dev, src), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pinned_free(dev, out), OFL_SUCCESS));
   ofl_stream_destroy(a);
   ofl_stream_destroy(b);
 }
 
 Test(device_limits, close_waits_for_and_stops_streams_left_open) {
-  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.backend = OFL_BACKEND_HOST;
-  p.strict = 1;
+  ofl_device_params_t p = t_device_params(-1, 0);
   ofl_device_t *d2 = NULL;
   cr_assert(eq(int, ofl_device_open(&p, &d2), OFL_SUCCESS));
   ofl_stream_t *s = NULL, *t = NULL;
@@ -227,10 +240,15 @@ Test(device_limits, destroying_the_threads_compute_stream_falls_back) {
   memset(b, 0, sizeof b);
   cr_assert(eq(int, ofl_memcpy_async(b, a, sizeof a, OFL_COPY_H2H, now),
                OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(now, 10000), OFL_SUCCESS));
   cr_assert(eq(int, memcmp(a, b, sizeof a), 0));
 }
 
-Test(device_limits, trace_file_stays_valid_json_with_any_stream_or_range_name) {
+/* The trace file is the host backend's (cuda ranges go to NVTX). */
+Test(device_limits,
+     host_only_trace_file_stays_valid_json_with_any_stream_or_range_name) {
+  if (t_on_cuda())
+    cr_skip_test("host backend only");
   char path[] = "/tmp/ofl-trace-names-XXXXXX";
   int fd = mkstemp(path);
   close(fd);
@@ -287,21 +305,27 @@ Test(device_limits, a_wait_holds_even_after_many_newer_records_complete) {
   cr_assert(eq(int, ofl_stream_create(dev, "waiter", &waiter), OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_create(dev, &ev), OFL_SUCCESS));
   atomic_int go = 0;
-  unsigned char src[128], out[128];
-  memset(src, 0, sizeof src);
-  memset(out, 0xEE, sizeof out);
+  /* The data goes host -> device on slow and device -> host on waiter,
+   * through pinned buffers (a copy of pageable memory may wait for its
+   * stream on a GPU, and slow is held until go is set below). */
+  enum { NB = 128 };
+  unsigned char *data = NULL, *out = NULL;
+  void *src = NULL;
+  cr_assert(eq(int, ofl_pinned_malloc(dev, NB, (void **)&data), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pinned_malloc(dev, NB, (void **)&out), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_device_malloc(dev, NB, &src), OFL_SUCCESS));
+  cr_assert(eq(int, t_set(dev, src, 0, NB), OFL_SUCCESS));
+  memset(out, 0xEE, NB);
+  memset(data, 0x42, NB);
   /* slow: blocked, then writes the data, then records ev (record 1). */
   cr_assert(
       eq(int, ofl_stream_launch_host_func(slow, wait_flag, &go), OFL_SUCCESS));
-  unsigned char data[128];
-  memset(data, 0x42, sizeof data);
-  cr_assert(eq(int, ofl_memcpy_async(src, data, sizeof src, OFL_COPY_H2H, slow),
+  cr_assert(eq(int, ofl_memcpy_async(src, data, NB, OFL_COPY_H2D, slow),
                OFL_SUCCESS));
   cr_assert(eq(int, ofl_event_record(ev, slow), OFL_SUCCESS));
   /* waiter: ordered after record 1, then reads the data. */
   cr_assert(eq(int, ofl_stream_wait_event(waiter, ev), OFL_SUCCESS));
-  cr_assert(eq(int,
-               ofl_memcpy_async(out, src, sizeof out, OFL_COPY_H2H, waiter),
+  cr_assert(eq(int, ofl_memcpy_async(out, src, NB, OFL_COPY_D2H, waiter),
                OFL_SUCCESS));
   /* Many newer records of the same event complete on another stream. */
   for (int i = 0; i < 200; i++)
@@ -310,15 +334,18 @@ Test(device_limits, a_wait_holds_even_after_many_newer_records_complete) {
   sleep_ms(50);
   /* Record 1 has not been reached: the waiter must still be waiting. */
   cr_assert(eq(int, ofl_stream_query(waiter), OFL_ERR_NOT_READY));
-  for (size_t i = 0; i < sizeof out; i++)
+  for (size_t i = 0; i < NB; i++)
     cr_assert(eq(u8, out[i], 0xEE));
   /* A query refers to the last record (on fast), which is complete. */
   cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
   atomic_store(&go, 1);
   cr_assert(eq(int, ofl_stream_synchronize(waiter, 10000), OFL_SUCCESS));
-  for (size_t i = 0; i < sizeof out; i++)
+  for (size_t i = 0; i < NB; i++)
     cr_assert(eq(u8, out[i], 0x42));
   cr_assert(eq(int, ofl_event_query(ev), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_device_free(dev, src), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pinned_free(dev, data), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pinned_free(dev, out), OFL_SUCCESS));
   ofl_event_destroy(ev);
   ofl_stream_destroy(waiter);
   ofl_stream_destroy(fast);

@@ -1,6 +1,11 @@
-/* Strict mode of the host backend: missing waits show, misuse is reported. */
+/* Strict mode of the host backend: missing waits show, misuse is reported.
+ * Host backend only (registered for the host pass as host_only_runtime_strict):
+ * the poison, the queued-use checks on free, the copy-kind checks and the
+ * worker's bounded stream waits are the host backend's own; on cuda the
+ * same misuse is the CUDA runtime's (the cudasim stand-in aborts on it).
+ * The backend-neutral part (foreign and double frees) is in test_device.c. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "tests/cr_assert.h"
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * tensor, a source freed while staging is an error, and background saves
  * round-trip through the safetensors reader and fail without partial files. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "tests/cr_assert.h"
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
@@ -17,16 +17,17 @@
 #include <ofl/ofl.h>
 #include "runtime/internal.h"
 #include "staging/staging_internal.h"
+#include "tests/devmem.h"
 
+/* On the backend under test (OFLTEST_BACKEND). Staged copies live in host
+ * memory and are read by the CPU; device tensors only through copies
+ * (host_bytes). */
 static ofl_device_t *dev;
 static ofl_pool_t *pool;
 static char dir[256];
 
 static void setup(void) {
-  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.backend = OFL_BACKEND_HOST;
-  p.strict = 1;
-  p.jitter_max_us = 100;
+  ofl_device_params_t p = t_device_params(100, 0);
   cr_assert(eq(int, ofl_device_open(&p, &dev), OFL_SUCCESS), "%s",
             ofl_last_error());
   ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
@@ -82,16 +83,32 @@ static void update(ofl_tensor_t *t, int value) {
   cr_assert(eq(int, ofl_stream_synchronize(c, 10000), OFL_SUCCESS));
 }
 
-/* Bytes of a staged tensor differing from pattern(seed). */
+/* A host copy of a tensor's bytes (free it): a device tensor's read back
+ * through a copy, a host tensor's (a staged copy) copied by the CPU. */
+static unsigned char *host_bytes(const ofl_tensor_t *t) {
+  size_t n = ofl_tensor_bytes(t);
+  unsigned char *h = malloc(n ? n : 1);
+  cr_assert(not(eq(ptr, h, NULL)));
+  if (ofl_tensor_location(t) == OFL_LOC_DEVICE)
+    cr_assert(eq(int, t_read(dev, h, ofl_tensor_data(t), n), OFL_SUCCESS),
+              "%s", ofl_last_error());
+  else
+    memcpy(h, ofl_tensor_data(t), n);
+  return h;
+}
+
+/* Bytes of a tensor (staged, or on the device) differing from
+ * pattern(seed). */
 static size_t wrong_bytes(const ofl_tensor_t *t, unsigned seed) {
   size_t n = ofl_tensor_bytes(t);
   unsigned char *want = malloc(n ? n : 1);
   pattern(want, n, seed);
-  const unsigned char *got = ofl_tensor_data(t);
+  unsigned char *got = host_bytes(t);
   size_t wrong = 0;
   for (size_t i = 0; i < n; i++)
     wrong += got[i] != want[i];
   free(want);
+  free(got);
   return wrong;
 }
 
@@ -153,7 +170,9 @@ static void check_old_bytes_survive_updates(int async) {
     cr_assert(eq(int, (int)ofl_tensor_location(st), OFL_LOC_PINNED));
     cr_assert(eq(sz, wrong_bytes(st, 10 + (unsigned)i), 0), "tensor %s",
               names[i]);
-    cr_assert(eq(int, ((unsigned char *)ofl_tensor_data(t[i]))[0], 0x5c));
+    unsigned char *now = host_bytes(t[i]);
+    cr_assert(eq(int, now[0], 0x5c));
+    free(now);
   }
   cr_assert(eq(int, ofl_staged_status(set), OFL_SUCCESS));
   ofl_staged_release(set);
@@ -368,10 +387,10 @@ Test(stager, tensors_sharing_storage_are_copied_once_and_stay_shared) {
   for (int i = 0; i < 5; i++) {
     const ofl_tensor_t *x = ofl_staged_tensor(set, (size_t)i);
     cr_assert(eq(sz, ofl_tensor_bytes(x), ofl_tensor_bytes(nt[i].tensor)));
-    cr_assert(eq(int, memcmp(ofl_tensor_data(x), ofl_tensor_data(nt[i].tensor),
-                             ofl_tensor_bytes(x)),
-                 0),
+    unsigned char *src = host_bytes(nt[i].tensor);
+    cr_assert(eq(int, memcmp(ofl_tensor_data(x), src, ofl_tensor_bytes(x)), 0),
               "tensor %s", nt[i].name);
+    free(src);
     if (i != 2)
       cr_assert(eq(ptr, (void *)ofl_tensor_storage_id(x),
                    (void *)ofl_tensor_storage_id(sb)),
@@ -514,8 +533,9 @@ Test(stager, save_round_trips_every_dtype_byte_for_byte) {
     cr_assert(eq(int, e.ndim, 3));
     cr_assert(eq(i64, e.shape[0], 3 + d));
     cr_assert(eq(sz, e.bytes, ofl_tensor_bytes(t[d])));
-    cr_assert(eq(int, memcmp(e.data, ofl_tensor_data(t[d]), e.bytes), 0),
-              "bytes of %s", nm[d]);
+    unsigned char *src = host_bytes(t[d]);
+    cr_assert(eq(int, memcmp(e.data, src, e.bytes), 0), "bytes of %s", nm[d]);
+    free(src);
   }
   ofl_safetensors_close(rd);
   cr_assert(eq(int, count_files(dir), 1));
@@ -833,8 +853,10 @@ Test(stager, a_save_joining_does_not_block_a_short_synchronize_or_status) {
   for (int i = 0; i < NT; i++) {
     ofl_safetensors_entry_t e;
     cr_assert(eq(int, ofl_safetensors_find(rd, nt[i].name, &e), OFL_SUCCESS));
-    cr_assert(eq(int, memcmp(e.data, ofl_tensor_data(t[i]), e.bytes), 0),
-              "bytes of %s", nt[i].name);
+    unsigned char *src = host_bytes(t[i]);
+    cr_assert(eq(int, memcmp(e.data, src, e.bytes), 0), "bytes of %s",
+              nt[i].name);
+    free(src);
   }
   ofl_safetensors_close(rd);
   ofl_save_release(f);
