@@ -9,7 +9,13 @@
  *   - copies are checked against their kind, one live allocation, the
  *     stream's device, and frees of memory that queued work still uses;
  *   - a basic graph-capture model refuses what a real capture refuses.
- * cudaStreamPerThread is not modelled: using it is reported as misuse.
+ * Not modelled: cudaStreamPerThread (using it is misuse); kernels; peer
+ * copies (device memory of another device than the stream's is misuse);
+ * graph nodes and edges (a graph is its captured operations in record order,
+ * replayed on the launch stream; unjoined forks are not detected; a capturing
+ * stream may only wait for events recorded in the same capture); stream
+ * priorities; managed memory. Races on device or pinned memory between
+ * streams are data races on the shadow: ThreadSanitizer reports them.
  *
  * Locking: g.mu guards the tables (allocations, host ranges, stream list,
  * captures); each stream's mu guards its queue; g.mk_mu guards marker
@@ -84,17 +90,17 @@ enum op_kind { OP_COPY, OP_MEMSET, OP_NOP, OP_HOSTFN, OP_EXT, OP_FREE };
 typedef struct op {
   struct op *next;
   enum op_kind kind;
-  marker_t *marker;  /* completes with this op */
-  marker_t **pre;    /* waited for before the op runs */
+  marker_t *marker; /* completes with this op */
+  marker_t **pre;   /* waited for before the op runs */
   int npre;
   /* copy / memset / free */
   void *dst;
   const void *src;
   size_t bytes;
   int value;
-  int dst_dev, src_dev;     /* device of a device pointer, -1: host */
+  int dst_dev, src_dev; /* device of a device pointer, -1: host */
   int dst_pinned, src_pinned;
-  void *staging;            /* owned copy of a pageable H2D source */
+  void *staging; /* owned copy of a pageable H2D source */
   /* host function / external op */
   cudaHostFn_t fn;
   cudasim_op_fn xfn;
@@ -130,8 +136,8 @@ typedef struct cevent {
   unsigned magic;
   int dev;
   unsigned flags;
-  marker_t *marker;     /* g.mu: latest record, NULL: never recorded */
-  struct capture *cap;  /* g.mu: recorded during this capture */
+  marker_t *marker;    /* g.mu: latest record, NULL: never recorded */
+  struct capture *cap; /* g.mu: recorded during this capture */
 } cevent_t;
 
 /* A recorded graph: op templates, cloned by every launch. */
@@ -211,7 +217,7 @@ static struct {
   pthread_mutex_t cb_mu;
   pthread_cond_t cb_cv;
   int cb_started;
-  op_t *cb_op;  /* handed over by a worker */
+  op_t *cb_op; /* handed over by a worker */
   int cb_done;
 } g = {.once = PTHREAD_ONCE_INIT,
        .mu = PTHREAD_MUTEX_INITIALIZER,
@@ -260,8 +266,7 @@ static __thread int t_in_cb;      /* the host-function thread */
     "operation failed due to a previous error during capture")                 \
   X(cudaErrorStreamCaptureUnmatched,                                           \
     "capture was not initiated in this stream")                                \
-  X(cudaErrorStreamCaptureUnjoined,                                            \
-    "capturing stream has unjoined work")                                      \
+  X(cudaErrorStreamCaptureUnjoined, "capturing stream has unjoined work")      \
   X(cudaErrorStreamCaptureIsolation,                                           \
     "dependency created on uncaptured work in another stream")                 \
   X(cudaErrorStreamCaptureImplicit,                                            \
@@ -343,11 +348,24 @@ static size_t parse_size(const char *s, size_t dflt) {
   char *end;
   unsigned long long v = strtoull(s, &end, 10);
   switch (*end) {
-  case 'k': case 'K': v <<= 10; break;
-  case 'm': case 'M': v <<= 20; break;
-  case 'g': case 'G': v <<= 30; break;
-  case 't': case 'T': v <<= 40; break;
-  default: break;
+  case 'k':
+  case 'K':
+    v <<= 10;
+    break;
+  case 'm':
+  case 'M':
+    v <<= 20;
+    break;
+  case 'g':
+  case 'G':
+    v <<= 30;
+    break;
+  case 't':
+  case 'T':
+    v <<= 40;
+    break;
+  default:
+    break;
   }
   return (size_t)v;
 }
@@ -470,7 +488,8 @@ static void marker_wait(marker_t *m) {
   pthread_mutex_unlock(&g.mk_mu);
 }
 
-/* ---- device memory -------------------------------------------------------- */
+/* ---- device memory --------------------------------------------------------
+ */
 
 /* Reserves the device's address range: PROT_NONE so that the CPU faults on
  * device memory, plus a shadow the stand-in itself uses. Twice the capacity
@@ -541,8 +560,8 @@ static uintptr_t alloc_place(device_t *d, size_t size) {
     return (uintptr_t)d->base + (d->bump += size) - size;
   uintptr_t prev = (uintptr_t)d->base;
   for (int i = 0; i <= d->nallocs; i++) {
-    uintptr_t next = i < d->nallocs ? d->allocs[i].start
-                                    : (uintptr_t)d->base + d->range;
+    uintptr_t next =
+        i < d->nallocs ? d->allocs[i].start : (uintptr_t)d->base + d->range;
     if (next - prev >= size)
       return prev;
     if (i < d->nallocs)
@@ -635,9 +654,11 @@ static host_range_t *host_find(uintptr_t p) {
 
 static int host_overlaps(uintptr_t p, size_t size) {
   int i = host_upper(p);
-  if (i > 0 && ranges_overlap(g.hosts[i - 1].start, g.hosts[i - 1].size, p, size))
+  if (i > 0 &&
+      ranges_overlap(g.hosts[i - 1].start, g.hosts[i - 1].size, p, size))
     return 1;
-  return i < g.nhosts && ranges_overlap(g.hosts[i].start, g.hosts[i].size, p, size);
+  return i < g.nhosts &&
+         ranges_overlap(g.hosts[i].start, g.hosts[i].size, p, size);
 }
 
 static void host_insert(uintptr_t p, size_t size, int kind, int dev) {
@@ -648,14 +669,16 @@ static void host_insert(uintptr_t p, size_t size, int kind, int dev) {
       abort();
   }
   int i = host_upper(p);
-  memmove(&g.hosts[i + 1], &g.hosts[i], (size_t)(g.nhosts - i) * sizeof *g.hosts);
+  memmove(&g.hosts[i + 1], &g.hosts[i],
+          (size_t)(g.nhosts - i) * sizeof *g.hosts);
   g.hosts[i] = (host_range_t){p, size, kind, dev};
   g.nhosts++;
 }
 
 static void host_remove(host_range_t *h) {
   int i = (int)(h - g.hosts);
-  memmove(&g.hosts[i], &g.hosts[i + 1], (size_t)(g.nhosts - i - 1) * sizeof *g.hosts);
+  memmove(&g.hosts[i], &g.hosts[i + 1],
+          (size_t)(g.nhosts - i - 1) * sizeof *g.hosts);
   g.nhosts--;
 }
 
@@ -665,7 +688,8 @@ static int host_pinned(uintptr_t p, size_t bytes) {
   return h && p + bytes <= h->start + h->size;
 }
 
-/* ---- operations and the host-function thread ------------------------------ */
+/* ---- operations and the host-function thread ------------------------------
+ */
 
 static op_t *op_new(enum op_kind kind, const char *what) {
   op_t *op = xcalloc(1, sizeof *op);
@@ -791,7 +815,8 @@ static void op_run(cstream_t *s, op_t *op) {
     break;
   }
   case OP_MEMSET: {
-    char *dst = exec_side(op->dst, op->bytes, op->dst_dev, 0, "destination", op);
+    char *dst =
+        exec_side(op->dst, op->bytes, op->dst_dev, 0, "destination", op);
     if (dst)
       memset(dst, op->value, op->bytes);
     break;
@@ -825,7 +850,8 @@ static void op_run(cstream_t *s, op_t *op) {
   }
 }
 
-/* ---- streams -------------------------------------------------------------- */
+/* ---- streams --------------------------------------------------------------
+ */
 
 static void jitter(cstream_t *s) {
   if (!g.jitter_us)
@@ -1062,7 +1088,8 @@ static int stream_error(cstream_t *s) {
   return e;
 }
 
-/* ---- devices and errors --------------------------------------------------- */
+/* ---- devices and errors ---------------------------------------------------
+ */
 
 EXPORT cudaError_t cudaGetDeviceCount(int *count) {
   ENTER("cudaGetDeviceCount");
@@ -1138,22 +1165,53 @@ EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr,
     return fail(cudaErrorInvalidDevice);
   int v;
   switch (attr) {
-  case cudaDevAttrMaxThreadsPerBlock: v = 1024; break;
-  case cudaDevAttrWarpSize: v = 32; break;
-  case cudaDevAttrMultiProcessorCount: v = 132; break;
-  case cudaDevAttrIntegrated: v = 0; break;
-  case cudaDevAttrCanMapHostMemory: v = 1; break;
-  case cudaDevAttrPciBusId: v = device + 1; break;
-  case cudaDevAttrL2CacheSize: v = 50 << 20; break;
-  case cudaDevAttrAsyncEngineCount: v = 2; break;
-  case cudaDevAttrUnifiedAddressing: v = 1; break;
-  case cudaDevAttrComputeCapabilityMajor: v = 9; break;
-  case cudaDevAttrComputeCapabilityMinor: v = 0; break;
-  case cudaDevAttrPageableMemoryAccess: v = 0; break;
-  case cudaDevAttrConcurrentManagedAccess: v = 0; break;
-  case cudaDevAttrHostRegisterSupported: v = 1; break;
-  case cudaDevAttrMemoryPoolsSupported: v = 1; break;
-  default: return fail(cudaErrorInvalidValue);
+  case cudaDevAttrMaxThreadsPerBlock:
+    v = 1024;
+    break;
+  case cudaDevAttrWarpSize:
+    v = 32;
+    break;
+  case cudaDevAttrMultiProcessorCount:
+    v = 132;
+    break;
+  case cudaDevAttrIntegrated:
+    v = 0;
+    break;
+  case cudaDevAttrCanMapHostMemory:
+    v = 1;
+    break;
+  case cudaDevAttrPciBusId:
+    v = device + 1;
+    break;
+  case cudaDevAttrL2CacheSize:
+    v = 50 << 20;
+    break;
+  case cudaDevAttrAsyncEngineCount:
+    v = 2;
+    break;
+  case cudaDevAttrUnifiedAddressing:
+    v = 1;
+    break;
+  case cudaDevAttrComputeCapabilityMajor:
+    v = 9;
+    break;
+  case cudaDevAttrComputeCapabilityMinor:
+    v = 0;
+    break;
+  case cudaDevAttrPageableMemoryAccess:
+    v = 0;
+    break;
+  case cudaDevAttrConcurrentManagedAccess:
+    v = 0;
+    break;
+  case cudaDevAttrHostRegisterSupported:
+    v = 1;
+    break;
+  case cudaDevAttrMemoryPoolsSupported:
+    v = 1;
+    break;
+  default:
+    return fail(cudaErrorInvalidValue);
   }
   *value = v;
   return cudaSuccess;
@@ -1189,7 +1247,8 @@ EXPORT cudaError_t cudaDeviceSynchronize(void) {
   return cudaSuccess;
 }
 
-/* ---- device memory API ---------------------------------------------------- */
+/* ---- device memory API ----------------------------------------------------
+ */
 
 EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size) {
   ENTER("cudaMalloc");
@@ -1318,7 +1377,8 @@ EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
   }
   if (e) {
     pthread_mutex_unlock(&g.mu);
-    misuse("cudaFreeAsync(%p): already freed by a queued cudaFreeAsync", devPtr);
+    misuse("cudaFreeAsync(%p): already freed by a queued cudaFreeAsync",
+           devPtr);
     return fail(cudaErrorInvalidValue);
   }
   op_t *op = op_new(OP_FREE, "cudaFreeAsync");
@@ -1342,9 +1402,11 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
   return cudaSuccess;
 }
 
-/* ---- pinned host memory API ----------------------------------------------- */
+/* ---- pinned host memory API -----------------------------------------------
+ */
 
-EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
+EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size,
+                                 unsigned int flags) {
   ENTER("cudaHostAlloc");
   NEED_CTX();
   if (!pHost || flags > 0xf)
@@ -1418,7 +1480,8 @@ EXPORT cudaError_t cudaFreeHost(void *ptr) {
   return cudaSuccess;
 }
 
-EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags) {
+EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size,
+                                    unsigned int flags) {
   ENTER("cudaHostRegister");
   NEED_CTX();
   if (!ptr || !size || flags > 0xf)
@@ -1483,7 +1546,8 @@ EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr,
   return cudaSuccess;
 }
 
-/* ---- copies and memsets ----------------------------------------------------- */
+/* ---- copies and memsets -----------------------------------------------------
+ */
 
 enum { MEM_HOST, MEM_PINNED, MEM_DEVICE, MEM_STALE };
 
@@ -1532,7 +1596,8 @@ static cudaError_t copy_common(void *dst, const void *src, size_t bytes,
   const char *why = NULL;
   int inferred = (sc == MEM_DEVICE ? 2 : 0) + (dc == MEM_DEVICE ? 1 : 0);
   static const int kinds[4] = {cudaMemcpyHostToHost, cudaMemcpyHostToDevice,
-                               cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
+                               cudaMemcpyDeviceToHost,
+                               cudaMemcpyDeviceToDevice};
   if (dc == MEM_STALE || sc == MEM_STALE)
     why = "range not inside one live device allocation (use after free or "
           "overrun)";
@@ -1545,8 +1610,12 @@ static cudaError_t copy_common(void *dst, const void *src, size_t bytes,
     pthread_mutex_unlock(&g.mu);
     misuse("%s(dst %p, src %p, %zu bytes, %s): %s (dst is %s, src is %s)", api,
            dst, src, bytes, kind_name((int)kind), why,
-           dc == MEM_DEVICE ? "device" : dc == MEM_STALE ? "stale device" : "host",
-           sc == MEM_DEVICE ? "device" : sc == MEM_STALE ? "stale device" : "host");
+           dc == MEM_DEVICE  ? "device"
+           : dc == MEM_STALE ? "stale device"
+                             : "host",
+           sc == MEM_DEVICE  ? "device"
+           : sc == MEM_STALE ? "stale device"
+                             : "host");
     return fail(cudaErrorInvalidValue);
   }
   kind = (enum cudaMemcpyKind)kinds[inferred];
@@ -1620,9 +1689,10 @@ static cudaError_t memset_common(void *dst, int value, size_t bytes,
     pthread_mutex_unlock(&g.mu);
     misuse("%s(%p, %zu bytes): %s", api, dst, bytes,
            c == MEM_DEVICE ? "device memory of another device than the stream's"
-           : c == MEM_STALE ? "not inside one live device allocation (use after "
-                              "free or overrun)"
-                            : "not device memory");
+           : c == MEM_STALE
+               ? "not inside one live device allocation (use after "
+                 "free or overrun)"
+               : "not device memory");
     return fail(cudaErrorInvalidValue);
   }
   op_t *op = op_new(OP_MEMSET, api);
@@ -1648,7 +1718,8 @@ EXPORT cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
   return memset_common(devPtr, value, count, NULL, "cudaMemset");
 }
 
-/* ---- streams API ------------------------------------------------------------ */
+/* ---- streams API ------------------------------------------------------------
+ */
 
 EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream,
                                              unsigned int flags) {
@@ -1734,7 +1805,8 @@ EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return fail(stream_error(s));
 }
 
-EXPORT cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int *flags) {
+EXPORT cudaError_t cudaStreamGetFlags(cudaStream_t hStream,
+                                      unsigned int *flags) {
   ENTER("cudaStreamGetFlags");
   NEED_CTX();
   cstream_t *s;
@@ -1779,7 +1851,8 @@ EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
   return fail(e);
 }
 
-/* ---- events ------------------------------------------------------------------ */
+/* ---- events
+ * ------------------------------------------------------------------ */
 
 /* Destroyed events wait in a quarantine before their memory is reused, so
  * that a use after cudaEventDestroy is reported rather than aliased. */
@@ -1801,8 +1874,8 @@ EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event,
                                             unsigned int flags) {
   ENTER("cudaEventCreateWithFlags");
   NEED_CTX();
-  unsigned known = cudaEventBlockingSync | cudaEventDisableTiming |
-                   cudaEventInterprocess;
+  unsigned known =
+      cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
   if (!event || (flags & ~known) ||
       ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming)))
     return fail(cudaErrorInvalidValue);
@@ -1923,8 +1996,9 @@ EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
   else if (!r && (!marker_done(a->marker) || !marker_done(b->marker)))
     r = cudaErrorNotReady;
   if (!r)
-    *ms = (float)((double)((int64_t)b->marker->t_ns - (int64_t)a->marker->t_ns) /
-                  1e6);
+    *ms =
+        (float)((double)((int64_t)b->marker->t_ns - (int64_t)a->marker->t_ns) /
+                1e6);
   pthread_mutex_unlock(&g.mu);
   return fail(r);
 }
@@ -1961,10 +2035,11 @@ EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
   return fail(r);
 }
 
-/* ---- graph capture (basic model) -----------------------------------------------
- * Operations queued on a capturing stream (and on streams that joined it by
- * waiting for an event recorded in it) become graph nodes in record order;
- * a launch queues clones of them, in that order, on the launch stream. */
+/* ---- graph capture (basic model)
+ * ----------------------------------------------- Operations queued on a
+ * capturing stream (and on streams that joined it by waiting for an event
+ * recorded in it) become graph nodes in record order; a launch queues clones of
+ * them, in that order, on the launch stream. */
 
 EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
                                           enum cudaStreamCaptureMode mode) {
@@ -2006,7 +2081,8 @@ static void graph_free(cgraph_t *gr) {
   free(gr);
 }
 
-EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph) {
+EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream,
+                                        cudaGraph_t *pGraph) {
   ENTER("cudaStreamEndCapture");
   NEED_CTX();
   if (!pGraph)
@@ -2050,7 +2126,7 @@ static int capture_status(cudaStream_t stream, enum cudaStreamCaptureStatus *st,
   int r = stream_get_locked(stream, &s, api);
   if (!r) {
     capture_t *c = s->cap;
-    *st = !c ? cudaStreamCaptureStatusNone
+    *st = !c               ? cudaStreamCaptureStatusNone
           : c->invalidated ? cudaStreamCaptureStatusInvalidated
                            : cudaStreamCaptureStatusActive;
     if (id)
@@ -2068,7 +2144,8 @@ EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
   NEED_CTX();
   if (!status)
     return fail(cudaErrorInvalidValue);
-  return fail(capture_status(stream, status, NULL, NULL, "cudaStreamIsCapturing"));
+  return fail(
+      capture_status(stream, status, NULL, NULL, "cudaStreamIsCapturing"));
 }
 
 EXPORT cudaError_t cudaStreamGetCaptureInfo(
@@ -2107,7 +2184,8 @@ EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec,
   return cudaSuccess;
 }
 
-EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec,
+                                   cudaStream_t stream) {
   ENTER("cudaGraphLaunch");
   NEED_CTX();
   cgraph_t *x = (cgraph_t *)graphExec;
@@ -2140,7 +2218,8 @@ EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   return cudaSuccess;
 }
 
-/* ---- between the cudart and NCCL halves ----------------------------------------- */
+/* ---- between the cudart and NCCL halves
+ * ----------------------------------------- */
 
 EXPORT int cudasim__enqueue(void *stream, cudasim_op_fn fn, void *arg,
                             const char *what) {
@@ -2179,8 +2258,8 @@ EXPORT void *cudasim__shadow(const void *ptr, size_t bytes, const char *what) {
   char *r = shadow_of((uintptr_t)ptr, bytes, NULL);
   pthread_mutex_unlock(&g.mu);
   if (!r)
-    misuse("%s: %p (%zu bytes) is not inside one live device allocation",
-           what, ptr, bytes);
+    misuse("%s: %p (%zu bytes) is not inside one live device allocation", what,
+           ptr, bytes);
   return r;
 }
 
@@ -2197,7 +2276,8 @@ EXPORT int cudasim__stream_device(void *stream) {
   return s->dev;
 }
 
-/* ---- control interface ---------------------------------------------------------- */
+/* ---- control interface
+ * ---------------------------------------------------------- */
 
 EXPORT int cudasim_get_stats(cudasim_stats_t *out) {
   uint64_t *src = (uint64_t *)&g.stats, *dst = (uint64_t *)out;

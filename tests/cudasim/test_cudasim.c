@@ -104,7 +104,9 @@ static void fill_pattern(unsigned char *p, size_t n, unsigned seed) {
 
 /* ---- host functions ---- */
 static int hostfn_log[64], hostfn_n;
-static void hostfn_append(void *arg) { hostfn_log[hostfn_n++] = (int)(intptr_t)arg; }
+static void hostfn_append(void *arg) {
+  hostfn_log[hostfn_n++] = (int)(intptr_t)arg;
+}
 
 static cudaError_t hostfn_call_result;
 static int hostfn_saw_flag;
@@ -125,8 +127,9 @@ static void *thread_get_device(void *arg) {
 static void test_processes(void) {
   tap_ok(in_child(child_no_device, NULL) == 10,
          "CUDASIM_DEVICES=0: cudaGetDeviceCount answers cudaErrorNoDevice, 0");
-  tap_ok(in_child(child_old_driver, NULL) == 10,
-         "an old driver: cudaGetDeviceCount answers cudaErrorInsufficientDriver");
+  tap_ok(
+      in_child(child_old_driver, NULL) == 10,
+      "an old driver: cudaGetDeviceCount answers cudaErrorInsufficientDriver");
 }
 
 static void test_contexts_and_devices(void) {
@@ -139,7 +142,8 @@ static void test_contexts_and_devices(void) {
   void *p;
   cudaMalloc(&p, 256);
   cudasim_get_stats(&st);
-  tap_ok(n == 2 && d == 0 && none_yet && st.contexts[0] == 1 && st.contexts[1] == 0,
+  tap_ok(n == 2 && d == 0 && none_yet && st.contexts[0] == 1 &&
+             st.contexts[1] == 0,
          "two devices; cudaGetDeviceCount/GetDevice create no context, "
          "cudaMalloc creates device 0's");
   cudaSetDevice(1);
@@ -167,8 +171,10 @@ static void test_memory(void) {
   /* 42: the child's SIGSEGV handler ran (valgrind exits with its own error
    * code first); 0 would mean the read succeeded. */
   int touch = in_child(child_touch, d);
-  tap_ok(touch != 0, "a CPU read of cudaMalloc memory segfaults (child "
-                     "status %d)", touch);
+  tap_ok(touch != 0,
+         "a CPU read of cudaMalloc memory segfaults (child "
+         "status %d)",
+         touch);
   int dev = -1;
   struct cudaPointerAttributes a;
   cudaPointerGetAttributes(&a, d + 10);
@@ -351,8 +357,9 @@ static void test_race_and_legacy(void) {
     else
       stale++;
   }
-  tap_ok(stale && fresh, "two streams without a wait race (jitter): stale "
-                         "bytes seen, fresh bytes seen%s",
+  tap_ok(stale && fresh,
+         "two streams without a wait race (jitter): stale "
+         "bytes seen, fresh bytes seen%s",
          stale < 0 ? " # SKIP under ThreadSanitizer" : "");
 
   /* Legacy stream: a blocking stream's work waits for prior legacy work. */
@@ -422,19 +429,22 @@ static void test_misuse(void) {
   cudasim_reset_misuse();
 
   EXPECT_MISUSE(cudaMemcpyAsync(h, d, N, cudaMemcpyHostToDevice, s),
-                cudaErrorInvalidValue, "a copy whose kind does not match is "
-                                       "misuse");
+                cudaErrorInvalidValue,
+                "a copy whose kind does not match is "
+                "misuse");
   EXPECT_MISUSE(cudaMemcpyAsync(h, d + 16, N, cudaMemcpyDeviceToHost, s),
-                cudaErrorInvalidValue, "a copy past the end of an allocation "
-                                       "is misuse");
+                cudaErrorInvalidValue,
+                "a copy past the end of an allocation "
+                "is misuse");
   EXPECT_MISUSE(cudaMemcpyAsync(NULL, d, N, cudaMemcpyDeviceToHost, s),
                 cudaErrorInvalidValue, "a NULL pointer with bytes is misuse");
   unsigned char *gone;
   cudaMalloc((void **)&gone, N);
   cudaFree(gone);
   EXPECT_MISUSE(cudaMemcpyAsync(h, gone, N, cudaMemcpyDeviceToHost, s),
-                cudaErrorInvalidValue, "a copy from freed device memory is "
-                                       "misuse");
+                cudaErrorInvalidValue,
+                "a copy from freed device memory is "
+                "misuse");
   EXPECT_MISUSE(cudaFree(d + 256), cudaErrorInvalidValue,
                 "cudaFree of a pointer inside an allocation is misuse");
   EXPECT_MISUSE(cudaFree(gone), cudaErrorInvalidValue,
@@ -453,7 +463,8 @@ static void test_misuse(void) {
   EXPECT_MISUSE(cudaHostRegister(reg + 4096, 2 * 4096, cudaHostRegisterDefault),
                 cudaErrorHostMemoryAlreadyRegistered,
                 "an overlapping cudaHostRegister is misuse");
-  EXPECT_MISUSE(cudaHostUnregister(reg + 4096), cudaErrorHostMemoryNotRegistered,
+  EXPECT_MISUSE(cudaHostUnregister(reg + 4096),
+                cudaErrorHostMemoryNotRegistered,
                 "cudaHostUnregister of an unregistered pointer is misuse");
   cudasim__enqueue(s, op_sleep, (void *)(intptr_t)20, "sleep 20 ms");
   cudaMemcpyAsync(d, reg, 4096, cudaMemcpyHostToDevice, s);
@@ -466,8 +477,9 @@ static void test_misuse(void) {
   cudaMalloc((void **)&d1, N);
   cudaSetDevice(0);
   EXPECT_MISUSE(cudaMemcpyAsync(h, d1, N, cudaMemcpyDeviceToHost, s),
-                cudaErrorInvalidValue, "memory of device 1 in a copy on a "
-                                       "stream of device 0 is misuse");
+                cudaErrorInvalidValue,
+                "memory of device 1 in a copy on a "
+                "stream of device 0 is misuse");
   EXPECT_MISUSE(cudaMemsetAsync(h, 0, N, s), cudaErrorInvalidValue,
                 "a memset of host memory is misuse");
   cudaSetDevice(1);
@@ -531,9 +543,10 @@ static void test_capture(void) {
 }
 
 static void test_errors(void) {
-  tap_ok(strcmp(cudaGetErrorString(cudaErrorNotReady), "device not ready") == 0 &&
-             strcmp(cudaGetErrorName(cudaErrorNotReady), "cudaErrorNotReady") == 0,
-         "error names and strings are the real ones");
+  tap_ok(
+      strcmp(cudaGetErrorString(cudaErrorNotReady), "device not ready") == 0 &&
+          strcmp(cudaGetErrorName(cudaErrorNotReady), "cudaErrorNotReady") == 0,
+      "error names and strings are the real ones");
   int v = 0;
   tap_ok(cudaRuntimeGetVersion(&v) == cudaSuccess && v == 13000 &&
              cudaDriverGetVersion(&v) == cudaSuccess && v == 13000,
