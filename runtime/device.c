@@ -455,6 +455,14 @@ ofl_status_t ofl_stream_wrap_native(ofl_device_t *dev, void *native,
   return OFL_SUCCESS;
 }
 
+bool ofl__stream_capturing(ofl_stream_t *s) {
+  bool capturing = false;
+  if (s != NULL && s->dev->ops->stream_capturing != NULL &&
+      s->dev->ops->stream_capturing(s, &capturing) != OFL_SUCCESS)
+    return false;
+  return capturing;
+}
+
 void *ofl_stream_native(const ofl_stream_t *s) {
   if (s == NULL || s->dev->ops->stream_native == NULL)
     return NULL;

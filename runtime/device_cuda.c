@@ -142,8 +142,32 @@ static bool primary_ctx_active(int ordinal) {
   return active != 0;
 }
 
+/* Every call also runs in relaxed capture mode: an allocation, a
+ * registration or a query that ofl makes while the application captures a
+ * graph on another stream (global mode forbids those from any thread) must
+ * not invalidate the application's capture (DESIGN.md section 3.1). Work
+ * ofl queues on a capturing stream is still captured. */
+static void relax_capture(ofl__cuda_guard_t *g) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess)
+    g->capture_mode = (int)mode;
+  else {
+    (void)cudaGetLastError();
+    g->capture_mode = -1;
+  }
+}
+
+static void restore_capture(const ofl__cuda_guard_t *g) {
+  if (g->capture_mode < 0 || g->capture_mode == cudaStreamCaptureModeRelaxed)
+    return;
+  enum cudaStreamCaptureMode mode = (enum cudaStreamCaptureMode)g->capture_mode;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
+    (void)cudaGetLastError();
+}
+
 ofl_status_t ofl__cuda_enter(int device, ofl__cuda_guard_t *g) {
   g->restore = false;
+  relax_capture(g);
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -151,7 +175,11 @@ ofl_status_t ofl__cuda_enter(int device, ofl__cuda_guard_t *g) {
   }
   if (cur == device)
     return OFL_SUCCESS;
-  CUDA_TRY(cudaSetDevice(device), "cannot select the device");
+  cudaError_t ce = cudaSetDevice(device);
+  if (ce != cudaSuccess) {
+    restore_capture(g);
+    CUDA_TRY(ce, "cannot select the device");
+  }
   if (cur >= 0 && !ofl__thread_is_owned() && primary_ctx_active(cur)) {
     g->prev = cur;
     g->restore = true;
@@ -162,6 +190,7 @@ ofl_status_t ofl__cuda_enter(int device, ofl__cuda_guard_t *g) {
 void ofl__cuda_leave(const ofl__cuda_guard_t *g) {
   if (g->restore && cudaSetDevice(g->prev) != cudaSuccess)
     (void)cudaGetLastError();
+  restore_capture(g);
 }
 
 static ofl_status_t enter(const ofl_device_t *dev, dev_guard_t *g) {
@@ -482,6 +511,14 @@ static ofl_status_t cuda_stream_wrap(ofl_stream_t *s, void *native) {
   return OFL_SUCCESS;
 }
 
+static ofl_status_t cuda_stream_capturing(ofl_stream_t *s, bool *capturing) {
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  ON_DEVICE(s->dev, cudaStreamIsCapturing((cudaStream_t)s->impl, &cs),
+            "stream capture query");
+  *capturing = cs != cudaStreamCaptureStatusNone;
+  return OFL_SUCCESS;
+}
+
 static void *cuda_stream_native(const ofl_stream_t *s) {
   return s->impl != NULL ? s->impl : (void *)cudaStreamLegacy;
 }
@@ -686,6 +723,7 @@ const ofl__device_ops_t ofl__cuda_ops = {
     .stream_create = cuda_stream_create,
     .stream_wrap = cuda_stream_wrap,
     .stream_native = cuda_stream_native,
+    .stream_capturing = cuda_stream_capturing,
     .stream_destroy = cuda_stream_destroy,
     .stream_synchronize = cuda_stream_synchronize,
     .stream_query = cuda_stream_query,

@@ -88,6 +88,8 @@ struct ofl__device_ops {
   ofl_status_t (*stream_wrap)(ofl_stream_t *s, void *native);
   /* The native handle of a stream (NULL op or answer: none). */
   void *(*stream_native)(const ofl_stream_t *s);
+  /* Whether a graph capture records the stream's work (NULL op: never). */
+  ofl_status_t (*stream_capturing)(ofl_stream_t *s, bool *capturing);
   ofl_status_t (*stream_destroy)(ofl_stream_t *s);
   ofl_status_t (*stream_synchronize)(ofl_stream_t *s, int64_t timeout_ms);
   ofl_status_t (*stream_query)(ofl_stream_t *s);
@@ -125,6 +127,7 @@ ofl_status_t ofl__cuda_probe(int *device_index, char *why, size_t cap);
 typedef struct {
   int prev;
   bool restore;
+  int capture_mode; /* the thread's capture mode, given back by leave */
 } ofl__cuda_guard_t;
 ofl_status_t ofl__cuda_enter(int device, ofl__cuda_guard_t *g);
 void ofl__cuda_leave(const ofl__cuda_guard_t *g);
@@ -154,6 +157,10 @@ ofl_status_t ofl__event_create_timed(ofl_device_t *dev, ofl_event_t **out);
  * has not completed. */
 ofl_status_t ofl__event_elapsed_ns(ofl_event_t *a, ofl_event_t *b,
                                    uint64_t *ns);
+
+/* Whether the stream is being captured into a CUDA graph (false on
+ * backends without graphs, and when the query fails). */
+bool ofl__stream_capturing(ofl_stream_t *s);
 
 /* Threads that ofl starts (release, save, disk threads) mark themselves:
  * the cuda backend selects its device on them and leaves it selected, while

@@ -231,6 +231,9 @@ static struct {
 static __thread int t_dev;        /* current device */
 static __thread int t_last_error; /* cudaGetLastError */
 static __thread int t_in_cb;      /* the host-function thread */
+/* cudaThreadExchangeStreamCaptureMode: this thread's interaction mode with
+ * captures (global by default; relaxed: its unsafe calls break none). */
+static __thread int t_capture_mode = cudaStreamCaptureModeGlobal;
 
 #define STAT_ADD(field, v) A_ADD(&g.stats.field, (uint64_t)(v))
 
@@ -926,6 +929,11 @@ static cstream_t *legacy_locked(int dev) {
  * thread-local mode: the capturing thread; relaxed: never). g.mu held. */
 static int capture_forbids_locked(int err) {
   int hit = 0;
+  /* Relaxed threads may make unsafe calls; the legacy stream's implicit
+   * synchronisation with captured work stays an error in every mode. */
+  if (t_capture_mode == cudaStreamCaptureModeRelaxed &&
+      err != cudaErrorStreamCaptureImplicit)
+    return cudaSuccess;
   for (capture_t *c = g.captures; c; c = c->next) {
     if (!c->active)
       continue;
@@ -2136,6 +2144,19 @@ static int capture_status(cudaStream_t stream, enum cudaStreamCaptureStatus *st,
   }
   pthread_mutex_unlock(&g.mu);
   return r;
+}
+
+EXPORT cudaError_t
+cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+  ENTER("cudaThreadExchangeStreamCaptureMode");
+  if (!mode || (*mode != cudaStreamCaptureModeGlobal &&
+                *mode != cudaStreamCaptureModeThreadLocal &&
+                *mode != cudaStreamCaptureModeRelaxed))
+    return fail(cudaErrorInvalidValue);
+  int prev = t_capture_mode;
+  t_capture_mode = (int)*mode;
+  *mode = (enum cudaStreamCaptureMode)prev;
+  return cudaSuccess;
 }
 
 EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t stream,

@@ -569,3 +569,46 @@ Test(cuda_interop, nccl_timeout_aborts_the_communicator) {
   cudaStreamDestroy(r[0].stream);
   cudaStreamDestroy(r[1].stream);
 }
+
+/* ---- 7: an application's graph capture is never broken by ofl ------------- */
+
+Test(cuda_interop, ofl_calls_never_invalidate_an_applications_capture) {
+  sim();
+  ofl_device_t *dev = open_cuda(0);
+  cudaStream_t app = NULL;
+  CUDA_OK(cudaStreamCreateWithFlags(&app, cudaStreamNonBlocking));
+  void *appbuf = NULL;
+  CUDA_OK(cudaMalloc(&appbuf, 4096));
+  CUDA_OK(cudaStreamBeginCapture(app, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaMemsetAsync(appbuf, 7, 4096, app)); /* captured */
+  /* Global mode forbids allocations, registrations, synchronisations and
+   * queries from every thread while the capture runs: ofl's must not count. */
+  void *d = NULL, *h = NULL;
+  OK(ofl_device_malloc(dev, 1 << 16, &d));
+  OK(ofl_pinned_malloc(dev, 1 << 16, &h));
+  ofl_stream_t *s = NULL;
+  OK(ofl_stream_create(dev, "copies", &s));
+  t_pattern(h, 1 << 16, 41);
+  OK(ofl_memcpy_async(d, h, 1 << 16, OFL_COPY_H2D, s));
+  OK(ofl_stream_synchronize(s, -1));
+  OK(ofl_stream_destroy(s));
+  OK(ofl_pinned_free(dev, h));
+  OK(ofl_device_free(dev, d));
+  cudaGraph_t graph = NULL;
+  CUDA_OK(cudaStreamEndCapture(app, &graph)); /* not invalidated */
+  cudaGraphExec_t exec = NULL;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, app));
+  CUDA_OK(cudaStreamSynchronize(app));
+  unsigned char back[4096];
+  CUDA_OK(cudaMemcpy(back, appbuf, sizeof back, cudaMemcpyDeviceToHost));
+  size_t wrong = 0;
+  for (size_t i = 0; i < sizeof back; i++)
+    wrong += back[i] != 7;
+  cr_assert(eq(sz, wrong, 0), "the captured memset did not replay");
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaFree(appbuf));
+  CUDA_OK(cudaStreamDestroy(app));
+  ofl_device_close(dev);
+}
