@@ -612,3 +612,186 @@ Test(cuda_interop, ofl_calls_never_invalidate_an_applications_capture) {
   CUDA_OK(cudaStreamDestroy(app));
   ofl_device_close(dev);
 }
+
+/* ---- smaller ones ---------------------------------------------------------- */
+
+/* Two microbatches of groups a then b. In steady state the first group of
+ * each name to run backward (microbatch 0's) stays on the device; microbatch
+ * 1's are offloaded, and its b is prefetched at the end of microbatch 0's
+ * first backward (microbatch 0 has nothing left to reload). With gate_h2d
+ * that prefetch is held while compute reaches its wait. */
+static void two_microbatches(env_t *e, int gate_h2d, size_t *wrong) {
+  static const char *const names[2] = {"attn_proj", "core_attn"};
+  ofl_stream_t *cs = ofl_device_compute_stream(e->dev);
+  ofl_tag_t tags[2][2];
+  for (int mb = 0; mb < 2; mb++) {
+    OK(ofl_manager_chunk_begin(e->m, 1, 0));
+    for (int g = 0; g < 2; g++) {
+      OK(ofl_manager_group_start(e->m, names[g]));
+      ofl_tensor_t *t = NULL;
+      int64_t shape[1] = {256 * 1024};
+      OK(ofl_pool_alloc(e->pool, shape, 1, OFL_DTYPE_U8, cs, &t));
+      OK(t_fill(e->dev, ofl_tensor_data(t), ofl_tensor_bytes(t),
+                (uint64_t)(50 + mb * 2 + g)));
+      OK(ofl_manager_tensor_push(e->m, t, &tags[mb][g]));
+      OK(ofl_manager_group_commit(e->m, names[g], NULL, 0, 0));
+    }
+  }
+  for (int mb = 0; mb < 2; mb++) {
+    for (int g = 1; g >= 0; g--) {
+      OK(ofl_manager_group_backward_begin(e->m, names[g]));
+      if (mb == 1 && g == 1 && gate_h2d) {
+        usleep(30000); /* compute waits at the gate meanwhile */
+        gate_open();
+      }
+      ofl_tensor_t *t = NULL;
+      OK(ofl_manager_tensor_pop(e->m, tags[mb][g], &t));
+      *wrong += t_wrong(e->dev, ofl_tensor_data(t), ofl_tensor_bytes(t),
+                        (uint64_t)(50 + mb * 2 + g));
+      OK(ofl_tensor_destroy(t));
+      if (mb == 0 && g == 1 && gate_h2d) {
+        gate.open = 0;
+        OK(ofl_stream_launch_host_func(ofl_manager_h2d_stream(e->m), gate_fn,
+                                       NULL));
+      }
+      OK(ofl_manager_group_backward_end(e->m, names[g]));
+    }
+  }
+  OK(ofl_manager_reset(e->m));
+}
+
+Test(cuda_interop, a_reload_that_holds_compute_is_a_stall_timed_on_the_device) {
+  sim();
+  env_t e;
+  env_open(&e, 0);
+  size_t wrong = 0;
+  two_microbatches(&e, 0, &wrong); /* warmup */
+  ofl_manager_stats_t before;
+  ofl_manager_get_stats(e.m, &before);
+  two_microbatches(&e, 1, &wrong);
+  OK(ofl_stream_synchronize(ofl_device_compute_stream(e.dev), -1));
+  ofl_manager_stats_t after;
+  ofl_manager_get_stats(e.m, &after);
+  cr_assert(eq(sz, wrong, 0), "wrong %zu", wrong);
+  /* The held prefetch, and maybe microbatch 1's a, reloaded right before
+   * its backward. */
+  cr_assert(ge(u64, after.stalls - before.stalls, 1), "stalls %llu",
+            (unsigned long long)(after.stalls - before.stalls));
+  /* The CPU enqueued long before the GPU waited: only device timing sees
+   * the ~30 ms compute was held. */
+  cr_assert(ge(u64, after.stall_ns - before.stall_ns, 10000000ull),
+            "stall_ns %llu",
+            (unsigned long long)(after.stall_ns - before.stall_ns));
+  env_close(&e);
+}
+
+static uint64_t reloaded_after_first_backward(int depth) {
+  env_t e;
+  e.dev = open_cuda(0);
+  ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
+  OK(ofl_pool_create(e.dev, &pp, &e.pool));
+  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
+  mp.device = e.dev;
+  mp.device_pool = e.pool;
+  mp.offload = 1;
+  mp.groups = "";
+  mp.min_offload_bytes = 1;
+  mp.fraction = 1.0;
+  mp.prefetch_groups = depth;
+  OK(ofl_manager_create(&mp, &e.m));
+  static const char *const names[4] = {"attn_norm", "qkv_linear", "core_attn",
+                                       "attn_proj"};
+  uint64_t issued = 0;
+  size_t wrong = 0;
+  for (int it = 0; it < 2; it++) {
+    ofl_tag_t tags[2][4];
+    ofl_stream_t *cs = ofl_device_compute_stream(e.dev);
+    for (int mb = 0; mb < 2; mb++) {
+      OK(ofl_manager_chunk_begin(e.m, 1, 0));
+      for (int g = 0; g < 4; g++) {
+        OK(ofl_manager_group_start(e.m, names[g]));
+        ofl_tensor_t *t = NULL;
+        int64_t shape[1] = {64 * 1024};
+        OK(ofl_pool_alloc(e.pool, shape, 1, OFL_DTYPE_U8, cs, &t));
+        OK(t_fill(e.dev, ofl_tensor_data(t), 64 * 1024,
+                  (uint64_t)(it * 100 + mb * 10 + g)));
+        OK(ofl_manager_tensor_push(e.m, t, &tags[mb][g]));
+        OK(ofl_manager_group_commit(e.m, names[g], NULL, 0, 0));
+      }
+    }
+    for (int mb = 0; mb < 2; mb++) {
+      for (int g = 3; g >= 0; g--) {
+        OK(ofl_manager_group_backward_begin(e.m, names[g]));
+        ofl_tensor_t *t = NULL;
+        OK(ofl_manager_tensor_pop(e.m, tags[mb][g], &t));
+        wrong += t_wrong(e.dev, ofl_tensor_data(t), 64 * 1024,
+                         (uint64_t)(it * 100 + mb * 10 + g));
+        OK(ofl_tensor_destroy(t));
+        OK(ofl_manager_group_backward_end(e.m, names[g]));
+        if (mb == 0 && g == 3) {
+          ofl_manager_stats_t s;
+          ofl_manager_get_stats(e.m, &s);
+          issued = s.reloaded_bytes - issued; /* this iteration's so far */
+        }
+      }
+    }
+    OK(ofl_manager_reset(e.m));
+    if (it == 0) {
+      ofl_manager_stats_t s;
+      ofl_manager_get_stats(e.m, &s);
+      issued = s.reloaded_bytes; /* the warmup's, subtracted above */
+    }
+  }
+  cr_assert(eq(sz, wrong, 0));
+  env_close(&e);
+  return issued;
+}
+
+Test(cuda_interop, prefetch_groups_issues_that_many_reloads_ahead) {
+  sim();
+  /* reloaded_bytes counts reloads as they are issued; read right after the
+   * first backward_end of a steady-state iteration. */
+  uint64_t d1 = reloaded_after_first_backward(1);
+  uint64_t d2 = reloaded_after_first_backward(2);
+  uint64_t d3 = reloaded_after_first_backward(3);
+  cr_assert(eq(u64, d2, d1 + 64 * 1024), "depth 1 %llu, depth 2 %llu",
+            (unsigned long long)d1, (unsigned long long)d2);
+  cr_assert(eq(u64, d3, d1 + 2 * 64 * 1024), "depth 1 %llu, depth 3 %llu",
+            (unsigned long long)d1, (unsigned long long)d3);
+}
+
+Test(cuda_interop, pinned_blocks_are_registered_in_whole_pages) {
+  sim();
+  ofl_device_t *dev = open_cuda(0);
+  void *h = NULL;
+  OK(ofl_pinned_malloc(dev, 100, &h));
+  long page = sysconf(_SC_PAGESIZE);
+  struct cudaPointerAttributes a;
+  /* The rest of the block's page belongs to the registration, so no heap
+   * neighbour shares a registered page. */
+  CUDA_OK(cudaPointerGetAttributes(&a, (char *)h + page - 1));
+  cr_assert(eq(int, (int)a.type, (int)cudaMemoryTypeHost));
+  OK(ofl_pinned_free(dev, h));
+  ofl_device_close(dev);
+}
+
+Test(cuda_interop, close_after_a_drain_that_failed_leaks_instead_of_freeing) {
+  sim();
+  setenv("OFL_WAIT_TIMEOUT_MS", "300", 1);
+  OK(ofl_config_reload());
+  ofl_device_t *dev = open_cuda(0);
+  ofl_stream_t *s = NULL;
+  OK(ofl_stream_create(dev, "stuck", &s));
+  void *d = NULL, *h = NULL;
+  OK(ofl_device_malloc(dev, 1 << 16, &d));
+  OK(ofl_pinned_malloc(dev, 1 << 16, &h));
+  gate.open = 0;
+  OK(ofl_stream_launch_host_func(s, gate_fn, NULL));
+  OK(ofl_memcpy_async(h, d, 1 << 16, OFL_COPY_D2H, s));
+  /* The stream cannot drain: freeing d or unregistering h under the queued
+   * copy would be misuse (the stand-in aborts on it). */
+  ofl_device_close(dev);
+  gate_open();
+  unsetenv("OFL_WAIT_TIMEOUT_MS");
+  OK(ofl_config_reload());
+}
