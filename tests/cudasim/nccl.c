@@ -805,7 +805,8 @@ static uint64_t remote_delay_ns(void) {
 
 static ncclResult_t op_stop(op_t *o, volatile int *abort) {
   struct ncclComm *c = o->comm;
-  if (*abort || atomic_load(&c->aborted))
+  /* written by cudasim__abort_ops with an atomic store */
+  if (__atomic_load_n(abort, __ATOMIC_ACQUIRE) || atomic_load(&c->aborted))
     return ncclSystemError;
   shm_hdr_t *h = c->map->hdr;
   uint32_t by = atomic_load(&h->aborted_by);

@@ -81,7 +81,8 @@ static void gate_open(void) {
 
 TestSuite(cuda_interop, .timeout = 120);
 
-/* ---- 1: the caller's device ----------------------------------------------- */
+/* ---- 1: the caller's device -----------------------------------------------
+ */
 
 Test(cuda_interop, device_without_index_is_the_callers_and_stays_selected) {
   sim();
@@ -221,8 +222,8 @@ Test(cuda_interop, release_callback_runs_after_the_copy_outside_host_fns) {
   OK(t_fill(dev, raw, n, 11));
   int64_t shape[1] = {(int64_t)n};
   ofl_tensor_t *t = NULL;
-  OK(ofl_tensor_wrap(raw, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE,
-                     free_release, NULL, &t));
+  OK(ofl_tensor_wrap(raw, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE, free_release,
+                     NULL, &t));
   ofl_stream_t *s = NULL;
   OK(ofl_stream_create(dev, "d2h", &s));
   gate.open = 0;
@@ -301,8 +302,8 @@ Test(cuda_interop, compute_on_the_applications_nonblocking_stream_is_ordered) {
   /* The application writes the activation late, on its own stream. */
   gate.open = 0;
   CUDA_OK(cudaLaunchHostFunc(app, gate_cuda_fn, NULL));
-  CUDA_OK(cudaMemcpyAsync(ofl_tensor_data(t), src, n, cudaMemcpyHostToDevice,
-                          app));
+  CUDA_OK(
+      cudaMemcpyAsync(ofl_tensor_data(t), src, n, cudaMemcpyHostToDevice, app));
   ofl_tag_t tag;
   OK(ofl_manager_tensor_push(e.m, t, &tag));
   OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
@@ -333,8 +334,8 @@ Test(cuda_interop, wrapping_a_stream_of_another_gpu_is_refused) {
   cudaStream_t s0 = NULL;
   CUDA_OK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
   ofl_stream_t *w = NULL;
-  cr_assert(eq(int, ofl_stream_wrap_native(dev, s0, "s0", &w),
-               OFL_ERR_INVALID_ARG));
+  cr_assert(
+      eq(int, ofl_stream_wrap_native(dev, s0, "s0", &w), OFL_ERR_INVALID_ARG));
   cr_assert(strstr(ofl_last_error(), "device 0") != NULL, "%s",
             ofl_last_error());
   cr_assert(eq(int, current_device(), 0));
@@ -355,8 +356,8 @@ Test(cuda_interop, commit_of_shared_external_storage_never_waits_for_d2h) {
   int64_t shape[1] = {(int64_t)n};
   ofl_tensor_t *t = NULL, *alias = NULL;
   atomic_store(&released, 0);
-  OK(ofl_tensor_wrap(raw, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE,
-                     free_release, NULL, &t));
+  OK(ofl_tensor_wrap(raw, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE, free_release,
+                     NULL, &t));
   OK(ofl_tensor_alias(t, &alias)); /* another handle shares the storage */
   gate.open = 0;
   OK(ofl_stream_launch_host_func(ofl_manager_d2h_stream(e.m), gate_fn, NULL));
@@ -387,7 +388,8 @@ Test(cuda_interop, commit_of_shared_external_storage_never_waits_for_d2h) {
   unsetenv("OFL_WAIT_TIMEOUT_MS");
 }
 
-/* ---- 4: steady state allocates nothing ------------------------------------ */
+/* ---- 4: steady state allocates nothing ------------------------------------
+ */
 
 static void iteration(env_t *e, int mbs, uint64_t seed, size_t *wrong) {
   static const char *const names[3] = {"attn_norm", "core_attn", "moe_act"};
@@ -451,7 +453,8 @@ Test(cuda_interop, steady_state_makes_no_allocation_free_or_registration) {
   env_close(&e);
 }
 
-/* ---- 6: NCCL gathers are bounded and abort after a timeout ---------------- */
+/* ---- 6: NCCL gathers are bounded and abort after a timeout ----------------
+ */
 
 typedef struct {
   ncclUniqueId id;
@@ -527,6 +530,7 @@ Test(cuda_interop, nccl_gather_keeps_its_buffers_between_operations) {
   cr_assert(eq(u64, s.device_mallocs, 0));
   cr_assert(eq(u64, s.host_allocs, 0));
   cr_assert(ge(u64, s.copies, 20)); /* the gathers ran: 2 copies each */
+  cr_assert(ge(u64, s.nccl_collectives, 10));
   for (int i = 0; i < 2; i++) {
     ofl_comm_destroy(r[i].oc);
     cr_assert(eq(int, ncclCommDestroy(r[i].comm), ncclSuccess));
@@ -570,7 +574,8 @@ Test(cuda_interop, nccl_timeout_aborts_the_communicator) {
   cudaStreamDestroy(r[1].stream);
 }
 
-/* ---- 7: an application's graph capture is never broken by ofl ------------- */
+/* ---- 7: an application's graph capture is never broken by ofl -------------
+ */
 
 Test(cuda_interop, ofl_calls_never_invalidate_an_applications_capture) {
   sim();
@@ -613,7 +618,8 @@ Test(cuda_interop, ofl_calls_never_invalidate_an_applications_capture) {
   ofl_device_close(dev);
 }
 
-/* ---- smaller ones ---------------------------------------------------------- */
+/* ---- smaller ones ----------------------------------------------------------
+ */
 
 /* Two microbatches of groups a then b. In steady state the first group of
  * each name to run backward (microbatch 0's) stays on the device; microbatch
