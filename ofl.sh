@@ -19,7 +19,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_cop
 export OMPI_MCA_rmaps_base_oversubscribe=1
 
 PACKAGES=(meson ninja-build pkg-config gcc g++ python3 libcriterion-dev
-  libopenmpi-dev openmpi-bin liburing-dev fio gnuplot-nox valgrind)
+  libopenmpi-dev openmpi-bin liburing-dev fio gnuplot-nox valgrind cmake)
 
 log() { printf 'ofl.sh: %s\n' "$*" >&2; }
 
@@ -52,6 +52,19 @@ build() {
   install_packages
   configure "$dir" "$@"
   ninja -C "$dir"
+}
+
+# The python suite (tests/python: ofl.torch) needs torch and numpy; installed
+# from PyPI only when not importable (the Linux wheel and its CUDA libraries
+# are large: about 2-3 minutes on a fast link). The tests use the build
+# tree's libofl (OFL_LIBRARY) and python/ from the source tree, so the ofl
+# package itself needs no install. OFL_NO_TORCH_INSTALL=1 skips this (the
+# python suite then reports itself skipped).
+install_torch() {
+  [ "${OFL_NO_TORCH_INSTALL:-0}" = 1 ] && return 0
+  python3 -c 'import torch, numpy' >/dev/null 2>&1 && return 0
+  log "installing torch and numpy for the python tests (pip)"
+  python3 -m pip install -q torch numpy || log "torch install failed: the python tests will be skipped"
 }
 
 # summarize DIR [SETUP]: one line "N passed, M failed" from meson's test log
@@ -89,6 +102,7 @@ case "$task" in
     ;;
   test)
     build "$BUILD"
+    install_torch
     run_tests "$BUILD" "" "$@"
     ;;
   asan)

@@ -18,6 +18,9 @@
  *      that finds it full waits for the oldest write. Needs root and a
  *      writable memory controller, else the part says n/a.
  *
+ * Part 1 runs the store with CRC32C off and on (OFL_DISK_CHECKSUM, on by
+ * default) and prints the cost; parts 2 and 3 use OFL_DISK_CHECKSUM.
+ *
  * usage: ofl_bench_disk [dir] (default OFL_DISK_DIR, TMPDIR or /tmp);
  * OFL_BENCH_DISK_COUNT (64), OFL_BENCH_DISK_MIB (16), OFL_DISK_QUEUE_DEPTH,
  * OFL_DISK_BLOCK, OFL_DISK_PREFETCH (used as given; the bench default is 4). */
@@ -31,6 +34,7 @@
 #include <unistd.h>
 
 #include <ofl/ofl.h>
+#include "pool/disk_internal.h"
 #include "runtime/internal.h"
 #include "bench/bench.h"
 
@@ -94,8 +98,9 @@ static double run_fio(const char *rw, size_t total) {
 /* ---- the store -------------------------------------------------------------
  */
 
+/* checksum: 0 or 1, -1: OFL_DISK_CHECKSUM */
 static ofl_disk_t *open_store(ofl_disk_direct_t direct, size_t bounce,
-                              size_t keep) {
+                              size_t keep, int checksum) {
   ofl_disk_params_t p = OFL_DISK_PARAMS_INIT;
   p.dev = dev;
   p.bounce_budget_bytes = bounce;
@@ -105,7 +110,7 @@ static ofl_disk_t *open_store(ofl_disk_direct_t direct, size_t bounce,
   p.queue_depth = qd;
   p.block_bytes = block;
   p.direct = direct;
-  p.checksum = 0;
+  p.checksum = checksum;
   ofl_disk_t *d = NULL;
   CHECK(ofl_disk_open(&p, &d));
   return d;
@@ -119,8 +124,9 @@ static void fill(unsigned char *p, size_t n, unsigned seed) {
 
 /* Sequential write then read of every extent; GB/s by wall time. No kept
  * buffers: every byte is read back from the file, as fio reads it. */
-static void store_sequential(double *w, double *r, ofl_disk_stats_t *st) {
-  ofl_disk_t *d = open_store(OFL_DISK_DIRECT_AUTO, 0, 0);
+static void store_sequential(int checksum, double *w, double *r,
+                             ofl_disk_stats_t *st) {
+  ofl_disk_t *d = open_store(OFL_DISK_DIRECT_AUTO, 0, 0, checksum);
   ofl_disk_extent_t **e = calloc((size_t)count, sizeof *e);
   for (int i = 0; i < count; i++) {
     CHECK(ofl_disk_extent_create(d, tensor_bytes, &e[i]));
@@ -204,7 +210,7 @@ static double store_workload(ofl_disk_t *d, unsigned char **src,
 static void mode_run(ofl_disk_direct_t direct, size_t bounce, int reps,
                      unsigned char **src, unsigned char *dst, double *best,
                      size_t *wrong, ofl_disk_stats_t *st) {
-  ofl_disk_t *d = open_store(direct, bounce, OFL_DISK_FROM_ENV);
+  ofl_disk_t *d = open_store(direct, bounce, OFL_DISK_FROM_ENV, -1);
   store_workload(d, src, dst, wrong);
   ofl_disk_stats_t s0;
   ofl_disk_get_stats(d, &s0);
@@ -429,18 +435,22 @@ int main(int argc, char **argv) {
   int reps = env_int("OFL_BENCH_DISK_REPS", 5);
   char fiofile[4200];
   snprintf(fiofile, sizeof fiofile, "%s/ofl-bench-fio.dat", dir);
-  double fw = -1, fr = -1, sw = 0, sr = 0;
-  ofl_disk_stats_t st;
+  double fw = -1, fr = -1, sw = 0, sr = 0, kw = 0, kr = 0;
+  ofl_disk_stats_t st, kst;
   for (int r = 0; r < reps; r++) {
     double a = run_fio("write", total), b = run_fio("read", total), c, e;
     unlink(fiofile);
     fw = a > fw ? a : fw;
     fr = b > fr ? b : fr;
     sync();
-    store_sequential(&c, &e, &st);
+    store_sequential(0, &c, &e, &st);
     sync();
     sw = c > sw ? c : sw;
     sr = e > sr ? e : sr;
+    store_sequential(1, &c, &e, &kst);
+    sync();
+    kw = c > kw ? c : kw;
+    kr = e > kr ? e : kr;
   }
   printf("\n## sequential I/O, same file system, same run\n");
   printf("%-34s %10s %10s\n", "", "write GB/s", "read GB/s");
@@ -451,9 +461,17 @@ int main(int argc, char **argv) {
   printf("%-34s %10.3f %10.3f\n",
          st.direct ? "ofl disk store (O_DIRECT)" : "ofl disk store (buffered)",
          sw, sr);
+  printf("%-34s %10.3f %10.3f\n",
+         "  + CRC32C (the default)", kw, kr);
   if (fw > 0 && fr > 0)
     printf("%-34s %10.2f %10.2f   (goal >= 0.80)\n", "ratio ofl / fio", sw / fw,
            sr / fr);
+  if (fw > 0 && fr > 0)
+    printf("%-34s %10.2f %10.2f\n", "ratio ofl + CRC32C / fio", kw / fw,
+           kr / fr);
+  printf("%-34s %10.2f %10.2f   (CRC32C %s)\n", "ratio with / without CRC32C",
+         sw > 0 ? kw / sw : 0.0, sr > 0 ? kr / sr : 0.0,
+         ofl__crc32c_hw_available() ? "sse4.2" : "table");
   printf("# store: engine %s, queue depth reached %d, busy-time GB/s write "
          "%.3f read %.3f\n",
          st.uring ? "io_uring" : "threads", st.queue_depth_max, st.write_gbps,

@@ -162,6 +162,10 @@ int ofl_comm_is_broken(const ofl_comm_t *comm) {
   return comm ? comm->broken : 0;
 }
 
+int ofl_comm_nccl_aborted(const ofl_comm_t *comm) {
+  return comm ? comm->native_aborted : 0;
+}
+
 const char *ofl_comm_kind_name(ofl_comm_kind_t kind) {
   switch (kind) {
   case OFL_COMM_SELF:

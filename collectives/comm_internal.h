@@ -44,6 +44,8 @@ struct ofl_comm {
   int size;
   int64_t timeout_ms;
   bool broken;
+  bool native_aborted; /* NCCL: ofl called ncclCommAbort on the user's
+                          communicator (which that freed) */
   uint32_t seq; /* operations issued, checked across ranks */
   const ofl__comm_ops_t *ops;
   void *impl;

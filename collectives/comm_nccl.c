@@ -13,13 +13,24 @@
 
 #if OFL_HAVE_NCCL
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* cudaX / ncclX calls go through the tables filled by dlopen at the first
+ * comm creation: libofl links neither library. */
 #include "collectives/comm_internal.h"
+#include "runtime/cuda_api.h"
 #include "runtime/device_internal.h"
+
+/* Buffers outgrown by a larger table. Freed only at destroy: cudaFree and
+ * cudaFreeHost synchronise the device (and, NCCL's issues say, peer GPUs),
+ * which between the two all-gathers of a gather could wait for a peer that
+ * waits for this rank. */
+typedef struct retired {
+  void *ptr;
+  bool pinned;
+  struct retired *next;
+} retired_t;
 
 typedef struct nccl_impl {
   ncclComm_t comm; /* owned by the application */
@@ -27,12 +38,22 @@ typedef struct nccl_impl {
   int device;
   bool nonblocking;
   bool aborted;
-  cudaEvent_t done;    /* created at the first gather, kept */
-  unsigned char *dev;  /* device buffer, dev_cap bytes */
+  cudaEvent_t done;   /* created at the first gather, kept */
+  unsigned char *dev; /* device buffer, dev_cap bytes */
   size_t dev_cap;
   unsigned char *host; /* pinned, host_cap bytes: sizes then payloads */
   size_t host_cap;
+  retired_t *retired;
 } nccl_impl_t;
+
+static bool retire(nccl_impl_t *m, void *ptr, bool pinned) {
+  retired_t *r = malloc(sizeof *r);
+  if (r == NULL)
+    return false;
+  *r = (retired_t){ptr, pinned, m->retired};
+  m->retired = r;
+  return true;
+}
 
 static ofl_status_t cuda_fail(cudaError_t e, const char *what) {
   (void)cudaGetLastError(); /* ofl reports it; not the application's */
@@ -86,6 +107,7 @@ static ofl_status_t wait_done(ofl_comm_t *c, nccl_impl_t *m, cudaEvent_t done,
        * aborted: abort it, so later work on the stream does not hang. */
       ncclResult_t ar = ncclCommAbort(m->comm);
       m->aborted = ar == ncclSuccess;
+      c->native_aborted = m->aborted;
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
                         "nccl comm: %s did not complete within %lld ms on "
                         "rank %d of %d (a rank died, never called, or is "
@@ -117,8 +139,11 @@ static ofl_status_t reserve(nccl_impl_t *m, size_t dev_bytes,
     e = cudaMalloc((void **)&d, dev_bytes);
     if (e != cudaSuccess)
       return cuda_fail(e, "cudaMalloc of the gather buffer");
-    if (m->dev != NULL)
-      cudaFree(m->dev); /* idle: every earlier gather was waited for */
+    if (m->dev != NULL && !retire(m, m->dev, false)) {
+      cudaFree(d);
+      return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_COLL,
+                        "nccl comm: out of host memory");
+    }
     m->dev = d;
     m->dev_cap = dev_bytes;
   }
@@ -127,8 +152,11 @@ static ofl_status_t reserve(nccl_impl_t *m, size_t dev_bytes,
     e = cudaMallocHost((void **)&h, host_bytes);
     if (e != cudaSuccess)
       return cuda_fail(e, "cudaMallocHost of the gather buffer");
-    if (m->host != NULL)
-      cudaFreeHost(m->host);
+    if (m->host != NULL && !retire(m, m->host, true)) {
+      cudaFreeHost(h);
+      return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_COLL,
+                        "nccl comm: out of host memory");
+    }
     m->host = h;
     m->host_cap = host_bytes;
   }
@@ -173,14 +201,44 @@ static ofl_status_t allgather_bytes(ofl_comm_t *c, nccl_impl_t *m,
   return st;
 }
 
+/* The first round's record per rank: payload bytes, the operation's number
+ * on this comm, and whether every rank wants the result; ranks that
+ * disagree on the last two all report the mismatch, as over MPI. */
+#define HDR_BYTES 16
+#define HDR_TO_ALL 1u
+
 static ofl_status_t gather_on_device(ofl_comm_t *c, nccl_impl_t *m,
                                      const void *mine, size_t len, bool to_all,
                                      ofl__blobs_t *out) {
   size_t n = (size_t)c->size;
-  OFL_CHECK(reserve(m, 8 * n, 8 * n));
-  unsigned char *sizes = m->host;
-  ofl__put_u64(sizes + 8 * (size_t)c->rank, len);
-  OFL_CHECK(allgather_bytes(c, m, sizes, 8, "the size all-gather"));
+  OFL_CHECK(reserve(m, HDR_BYTES * n, HDR_BYTES * n));
+  unsigned char *hdr = m->host;
+  unsigned char *own = hdr + HDR_BYTES * (size_t)c->rank;
+  ofl__put_u64(own, len);
+  ofl__put_u32(own + 8, c->seq);
+  ofl__put_u32(own + 12, to_all ? HDR_TO_ALL : 0);
+  OFL_CHECK(allgather_bytes(c, m, hdr, HDR_BYTES, "the size all-gather"));
+  for (size_t r = 0; r < n; r++) {
+    const unsigned char *h = hdr + HDR_BYTES * r;
+    uint32_t seq = ofl__get_u32(h + 8);
+    bool all = (ofl__get_u32(h + 12) & HDR_TO_ALL) != 0;
+    if (seq != c->seq) {
+      c->broken = true;
+      return ofl__error(OFL_ERR_MISMATCH, OFL_SUBSYS_COLL,
+                        "nccl comm: rank %zu is at collective operation %u "
+                        "and rank %d at %u: the ranks did not make the same "
+                        "sequence of calls on this comm",
+                        r, seq, c->rank, c->seq);
+    }
+    if (all != to_all) {
+      c->broken = true;
+      return ofl__error(OFL_ERR_MISMATCH, OFL_SUBSYS_COLL,
+                        "nccl comm: rank %zu asked for the result %s and "
+                        "rank %d %s: pass the same root_only on every rank",
+                        r, all ? "on all ranks" : "on rank 0", c->rank,
+                        to_all ? "on all ranks" : "on rank 0");
+    }
+  }
   size_t max = 0;
   uint64_t lens[1024];
   uint64_t *lv = n <= 1024 ? lens : malloc(n * sizeof *lv);
@@ -189,7 +247,7 @@ static ofl_status_t gather_on_device(ofl_comm_t *c, nccl_impl_t *m,
                       "nccl comm: out of memory for %zu sizes", n);
   ofl_status_t st = OFL_SUCCESS;
   for (size_t r = 0; r < n; r++) {
-    lv[r] = ofl__get_u64(sizes + 8 * r);
+    lv[r] = ofl__get_u64(hdr + HDR_BYTES * r);
     if (lv[r] > (uint64_t)SIZE_MAX / n) {
       st = ofl__error(OFL_ERR_CORRUPT, OFL_SUBSYS_COLL,
                       "nccl comm: rank %zu announced %llu bytes", r,
@@ -246,19 +304,32 @@ static ofl_status_t nccl_barrier(ofl_comm_t *c) {
 static void nccl_destroy(ofl_comm_t *c) {
   nccl_impl_t *m = c->impl;
   ofl__cuda_guard_t g;
-  if (!c->broken && ofl__cuda_enter(m->device, &g) == OFL_SUCCESS) {
+  bool selected = ofl__cuda_enter(m->device, &g) == OFL_SUCCESS;
+  /* An event may be destroyed while work it captured is pending. */
+  if (selected && m->done != NULL)
+    cudaEventDestroy(m->done);
+  if (!c->broken && selected) {
     if (m->dev != NULL)
       cudaFree(m->dev);
     if (m->host != NULL)
       cudaFreeHost(m->host);
-    if (m->done != NULL)
-      cudaEventDestroy(m->done);
-    (void)cudaGetLastError();
-    ofl__cuda_leave(&g);
+    for (retired_t *r = m->retired; r != NULL; r = r->next)
+      if (r->pinned)
+        cudaFreeHost(r->ptr);
+      else
+        cudaFree(r->ptr);
   } else if (m->dev != NULL || m->host != NULL) {
     OFL_INFO(OFL_SUBSYS_COLL,
              "nccl comm destroy: gather buffers of a failed operation are "
              "leaked (a collective may have been using them)");
+  }
+  if (selected) {
+    (void)cudaGetLastError();
+    ofl__cuda_leave(&g);
+  }
+  for (retired_t *r = m->retired, *next; r != NULL; r = next) {
+    next = r->next;
+    free(r);
   }
   free(m);
 }
@@ -275,6 +346,10 @@ ofl_status_t ofl_comm_create_nccl_handle(const void *nccl_comm,
                       "ofl_comm_create_nccl: %s is NULL",
                       !out ? "out" : "the ncclComm_t");
   ncclComm_t nc = *(const ncclComm_t *)nccl_comm;
+  char why[512];
+  if (ofl__nccl_load(why, sizeof why) != OFL_SUCCESS)
+    return ofl__error(OFL_ERR_NCCL, OFL_SUBSYS_COLL, "ofl_comm_create_nccl: %s",
+                      why);
   int count = 0, rank = 0, device = 0;
   ncclResult_t r = ncclCommCount(nc, &count);
   if (r == ncclSuccess)

@@ -127,6 +127,7 @@ ofl_status_t ofl_manager_chunk_begin(ofl_manager_t *m, int vp_size,
     m->off_trained = true; /* joins the summary gather at the next reset */
   if (!ofl__manager_active(m))
     return OFL_SUCCESS;
+  OFL_CHECK(ofl__capture_refuse(m, "ofl_manager_chunk_begin"));
   int vpp = vp_size > 0 ? vp_size : 1;
   if (vp_stage < 0 || vp_stage >= vpp)
     return OFL__PERR(OFL_ERR_INVALID_ARG, m, m->cur_fwd, "-",

@@ -7,17 +7,43 @@
 
 #include "pipeline/pipeline_internal.h"
 #include "pool/pool_internal.h"
+#include "runtime/device_internal.h"
 
 /* ---- tags -------------------------------------------------------------------
- * bit 63: held outside a group; bits 48..62: iteration; managed: bits 32..47
- * chunk, 16..31 group, 0..15 entry + 1; held: bits 0..47 slot + 1. */
+ * bit 63: held outside a group; bits 55..62: the manager's tag id (a tag
+ * pops only on the manager that made it); bits 40..54: iteration; managed:
+ * bits 24..39 chunk, 12..23 group, 0..11 entry + 1; held: bits 0..39
+ * slot + 1. The low field is never 0, so neither is a tag. */
 #define TAG_HELD (UINT64_C(1) << 63)
-#define TAG_GEN(m) ((uint64_t)((m)->gen & 0x7fffu) << 48)
+#define TAG_ID_SHIFT 55
+#define TAG_ID(m) ((uint64_t)(m)->tag_id << TAG_ID_SHIFT)
+#define TAG_GEN_MASK (UINT64_C(0x7fff) << 40)
+#define TAG_GEN(m) ((uint64_t)((m)->gen & 0x7fffu) << 40)
+#define TAG_SLOT_MASK ((UINT64_C(1) << 40) - 1)
+#define TAG_MAX_GROUPS 0xfffu  /* per chunk */
+#define TAG_MAX_ENTRIES 0xffeu /* per group (entry + 1 fits 12 bits) */
 
 static ofl_tag_t tag_make(const ofl_manager_t *m, uint32_t c, uint32_t g,
                           uint32_t k) {
-  return TAG_GEN(m) | ((uint64_t)c << 32) | ((uint64_t)g << 16) |
+  return TAG_ID(m) | TAG_GEN(m) | ((uint64_t)c << 24) | ((uint64_t)g << 12) |
          (uint64_t)(k + 1);
+}
+
+/* OFL_SUCCESS when tag was made by m; else why not, naming it. */
+static ofl_status_t tag_check_owner(const ofl_manager_t *m, ofl_tag_t tag) {
+  if (tag == OFL_TAG_INVALID)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "rank %d: tensor_pop of tag 0 (OFL_TAG_INVALID, never "
+                      "a pushed tensor's); pass the tag tensor_push returned",
+                      m->rank);
+  unsigned id = (unsigned)(tag >> TAG_ID_SHIFT) & 0xffu;
+  if (id != m->tag_id)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "rank %d: tensor_pop of tag 0x%llx made by another "
+                      "manager (its id %u, this manager's %u); pop a tag on "
+                      "the manager whose tensor_push returned it",
+                      m->rank, (unsigned long long)tag, id, m->tag_id);
+  return OFL_SUCCESS;
 }
 
 /* ---- group records --------------------------------------------------------
@@ -34,9 +60,9 @@ void ofl__group_free(group_t *g) {
 
 static ofl_status_t group_new(ofl_manager_t *m, chunk_t *c, int nid,
                               group_t **out) {
-  if (c->ngroups >= 0xffffu)
+  if (c->ngroups >= TAG_MAX_GROUPS) /* tags hold the group in 12 bits */
     return OFL__PERR(OFL_ERR_INVALID_USAGE, m, c, m->names[nid].name,
-                     "more than %u groups in one chunk", 0xffffu);
+                     "more than %u groups in one chunk", TAG_MAX_GROUPS);
   OFL_CHECK(ofl__grow((void **)&c->groups, &c->cap, c->ngroups + 1,
                       sizeof *c->groups));
   group_t *g = calloc(1, sizeof *g);
@@ -75,6 +101,7 @@ ofl_status_t ofl_manager_group_start(ofl_manager_t *m, const char *name) {
                       "NULL");
   if (!ofl__manager_active(m))
     return OFL_SUCCESS;
+  OFL_CHECK(ofl__capture_refuse(m, "ofl_manager_group_start"));
   chunk_t *c = m->cur_fwd;
   if (c == NULL)
     return OFL__PERR(OFL_ERR_INVALID_USAGE, m, c, name,
@@ -86,6 +113,9 @@ ofl_status_t ofl_manager_group_start(ofl_manager_t *m, const char *name) {
   OFL_CHECK(ofl__name_intern(m, name, &nid));
   OFL_CHECK(
       ofl__grow((void **)&m->open, &m->capopen, m->nopen + 1, sizeof *m->open));
+  if (m->warmup)
+    OFL_CHECK(ofl__grow((void **)&m->plan, &m->capplan, m->nplan + 1,
+                        sizeof *m->plan));
   group_t *g = NULL;
   if (m->names[nid].selected) {
     if (m->warmup) {
@@ -107,6 +137,8 @@ ofl_status_t ofl_manager_group_start(ofl_manager_t *m, const char *name) {
     g->open = true;
   }
   m->open[m->nopen++] = (open_group_t){g, nid};
+  if (m->warmup)
+    m->plan[m->nplan++] = (plan_rec_t){c, g, nid};
   OFL__PLOG(OFL_LOG_TRACE, m, c, name, "start%s", g ? "" : " (not offloaded)");
   return OFL_SUCCESS;
 }
@@ -122,10 +154,26 @@ static ofl_status_t hold(ofl_manager_t *m, ofl_tensor_t *t, ofl_tag_t *tag) {
   OFL_CHECK(
       ofl__grow((void **)&m->held, &m->capheld, m->nheld + 1, sizeof *m->held));
   m->held[m->nheld] = t;
-  *tag = TAG_HELD | TAG_GEN(m) | (uint64_t)(m->nheld + 1);
+  *tag = TAG_HELD | TAG_ID(m) | TAG_GEN(m) | (uint64_t)(m->nheld + 1);
   m->nheld++;
   t->owner = m;
   return OFL_SUCCESS;
+}
+
+/* A tensor that says device memory must be memory of m's device: the D2H
+ * copy of its commit reads it, and could not otherwise. A block of a
+ * device pool on m's device is known at once; wrapped memory is asked of
+ * the backend. */
+static bool device_memory_ok(const ofl_manager_t *m, const ofl_tensor_t *t) {
+  if (ofl_tensor_location(t) != OFL_LOC_DEVICE)
+    return true; /* never copied: it stays where it is */
+  const ofl_pool_t *p = ofl_tensor_pool(t);
+  if (p != NULL && ofl_pool_kind(p) == OFL_POOL_DEVICE &&
+      ofl_pool_device(p) == m->dev)
+    return true;
+  /* Another handle on the same GPU (cuda) is fine; the host backend's
+   * devices have separate memories. */
+  return ofl__device_owns(m->dev, ofl_tensor_data(t), ofl_tensor_bytes(t));
 }
 
 ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
@@ -144,12 +192,23 @@ ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
                      (void *)t, t->owner == m ? "this" : "another");
   if (!ofl__manager_active(m) || g == NULL)
     return hold(m, t, tag);
+  OFL_CHECK(ofl__capture_refuse(m, "ofl_manager_tensor_push"));
   if (!ofl_tensor_has_storage(t))
     return OFL__PERR(OFL_ERR_INVALID_ARG, m, g->chunk, ofl__gname(m, g),
                      "pushed tensor %p has no storage", (void *)t);
-  if (g->n >= 0xffffu)
+  if (!device_memory_ok(m, t))
+    return OFL__PERR(OFL_ERR_INVALID_ARG, m, g->chunk, ofl__gname(m, g),
+                     "pushed tensor %p (%zu bytes at %p) says device memory "
+                     "but is not memory of this manager's device: a tensor "
+                     "of another device, or host memory wrapped as "
+                     "OFL_LOC_DEVICE; push tensors of ofl_manager_device() "
+                     "(host memory: wrap it as OFL_LOC_PINNED, it is then "
+                     "never copied)",
+                     (void *)t, ofl_tensor_bytes(t), ofl_tensor_data(t));
+  if (g->n >= TAG_MAX_ENTRIES)
     return OFL__PERR(OFL_ERR_INVALID_USAGE, m, g->chunk, ofl__gname(m, g),
-                     "more than %u tensors pushed in one group", 0xffffu);
+                     "more than %u tensors pushed in one group",
+                     TAG_MAX_ENTRIES);
   OFL_CHECK(
       ofl__grow((void **)&g->entries, &g->cap, g->n + 1, sizeof *g->entries));
   entry_t *e = &g->entries[g->n];
@@ -220,6 +279,15 @@ static uint32_t build_clusters(ofl_manager_t *m, group_t *g) {
     if (e->leader == i && e->flag == 1) {
       e->state = E_HELD;
       eligible++;
+    } else if (e->leader == i && m->warmup) {
+      /* Recorded for the end-of-warmup report and the plan. */
+      if (e->flag & 2) {
+        g->warm_flagged++;
+      } else {
+        g->warm_small++;
+        m->warm_small_tensors += e->nmembers;
+        m->warm_small_bytes += e->span;
+      }
     }
   }
   return eligible;
@@ -296,17 +364,22 @@ static ofl_status_t offload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
       m->disk != NULL && ofl_disk_group_selected(m->disk, ofl__gname(m, g));
   if (disk_first) {
     OFL_CHECK(offload_to_disk(m, l, src, done));
-    if (*done)
+    if (*done) {
+      g->warm_disk_bytes += m->warmup ? l->span : 0;
       return OFL_SUCCESS;
+    }
   }
   ofl_tensor_t *h = NULL;
   ofl_status_t s = host_alloc(m, g, l, &h);
   if (s == OFL_ERR_NO_MEMORY) {
     if (m->disk != NULL && !disk_first) {
       OFL_CHECK(offload_to_disk(m, l, src, done));
-      if (*done)
+      if (*done) {
+        g->warm_disk_bytes += m->warmup ? l->span : 0;
         return OFL_SUCCESS;
+      }
     }
+    g->warm_budget_bytes += m->warmup ? l->span : 0;
     m->st.budget_kept_tensors += l->nmembers;
     m->st.budget_kept_bytes += l->span;
     m->names[g->nid].st.budget_kept_bytes += l->span;
@@ -372,7 +445,7 @@ static void count_offload(ofl_manager_t *m, group_t *g, const entry_t *l,
  * (none was released yet) and the group is committed as kept, so each tag
  * pops its own untouched tensor. Returns st. */
 static ofl_status_t abandon_offload(ofl_manager_t *m, group_t *g,
-                                    ofl_status_t st) {
+                                    ofl_status_t st, uint32_t queued) {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", ofl_last_error());
   bool recorded = ofl_event_record(g->offload_ev, m->d2h) == OFL_SUCCESS;
@@ -384,8 +457,9 @@ static ofl_status_t abandon_offload(ofl_manager_t *m, group_t *g,
   for (uint32_t i = 0; i < g->n; i++) {
     entry_t *l = &g->entries[i];
     if (l->host != NULL) {
-      if (!recorded || ofl_pool_free_after_event(m->host_pool, l->host,
-                                                 g->offload_ev) != OFL_SUCCESS) {
+      if (!recorded ||
+          ofl_pool_free_after_event(m->host_pool, l->host, g->offload_ev) !=
+              OFL_SUCCESS) {
         (void)ofl_stream_synchronize(m->d2h, OFL_TIMEOUT_DEFAULT);
         ofl_pool_free(m->host_pool, l->host);
       }
@@ -393,20 +467,24 @@ static ofl_status_t abandon_offload(ofl_manager_t *m, group_t *g,
     }
     if (l->ext != NULL) {
       if (ofl_disk_extent_destroy_after(l->ext, m->d2h) != OFL_SUCCESS)
-        OFL_WARN(OFL_SUBSYS_PIPELINE, "rank %d group %s: disk extent not "
-                 "released", m->rank, ofl__gname(m, g));
+        OFL_WARN(OFL_SUBSYS_PIPELINE,
+                 "rank %d group %s: disk extent not "
+                 "released",
+                 m->rank, ofl__gname(m, g));
       l->ext = NULL;
       m->st.disk_tensors--;
       m->st.disk_bytes -= l->span;
+      g->warm_disk_bytes -= m->warmup ? l->span : 0;
     }
     if (l->leader == i && l->state == E_OFFLOADED)
       count_offload(m, g, l, true);
   }
   keep_all(m, g);
   return OFL__PERR(st, m, g->chunk, ofl__gname(m, g),
-                   "commit: offload failed after some copies were queued "
-                   "(%s); every tensor of the group stays on the device",
-                   msg);
+                   "commit: offload failed with %u of the group's copies "
+                   "queued (%s); every tensor of the group stays on the "
+                   "device",
+                   queued, msg);
 }
 
 static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
@@ -414,6 +492,8 @@ static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
   chunk_t *c = g->chunk;
   name_info_t *ni = &m->names[g->nid];
   g->committed = true;
+  if (m->warmup) /* for the plan: should_offload's view at this commit */
+    g->warm_bwd_cursor = m->bwd_cursor;
   uint32_t eligible = build_clusters(m, g);
   if (!should_offload(m, g) || eligible == 0) {
     if (eligible > 0) {
@@ -437,7 +517,7 @@ static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
     bool done = false;
     ofl_status_t st = offload_cluster(m, g, l, &done);
     if (st != OFL_SUCCESS)
-      return abandon_offload(m, g, st);
+      return abandon_offload(m, g, st, copied);
     if (!done) {
       l->state = E_KEPT;
       continue;
@@ -448,7 +528,7 @@ static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
   }
   ofl_status_t rec = ofl_event_record(g->offload_ev, m->d2h);
   if (rec != OFL_SUCCESS)
-    return abandon_offload(m, g, rec);
+    return abandon_offload(m, g, rec, copied);
   /* Forced releases: tensors the caller holds whose storage went with the
    * group lose it after the copy, like the group's own tensors. */
   for (size_t f = 0; f < n; f++) {
@@ -520,6 +600,7 @@ ofl_status_t ofl_manager_group_commit(ofl_manager_t *m, const char *name,
                       "NULL, nor forced_release when n > 0");
   if (!ofl__manager_active(m))
     return OFL_SUCCESS;
+  OFL_CHECK(ofl__capture_refuse(m, "ofl_manager_group_commit"));
   int nid = ofl__name_find(m, name);
   int at = nid < 0 ? -1 : open_find(m, nid);
   if (at < 0)
@@ -547,6 +628,8 @@ ofl_status_t ofl_manager_flush_delayed_groups(ofl_manager_t *m) {
   if (m == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "ofl_manager_flush_delayed_groups: manager is NULL");
+  if (m->ndelayed > 0)
+    OFL_CHECK(ofl__capture_refuse(m, "ofl_manager_flush_delayed_groups"));
   ofl_status_t first = OFL_SUCCESS;
   for (uint32_t i = 0; i < m->ndelayed; i++) {
     delayed_t *d = &m->delayed[i];
@@ -624,7 +707,8 @@ static ofl_status_t reload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
     s = ofl_pool_free_after(m->host_pool, l->host, stream);
   l->host = NULL;
   l->ext = NULL;
-  OFL_CHECK(s);
+  /* The copy is queued: the tensors are reloaded even when the pinned
+   * block could not be given back (reported). */
   for (uint32_t i = li; i < g->n; i++)
     if (g->entries[i].leader == li && g->entries[i].state == E_OFFLOADED)
       g->entries[i].state = E_RELOADED;
@@ -633,7 +717,7 @@ static ofl_status_t reload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
   m->st.reloaded_bytes += l->span;
   ni->st.reloaded_tensors++;
   ni->st.reloaded_bytes += l->span;
-  return OFL_SUCCESS;
+  return s;
 }
 
 static void stack_remove(chunk_t *c, group_t *g) {
@@ -717,8 +801,9 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
    * (stall.c): a CPU query here would see nearly every reload unfinished,
    * the CPU being far ahead of the GPU. */
   ofl_status_t timed =
-      g->reload_joined ? OFL_ERR_NOT_SUPPORTED
-                       : ofl__stall_timed_wait(m, g->nid, compute, g->reload_ev);
+      g->reload_joined
+          ? OFL_ERR_NOT_SUPPORTED
+          : ofl__stall_timed_wait(m, g->nid, compute, g->reload_ev);
   if (timed != OFL_SUCCESS && timed != OFL_ERR_NOT_SUPPORTED)
     return timed;
   bool late = timed == OFL_ERR_NOT_SUPPORTED && !g->reload_joined &&
@@ -799,6 +884,7 @@ ofl_status_t ofl_manager_group_backward_begin(ofl_manager_t *m,
                       "must not be NULL");
   if (!ofl__manager_active(m))
     return OFL_SUCCESS;
+  OFL_CHECK(ofl__capture_refuse(m, "ofl_manager_group_backward_begin"));
   int nid = ofl__name_find(m, name);
   if (nid < 0)
     return OFL__PERR(OFL_ERR_INVALID_USAGE, m, m->cur_bwd, name,
@@ -898,6 +984,7 @@ ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
                       "not be NULL");
   if (!ofl__manager_active(m))
     return OFL_SUCCESS;
+  OFL_CHECK(ofl__capture_refuse(m, "ofl_manager_group_backward_end"));
   int nid = ofl__name_find(m, name);
   if (nid >= 0 && !m->names[nid].selected)
     return OFL_SUCCESS;
@@ -918,9 +1005,22 @@ ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
   g->bwd = 2;
   /* The prefetch's device blocks may be ones compute just let go of: the
    * H2D stream starts after compute's work so far. */
-  OFL_CHECK(ofl_event_record(m->ev_compute, ofl__compute(m)));
-  OFL_CHECK(ofl_stream_wait_event(m->h2d, m->ev_compute));
-  OFL_CHECK(prefetch_next(m, c));
+  ofl_status_t s = ofl_event_record(m->ev_compute, ofl__compute(m));
+  if (s == OFL_SUCCESS)
+    s = ofl_stream_wait_event(m->h2d, m->ev_compute);
+  if (s == OFL_SUCCESS)
+    s = prefetch_next(m, c);
+  /* A prefetch only gets ahead: when the device pool has no memory for its
+   * buffers, the groups not reloaded stay offloaded and their tensors
+   * reload inline at their pop. Device errors are still reported. */
+  if (s == OFL_ERR_NO_MEMORY) {
+    OFL__PLOG(OFL_LOG_INFO, m, c, name,
+              "prefetch stopped, no device memory (%s); the tensors not "
+              "reloaded reload at their pop",
+              ofl_last_error());
+    s = OFL_SUCCESS;
+  }
+  OFL_CHECK(s);
   OFL__PLOG(OFL_LOG_TRACE, m, c, name, "backward ends%s", "");
   return OFL_SUCCESS;
 }
@@ -930,9 +1030,9 @@ ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
 
 static ofl_status_t pop_held(ofl_manager_t *m, ofl_tag_t tag,
                              ofl_tensor_t **out) {
-  uint64_t slot = (tag & ((UINT64_C(1) << 48) - 1));
-  if ((tag & (UINT64_C(0x7fff) << 48)) != TAG_GEN(m) || slot == 0 ||
-      slot > m->nheld || m->held[slot - 1] == NULL)
+  uint64_t slot = tag & TAG_SLOT_MASK;
+  if ((tag & TAG_GEN_MASK) != TAG_GEN(m) || slot == 0 || slot > m->nheld ||
+      m->held[slot - 1] == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "rank %d: tensor_pop of tag 0x%llx: unknown, from an "
                       "earlier iteration or already popped (tensor held "
@@ -950,14 +1050,14 @@ ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "ofl_manager_tensor_pop: manager and out must not be "
                       "NULL");
+  OFL_CHECK(tag_check_owner(m, tag));
   if (tag & TAG_HELD)
     return pop_held(m, tag, out);
-  uint32_t ci = (uint32_t)(tag >> 32) & 0xffffu;
-  uint32_t gi = (uint32_t)(tag >> 16) & 0xffffu;
-  uint32_t k = (uint32_t)tag & 0xffffu;
-  if ((tag & (UINT64_C(0x7fff) << 48)) != TAG_GEN(m) || k == 0 ||
-      ci >= m->nfwd || gi >= m->fwd[ci]->ngroups ||
-      k > m->fwd[ci]->groups[gi]->n)
+  uint32_t ci = (uint32_t)(tag >> 24) & 0xffffu;
+  uint32_t gi = (uint32_t)(tag >> 12) & 0xfffu;
+  uint32_t k = (uint32_t)tag & 0xfffu;
+  if ((tag & TAG_GEN_MASK) != TAG_GEN(m) || k == 0 || ci >= m->nfwd ||
+      gi >= m->fwd[ci]->ngroups || k > m->fwd[ci]->groups[gi]->n)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "rank %d chunk %u group %u: tensor_pop of unknown tag "
                       "0x%llx (never pushed, or pushed in an earlier "
@@ -975,6 +1075,8 @@ ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
                      "tensor_pop of tag 0x%llx before its group was "
                      "committed",
                      (unsigned long long)tag);
+  if (e->state == E_OFFLOADED || e->state == E_RELOADED)
+    OFL_CHECK(ofl__capture_refuse(m, "ofl_manager_tensor_pop"));
   if (e->state == E_OFFLOADED) {
     entry_t *l = &g->entries[e->leader];
     ofl_stream_t *compute = ofl__compute(m);
@@ -983,7 +1085,17 @@ ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
     if (!(m->rules_off & OFL__RULE1_OFF))
       OFL_CHECK(ofl_stream_wait_event(compute, g->offload_ev));
     stack_remove(g->chunk, g);
-    OFL_CHECK(reload_cluster(m, g, l, compute));
+    ofl_status_t s = reload_cluster(m, g, l, compute);
+    /* Nothing changed: the cluster stays offloaded, so the same tag pops
+     * again once memory is free. */
+    if (s == OFL_ERR_NO_MEMORY)
+      return OFL__PERR(s, m, g->chunk, ofl__gname(m, g),
+                       "tensor_pop of tag 0x%llx: no device memory to reload "
+                       "tensor %u (%s); it stays offloaded: release device "
+                       "memory (popped tensors no longer needed) and pop the "
+                       "same tag again",
+                       (unsigned long long)tag, k - 1, ofl_last_error());
+    OFL_CHECK(s);
     m->st.inline_reloads++;
     m->names[g->nid].st.inline_reloads++;
     OFL__PLOG(OFL_LOG_TRACE, m, g->chunk, ofl__gname(m, g),
@@ -1029,10 +1141,10 @@ void ofl__group_end_iteration(ofl_manager_t *m, group_t *g) {
          * prefetch that failed half-way): compute joins the prefetch and
          * the block is reused after both. */
         ofl_stream_t *compute = ofl__compute(m);
-        bool joined = !g->reload_issued ||
-                      (g->reload_joined && g->joined_on == compute) ||
-                      ofl_stream_wait_event(compute, g->reload_ev) ==
-                          OFL_SUCCESS;
+        bool joined =
+            !g->reload_issued ||
+            (g->reload_joined && g->joined_on == compute) ||
+            ofl_stream_wait_event(compute, g->reload_ev) == OFL_SUCCESS;
         ofl_tensor_release_storage_after(e->t, joined ? compute : m->h2d);
       }
       ofl_tensor_destroy(e->t);

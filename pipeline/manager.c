@@ -3,10 +3,12 @@
  * and statistics. Chunks are in chunk.c, groups in group.c, the end of
  * warmup in policy.c. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pipeline/pipeline_internal.h"
+#include "pool/pool_internal.h"
 
 /* ---- small helpers ----------------------------------------------------------
  */
@@ -31,6 +33,24 @@ ofl_status_t ofl__grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
 bool ofl__manager_active(const ofl_manager_t *m) {
   bool fwd_only = m->forward_only && !(m->rules_off & OFL__RULE4_OFF);
   return m->offload && m->enabled && !fwd_only;
+}
+
+/* A CUDA graph that captures the compute stream cannot contain ofl's
+ * offload: its copies, pool blocks and events are decided at each call, and
+ * a capture would freeze them. Offloading calls refuse instead of breaking
+ * the application's capture (docs/DESIGN.md section 3.1); with offload
+ * disabled they only hold tensors and work inside a capture. */
+ofl_status_t ofl__capture_refuse(ofl_manager_t *m, const char *fn) {
+  if (!ofl__stream_capturing(ofl__compute(m)))
+    return OFL_SUCCESS;
+  return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_PIPELINE,
+                    "rank %d: %s while the compute stream is being captured "
+                    "into a CUDA graph: offload copies cannot be captured; "
+                    "disable offload for captured passes "
+                    "(ofl_manager_disable_offload) and mark the graph's "
+                    "boundaries with ofl_manager_forward_record / "
+                    "ofl_manager_backward_record",
+                    m->rank, fn);
 }
 
 /* Rule 3: the compute stream is looked up at each use, never kept. */
@@ -95,8 +115,7 @@ ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out) {
   if (m->max_inflight > 0)
     ni->ring = calloc(m->max_inflight + 1, sizeof *ni->ring);
   if (ni->name == NULL || ni->range_offload == NULL ||
-      ni->range_reload == NULL ||
-      (m->max_inflight > 0 && ni->ring == NULL)) {
+      ni->range_reload == NULL || (m->max_inflight > 0 && ni->ring == NULL)) {
     free(ni->name);
     free(ni->range_offload);
     free(ni->range_reload);
@@ -235,6 +254,10 @@ ofl_status_t ofl_manager_create(const ofl_manager_params_t *params,
   if (m == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
                       "no memory for the offload manager");
+  /* Managers alive at once get different ids (255 in a row before one
+   * comes back). */
+  static atomic_uint next_tag_id;
+  m->tag_id = atomic_fetch_add(&next_tag_id, 1) % 255u + 1u;
   m->warmup = true;
   m->enabled = true;
   m->fail_offload_after = -1;
@@ -254,6 +277,8 @@ fail:
   return s;
 }
 
+static void close_device(void *dev) { ofl_device_close(dev); }
+
 void ofl_manager_destroy(ofl_manager_t *m) {
   if (m == NULL)
     return;
@@ -269,8 +294,6 @@ void ofl_manager_destroy(ofl_manager_t *m) {
   ofl_pool_destroy(m->host_pool);
   for (uint32_t i = 0; i < m->nfwd; i++)
     ofl__chunk_free(m->fwd[i]);
-  if (m->own_dev_pool)
-    ofl_pool_destroy(m->dev_pool);
   if (m->d2h)
     ofl_stream_destroy(m->d2h);
   if (m->h2d)
@@ -280,8 +303,14 @@ void ofl_manager_destroy(ofl_manager_t *m) {
   ofl_event_destroy(m->ev_compute);
   ofl_event_destroy(m->ev_d2h);
   ofl_event_destroy(m->ev_h2d);
-  if (m->own_dev)
+  if (m->own_dev_pool) {
+    /* Popped tensors are the caller's and may still use the reload pool's
+     * blocks: the pool (and the device, if ours) goes with the last. */
+    ofl__pool_destroy_when_idle(m->dev_pool, m->own_dev ? close_device : NULL,
+                                m->dev);
+  } else if (m->own_dev) {
     ofl_device_close(m->dev);
+  }
   for (int i = 0; i < m->nnames; i++) {
     free(m->names[i].name);
     free(m->names[i].range_offload);
@@ -301,6 +330,7 @@ void ofl_manager_destroy(ofl_manager_t *m) {
   free(m->open);
   free(m->delayed);
   free(m->held);
+  free(m->plan);
   free(m->groups_cfg);
   free(m->dynamic_cfg);
   ofl_summary_destroy(m->summary);
@@ -413,14 +443,14 @@ ofl_status_t ofl_manager_reset(ofl_manager_t *m) {
   }
   ofl_status_t s = check_structure(m);
   ofl__stall_harvest(m, false);
-  /* A rank whose offload is switched off records nothing, but the summary
-   * gather is collective: it joins it with an empty row at the reset where
-   * the others end their warmup, the first after a training chunk (not
-   * forward-only, offload not disabled); else every other rank of the comm
-   * would wait for it until the timeout. */
+  /* A rank whose offload is switched off records nothing, but ends its
+   * warmup where the others do, at the first reset after a training chunk
+   * (not forward-only, offload not disabled), with a summary of zero
+   * bytes: the gather is collective (every other rank of the comm would
+   * wait for it until the timeout), and without a comm is_warmup and
+   * summary_bytes still answer. */
   bool end_warmup =
-      m->warmup &&
-      (m->nfwd > 0 || (!m->offload && m->comm != NULL && m->off_trained));
+      m->warmup && (m->nfwd > 0 || (!m->offload && m->off_trained));
   end_iteration(m);
   if (end_warmup) {
     ofl_status_t p = ofl__policy_end_warmup(m);
@@ -455,15 +485,37 @@ void ofl_manager_set_forward_only(ofl_manager_t *m, int on) {
     m->forward_only = on != 0;
 }
 
+/* Records event on compute and makes compute wait for copy stream s. In a
+ * capture the copy stream's event (recorded outside it) cannot be waited
+ * for: the boundary is recorded, and the capture is refused while copies are
+ * in flight, since nothing would order them before the graph's work. */
+static ofl_status_t record_boundary(ofl_manager_t *m, ofl_event_t *event,
+                                    ofl_stream_t *s, ofl_event_t *ev_s,
+                                    const char *fn) {
+  ofl_stream_t *compute = ofl__compute(m);
+  if (ofl__stream_capturing(compute)) {
+    ofl_status_t q = ofl_stream_query(s);
+    if (q == OFL_ERR_NOT_READY)
+      return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_PIPELINE,
+                        "rank %d: %s inside a CUDA graph capture while copies "
+                        "are in flight on the %s stream; call "
+                        "ofl_manager_synchronize before beginning the capture",
+                        m->rank, fn, ofl_stream_name(s));
+    OFL_CHECK(q);
+    return ofl_event_record(event, compute);
+  }
+  OFL_CHECK(ofl_event_record(event, compute));
+  OFL_CHECK(ofl_event_record(ev_s, s));
+  return ofl_stream_wait_event(compute, ev_s);
+}
+
 ofl_status_t ofl_manager_forward_record(ofl_manager_t *m, ofl_event_t *event) {
   if (m == NULL || event == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "ofl_manager_forward_record: manager and event must "
                       "not be NULL");
-  ofl_stream_t *compute = ofl__compute(m);
-  OFL_CHECK(ofl_event_record(event, compute));
-  OFL_CHECK(ofl_event_record(m->ev_d2h, m->d2h));
-  return ofl_stream_wait_event(compute, m->ev_d2h);
+  return record_boundary(m, event, m->d2h, m->ev_d2h,
+                         "ofl_manager_forward_record");
 }
 
 ofl_status_t ofl_manager_backward_record(ofl_manager_t *m, ofl_event_t *event) {
@@ -471,10 +523,8 @@ ofl_status_t ofl_manager_backward_record(ofl_manager_t *m, ofl_event_t *event) {
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "ofl_manager_backward_record: manager and event must "
                       "not be NULL");
-  ofl_stream_t *compute = ofl__compute(m);
-  OFL_CHECK(ofl_event_record(event, compute));
-  OFL_CHECK(ofl_event_record(m->ev_h2d, m->h2d));
-  return ofl_stream_wait_event(compute, m->ev_h2d);
+  return record_boundary(m, event, m->h2d, m->ev_h2d,
+                         "ofl_manager_backward_record");
 }
 
 ofl_status_t ofl_manager_synchronize(ofl_manager_t *m, int64_t timeout_ms) {
@@ -528,6 +578,10 @@ void ofl_manager_get_stats(const ofl_manager_t *m, ofl_manager_stats_t *out) {
   ofl_pool_stats_t ps;
   ofl_pool_get_stats(m->host_pool, &ps);
   out->host_bytes_peak = ps.peak_in_use_bytes;
+  if (!m->warmup) {
+    ofl_pool_get_stats(m->dev_pool, &ps);
+    out->steady_device_pool_peak_bytes = ps.peak_in_use_bytes;
+  }
 }
 
 size_t ofl_manager_group_count(const ofl_manager_t *m) {

@@ -10,6 +10,7 @@
 
 #include <ofl/manager.h>
 
+#include "runtime/device_internal.h"
 #include "runtime/internal.h"
 
 /* Distinct group names per manager (a chunk keeps them as a bit mask). */
@@ -52,14 +53,20 @@ typedef struct group {
   /* Recorded in warmup. */
   uint64_t warm_bytes;
   uint64_t warm_tensors;
-  bool policy_offload; /* steady-state switch (policy.c) */
-  bool last_of_name;   /* no later group of the same name in the chunk */
+  uint64_t warm_disk_bytes;   /* of warm_bytes, to the disk tier */
+  uint64_t warm_budget_bytes; /* kept: no pinned (nor disk) room */
+  uint32_t warm_small;        /* clusters kept for their size */
+  uint32_t warm_flagged;      /* clusters not offloadable (flag, location) */
+  uint32_t warm_bwd_cursor;   /* m->bwd_cursor at its commit */
+  bool policy_offload;        /* steady-state switch (policy.c) */
+  uint8_t keep_why;           /* ofl_group_keep_reason_t of the policy */
+  bool last_of_name;          /* no later group of the same name in the chunk */
   /* Per iteration. */
   bool open, delayed, committed, offloaded, reload_issued, reload_joined;
   bool inline_reload;
   ofl_stream_t *joined_on; /* the compute stream that waited for reload_ev
                               (rule 3: another one must wait too) */
-  uint8_t bwd; /* 0 not begun, 1 begun, 2 ended */
+  uint8_t bwd;             /* 0 not begun, 1 begun, 2 ended */
 } group_t;
 
 struct chunk {
@@ -93,6 +100,13 @@ typedef struct name_info {
   group_t **ring;
   uint32_t ring_head, ring_len;
 } name_info_t;
+
+/* One group_start of the warmup, offloaded name or not (the plan). */
+typedef struct plan_rec {
+  chunk_t *c;
+  group_t *g; /* NULL: name not selected */
+  int nid;
+} plan_rec_t;
 
 typedef struct open_group {
   group_t *g; /* NULL for a name that is not offloaded */
@@ -145,11 +159,12 @@ struct ofl_manager {
                        not disabled), so this reset ends the warmup */
   int fail_offload_after; /* tests: the offload of that many more clusters
                              succeeds, the next fails; <0: never */
-  ofl_disk_t *disk; /* the tier below pinned memory, or NULL */
+  ofl_disk_t *disk;       /* the tier below pinned memory, or NULL */
 
   /* State. */
   bool warmup, enabled, forward_only;
-  uint32_t gen; /* iteration count, for stale tags */
+  uint32_t gen;    /* iteration count, for stale tags */
+  unsigned tag_id; /* 1..255, in every tag: another manager's is refused */
   name_info_t names[OFL__MAX_NAMES];
   int nnames;
 
@@ -175,6 +190,10 @@ struct ofl_manager {
   ofl_tensor_t **held; /* tensors held outside groups */
   uint32_t nheld, capheld;
 
+  plan_rec_t *plan; /* warmup: every group start, in forward order */
+  uint32_t nplan, capplan;
+  uint64_t warm_small_tensors, warm_small_bytes; /* kept for their size */
+
   ofl_manager_stats_t st;
   ofl__stall_probes_t *probes; /* cuda: stalls timed on the GPU (stall.c) */
 };
@@ -184,6 +203,9 @@ int ofl__name_find(const ofl_manager_t *m, const char *name);
 ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out);
 bool ofl__manager_active(const ofl_manager_t *m);
 ofl_stream_t *ofl__compute(ofl_manager_t *m);
+/* OFL_ERR_INVALID_USAGE naming fn while the compute stream is captured
+ * into a CUDA graph (offloading calls cannot be captured). */
+ofl_status_t ofl__capture_refuse(ofl_manager_t *m, const char *fn);
 ofl_status_t ofl__grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
 
 /* chunk.c */

@@ -50,6 +50,7 @@ static void keep_first_backward_groups(ofl_manager_t *m) {
   for (int k = 0; k < norder && margin > 0; k++, margin--) {
     group_t *g = pick[order[k]];
     g->policy_offload = false;
+    g->keep_why = OFL_KEEP_FIRST_BACKWARD;
     OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
               "stays on the device (first of its name to run backward, %llu "
               "bytes)",
@@ -68,6 +69,7 @@ static void keep_rank_delta(ofl_manager_t *m) {
       /* As the reference: a group is kept while any budget is left, so the
        * last one may go past it (a budget below one group keeps one). */
       g->policy_offload = false;
+      g->keep_why = OFL_KEEP_RANK_DELTA;
       keep = g->warm_bytes >= keep ? 0 : keep - g->warm_bytes;
       OFL__PLOG(OFL_LOG_INFO, m, c, ofl__gname(m, g),
                 "stays on the device (pp rank delta, %llu bytes)",
@@ -89,6 +91,7 @@ static void keep_fraction(ofl_manager_t *m) {
       group_t *g = c->groups[j];
       if (g->policy_offload && g->warm_bytes > 0) {
         g->policy_offload = false;
+        g->keep_why = OFL_KEEP_FRACTION;
         drop--;
       }
     }
@@ -130,6 +133,111 @@ static void summarize(ofl_manager_t *m) {
     if (reached_first_bwd && i + 1 >= m->fwd_before_bwd)
       break; /* from here on 1F1B runs: the peak does not grow */
   }
+}
+
+/* The configured names the warmup never started are likely misspelt (or
+ * the model calls its modules otherwise): nothing of theirs is offloaded. */
+static void report_unseen_names(ofl_manager_t *m) {
+  const char *p = m->groups_cfg;
+  while (m->offload && *p != '\0') {
+    while (*p == ' ' || *p == ',')
+      p++;
+    const char *end = p;
+    while (*end != '\0' && *end != ',')
+      end++;
+    const char *last = end;
+    while (last > p && last[-1] == ' ')
+      last--;
+    char name[128];
+    size_t n = (size_t)(last - p);
+    if (n > 0 && n < sizeof name) {
+      memcpy(name, p, n);
+      name[n] = '\0';
+      if (ofl__name_find(m, name) < 0)
+        OFL_WARN(OFL_SUBSYS_PIPELINE,
+                 "rank %d: group %s is configured for offload "
+                 "(params.groups / OFL_OFFLOAD_GROUPS) but the warmup never "
+                 "started it; check its spelling against the names passed "
+                 "to ofl_manager_group_start",
+                 m->rank, name);
+    }
+    p = end;
+  }
+  if (m->warm_small_tensors > 0)
+    OFL_INFO(OFL_SUBSYS_PIPELINE,
+             "rank %d: warmup: %llu tensors (%llu bytes) stay on the device "
+             "for their size (under %zu bytes, or %llu elements when no byte "
+             "threshold: OFL_MIN_OFFLOAD_BYTES / OFL_MIN_OFFLOAD_ELEMS)",
+             m->rank, (unsigned long long)m->warm_small_tensors,
+             (unsigned long long)m->warm_small_bytes, m->min_bytes,
+             (unsigned long long)m->min_elems);
+}
+
+/* The group kept by should_offload in steady state: the last of its name in
+ * a chunk that is the next of that name to run backward when it commits
+ * (the schedule repeats the warmup, so the warmup's backward position at
+ * the commit tells). */
+static bool next_in_backward(const ofl_manager_t *m, const group_t *g) {
+  if (!g->last_of_name)
+    return false;
+  for (uint32_t i = g->warm_bwd_cursor; i < m->nbwd; i++)
+    if ((m->bwd[i]->name_mask >> g->nid) & 1u)
+      return m->bwd[i] == g->chunk;
+  return false;
+}
+
+static void plan_one(const ofl_manager_t *m, const plan_rec_t *r,
+                     ofl_group_plan_t *out) {
+  memset(out, 0, sizeof *out);
+  out->chunk = r->c->index;
+  out->vp_stage = r->c->vp_stage;
+  out->microbatch = r->c->mb;
+  out->name = m->names[r->nid].name;
+  out->placement = OFL_GROUP_DEVICE;
+  const group_t *g = r->g;
+  if (g == NULL) {
+    out->reason = OFL_KEEP_NOT_SELECTED;
+    return;
+  }
+  out->bytes = g->warm_bytes;
+  out->disk_bytes = g->warm_disk_bytes;
+  if (g->warm_bytes == 0)
+    out->reason = g->warm_budget_bytes > 0 ? OFL_KEEP_HOST_BUDGET
+                  : g->warm_small > 0 || g->warm_flagged == 0
+                      ? OFL_KEEP_SIZE
+                      : OFL_KEEP_NOT_OFFLOADABLE;
+  else if (!g->policy_offload)
+    out->reason = (ofl_group_keep_reason_t)g->keep_why;
+  else if (next_in_backward(m, g))
+    out->reason = OFL_KEEP_NEXT_BACKWARD;
+  else
+    out->placement =
+        g->warm_disk_bytes == g->warm_bytes ? OFL_GROUP_DISK : OFL_GROUP_PINNED;
+}
+
+size_t ofl_manager_group_plan_count(const ofl_manager_t *m) {
+  return m != NULL && !m->warmup ? m->nplan : 0;
+}
+
+ofl_status_t ofl_manager_group_plan(const ofl_manager_t *m, size_t i,
+                                    ofl_group_plan_t *out) {
+  if (m == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_plan: manager and out must not be "
+                      "NULL");
+  if (m->warmup)
+    return ofl__error_quiet(OFL_ERR_NOT_READY,
+                            "rank %d: the group plan exists after the warmup "
+                            "iteration's reset",
+                            m->rank);
+  if (i >= m->nplan)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_plan: index %zu out of range (%u "
+                      "groups in the record; see "
+                      "ofl_manager_group_plan_count)",
+                      i, m->nplan);
+  plan_one(m, &m->plan[i], out);
+  return OFL_SUCCESS;
 }
 
 /* Rule 7: the per-name table is gathered on the user's comm (collective:
@@ -178,6 +286,10 @@ ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m) {
   keep_fraction(m);
   mark_last_of_name(m);
   summarize(m);
+  report_unseen_names(m);
+  /* The steady-state peak of the reload pool starts here
+   * (ofl_manager_stats_t.steady_device_pool_peak_bytes). */
+  ofl_pool_reset_peak(m->dev_pool);
   uint64_t total = 0;
   for (int k = 0; k < m->nnames; k++)
     total += m->names[k].summary_bytes;

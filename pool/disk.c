@@ -45,9 +45,27 @@ static uint64_t deadline_of(int64_t timeout_ms) {
   return ofl__now_ns() + (uint64_t)ofl__timeout_ms(timeout_ms) * 1000000ull;
 }
 
+/* A file-size limit (EFBIG) and a quota (EDQUOT) are no space too: same
+ * status and same counter (faults_enospc) as ENOSPC. */
 static ofl_status_t status_of_errno(int err) {
   return err == ENOSPC || err == EDQUOT || err == EFBIG ? OFL_ERR_NO_SPACE
                                                         : OFL_ERR_IO;
+}
+
+/* Lock held: writes queued or in flight whose buffer goes back to the pool
+ * (or the keep list, which gives it up on demand) when they complete; a
+ * write a reload is serving from keeps its buffer. */
+static unsigned writes_returning_buffers(const ofl_disk_t *d) {
+  unsigned n = 0;
+  for (const ofl_disk_extent_t *e = d->live; e != NULL; e = e->next)
+    n += e->op == DISK_OP_WRITE && !e->keep_buffer;
+  return n;
+}
+
+/* Lock held: a bounce buffer went back; wake reloads waiting for one. */
+static void buffer_returned(ofl_disk_t *d) {
+  d->buf_gen++;
+  pthread_cond_broadcast(&d->done_cv);
 }
 
 /* ---- the file
@@ -83,8 +101,17 @@ static ofl_status_t open_private(ofl_disk_t *d, const char **how) {
   return OFL_SUCCESS;
 }
 
+/* Tests: when nonzero, the O_DIRECT probe write fails with this errno. */
+int ofl__disk_probe_errno;
+
+static bool is_space_errno(int err) {
+  return err == ENOSPC || err == EDQUOT || err == EFBIG;
+}
+
 /* O_DIRECT when asked and taken: the flag, then one aligned write, since
- * some file systems accept the flag and refuse the I/O. */
+ * some file systems accept the flag and refuse the I/O (EINVAL). A probe
+ * that fails for want of space says nothing about O_DIRECT: that is a full
+ * disk, an error with "on" and a WARN with "auto" (which runs buffered). */
 static ofl_status_t set_direct(ofl_disk_t *d, ofl_disk_direct_t mode) {
   d->direct = false;
   if (mode == OFL_DISK_DIRECT_OFF)
@@ -100,15 +127,35 @@ static ofl_status_t set_direct(ofl_disk_t *d, ofl_disk_direct_t mode) {
                         "disk store: cannot allocate 4 KiB");
     memset(probe, 0, OFL__DISK_ALIGN);
     ssize_t n = pwrite(d->fd, probe, OFL__DISK_ALIGN, 0);
-    err = n == (ssize_t)OFL__DISK_ALIGN ? 0 : (n < 0 ? errno : EINVAL);
+    /* A short probe write is the file system running out of room. */
+    err = n == (ssize_t)OFL__DISK_ALIGN ? 0 : (n < 0 ? errno : ENOSPC);
     free(probe);
     if (ftruncate(d->fd, 0) != 0 && err == 0)
       err = errno;
     if (err != 0)
       fcntl(d->fd, F_SETFL, fl);
   }
+  if (ofl__disk_probe_errno != 0 && fl >= 0) { /* tests: the probe's fate */
+    err = ofl__disk_probe_errno;
+    fcntl(d->fd, F_SETFL, fl);
+  }
   if (err == 0) {
     d->direct = true;
+    return OFL_SUCCESS;
+  }
+  if (is_space_errno(err)) {
+    if (mode == OFL_DISK_DIRECT_ON)
+      return ofl__error(OFL_ERR_NO_SPACE, OFL_SUBSYS_DISK,
+                        "rank %d disk store: no space in %s for a 4 KiB "
+                        "write (%s), so O_DIRECT could not be checked; free "
+                        "space there or set OFL_DISK_DIR to another "
+                        "directory",
+                        d->rank, d->dir, strerror(err));
+    OFL_WARN(OFL_SUBSYS_DISK,
+             "rank %d disk store: no space in %s for a 4 KiB write (%s); "
+             "O_DIRECT not checked, running buffered, and writes will fail "
+             "(the data stays in memory) until space is freed there",
+             d->rank, d->dir, strerror(err));
     return OFL_SUCCESS;
   }
   if (mode == OFL_DISK_DIRECT_ON)
@@ -154,7 +201,7 @@ static ofl_status_t space_alloc(ofl_disk_t *d, uint64_t span, uint64_t *out) {
   if (d->budget != 0 && grow > d->budget - s->file_bytes)
     grow = d->budget - s->file_bytes;
   int err = grow_file(d, s->file_bytes, grow);
-  if (err == ENOSPC && grow > need) {
+  if (is_space_errno(err) && grow > need) {
     grow = need;
     err = grow_file(d, s->file_bytes, grow);
   }
@@ -235,6 +282,13 @@ static ofl_status_t read_config(const ofl_disk_params_t *p, ofl_disk_t *d,
   d->budget = ofl__disk_round(budget);
   if (budget != 0 && d->budget > budget)
     d->budget -= OFL__DISK_ALIGN; /* round the cap down, not up */
+  /* 0 means no cap: a small cap must not round down to it. */
+  if (budget != 0 && d->budget == 0)
+    return ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_DISK,
+                      "disk store: budget of %zu bytes holds no extent (the "
+                      "unit is 4 KiB); use 0 for no cap or at least 4K "
+                      "(OFL_DISK_BUDGET)",
+                      budget);
 
   int64_t qd = p->queue_depth;
   if (qd <= 0)
@@ -617,6 +671,7 @@ size_t ofl_disk_drop_kept(ofl_disk_t *d) {
   size_t bytes = d->kept_bytes;
   while (keep_drop_oldest(d)) {
   }
+  buffer_returned(d);
   unlock(d);
   return bytes;
 }
@@ -890,7 +945,7 @@ ofl_status_t ofl_disk_extent_reload(ofl_disk_extent_t *e, int64_t timeout_ms,
                       "ofl_disk_extent_reload: extent and data are required");
   ofl_disk_t *d = e->disk;
   uint64_t t0 = ofl__now_ns(), deadline = deadline_of(timeout_ms);
-  bool stalled = false;
+  bool stalled = false, no_buffer = false;
   ofl_status_t st = OFL_SUCCESS;
   lock(d);
   for (;;) {
@@ -919,9 +974,31 @@ ofl_status_t ofl_disk_extent_reload(ofl_disk_extent_t *e, int64_t timeout_ms,
       break;
     stalled = true;
     if (s == OFL_DISK_EXTENT_ON_DISK) {
+      uint64_t gen = d->buf_gen;
       unlock(d);
       st = start_read(e);
       lock(d);
+      if (st == OFL_ERR_NO_MEMORY) {
+        /* The budget is held, but writes in flight give their buffers back
+         * when they complete: wait for them (bounded) rather than fail a
+         * read that would succeed a moment later. */
+        if (d->buf_gen != gen) {
+          st = OFL_SUCCESS; /* a buffer came back meanwhile: try again */
+          continue;
+        }
+        unsigned writers = writes_returning_buffers(d);
+        if (writers == 0) {
+          no_buffer = true;
+          break;
+        }
+        if (!wait_until(d, deadline)) {
+          no_buffer = true;
+          st = OFL_ERR_TIMEOUT;
+          break;
+        }
+        st = OFL_SUCCESS;
+        continue;
+      }
       if (st != OFL_SUCCESS)
         break;
       continue;
@@ -945,7 +1022,25 @@ ofl_status_t ofl_disk_extent_reload(ofl_disk_extent_t *e, int64_t timeout_ms,
     d->st.prefetch_hits++;
   }
   void *p = e->data;
+  size_t kept = d->kept_bytes;
+  unsigned writers = writes_returning_buffers(d);
   unlock(d);
+  if (no_buffer && st == OFL_ERR_TIMEOUT)
+    return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DISK,
+                      "rank %d ofl_disk_extent_reload: no bounce buffer for "
+                      "%zu bytes after %lld ms; %u writes in flight still "
+                      "hold theirs (the disk is slow or stuck); raise "
+                      "OFL_DISK_BOUNCE_BUDGET or OFL_WAIT_TIMEOUT_MS",
+                      d->rank, e->span, (long long)ofl__timeout_ms(timeout_ms),
+                      writers);
+  if (no_buffer)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DISK,
+                      "rank %d ofl_disk_extent_reload: no bounce buffer for "
+                      "%zu bytes and no write in flight that would return "
+                      "one (%zu bytes kept); the buffers are held by extents "
+                      "in memory: destroy or evict some, or raise "
+                      "OFL_DISK_BOUNCE_BUDGET",
+                      d->rank, e->span, kept);
   if (st == OFL_ERR_TIMEOUT)
     return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DISK,
                       "rank %d ofl_disk_extent_reload: read of %zu bytes not "
@@ -979,7 +1074,11 @@ ofl_status_t ofl_disk_extent_evict(ofl_disk_extent_t *e) {
   e->data = NULL;
   e->state = OFL_DISK_EXTENT_ON_DISK;
   unlock(d);
-  return ofl_pool_free(d->pool, t);
+  ofl_status_t st = ofl_pool_free(d->pool, t);
+  lock(d);
+  buffer_returned(d);
+  unlock(d);
+  return st;
 }
 
 /* Frees space, buffer and handle (no operation in flight). */
@@ -1006,6 +1105,9 @@ static void extent_release(ofl_disk_t *d, ofl_disk_extent_t *e,
                                     : ofl_pool_free(d->pool, t);
     if (st != OFL_SUCCESS && after != NULL)
       ofl_pool_free(d->pool, t); /* could not queue: the caller synced */
+    lock(d);
+    buffer_returned(d);
+    unlock(d);
   }
   free(e);
 }
@@ -1075,7 +1177,7 @@ void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
   ofl_tensor_t *drop = NULL;
 
   lock(d);
-  if (err == ENOSPC)
+  if (err != 0 && st == OFL_ERR_NO_SPACE) /* ENOSPC, EDQUOT, EFBIG */
     d->st.faults_enospc++;
   else if (err != 0)
     d->st.faults_eio++;
@@ -1121,7 +1223,7 @@ void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e) {
    * over (lock order: store, then pool; the pool never calls the store). */
   if (drop != NULL)
     ofl_pool_free(d->pool, drop);
-  pthread_cond_broadcast(&d->done_cv);
+  buffer_returned(d); /* to the pool or the keep list; also broadcasts */
   int rank = d->rank;
   unlock(d); /* e may be destroyed by a waiter from here on */
   if (st != OFL_SUCCESS)

@@ -74,6 +74,10 @@ void ofl__disk_pause(ofl_disk_t *d, int paused);
  * named file unlinked right after it is created). */
 extern int ofl__disk_no_tmpfile;
 
+/* Tests: when nonzero, the O_DIRECT probe write at open fails with this
+ * errno (ENOSPC: a full file system; EINVAL: O_DIRECT refused). */
+extern int ofl__disk_probe_errno;
+
 /* The file descriptor and an extent's file offset (tests that corrupt the
  * file behind the store's back). */
 int ofl__disk_fd(const ofl_disk_t *disk);
@@ -155,6 +159,10 @@ struct ofl_disk {
   disk_req_t *reqs; /* queue_depth slots */
   int reqs_busy;
   unsigned ops_inflight; /* extent operations not finished */
+  /* Bumped (with a broadcast of done_cv) whenever the store gives a bounce
+   * buffer back to the pool or its keep list: a reload waiting for a buffer
+   * that in-flight writes will return retries on every change. */
+  uint64_t buf_gen;
   bool degraded;
   bool stop;
   bool paused; /* tests */

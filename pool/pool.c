@@ -84,6 +84,11 @@ struct ofl_pool {
   /* Stream that turns a caller's event into a block event (lazy). */
   pthread_mutex_t order_stream_mu;
   ofl_stream_t *order_stream;
+  /* ofl__pool_destroy_when_idle: destroyed (then `then` runs) when the
+   * last held block comes back, since handles outside still use them. */
+  bool doomed;
+  void (*then)(void *);
+  void *then_arg;
 };
 
 /* ---- backend memory ------------------------------------------------------ */
@@ -367,6 +372,44 @@ void ofl_pool_destroy(ofl_pool_t *pool) {
   pthread_mutex_destroy(&p->order_stream_mu);
   pthread_mutex_destroy(&p->mu);
   free(p);
+}
+
+static void pool_finish(ofl_pool_t *p) {
+  void (*then)(void *) = p->then;
+  void *arg = p->then_arg;
+  ofl_pool_destroy(p);
+  if (then != NULL)
+    then(arg);
+}
+
+void ofl__pool_destroy_when_idle(ofl_pool_t *pool, void (*then)(void *),
+                                 void *arg) {
+  if (pool == NULL) {
+    if (then != NULL)
+      then(arg);
+    return;
+  }
+  ofl_pool_t *p = pool;
+  (void)ofl_pool_clear(p); /* the free blocks' memory goes at once */
+  pthread_mutex_lock(&p->mu);
+  bool now = p->stats.blocks_in_use == 0;
+  if (!now) {
+    p->doomed = true;
+    p->then = then;
+    p->then_arg = arg;
+    /* Logged under the lock: once it is dropped, the release of the last
+     * block may destroy p on another thread. */
+    OFL_INFO(OFL_SUBSYS_POOL,
+             "pool %s: %llu blocks still held by tensors handed out; the "
+             "pool is destroyed when the last of them is released",
+             p->name, (unsigned long long)p->stats.blocks_in_use);
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (now) {
+    p->then = then;
+    p->then_arg = arg;
+    pool_finish(p);
+  }
 }
 
 ofl_pool_kind_t ofl_pool_kind(const ofl_pool_t *pool) {
@@ -973,11 +1016,21 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
     p->stats.in_use_bytes -= b->st.bytes;
     free_push(b->key, b);
   }
+  /* The last block of a pool whose owner is gone: the pool goes now. */
+  bool finish = p->doomed && p->stats.blocks_in_use == 0;
+  if (finish)
+    p->doomed = false;
   if (end_handle && t->home == p) {
     handle_cache_push(p, t);
     end_handle = false;
   }
   pthread_mutex_unlock(&p->mu);
+  if (finish) {
+    OFL_INFO(OFL_SUBSYS_POOL,
+             "pool %s: its last block came back; the pool is destroyed",
+             p->name);
+    pool_finish(p);
+  }
 end:
   if (end_handle) {
     if (t->home != NULL) {

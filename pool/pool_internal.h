@@ -73,6 +73,14 @@ ofl_status_t ofl__pool_block_ref(const ofl_tensor_t *t);
 /* Returns an ended handle to the cache of its home pool. */
 void ofl__pool_handle_put(ofl_tensor_t *t);
 
+/* Destroys pool now when none of its blocks is held, else when the last
+ * held block is released (the offload manager's own reload pool: tensors it
+ * popped belong to the caller and outlive it); then(arg), when non-NULL,
+ * runs right after the pool is gone. The free blocks' memory goes at once.
+ * The caller must not use pool afterwards. */
+void ofl__pool_destroy_when_idle(ofl_pool_t *pool, void (*then)(void *),
+                                 void *arg);
+
 /* External storage: detaches t (last handle releases the memory, through
  * the stream's timeline when stream is non-NULL). */
 ofl_status_t ofl__tensor_release_external(ofl_tensor_t *t,

@@ -25,6 +25,10 @@ static const struct {
     [OFL_DTYPE_I8] = {"i8", "I8", 1},
     [OFL_DTYPE_U8] = {"u8", "U8", 1},
     [OFL_DTYPE_BOOL] = {"bool", "BOOL", 1},
+    [OFL_DTYPE_F64] = {"f64", "F64", 8},
+    [OFL_DTYPE_U16] = {"u16", "U16", 2},
+    [OFL_DTYPE_U32] = {"u32", "U32", 4},
+    [OFL_DTYPE_U64] = {"u64", "U64", 8},
 };
 
 static bool dtype_valid(ofl_dtype_t dtype) {
@@ -48,6 +52,8 @@ ofl_status_t ofl_dtype_parse(const char *name, ofl_dtype_t *out) {
       {"bfloat16", OFL_DTYPE_BF16}, {"int64", OFL_DTYPE_I64},
       {"int32", OFL_DTYPE_I32},     {"int16", OFL_DTYPE_I16},
       {"int8", OFL_DTYPE_I8},       {"uint8", OFL_DTYPE_U8},
+      {"float64", OFL_DTYPE_F64},   {"uint16", OFL_DTYPE_U16},
+      {"uint32", OFL_DTYPE_U32},    {"uint64", OFL_DTYPE_U64},
   };
   if (name == NULL || out == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
@@ -65,8 +71,8 @@ ofl_status_t ofl_dtype_parse(const char *name, ofl_dtype_t *out) {
     }
   }
   return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
-                    "unknown dtype '%s'; use one of f32 f16 bf16 f8_e4m3 "
-                    "f8_e5m2 i64 i32 i16 i8 u8 bool",
+                    "unknown dtype '%s'; use one of f64 f32 f16 bf16 "
+                    "f8_e4m3 f8_e5m2 i64 i32 i16 i8 u64 u32 u16 u8 bool",
                     name);
 }
 

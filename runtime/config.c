@@ -1,8 +1,14 @@
-/* ofl: the table of every OFL_* variable (name, default, kind, doc), parsed
- * once from the environment. A params struct field set by the application
- * wins over the variable; the variable wins over the default. */
+/* ofl: the table of every OFL_* variable (name, default, kind, range, doc),
+ * parsed once from the environment. A params struct field set by the
+ * application wins over the variable; the variable wins over the default.
+ * Every value is checked when the table is loaded: one invalid value makes
+ * every typed read fail with OFL_ERR_CONFIG naming it, so that the first
+ * call that reads the configuration (a device open, a manager create) says
+ * so, whichever variable it reads itself. */
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -15,103 +21,271 @@ extern char **environ;
 
 typedef enum { K_STR, K_BOOL, K_INT, K_SIZE, K_DOUBLE, K_ENUM } kind_t;
 
-typedef struct {
+typedef struct entry {
   const char *name;
   const char *def;
   kind_t kind;
   const char *words; /* K_ENUM: allowed values, '|'-separated */
+  /* K_INT: lo..hi (both 0: any int64); K_SIZE: lo..hi bytes (hi 0: no
+   * upper bound); K_DOUBLE: dlo..dhi (dhi 0: no upper bound). */
+  int64_t lo, hi;
+  double dlo, dhi;
+  /* Extra check of the text (K_STR, K_DOUBLE); NULL: none. hint says what
+   * it accepts. */
+  bool (*check)(const char *s);
+  const char *hint;
   const char *doc;
 } entry_t;
+
+static bool check_subsys(const char *s) {
+  unsigned mask;
+  return ofl__log_parse_subsys(s, &mask);
+}
+
+static bool check_rank(const char *s) {
+  int r;
+  return ofl__log_parse_rank(s, &r);
+}
+
+/* OFL_DEVICE: empty, local, or a decimal ordinal (runtime/device_cuda.c
+ * checks it against the devices present). */
+static bool check_device(const char *s) {
+  if (*s == '\0' || strcmp(s, "local") == 0)
+    return true;
+  int r;
+  return ofl__log_parse_rank(s, &r);
+}
+
+/* A link rate paces each byte 1/rate seconds: a rate so low that one byte
+ * takes longer than a day is a typo, not a link (and below ~1e-300 GB/s the
+ * arithmetic gives infinities). 0 switches the model off. */
+static bool check_link(const char *s) {
+  double v = strtod(s, NULL);
+  return v == 0 || v * 1e9 >= OFL__LINK_MIN_BPS;
+}
+
+#define LINK_HINT "0 (off) or a rate of at least 1.2e-14 GB/s (one byte a day)"
 
 /* Every OFL_* variable the library reads. README.md lists the same. */
 static const entry_t table[] = {
     /* runtime */
-    {"OFL_BACKEND", "auto", K_ENUM, "auto|host|cuda",
-     "device backend; auto picks cuda when a GPU is present"},
-    {"OFL_DEBUG", "WARN", K_ENUM, "NONE|WARN|INFO|TRACE|VERSION", "log level"},
-    {"OFL_DEBUG_SUBSYS", "ALL", K_STR, NULL,
-     "subsystems to log: INIT,DEVICE,POOL,PIPELINE,DISK,STAGING,COLL,CONFIG or "
-     "ALL; ^ excludes"},
-    {"OFL_DEBUG_RANK", "", K_STR, NULL,
-     "log only on this rank (empty: all ranks)"},
-    {"OFL_DEBUG_FILE", "", K_STR, NULL,
-     "log file instead of stderr; %h host, %p pid, %r rank"},
-    {"OFL_WAIT_TIMEOUT_MS", "120000", K_INT, NULL,
-     "timeout of every wait that is not given one, in ms"},
-    {"OFL_TRACE_FILE", "", K_STR, NULL,
-     "write a Chrome trace (JSON) of streams, copies and waits here at device "
-     "close; %p pid, %r rank"},
-    {"OFL_DEVICE", "", K_STR, NULL,
-     "cuda device of a device opened without an index: an ordinal, or local "
-     "(the launcher's local rank modulo the device count); empty: the "
-     "calling thread's current device"},
-    {"OFL_DEVICE_CAPACITY", "0", K_SIZE, NULL,
-     "host backend: device memory capacity (0: unlimited)"},
-    {"OFL_STRICT", "0", K_BOOL, NULL,
-     "host backend: poison freed blocks, jitter worker streams, report frees "
-     "of in-flight blocks"},
-    {"OFL_JITTER_SEED", "1", K_INT, NULL,
-     "host backend strict mode: seed of the stream jitter"},
-    {"OFL_JITTER_MAX_US", "200", K_INT, NULL,
-     "host backend strict mode: largest jitter per operation, in microseconds"},
-    {"OFL_HOST_SPIN_US", "20", K_INT, NULL,
-     "host backend: microseconds a worker stream polls for more work before it "
-     "sleeps (0: sleep at once)"},
-    {"OFL_LINK_H2D_GBPS", "0", K_DOUBLE, NULL,
-     "host backend link model: H2D GB/s (0: unlimited)"},
-    {"OFL_LINK_D2H_GBPS", "0", K_DOUBLE, NULL,
-     "host backend link model: D2H GB/s (0: unlimited)"},
-    {"OFL_LINK_TOTAL_GBPS", "0", K_DOUBLE, NULL,
-     "host backend link model: both directions together, GB/s (0: their sum)"},
+    {.name = "OFL_BACKEND",
+     .def = "auto",
+     .kind = K_ENUM,
+     .words = "auto|host|cuda",
+     .doc = "device backend; auto picks cuda when a GPU is present"},
+    {.name = "OFL_DEBUG",
+     .def = "WARN",
+     .kind = K_ENUM,
+     .words = "NONE|WARN|INFO|TRACE|VERSION",
+     .doc = "log level"},
+    {.name = "OFL_DEBUG_SUBSYS",
+     .def = "ALL",
+     .kind = K_STR,
+     .check = check_subsys,
+     .hint = "a comma list of INIT,DEVICE,POOL,PIPELINE,DISK,STAGING,COLL,"
+             "CONFIG or ALL, ^ first to exclude",
+     .doc = "subsystems to log; ^ excludes"},
+    {.name = "OFL_DEBUG_RANK",
+     .def = "",
+     .kind = K_STR,
+     .check = check_rank,
+     .hint = "empty or a decimal rank >= 0",
+     .doc = "log only on this rank (empty: all ranks)"},
+    {.name = "OFL_DEBUG_FILE",
+     .def = "",
+     .kind = K_STR,
+     .doc = "log file instead of stderr; %h host, %p pid, %r rank"},
+    {.name = "OFL_WAIT_TIMEOUT_MS",
+     .def = "120000",
+     .kind = K_INT,
+     .lo = 1,
+     .hi = INT64_MAX,
+     .doc = "timeout of every wait that is not given one, in ms"},
+    {.name = "OFL_TRACE_FILE",
+     .def = "",
+     .kind = K_STR,
+     .doc = "write a Chrome trace (JSON) of streams, copies and waits here at "
+            "device close; %p pid, %r rank, %d device number in the process "
+            "(a second device on the same path gets .N before .json)"},
+    {.name = "OFL_DEVICE",
+     .def = "",
+     .kind = K_STR,
+     .check = check_device,
+     .hint = "empty, local, or a device ordinal",
+     .doc = "cuda device of a device opened without an index: an ordinal, or "
+            "local (the launcher's local rank modulo the device count); "
+            "empty: the calling thread's current device"},
+    {.name = "OFL_CUDART_LIBRARY",
+     .def = "",
+     .kind = K_STR,
+     .doc = "cuda runtime loaded at the first cuda device open (a soname or "
+            "path); empty: libcudart.so.13, then libcudart.so.12"},
+    {.name = "OFL_NCCL_LIBRARY",
+     .def = "",
+     .kind = K_STR,
+     .doc = "nccl loaded at the first NCCL comm creation (a soname or path); "
+            "empty: libnccl.so.2"},
+    {.name = "OFL_DEVICE_CAPACITY",
+     .def = "0",
+     .kind = K_SIZE,
+     .doc = "host backend: device memory capacity (0: unlimited)"},
+    {.name = "OFL_STRICT",
+     .def = "0",
+     .kind = K_BOOL,
+     .doc = "host backend: poison freed blocks, jitter worker streams, report "
+            "frees of in-flight blocks"},
+    {.name = "OFL_JITTER_SEED",
+     .def = "1",
+     .kind = K_INT,
+     .lo = 0,
+     .hi = INT64_MAX,
+     .doc = "host backend strict mode: seed of the stream jitter"},
+    {.name = "OFL_JITTER_MAX_US",
+     .def = "200",
+     .kind = K_INT,
+     .lo = 0,
+     .hi = INT32_MAX,
+     .doc = "host backend strict mode: largest jitter per operation, in "
+            "microseconds"},
+    {.name = "OFL_HOST_SPIN_US",
+     .def = "20",
+     .kind = K_INT,
+     .lo = 0,
+     .hi = 100000,
+     .doc = "host backend: microseconds a worker stream polls for more work "
+            "before it sleeps (0: sleep at once)"},
+    {.name = "OFL_LINK_H2D_GBPS",
+     .def = "0",
+     .kind = K_DOUBLE,
+     .check = check_link,
+     .hint = LINK_HINT,
+     .doc = "host backend link model: H2D GB/s (0: unlimited)"},
+    {.name = "OFL_LINK_D2H_GBPS",
+     .def = "0",
+     .kind = K_DOUBLE,
+     .check = check_link,
+     .hint = LINK_HINT,
+     .doc = "host backend link model: D2H GB/s (0: unlimited)"},
+    {.name = "OFL_LINK_TOTAL_GBPS",
+     .def = "0",
+     .kind = K_DOUBLE,
+     .check = check_link,
+     .hint = LINK_HINT,
+     .doc = "host backend link model: both directions together, GB/s (0: "
+            "their sum)"},
     /* pools */
-    {"OFL_HOST_BUDGET", "0", K_SIZE, NULL,
-     "pinned host pool byte budget (0: unlimited)"},
-    {"OFL_DEVICE_POOL_BUDGET", "0", K_SIZE, NULL,
-     "device pool byte budget (0: unlimited)"},
+    {.name = "OFL_HOST_BUDGET",
+     .def = "0",
+     .kind = K_SIZE,
+     .doc = "pinned host pool byte budget (0: unlimited)"},
+    {.name = "OFL_DEVICE_POOL_BUDGET",
+     .def = "0",
+     .kind = K_SIZE,
+     .doc = "device pool byte budget (0: unlimited)"},
     /* pipeline */
-    {"OFL_OFFLOAD", "1", K_BOOL, NULL,
-     "master switch of activation offloading"},
-    {"OFL_OFFLOAD_GROUPS", "", K_STR, NULL,
-     "comma-separated group names to offload (empty: all)"},
-    {"OFL_MIN_OFFLOAD_ELEMS", "1048576", K_INT, NULL,
-     "smallest tensor offloaded, in elements"},
-    {"OFL_MIN_OFFLOAD_BYTES", "0", K_SIZE, NULL,
-     "smallest tensor offloaded, in bytes (0: use OFL_MIN_OFFLOAD_ELEMS)"},
-    {"OFL_OFFLOAD_FRACTION", "1.0", K_DOUBLE, NULL,
-     "fraction of groups of each name offloaded after warmup"},
-    {"OFL_RANK_DELTA_BYTES", "0", K_SIZE, NULL,
-     "per pipeline rank, bytes fewer offloaded than the rank before"},
-    {"OFL_PREFETCH_GROUPS", "1", K_INT, NULL,
-     "groups whose reloads are issued ahead of the backward pass (each holds "
-     "its device buffers until its backward), 1..64"},
-    {"OFL_MAX_INFLIGHT", "0", K_INT, NULL,
-     "max offloads in flight per group name (0: unlimited)"},
+    {.name = "OFL_OFFLOAD",
+     .def = "1",
+     .kind = K_BOOL,
+     .doc = "master switch of activation offloading"},
+    {.name = "OFL_OFFLOAD_GROUPS",
+     .def = "",
+     .kind = K_STR,
+     .doc = "comma-separated group names to offload (empty: all)"},
+    {.name = "OFL_MIN_OFFLOAD_ELEMS",
+     .def = "1048576",
+     .kind = K_INT,
+     .lo = 0,
+     .hi = INT64_MAX,
+     .doc = "smallest tensor offloaded, in elements"},
+    {.name = "OFL_MIN_OFFLOAD_BYTES",
+     .def = "0",
+     .kind = K_SIZE,
+     .doc = "smallest tensor offloaded, in bytes (0: use "
+            "OFL_MIN_OFFLOAD_ELEMS)"},
+    /* Its [0, 1] range is checked by the manager, which applies it to the
+     * params field too. */
+    {.name = "OFL_OFFLOAD_FRACTION",
+     .def = "1.0",
+     .kind = K_DOUBLE,
+     .doc = "fraction of groups of each name offloaded after warmup"},
+    {.name = "OFL_RANK_DELTA_BYTES",
+     .def = "0",
+     .kind = K_SIZE,
+     .doc = "per pipeline rank, bytes fewer offloaded than the rank before"},
+    {.name = "OFL_PREFETCH_GROUPS",
+     .def = "1",
+     .kind = K_INT,
+     .lo = 1,
+     .hi = 64,
+     .doc = "groups whose reloads are issued ahead of the backward pass (each "
+            "holds its device buffers until its backward)"},
+    {.name = "OFL_MAX_INFLIGHT",
+     .def = "0",
+     .kind = K_INT,
+     .lo = 0,
+     .hi = 1000000,
+     .doc = "max offloads in flight per group name (0: unlimited)"},
     /* disk tier */
-    {"OFL_DISK_DIR", "", K_STR, NULL,
-     "directory of the disk tier file (empty: TMPDIR or /tmp); a comma "
-     "list spreads the ranks of a node over several disks"},
-    {"OFL_DISK_GROUPS", "", K_STR, NULL,
-     "group names placed on disk rather than in host memory"},
-    {"OFL_DISK_BUDGET", "0", K_SIZE, NULL,
-     "disk tier byte budget (0: disk tier off unless groups are named)"},
-    {"OFL_DISK_BOUNCE_BUDGET", "0", K_SIZE, NULL,
-     "pinned bytes for the disk tier's bounce buffers (0: no cap); a full "
-     "pool makes the tier refuse, and the data stays where it is"},
-    {"OFL_DISK_KEEP", "256M", K_SIZE, NULL,
-     "bounce buffers the disk tier keeps after their write, so that reloads "
-     "of recent extents need no read (capped at OFL_DISK_BOUNCE_BUDGET; 0: "
-     "none)"},
-    {"OFL_DISK_QUEUE_DEPTH", "8", K_INT, NULL, "io_uring queue depth"},
-    {"OFL_DISK_BLOCK", "4M", K_SIZE, NULL, "disk I/O block size"},
-    {"OFL_DISK_PREFETCH", "2", K_INT, NULL,
-     "groups read ahead of the backward pass"},
-    {"OFL_DISK_CHECKSUM", "0", K_BOOL, NULL,
-     "CRC32C per extent, verified on read"},
-    {"OFL_DISK_DIRECT", "auto", K_ENUM, "auto|on|off",
-     "O_DIRECT on the disk file"},
+    {.name = "OFL_DISK_DIR",
+     .def = "",
+     .kind = K_STR,
+     .doc = "directory of the disk tier file (empty: TMPDIR or /tmp); a comma "
+            "list spreads the ranks of a node over several disks"},
+    {.name = "OFL_DISK_GROUPS",
+     .def = "",
+     .kind = K_STR,
+     .doc = "group names placed on disk rather than in host memory"},
+    {.name = "OFL_DISK_BUDGET",
+     .def = "0",
+     .kind = K_SIZE,
+     .doc = "disk tier byte budget (0: disk tier off unless groups are "
+            "named)"},
+    {.name = "OFL_DISK_BOUNCE_BUDGET",
+     .def = "0",
+     .kind = K_SIZE,
+     .doc = "pinned bytes for the disk tier's bounce buffers (0: no cap); a "
+            "full pool makes the tier refuse, and the data stays where it is"},
+    {.name = "OFL_DISK_KEEP",
+     .def = "256M",
+     .kind = K_SIZE,
+     .doc = "bounce buffers the disk tier keeps after their write, so that "
+            "reloads of recent extents need no read (capped at "
+            "OFL_DISK_BOUNCE_BUDGET; 0: none)"},
+    {.name = "OFL_DISK_QUEUE_DEPTH",
+     .def = "8",
+     .kind = K_INT,
+     .lo = 1,
+     .hi = 4096,
+     .doc = "io_uring queue depth"},
+    {.name = "OFL_DISK_BLOCK",
+     .def = "4M",
+     .kind = K_SIZE,
+     .lo = 1,
+     .hi = (int64_t)1 << 30,
+     .doc = "disk I/O block size"},
+    {.name = "OFL_DISK_PREFETCH",
+     .def = "2",
+     .kind = K_INT,
+     .lo = 0,
+     .hi = 1024,
+     .doc = "groups read ahead of the backward pass"},
+    {.name = "OFL_DISK_CHECKSUM",
+     .def = "1",
+     .kind = K_BOOL,
+     .doc = "CRC32C per extent, verified on read"},
+    {.name = "OFL_DISK_DIRECT",
+     .def = "auto",
+     .kind = K_ENUM,
+     .words = "auto|on|off",
+     .doc = "O_DIRECT on the disk file"},
     /* staging */
-    {"OFL_STAGING_MAX_INFLIGHT", "1", K_INT, NULL,
-     "checkpoint saves in flight per stager"},
+    {.name = "OFL_STAGING_MAX_INFLIGHT",
+     .def = "1",
+     .kind = K_INT,
+     .lo = 1,
+     .hi = 1024,
+     .doc = "checkpoint saves in flight per stager"},
 };
 
 #define N_ENTRIES (sizeof table / sizeof table[0])
@@ -119,6 +293,14 @@ static const entry_t table[] = {
 static pthread_mutex_t config_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool loaded;
 static char *values[N_ENTRIES];
+static bool from_env[N_ENTRIES]; /* the value in force came from the env */
+/* The value last warned about per entry: an invalid value is warned about
+ * once (at the load that finds it), not again by every read. */
+static char *warned[N_ENTRIES];
+/* The first invalid entry of the last load (-1: none), and its message. */
+static int bad_entry = -1;
+static char bad_msg[1024];
+
 /* Values replaced by a reload are kept, not freed: ofl_config_get handed out
  * pointers to them that another thread may still read. Reloads are rare (tests,
  * programs that setenv), so the list stays short. */
@@ -166,10 +348,15 @@ static bool parse_bool(const char *s, bool *out) {
   return false;
 }
 
+/* Decimal only ("010" is ten, not octal eight), an optional '-' and digits,
+ * nothing else: strtoll would also take blanks, '+', and 0x or 0 prefixes. */
 static bool parse_int(const char *s, int64_t *out) {
+  const char *d = s[0] == '-' ? s + 1 : s;
+  if (!isdigit((unsigned char)*d))
+    return false;
   char *end = NULL;
   errno = 0;
-  long long v = strtoll(s, &end, 0);
+  long long v = strtoll(s, &end, 10);
   if (errno != 0 || end == s || *end != '\0')
     return false;
   *out = v;
@@ -220,7 +407,10 @@ static bool parse_size(const char *s, size_t *out) {
 static bool parse_double(const char *s, double *out) {
   char *end = NULL;
   errno = 0;
+  if (isspace((unsigned char)*s))
+    return false;
   double v = strtod(s, &end);
+  /* ERANGE on underflow too (1e-400): such a value is no rate either. */
   if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < 0)
     return false;
   *out = v;
@@ -244,16 +434,34 @@ static int enum_index(const char *words, const char *s) {
   return -1;
 }
 
-static const char *kind_hint(const entry_t *e) {
+static bool int_ranged(const entry_t *e) { return e->lo != 0 || e->hi != 0; }
+
+/* What the entry accepts, in words (for the error message). */
+static const char *kind_hint(const entry_t *e, char *buf, size_t cap) {
+  if (e->hint != NULL)
+    return e->hint;
   switch (e->kind) {
   case K_BOOL:
     return "1/0, yes/no, on/off, true/false";
   case K_INT:
-    return "an integer";
+    if (!int_ranged(e))
+      return "a decimal integer";
+    snprintf(buf, cap, "a decimal integer in %" PRId64 "..%" PRId64, e->lo,
+             e->hi);
+    return buf;
   case K_SIZE:
-    return "a byte count with an optional K, M, G or T suffix";
+    if (e->hi == 0)
+      return "a byte count with an optional K, M, G or T suffix";
+    snprintf(buf, cap,
+             "a byte count of %" PRId64 " to %" PRId64
+             " with an optional K, M, G or T suffix",
+             e->lo, e->hi);
+    return buf;
   case K_DOUBLE:
-    return "a non-negative number";
+    if (e->dhi == 0)
+      return "a non-negative number";
+    snprintf(buf, cap, "a number in [%g, %g]", e->dlo, e->dhi);
+    return buf;
   case K_ENUM:
     return e->words;
   default:
@@ -261,7 +469,7 @@ static const char *kind_hint(const entry_t *e) {
   }
 }
 
-/* Checks one value against its kind; false when invalid. */
+/* Checks one value against its kind and range; false when invalid. */
 static bool valid(const entry_t *e, const char *s) {
   bool b;
   int64_t i;
@@ -271,20 +479,31 @@ static bool valid(const entry_t *e, const char *s) {
   case K_BOOL:
     return parse_bool(s, &b);
   case K_INT:
-    return parse_int(s, &i);
+    return parse_int(s, &i) && (!int_ranged(e) || (i >= e->lo && i <= e->hi));
   case K_SIZE:
-    return parse_size(s, &z);
+    return parse_size(s, &z) && z >= (uint64_t)e->lo &&
+           (e->hi == 0 || z <= (uint64_t)e->hi);
   case K_DOUBLE:
-    return parse_double(s, &d);
+    return parse_double(s, &d) && d >= e->dlo && (e->dhi == 0 || d <= e->dhi) &&
+           (e->check == NULL || e->check(s));
   case K_ENUM:
     return enum_index(e->words, s) >= 0;
   default:
-    return true;
+    return e->check == NULL || e->check(s);
   }
 }
 
+static void format_invalid(const entry_t *e, const char *s, char *msg,
+                           size_t cap) {
+  char hint[160];
+  snprintf(msg, cap, "%s='%.200s%s' is invalid; it takes %s (default '%s')",
+           e->name, s, strlen(s) > 200 ? "..." : "",
+           kind_hint(e, hint, sizeof hint), e->def);
+}
+
 static ofl_status_t load_locked(void) {
-  ofl_status_t st = OFL_SUCCESS;
+  bad_entry = -1;
+  bad_msg[0] = '\0';
   for (size_t i = 0; i < N_ENTRIES; i++) {
     const char *env = getenv(table[i].name);
     const char *want = env != NULL ? env : table[i].def;
@@ -295,10 +514,22 @@ static ofl_status_t load_locked(void) {
         values[i] = v;
       }
     }
-    if (env != NULL && !valid(&table[i], env) && st == OFL_SUCCESS)
-      st = ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_CONFIG,
-                      "%s='%s' is invalid; it takes %s (default '%s')",
-                      table[i].name, env, kind_hint(&table[i]), table[i].def);
+    from_env[i] = env != NULL;
+    if (env == NULL || valid(&table[i], env))
+      continue;
+    char msg[1024];
+    format_invalid(&table[i], env, msg, sizeof msg);
+    if (bad_entry < 0) {
+      bad_entry = (int)i;
+      snprintf(bad_msg, sizeof bad_msg, "%s", msg);
+    }
+    /* Warned once per value: the reads that fail on it stay quiet. */
+    if (warned[i] == NULL || strcmp(warned[i], env) != 0) {
+      free(warned[i]);
+      warned[i] = strdup(env);
+      OFL_WARN(OFL_SUBSYS_CONFIG, "%s: %s", ofl_status_str(OFL_ERR_CONFIG),
+               msg);
+    }
   }
   if (!warned_unknown) {
     warned_unknown = true;
@@ -311,9 +542,11 @@ static ofl_status_t load_locked(void) {
         len = sizeof name - 1;
       memcpy(name, *e, len);
       name[len] = '\0';
-      /* OFL_BUILD_DIR belongs to ofl.sh, OFL_BENCH_* and OFL_DEMO_* to the
-       * benches and the demo, not to the library. */
+      /* OFL_BUILD_DIR belongs to ofl.sh, OFL_LIBRARY to the Python package
+       * (which libofl it loads), OFL_BENCH_* and OFL_DEMO_* to the benches
+       * and the demo, not to the library. */
       if (find(name, NULL) == NULL && strcmp(name, "OFL_BUILD_DIR") != 0 &&
+          strcmp(name, "OFL_LIBRARY") != 0 &&
           strncmp(name, "OFL_BENCH_", 10) != 0 &&
           strncmp(name, "OFL_DEMO_", 9) != 0)
         OFL_WARN(OFL_SUBSYS_CONFIG,
@@ -323,20 +556,28 @@ static ofl_status_t load_locked(void) {
     }
   }
   loaded = true;
-  return st;
+  if (bad_entry >= 0)
+    return ofl__error_quiet(OFL_ERR_CONFIG, "%s", bad_msg);
+  return OFL_SUCCESS;
 }
 
 ofl_status_t ofl_config_reload(void) {
   pthread_mutex_lock(&config_lock);
   ofl_status_t st = load_locked();
   pthread_mutex_unlock(&config_lock);
+  /* The logger reads OFL_DEBUG* itself (it may not call back in here: the
+   * load above logs under config_lock). */
   ofl_log_reload();
+  if (st != OFL_SUCCESS)
+    ofl__error_quiet(st, "%s", bad_msg); /* the log reload may log */
   return st;
 }
 
-/* Copies the value in force into buf (values may be replaced by reload). */
-static ofl_status_t value_of(const char *name, const entry_t **entry, char *buf,
-                             size_t cap) {
+/* The value in force (values replaced by a reload are kept, so the pointer
+ * stays valid), and the load's verdict on the whole table: a read fails
+ * while any variable is invalid, with the message naming that variable. */
+static ofl_status_t value_of(const char *name, const entry_t **entry,
+                             const char **value) {
   size_t idx = 0;
   const entry_t *e = find(name, &idx);
   if (e == NULL)
@@ -345,16 +586,25 @@ static ofl_status_t value_of(const char *name, const entry_t **entry, char *buf,
   pthread_mutex_lock(&config_lock);
   if (!loaded)
     load_locked();
-  snprintf(buf, cap, "%s", values[idx] ? values[idx] : table[idx].def);
+  const char *v = values[idx] ? values[idx] : table[idx].def;
+  int bad = bad_entry;
+  char msg[1024];
+  if (bad >= 0)
+    snprintf(msg, sizeof msg, "%s", bad_msg);
   pthread_mutex_unlock(&config_lock);
+  if (bad >= 0)
+    return ofl__error_quiet(OFL_ERR_CONFIG, "%s", msg);
   *entry = e;
+  *value = v;
   return OFL_SUCCESS;
 }
 
+/* A value that the load accepted but the getter's kind does not take (a
+ * caller reading an entry with the wrong getter). */
 static ofl_status_t invalid(const entry_t *e, const char *s) {
-  return ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_CONFIG,
-                    "%s='%s' is invalid; it takes %s (default '%s')", e->name,
-                    s, kind_hint(e), e->def);
+  char msg[1024];
+  format_invalid(e, s, msg, sizeof msg);
+  return ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_CONFIG, "%s", msg);
 }
 
 const char *ofl_config_get(const char *name) {
@@ -367,6 +617,27 @@ const char *ofl_config_get(const char *name) {
   const char *v = values[idx] ? values[idx] : table[idx].def;
   pthread_mutex_unlock(&config_lock);
   return v;
+}
+
+const char *ofl__config_source(const char *name) {
+  size_t idx = 0;
+  if (name == NULL || find(name, &idx) == NULL)
+    return "default";
+  pthread_mutex_lock(&config_lock);
+  if (!loaded)
+    load_locked();
+  bool env = from_env[idx];
+  pthread_mutex_unlock(&config_lock);
+  return env ? "environment" : "default";
+}
+
+void ofl__config_print_value(FILE *f, const char *name, const char *value,
+                             const char *source) {
+  if (f == NULL)
+    f = stdout;
+  fprintf(f, "%-26s = %-12s (%s)\n", name,
+          value != NULL && value[0] != '\0' ? value : "''",
+          source != NULL ? source : "default");
 }
 
 int ofl__local_rank(int fallback) {
@@ -384,22 +655,23 @@ int ofl__local_rank(int fallback) {
 }
 
 ofl_status_t ofl__config_str(const char *name, const char **out) {
-  const char *v = ofl_config_get(name);
-  if (v == NULL)
-    return ofl__error(OFL_ERR_INTERNAL, OFL_SUBSYS_CONFIG,
-                      "configuration variable %s is not in the table", name);
+  const entry_t *e = NULL;
+  const char *v = NULL;
+  OFL_CHECK(value_of(name, &e, &v));
   *out = v;
   return OFL_SUCCESS;
 }
 
+/* The load checked kind and range; the getter parses again (and refuses a
+ * value of another kind: a read through the wrong getter). */
 #define TYPED_GETTER(fn, type, parser)                                         \
   ofl_status_t fn(const char *name, type *out) {                               \
     const entry_t *e = NULL;                                                   \
-    char buf[512];                                                             \
-    OFL_CHECK(value_of(name, &e, buf, sizeof buf));                            \
+    const char *s = NULL;                                                      \
+    OFL_CHECK(value_of(name, &e, &s));                                         \
     type v;                                                                    \
-    if (!parser(buf, &v))                                                      \
-      return invalid(e, buf);                                                  \
+    if (!parser(s, &v) || !valid(e, s))                                        \
+      return invalid(e, s);                                                    \
     *out = v;                                                                  \
     return OFL_SUCCESS;                                                        \
   }
@@ -411,25 +683,33 @@ TYPED_GETTER(ofl__config_double, double, parse_double)
 
 ofl_status_t ofl__config_enum(const char *name, int *out) {
   const entry_t *e = NULL;
-  char buf[512];
-  OFL_CHECK(value_of(name, &e, buf, sizeof buf));
-  int idx = e->kind == K_ENUM ? enum_index(e->words, buf) : -1;
+  const char *s = NULL;
+  OFL_CHECK(value_of(name, &e, &s));
+  int idx = e->kind == K_ENUM ? enum_index(e->words, s) : -1;
   if (idx < 0)
-    return invalid(e, buf);
+    return invalid(e, s);
   *out = idx;
   return OFL_SUCCESS;
 }
 
+/* Each variable with the value in force for the library (the environment's
+ * or the default) and where it came from; a params field set by the
+ * application wins over both (ofl_manager_config_print shows those). */
 void ofl_config_print(FILE *out) {
   if (out == NULL)
     out = stdout;
   pthread_mutex_lock(&config_lock);
   if (!loaded)
     load_locked();
-  for (size_t i = 0; i < N_ENTRIES; i++)
-    fprintf(out, "%-26s = %-12s (default %s; %s) %s\n", table[i].name,
-            values[i] && values[i][0] ? values[i] : "''",
-            table[i].def[0] ? table[i].def : "''", kind_hint(&table[i]),
-            table[i].doc);
+  for (size_t i = 0; i < N_ENTRIES; i++) {
+    char hint[160];
+    const char *v = values[i] ? values[i] : table[i].def;
+    bool bad = from_env[i] && !valid(&table[i], v);
+    fprintf(out, "%-26s = %-12s (%s%s; default %s; takes %s) %s\n",
+            table[i].name, v[0] ? v : "''",
+            from_env[i] ? "environment" : "default", bad ? ", INVALID" : "",
+            table[i].def[0] ? table[i].def : "''",
+            kind_hint(&table[i], hint, sizeof hint), table[i].doc);
+  }
   pthread_mutex_unlock(&config_lock);
 }

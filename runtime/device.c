@@ -378,11 +378,10 @@ void ofl_device_set_compute_stream(ofl_device_t *dev, ofl_stream_t *stream) {
   tl.gone = dev != NULL ? atomic_load(&dev->streams_gone) : 0;
 }
 
-ofl_status_t ofl_stream_create(ofl_device_t *dev, const char *name,
-                               ofl_stream_t **out) {
-  if (dev == NULL || out == NULL)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
-                      "ofl_stream_create: NULL argument");
+/* A stream object on dev, made by the backend (a new stream, or the
+ * application's native one when wrapped), listed on the device. */
+static ofl_status_t stream_new(ofl_device_t *dev, const char *name, bool wrap,
+                               void *native, ofl_stream_t **out) {
   ofl_stream_t *s = calloc(1, sizeof *s);
   if (s == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
@@ -390,9 +389,11 @@ ofl_status_t ofl_stream_create(ofl_device_t *dev, const char *name,
   s->dev = dev;
   s->uid = atomic_fetch_add(&next_uid, 1);
   s->id = atomic_fetch_add(&dev->next_stream_id, 1);
-  s->is_compute = dev->compute == NULL; /* the first stream of a device */
+  s->wrapped = wrap;
+  s->is_compute = !wrap && dev->compute == NULL; /* a device's first */
   snprintf(s->name, sizeof s->name, "%s", name ? name : "stream");
-  ofl_status_t st = dev->ops->stream_create(s);
+  ofl_status_t st =
+      wrap ? dev->ops->stream_wrap(s, native) : dev->ops->stream_create(s);
   if (st != OFL_SUCCESS) {
     free(s);
     return st;
@@ -404,6 +405,14 @@ ofl_status_t ofl_stream_create(ofl_device_t *dev, const char *name,
   pthread_mutex_unlock(&dev->streams_lock);
   *out = s;
   return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_stream_create(ofl_device_t *dev, const char *name,
+                               ofl_stream_t **out) {
+  if (dev == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_stream_create: NULL argument");
+  return stream_new(dev, name, false, NULL, out);
 }
 
 ofl_status_t ofl_stream_destroy(ofl_stream_t *s) {
@@ -432,27 +441,7 @@ ofl_status_t ofl_stream_wrap_native(ofl_device_t *dev, void *native,
                       "ofl_stream_wrap_native: the %s backend has no native "
                       "streams; use ofl_stream_create",
                       dev->ops->name);
-  ofl_stream_t *s = calloc(1, sizeof *s);
-  if (s == NULL)
-    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
-                      "cannot allocate a stream object");
-  s->dev = dev;
-  s->uid = atomic_fetch_add(&next_uid, 1);
-  s->id = atomic_fetch_add(&dev->next_stream_id, 1);
-  s->wrapped = true;
-  snprintf(s->name, sizeof s->name, "%s", name ? name : "native");
-  ofl_status_t st = dev->ops->stream_wrap(s, native);
-  if (st != OFL_SUCCESS) {
-    free(s);
-    return st;
-  }
-  ofl__trace_name_track(dev, s->id, s->name);
-  pthread_mutex_lock(&dev->streams_lock);
-  s->dev_next = dev->streams;
-  dev->streams = s;
-  pthread_mutex_unlock(&dev->streams_lock);
-  *out = s;
-  return OFL_SUCCESS;
+  return stream_new(dev, name ? name : "native", true, native, out);
 }
 
 bool ofl__stream_capturing(ofl_stream_t *s) {
@@ -639,4 +628,40 @@ void ofl_range_push(ofl_device_t *dev, const char *name) {
 void ofl_range_pop(ofl_device_t *dev) {
   if (dev != NULL)
     dev->ops->range_pop(dev);
+}
+
+ofl_status_t ofl_backend_probe(ofl_backend_t backend, int *count, char *why,
+                               size_t why_bytes) {
+  char buf[512] = "";
+  int n = 0;
+  ofl_status_t st = OFL_ERR_NO_DEVICE;
+  if (backend != OFL_BACKEND_HOST) {
+#if OFL_HAVE_CUDA
+    st = ofl__cuda_device_count(&n, buf, sizeof buf);
+#else
+    snprintf(buf, sizeof buf,
+             "this build has no cuda backend (toolkit not found)");
+#endif
+  }
+  if (backend == OFL_BACKEND_HOST ||
+      (backend == OFL_BACKEND_AUTO && st != OFL_SUCCESS)) {
+    st = OFL_SUCCESS;
+    n = 1;
+  }
+  if (count != NULL)
+    *count = st == OFL_SUCCESS ? n : 0;
+  if (why != NULL && why_bytes > 0)
+    snprintf(why, why_bytes, "%s", st == OFL_SUCCESS ? "" : buf);
+  return st;
+}
+
+bool ofl__device_owns(ofl_device_t *dev, const void *ptr, size_t bytes) {
+  if (dev == NULL || ptr == NULL)
+    return false;
+#if OFL_HAVE_CUDA
+  if (dev->backend == OFL_BACKEND_CUDA)
+    return ofl__cuda_device_owns(dev, ptr, bytes);
+#endif
+  return dev->backend == OFL_BACKEND_HOST &&
+         ofl__host_device_owns(dev, ptr, bytes);
 }

@@ -6,7 +6,6 @@
 
 #if OFL_HAVE_CUDA
 
-#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nvtx3/nvToolsExt.h>
 #include <stdlib.h>
@@ -14,6 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* cudaX(...) calls go through the table that the probe fills by dlopen:
+ * libofl does not link the CUDA runtime. */
+#include "runtime/cuda_api.h"
 #include "runtime/device_internal.h"
 
 /* A failed runtime call also sets the calling thread's last error, which the
@@ -69,7 +71,12 @@ static ofl_status_t resolve_index(int count, int *index) {
   return OFL_SUCCESS;
 }
 
-ofl_status_t ofl__cuda_probe(int *device_index, char *why, size_t cap) {
+/* The CUDA runtime is loaded here, at the first device open (or probe):
+ * without it the answer is OFL_ERR_NO_DEVICE saying it was not found. */
+ofl_status_t ofl__cuda_device_count(int *count, char *why, size_t cap) {
+  *count = 0;
+  if (ofl__cudart_load(why, cap) != OFL_SUCCESS)
+    return OFL_ERR_NO_DEVICE;
   int n = 0;
   cudaError_t ce = cudaGetDeviceCount(&n);
   if (ce != cudaSuccess) {
@@ -86,6 +93,14 @@ ofl_status_t ofl__cuda_probe(int *device_index, char *why, size_t cap) {
     snprintf(why, cap, "no cuda device");
     return OFL_ERR_NO_DEVICE;
   }
+  *count = n;
+  why[0] = '\0';
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl__cuda_probe(int *device_index, char *why, size_t cap) {
+  int n = 0;
+  OFL_CHECK(ofl__cuda_device_count(&n, why, cap));
   if (*device_index < 0) {
     ofl_status_t st = resolve_index(n, device_index);
     if (st != OFL_SUCCESS) {
@@ -741,6 +756,24 @@ const ofl__device_ops_t ofl__cuda_ops = {
     .range_push = cuda_range_push,
     .range_pop = cuda_range_pop,
 };
+
+/* Both ends of the range: an allocation is contiguous, so a range that
+ * starts and ends in device memory of dev lies in it (two allocations
+ * side by side aside, which a tensor cannot tell apart anyway). */
+bool ofl__cuda_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes) {
+  const char *ends[2] = {ptr, (const char *)ptr + (bytes ? bytes - 1 : 0)};
+  for (int i = 0; i < 2; i++) {
+    struct cudaPointerAttributes a;
+    cudaError_t ce = cudaPointerGetAttributes(&a, ends[i]);
+    if (ce != cudaSuccess) {
+      (void)cudaGetLastError(); /* an answer, not the application's error */
+      return false;
+    }
+    if (a.type != cudaMemoryTypeDevice || a.device != dev->cfg.device_index)
+      return false;
+  }
+  return true;
+}
 
 #else
 /* ISO C forbids an empty translation unit. */

@@ -4,6 +4,7 @@
  * Strict mode poisons memory, adds seeded jitter before each worker operation
  * and reports frees of blocks that queued operations still use. */
 #include <errno.h>
+#include <math.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,6 +248,16 @@ size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes) {
   return n;
 }
 
+bool ofl__host_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes) {
+  host_dev_t *h = HD(dev);
+  pthread_mutex_lock(&h->reg_lock);
+  hblock_t *b = find_block(h, ptr);
+  bool own = b != NULL && !b->pinned &&
+             bytes <= (size_t)(b->base + b->bytes - (const char *)ptr);
+  pthread_mutex_unlock(&h->reg_lock);
+  return own;
+}
+
 void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes) {
   if (dev != NULL && dev->backend == OFL_BACKEND_HOST && ptr != NULL)
     memset(ptr, OFL__POISON_BYTE, bytes);
@@ -267,7 +278,7 @@ typedef struct host_event {
   uint64_t *ahead;
   size_t n_ahead, cap_ahead;
   atomic_size_t n_ahead_seen; /* n_ahead, stored after completed */
-  int sleepers; /* threads in a wait on cv (mu held) */
+  int sleepers;               /* threads in a wait on cv (mu held) */
   /* The handle and every queued record or wait that names the event: as
    * with cudaEventDestroy, the event may be destroyed while they are still
    * queued, and is freed when the last of them has run. */
@@ -377,8 +388,9 @@ static bool event_complete_locked(host_event_t *he, uint64_t target) {
 /* Makes room in he->ahead for every record in flight plus one more (mu
  * held); false when out of memory. */
 static bool event_make_room(host_event_t *he) {
-  uint64_t inflight = atomic_load_explicit(&he->recorded, memory_order_relaxed) +
-                      1 - ev_completed(he);
+  uint64_t inflight =
+      atomic_load_explicit(&he->recorded, memory_order_relaxed) + 1 -
+      ev_completed(he);
   if (inflight <= he->cap_ahead)
     return true;
   size_t cap = he->cap_ahead ? he->cap_ahead * 2 : 16;
@@ -404,8 +416,8 @@ static bool event_wait_target(host_event_t *he, uint64_t target,
   uint64_t deadline = ofl__deadline_ns(timeout_ms);
   if (spin_ns > 0) {
     uint64_t until = ofl__now_ns() + spin_ns;
-    while (target > ev_completed(he) &&
-           (stop == NULL || !atomic_load(stop)) && ofl__now_ns() < until)
+    while (target > ev_completed(he) && (stop == NULL || !atomic_load(stop)) &&
+           ofl__now_ns() < until)
       sched_yield();
   }
   pthread_mutex_lock(&he->mu);
@@ -480,7 +492,7 @@ typedef struct host_stream {
   bool worker_sleeping; /* on work_cv (mu held) */
   int idle_waiters;     /* threads on idle_cv (mu held) */
   uint64_t rng;
-  ofl_status_t error; /* first asynchronous error (first wins) */
+  ofl_status_t error;    /* first asynchronous error (first wins) */
   atomic_bool has_error; /* error set; read without mu */
   char error_msg[512];
 } host_stream_t;
@@ -494,11 +506,31 @@ static uint64_t next_rand(uint64_t *s) {
   return x * 2685821657736338717ull;
 }
 
-static void sleep_ns(uint64_t ns) {
-  struct timespec ts = {(time_t)(ns / 1000000000ull),
-                        (long)(ns % 1000000000ull)};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+/* Sleeps up to ns on the stream's own thread, waking early when the stream
+ * is destroyed (destroy sets stop and broadcasts work_cv under mu): a
+ * jitter or link-model pause of minutes must not make destroy hang. Only
+ * the worker waits on work_cv outside its idle wait, and producers signal
+ * it only when worker_sleeping says it is idle, so nothing else wakes this.
+ * Returns false when stopped. */
+static bool worker_pause(host_stream_t *hs, uint64_t ns) {
+  if (ns == 0)
+    return !atomic_load(&hs->stop);
+  if (!hs->has_thread) {
+    /* The compute stream is the caller's thread: nothing can destroy it
+     * meanwhile, and paced_copy bounds the pause by the wait timeout. */
+    struct timespec ts = {(time_t)(ns / 1000000000ull),
+                          (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    return true;
   }
+  uint64_t now = ofl__now_ns();
+  uint64_t until = ns > UINT64_MAX - now ? UINT64_MAX : now + ns;
+  pthread_mutex_lock(&hs->mu);
+  while (!atomic_load(&hs->stop) && (now = ofl__now_ns()) < until)
+    cond_wait_until(&hs->work_cv, &hs->mu, now, until);
+  pthread_mutex_unlock(&hs->mu);
+  return !atomic_load(&hs->stop);
 }
 
 static void set_async_error(host_stream_t *hs, ofl_status_t st,
@@ -519,8 +551,15 @@ static const char *copy_name(ofl_copy_kind_t k) {
 }
 
 /* Copy with the link model: pace slices so that the copy takes bytes/rate,
- * with the total rate shared when both directions run. */
-static void paced_copy(ofl_device_t *dev, op_t *op) {
+ * with the total rate shared when both directions run. Time is kept in
+ * double seconds and converted only once clamped: bytes/rate can be
+ * minutes (rates down to OFL__LINK_MIN_BPS are valid), which must not
+ * overflow a nanosecond count. A pause ends early when the stream is
+ * destroyed; the pacing of one copy stops after the wait timeout (a copy
+ * slower than that makes every wait on it fail anyway), and the rest of
+ * the copy runs at memcpy speed. */
+static void paced_copy(host_stream_t *hs, op_t *op) {
+  ofl_device_t *dev = hs->s->dev;
   const ofl__device_config_t *c = &dev->cfg;
   double rate = 0;
   int dir = -1;
@@ -538,20 +577,26 @@ static void paced_copy(ofl_device_t *dev, op_t *op) {
   host_dev_t *h = HD(dev);
   atomic_fetch_add(&h->active_dir[dir], 1);
   uint64_t start = ofl__now_ns();
+  double limit_s = (double)ofl__timeout_ms(-1) / 1e3;
   double due_s = 0;
+  bool pacing = true;
   for (size_t done = 0; done < op->bytes;) {
     size_t n = op->bytes - done < LINK_SLICE ? op->bytes - done : LINK_SLICE;
     memcpy((char *)op->dst + done, (const char *)op->src + done, n);
     done += n;
+    if (!pacing)
+      continue;
     double r = rate > 0 ? rate : c->link_total_bps;
     if (c->link_total_bps > 0 && atomic_load(&h->active_dir[1 - dir]) > 0 &&
         r > c->link_total_bps / 2)
       r = c->link_total_bps / 2;
-    due_s += (double)n / r;
-    uint64_t due = start + (uint64_t)(due_s * 1e9);
-    uint64_t now = ofl__now_ns();
-    if (due > now)
-      sleep_ns(due - now);
+    due_s += (double)n / r; /* r >= OFL__LINK_MIN_BPS / 2 (host_open) */
+    double target_s = due_s < limit_s ? due_s : limit_s;
+    double wait_s = target_s - (double)(ofl__now_ns() - start) / 1e9;
+    if (wait_s > 0)
+      pacing = worker_pause(hs, (uint64_t)(wait_s * 1e9) + 1);
+    if (due_s >= limit_s)
+      pacing = false;
   }
   atomic_fetch_sub(&h->active_dir[dir], 1);
 }
@@ -563,7 +608,7 @@ static void execute(host_stream_t *hs, op_t *op) {
   const char *tname = "op";
   switch (op->type) {
   case OP_COPY:
-    paced_copy(dev, op);
+    paced_copy(hs, op);
     tname = copy_name(op->kind);
     break;
   case OP_MEMSET:
@@ -649,9 +694,11 @@ static void *worker_main(void *arg) {
       break;
     op_t *op = hs->head;
     pthread_mutex_unlock(&hs->mu);
-    if (dev->cfg.strict && dev->cfg.jitter_max_us > 0)
-      sleep_ns(next_rand(&hs->rng) %
-               ((uint64_t)dev->cfg.jitter_max_us * 1000u + 1));
+    /* Interruptible: jitter may be set to minutes (OFL_JITTER_MAX_US). */
+    if (dev->cfg.strict && dev->cfg.jitter_max_us > 0 &&
+        !atomic_load(&hs->stop))
+      worker_pause(hs, next_rand(&hs->rng) %
+                           ((uint64_t)dev->cfg.jitter_max_us * 1000u + 1));
     /* A record is reached below, together with the stream's count, so that
      * whoever sees the event complete also sees the stream past it (a
      * stream query right after a wait on its event says idle). */
@@ -795,13 +842,19 @@ static ofl_status_t host_stream_query(ofl_stream_t *s) {
   return idle ? OFL_SUCCESS : OFL_ERR_NOT_READY;
 }
 
+/* Drains for at most the wait timeout, then stops the worker: stop cuts
+ * short its pauses (jitter, link pacing) and its event waits, so the
+ * operations still queued run at once and the join is short. (A host
+ * function the application queued is the one thing that can still hold it.)
+ * The stop is set and broadcast under mu: a pause checks it under mu before
+ * each timed wait, so the wake-up cannot fall between check and wait. */
 static ofl_status_t host_stream_destroy(ofl_stream_t *s) {
   host_stream_t *hs = s->impl;
   ofl_status_t st = OFL_SUCCESS;
   if (hs->has_thread) {
     st = host_stream_synchronize(s, ofl__timeout_ms(-1));
-    atomic_store(&hs->stop, true);
     pthread_mutex_lock(&hs->mu);
+    atomic_store(&hs->stop, true);
     pthread_cond_broadcast(&hs->work_cv);
     pthread_mutex_unlock(&hs->mu);
     pthread_join(hs->thread, NULL);
@@ -1062,7 +1115,28 @@ static void host_range_pop(ofl_device_t *dev) {
 
 /* ---- device ------------------------------------------------------------- */
 
+/* A link-model rate of bytes/s: 0 (off) or one that paces a byte in at
+ * most a day (OFL__LINK_MIN_BPS); the table checks the variables, this the
+ * params fields too. */
+static ofl_status_t check_link_rate(double bps, const char *var,
+                                    const char *field) {
+  if (bps == 0 || (isfinite(bps) && bps >= OFL__LINK_MIN_BPS))
+    return OFL_SUCCESS;
+  return ofl__error(OFL_ERR_CONFIG, OFL_SUBSYS_DEVICE,
+                    "link model rate %g GB/s (%s or ofl_device_params_t.%s) "
+                    "is invalid: it takes 0 (off) or at least %.3g GB/s (one "
+                    "byte a day)",
+                    bps / 1e9, var, field, OFL__LINK_MIN_BPS / 1e9);
+}
+
 static ofl_status_t host_open(ofl_device_t *dev) {
+  const ofl__device_config_t *c = &dev->cfg;
+  OFL_CHECK(
+      check_link_rate(c->link_h2d_bps, "OFL_LINK_H2D_GBPS", "link_h2d_gbps"));
+  OFL_CHECK(
+      check_link_rate(c->link_d2h_bps, "OFL_LINK_D2H_GBPS", "link_d2h_gbps"));
+  OFL_CHECK(check_link_rate(c->link_total_bps, "OFL_LINK_TOTAL_GBPS",
+                            "link_total_gbps"));
   host_dev_t *h = calloc(1, sizeof *h);
   if (h == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,

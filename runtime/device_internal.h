@@ -120,6 +120,10 @@ extern const ofl__device_ops_t ofl__cuda_ops;
  * *device_index of -1 is resolved first (OFL_DEVICE, else the calling
  * thread's current device); OFL_ERR_CONFIG for an invalid OFL_DEVICE. */
 ofl_status_t ofl__cuda_probe(int *device_index, char *why, size_t cap);
+/* Loads the CUDA runtime (runtime/cuda_api.h) and counts the devices:
+ * OFL_ERR_NO_DEVICE with why when it is not found, the driver is missing or
+ * too old, or there is no device. */
+ofl_status_t ofl__cuda_device_count(int *count, char *why, size_t cap);
 /* Selects cuda device `device` on the calling thread when it sits on
  * another, remembering whether leave must give the caller's back (see
  * runtime/device_cuda.c: never to a device without a primary context, never
@@ -192,6 +196,14 @@ static inline bool ofl__trace_on(const ofl_device_t *dev) {
 /* Number of operations queued or running that read or write [ptr, ptr+bytes)
  * (host backend; 0 on other backends). Pools use it in strict mode. */
 size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes);
+/* Whether [ptr, ptr+bytes) is device memory of dev: inside one of its
+ * device blocks (host backend), or device memory of its ordinal by
+ * cudaPointerGetAttributes (cuda). The pipeline checks pushes with it. */
+bool ofl__device_owns(ofl_device_t *dev, const void *ptr, size_t bytes);
+bool ofl__host_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes);
+#if OFL_HAVE_CUDA
+bool ofl__cuda_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes);
+#endif
 /* Fills [ptr, ptr+bytes) with the strict-mode poison byte (host backend). */
 void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes);
 #define OFL__POISON_BYTE 0xDB

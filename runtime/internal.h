@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <ofl/config.h>
 #include <ofl/log.h>
@@ -92,6 +93,23 @@ ofl_status_t ofl__config_size(const char *name, size_t *out);
 ofl_status_t ofl__config_double(const char *name, double *out);
 /* Index of the value in the variable's list of allowed words. */
 ofl_status_t ofl__config_enum(const char *name, int *out);
+/* Where the value in force of a variable comes from: "environment" or
+ * "default" (a params field that wins over both is the caller's to say). */
+const char *ofl__config_source(const char *name);
+/* One line "NAME = value (source)", the layout of ofl_config_print, for
+ * printers of values resolved elsewhere (the manager's params). */
+void ofl__config_print_value(FILE *f, const char *name, const char *value,
+                             const char *source);
+
+/* The slowest link-model rate accepted, in bytes/s: one byte a day. A lower
+ * rate is a typo, and pacing a copy at it would outlast any program. */
+#define OFL__LINK_MIN_BPS (1.0 / 86400.0)
+
+/* Strict parsers of the logging variables (runtime/log.c), shared with the
+ * configuration table's checks: false when the text is invalid. */
+bool ofl__log_parse_subsys(const char *s, unsigned *mask);
+/* A decimal rank >= 0 (and below 2^30); "" is -1, all ranks. */
+bool ofl__log_parse_rank(const char *s, int *rank);
 
 /* ---- time -----------------------------------------------------------------
  */

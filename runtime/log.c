@@ -22,7 +22,7 @@ static int log_rank = -1;
 static int only_rank = -1;
 static int level_override = -1;
 static FILE *log_file;
-static char file_pattern[512];
+static char *file_pattern; /* OFL_DEBUG_FILE, whole (NULL: stderr) */
 static int file_rank = -2; /* rank the open file was named for */
 
 static const struct {
@@ -43,8 +43,12 @@ static const char *subsys_name(unsigned subsys) {
   return "OFL";
 }
 
+/* An invalid OFL_DEBUG* value is an OFL_ERR_CONFIG error of the first
+ * configuration read (runtime/config.c warns about it once); until it is
+ * fixed the logger falls back to what shows that warning: WARN, every
+ * subsystem, every rank. */
 static int parse_level(const char *s) {
-  if (s == NULL || *s == '\0')
+  if (s == NULL)
     return OFL_LOG_WARN;
   if (strcasecmp(s, "NONE") == 0)
     return OFL_LOG_NONE;
@@ -54,23 +58,55 @@ static int parse_level(const char *s) {
     return OFL_LOG_INFO;
   if (strcasecmp(s, "TRACE") == 0)
     return OFL_LOG_TRACE;
-  return OFL_LOG_WARN; /* config.c reports the invalid value */
+  return OFL_LOG_WARN;
+}
+
+bool ofl__log_parse_subsys(const char *s, unsigned *mask_out) {
+  if (s == NULL || *s == '\0') {
+    *mask_out = OFL_SUBSYS_ALL;
+    return true;
+  }
+  bool exclude = s[0] == '^';
+  unsigned mask = 0;
+  const char *p = exclude ? s + 1 : s;
+  while (*p != '\0') {
+    size_t len = strcspn(p, ",");
+    bool known = len == 0; /* an empty item ("A,,B", "A,") names nothing */
+    for (size_t i = 0;
+         !known && i < sizeof subsys_names / sizeof subsys_names[0]; i++)
+      if (strlen(subsys_names[i].name) == len &&
+          strncasecmp(p, subsys_names[i].name, len) == 0) {
+        mask |= subsys_names[i].bit;
+        known = true;
+      }
+    if (!known)
+      return false; /* a typo must not silence every warning */
+    p += len;
+    if (*p == ',')
+      p++;
+  }
+  *mask_out = exclude ? (OFL_SUBSYS_ALL & ~mask) : mask;
+  return true;
+}
+
+bool ofl__log_parse_rank(const char *s, int *rank) {
+  if (s == NULL || *s == '\0') {
+    *rank = -1;
+    return true;
+  }
+  long v = 0;
+  for (const char *p = s; *p != '\0'; p++) {
+    if (*p < '0' || *p > '9' || v >= (1L << 30) / 10)
+      return false; /* atoi made "abc" rank 0 */
+    v = v * 10 + (*p - '0');
+  }
+  *rank = (int)v;
+  return true;
 }
 
 static unsigned parse_subsys(const char *s) {
-  if (s == NULL || *s == '\0')
-    return OFL_SUBSYS_ALL;
-  bool exclude = s[0] == '^';
-  unsigned mask = 0;
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", exclude ? s + 1 : s);
-  char *save = NULL;
-  for (char *tok = strtok_r(buf, ",", &save); tok != NULL;
-       tok = strtok_r(NULL, ",", &save))
-    for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++)
-      if (strcasecmp(tok, subsys_names[i].name) == 0)
-        mask |= subsys_names[i].bit;
-  return exclude ? (OFL_SUBSYS_ALL & ~mask) : mask;
+  unsigned mask = OFL_SUBSYS_ALL;
+  return ofl__log_parse_subsys(s, &mask) ? mask : OFL_SUBSYS_ALL;
 }
 
 static void close_file_locked(void) {
@@ -83,10 +119,15 @@ static void close_file_locked(void) {
 void ofl_log_reload(void) {
   const char *rank = getenv("OFL_DEBUG_RANK");
   const char *file = getenv("OFL_DEBUG_FILE");
+  int r = -1;
+  if (!ofl__log_parse_rank(rank, &r))
+    r = -1;
+  char *pattern = file != NULL && *file != '\0' ? strdup(file) : NULL;
   pthread_mutex_lock(&log_lock);
-  only_rank = (rank != NULL && *rank != '\0') ? atoi(rank) : -1;
+  only_rank = r;
   close_file_locked();
-  snprintf(file_pattern, sizeof file_pattern, "%s", file ? file : "");
+  free(file_pattern);
+  file_pattern = pattern;
   atomic_store(&ofl__log_subsys_mask, parse_subsys(getenv("OFL_DEBUG_SUBSYS")));
   int level =
       level_override >= 0 ? level_override : parse_level(getenv("OFL_DEBUG"));
@@ -139,7 +180,8 @@ ofl_log_handler_fn ofl_log_set_handler(ofl_log_handler_fn fn, void *user) {
 /* Expands %h, %p and %r of OFL_DEBUG_FILE. */
 static void expand_pattern(char *out, size_t cap, int rank) {
   size_t n = 0;
-  for (const char *p = file_pattern; *p != '\0' && n + 1 < cap; p++) {
+  for (const char *p = file_pattern != NULL ? file_pattern : "";
+       *p != '\0' && n + 1 < cap; p++) {
     char piece[256];
     piece[0] = '\0';
     if (p[0] == '%' && p[1] == 'h') {
@@ -165,11 +207,11 @@ static void expand_pattern(char *out, size_t cap, int rank) {
 }
 
 static FILE *sink_locked(void) {
-  if (file_pattern[0] == '\0')
+  if (file_pattern == NULL)
     return stderr;
   if (log_file == NULL || file_rank != log_rank) {
     close_file_locked();
-    char path[1024];
+    char path[4096];
     expand_pattern(path, sizeof path, log_rank);
     log_file = fopen(path, "a");
     file_rank = log_rank;

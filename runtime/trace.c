@@ -1,9 +1,12 @@
 /* ofl: Chrome trace-event output (OFL_TRACE_FILE). Events are kept in memory
  * and written as JSON when the device closes; Perfetto and chrome://tracing
  * open the file. One process per rank, one track (thread) per stream. */
+#include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "runtime/device_internal.h"
@@ -24,7 +27,14 @@ typedef struct {
 struct ofl__trace {
   pthread_mutex_t lock;
   char path[1024];
+  FILE *file; /* opened at device open, so a bad path is reported then */
+  /* Clock origin: CLOCK_MONOTONIC and CLOCK_REALTIME read together at
+   * open. Timestamps are realtime at open plus the monotonic time since,
+   * i.e. microseconds since the Unix epoch: the traces of several ranks
+   * (or hosts with synchronised clocks) line up when loaded together, and
+   * a clock step during the run does not bend one trace. */
   uint64_t t0;
+  uint64_t t0_epoch_ns;
   trace_ev_t *evs;
   size_t n, cap;
   track_t tracks[64];
@@ -120,26 +130,90 @@ void ofl__trace_json_escape(char *dst, size_t cap, const char *src) {
   json_escape(dst, cap, src);
 }
 
+/* Paths this process has written traces to: a second device opened with
+ * the same OFL_TRACE_FILE (the demo's two runs, a test opening two
+ * devices) must not overwrite the first one's trace. */
+static pthread_mutex_t paths_lock = PTHREAD_MUTEX_INITIALIZER;
+static char **paths_used;
+static size_t n_paths_used;
+static unsigned trace_seq; /* %d: traces opened in this process */
+
+/* How often path was used before (paths_lock held); records this use. */
+static size_t path_uses_locked(const char *path) {
+  size_t uses = 0;
+  for (size_t i = 0; i < n_paths_used; i++)
+    uses += strcmp(paths_used[i], path) == 0;
+  char **np = realloc(paths_used, (n_paths_used + 1) * sizeof *np);
+  char *dup = strdup(path);
+  if (np != NULL)
+    paths_used = np;
+  if (np != NULL && dup != NULL)
+    paths_used[n_paths_used++] = dup;
+  else
+    free(dup);
+  return uses;
+}
+
+/* Expands %p pid, %r rank (as in OFL_DEBUG_FILE) and %d, the number of the
+ * trace in this process (0 for the first device opened with tracing); a
+ * path already used gets .N before its .json (or at its end). */
+static void expand_path(char *out, size_t cap, const char *path, unsigned seq) {
+  size_t o = 0;
+  for (const char *p = path; *p && o + 24 < cap; p++) {
+    if (p[0] == '%' && (p[1] == 'p' || p[1] == 'r' || p[1] == 'd')) {
+      long v = p[1] == 'p'   ? (long)getpid()
+               : p[1] == 'r' ? (long)ofl_log_get_rank()
+                             : (long)seq;
+      o += (size_t)snprintf(out + o, cap - o, "%ld", v);
+      p++;
+    } else {
+      out[o++] = *p;
+    }
+  }
+  out[o] = '\0';
+  pthread_mutex_lock(&paths_lock);
+  size_t uses = path_uses_locked(out);
+  pthread_mutex_unlock(&paths_lock);
+  if (uses == 0)
+    return;
+  char base[1024];
+  snprintf(base, sizeof base, "%s", out);
+  size_t len = strlen(base);
+  const char *ext =
+      len >= 5 && strcmp(base + len - 5, ".json") == 0 ? ".json" : "";
+  base[len - strlen(ext)] = '\0';
+  snprintf(out, cap, "%s.%zu%s", base, uses, ext);
+}
+
 ofl_status_t ofl__trace_open(ofl_device_t *dev, const char *path) {
   ofl__trace_t *t = calloc(1, sizeof *t);
   if (t == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                       "cannot allocate the trace buffer");
-  pthread_mutex_init(&t->lock, NULL);
-  /* %p pid, %r rank, as in OFL_DEBUG_FILE. */
-  size_t o = 0;
-  for (const char *p = path; *p && o + 24 < sizeof t->path; p++) {
-    if (p[0] == '%' && (p[1] == 'p' || p[1] == 'r')) {
-      o += (size_t)snprintf(t->path + o, sizeof t->path - o, "%ld",
-                            p[1] == 'p' ? (long)getpid()
-                                        : (long)ofl_log_get_rank());
-      p++;
-    } else {
-      t->path[o++] = *p;
-    }
+  pthread_mutex_lock(&paths_lock);
+  unsigned seq = trace_seq++;
+  pthread_mutex_unlock(&paths_lock);
+  expand_path(t->path, sizeof t->path, path, seq);
+  /* Opened now, written at close: a path that cannot be written is
+   * reported while the program starts, not after the run. */
+  t->file = fopen(t->path, "w");
+  if (t->file == NULL) {
+    int err = errno;
+    ofl_status_t st =
+        ofl__error(OFL_ERR_IO, OFL_SUBSYS_DEVICE,
+                   "cannot open trace file %s: %s (errno %d); this device "
+                   "writes no trace: fix OFL_TRACE_FILE or the directory",
+                   t->path, strerror(err), err);
+    free(t);
+    return st;
   }
-  t->path[o] = '\0';
+  pthread_mutex_init(&t->lock, NULL);
+  struct timespec rt;
   t->t0 = ofl__now_ns();
+  clock_gettime(CLOCK_REALTIME, &rt);
+  t->t0_epoch_ns = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
+  OFL_INFO(OFL_SUBSYS_DEVICE, "trace of this device goes to %s at close",
+           t->path);
   dev->trace = t;
   return OFL_SUCCESS;
 }
@@ -195,13 +269,8 @@ void ofl__trace_close(ofl_device_t *dev) {
   ofl__trace_t *t = dev ? dev->trace : NULL;
   if (t == NULL)
     return;
-  FILE *f = fopen(t->path, "w");
-  if (f == NULL) {
-    OFL_WARN(OFL_SUBSYS_DEVICE,
-             "cannot write trace file %s; check "
-             "OFL_TRACE_FILE",
-             t->path);
-  } else {
+  FILE *f = t->file;
+  {
     int pid = ofl_log_get_rank() >= 0 ? ofl_log_get_rank() : 0;
     fprintf(f, "{\"traceEvents\":[\n");
     fprintf(f,
@@ -215,16 +284,24 @@ void ofl__trace_close(ofl_device_t *dev) {
               pid, t->tracks[i].id, t->tracks[i].name);
     for (size_t i = 0; i < t->n; i++) {
       const trace_ev_t *e = &t->evs[i];
-      uint64_t s = e->start_ns > t->t0 ? e->start_ns - t->t0 : 0;
+      /* Integer arithmetic: epoch microseconds (about 2^51) keep their
+       * nanosecond digits, which a double would round away. */
+      uint64_t s =
+          t->t0_epoch_ns + (e->start_ns > t->t0 ? e->start_ns - t->t0 : 0);
       uint64_t d = e->end_ns > e->start_ns ? e->end_ns - e->start_ns : 0;
       fprintf(f,
               ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,"
-              "\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{%s}}",
-              e->name, e->cat, pid, e->track, (double)s / 1e3, (double)d / 1e3,
-              e->args);
+              "\"tid\":%d,\"ts\":%" PRIu64 ".%03u,\"dur\":%" PRIu64
+              ".%03u,\"args\":{%s}}",
+              e->name, e->cat, pid, e->track, s / 1000, (unsigned)(s % 1000),
+              d / 1000, (unsigned)(d % 1000), e->args);
     }
     fprintf(f, "\n]}\n");
-    fclose(f);
+    if (fclose(f) != 0)
+      OFL_WARN(OFL_SUBSYS_DEVICE,
+               "trace file %s may be incomplete: %s; check the space left "
+               "on its file system",
+               t->path, strerror(errno));
   }
   free(t->evs);
   pthread_mutex_destroy(&t->lock);

@@ -1,6 +1,8 @@
 /* ofl: reading a safetensors file. The header is checked by a small strict
  * JSON parser: anything the format does not allow is OFL_ERR_CORRUPT with a
- * message naming the problem, never a guess. */
+ * message naming the problem, never a guess; what the format allows and ofl
+ * cannot represent (dtypes, more than 8 dimensions) is OFL_ERR_NOT_SUPPORTED.
+ * Names are looked up by binary search in an index sorted at open. */
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
@@ -30,6 +32,7 @@ struct ofl_safetensors {
   size_t data_offset;
   rec_t *recs; /* sorted by offset */
   size_t n, cap;
+  const rec_t **by_name; /* recs sorted by name, for find */
   ofl_safetensors_kv_t *meta;
   size_t n_meta, cap_meta;
 };
@@ -40,7 +43,24 @@ typedef struct {
   const char *start, *p, *end;
   const char *source; /* file name or "image" for messages */
   ofl_status_t st;
+  /* The first thing the format allows and ofl cannot represent; reported
+   * (OFL_ERR_NOT_SUPPORTED) once the whole header parsed, so that a file
+   * with a syntax error is still called corrupt. */
+  char unsupported[320];
 } parser_t;
+
+static void note_unsupported(parser_t *ps, const char *name, const char *what,
+                             const char *detail) {
+  if (ps->unsupported[0] != '\0')
+    return;
+  snprintf(ps->unsupported, sizeof ps->unsupported, "tensor '%.64s' %s%.40s",
+           name, what, detail);
+}
+
+/* Dtypes of the format (safetensors 0.6) that ofl_dtype_t has no value for:
+ * a file using them is valid, just not loadable here. */
+static const char *const format_only_dtypes[] = {"F4", "F6_E2M3", "F6_E3M2",
+                                                 "F8_E8M0", "C64"};
 
 static ofl_status_t fail(parser_t *ps, const char *fmt, const char *detail) {
   if (ps->st != OFL_SUCCESS)
@@ -231,7 +251,7 @@ static bool parse_uint(parser_t *ps, uint64_t *out) {
   return true;
 }
 
-static bool parse_dtype(parser_t *ps, ofl_dtype_t *out) {
+static bool parse_dtype(parser_t *ps, const char *name, ofl_dtype_t *out) {
   char *s = parse_string(ps);
   if (s == NULL)
     return false;
@@ -242,7 +262,16 @@ static bool parse_dtype(parser_t *ps, ofl_dtype_t *out) {
       return true;
     }
   }
-  fail(ps, "unsupported dtype \"%.40s\"", s);
+  for (size_t i = 0;
+       i < sizeof format_only_dtypes / sizeof format_only_dtypes[0]; i++) {
+    if (strcmp(s, format_only_dtypes[i]) == 0) {
+      note_unsupported(ps, name, "has dtype ", s);
+      free(s);
+      *out = OFL_DTYPE_COUNT;
+      return true;
+    }
+  }
+  fail(ps, "unknown dtype \"%.40s\"", s);
   free(s);
   return false;
 }
@@ -264,26 +293,31 @@ static bool parse_tensor(parser_t *ps, rec_t *r) {
     bool ok = true;
     if (strcmp(key, "dtype") == 0 && !have_dtype) {
       have_dtype = true;
-      ok = parse_dtype(ps, &r->dtype);
+      ok = parse_dtype(ps, r->name, &r->dtype);
     } else if (strcmp(key, "shape") == 0 && !have_shape) {
       have_shape = true;
       ok = expect(ps, '[');
       r->ndim = 0;
+      int dims = 0;
       if (ok && !peek(ps, ']')) {
         do {
           uint64_t v = 0;
-          if (r->ndim == OFL_MAX_DIMS) {
-            fail(ps, "shape has more than 8 dimensions", NULL);
-            ok = false;
-            break;
-          }
           if (!(ok = parse_uint(ps, &v)))
             break;
-          r->shape[r->ndim++] = (int64_t)v;
+          if (dims < OFL_MAX_DIMS) /* more are valid, and unsupported */
+            r->shape[dims] = (int64_t)v;
+          dims++;
           skip_ws(ps);
         } while (ps->p < ps->end && *ps->p == ',' && ps->p++);
       }
       ok = ok && expect(ps, ']');
+      r->ndim = dims <= OFL_MAX_DIMS ? dims : OFL_MAX_DIMS;
+      if (ok && dims > OFL_MAX_DIMS) {
+        char what[96];
+        snprintf(what, sizeof what, "has %d dimensions; ofl supports at most "
+                                    "%d", dims, OFL_MAX_DIMS);
+        note_unsupported(ps, r->name, what, "");
+      }
     } else if (strcmp(key, "data_offsets") == 0 && !have_offsets) {
       have_offsets = true;
       ok = expect(ps, '[') && parse_uint(ps, &r->begin) && expect(ps, ',') &&
@@ -511,6 +545,27 @@ static ofl_status_t check_metadata(ofl_safetensors_t *st, const char *source) {
   return s;
 }
 
+static int cmp_rec_ptr_name(const void *a, const void *b) {
+  return strcmp((*(const rec_t *const *)a)->name,
+                (*(const rec_t *const *)b)->name);
+}
+
+/* The name index: restoring n tensors by name costs O(n log n), not
+ * O(n^2) with a scan per name. */
+static ofl_status_t build_index(ofl_safetensors_t *st, const char *source) {
+  st->by_name = malloc((st->n ? st->n : 1) * sizeof *st->by_name);
+  if (st->by_name == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
+                      "safetensors '%s': out of host memory for the name "
+                      "index of %zu tensors",
+                      source, st->n);
+  for (size_t i = 0; i < st->n; i++)
+    st->by_name[i] = &st->recs[i];
+  if (st->n > 1)
+    qsort(st->by_name, st->n, sizeof *st->by_name, cmp_rec_ptr_name);
+  return OFL_SUCCESS;
+}
+
 static ofl_status_t load(ofl_safetensors_t *st, const char *source) {
   if (st->size < 8)
     return corrupt(source, "file of %zu bytes is shorter than the 8-byte "
@@ -520,7 +575,9 @@ static ofl_status_t load(ofl_safetensors_t *st, const char *source) {
   for (int i = 7; i >= 0; i--)
     n = (n << 8) | st->image[i];
   if (n > OFL_SAFETENSORS_HEADER_MAX)
-    return corrupt(source, "header length %llu is larger than the limit %zu",
+    return corrupt(source, "header length %llu is larger than the format's "
+                           "limit of %zu bytes (the reference reader refuses "
+                           "it too)",
                    ULL(n), OFL_SAFETENSORS_HEADER_MAX);
   if (n > st->size - 8)
     return corrupt(source, "header length %llu runs past the end of the "
@@ -528,10 +585,17 @@ static ofl_status_t load(ofl_safetensors_t *st, const char *source) {
                    ULL(n), st->size);
   st->data_offset = 8 + (size_t)n;
   parser_t ps = {(const char *)st->image + 8, (const char *)st->image + 8,
-                 (const char *)st->image + 8 + n, source, OFL_SUCCESS};
+                 (const char *)st->image + 8 + n, source, OFL_SUCCESS, ""};
   OFL_CHECK(parse_header(st, &ps));
+  if (ps.unsupported[0] != '\0')
+    return ofl__error(OFL_ERR_NOT_SUPPORTED, OFL_SUBSYS_STAGING,
+                      "safetensors '%s': %s; the file is valid but ofl "
+                      "cannot load it (convert that tensor, e.g. to F32, "
+                      "or load the file with another reader)",
+                      source, ps.unsupported);
   OFL_CHECK(check_metadata(st, source));
-  return check_entries(st, source);
+  OFL_CHECK(check_entries(st, source));
+  return build_index(st, source);
 }
 
 static ofl_status_t make(ofl_safetensors_t **out) {
@@ -624,6 +688,7 @@ void ofl_safetensors_close(ofl_safetensors_t *st) {
     free((char *)st->meta[i].value);
   }
   free(st->recs);
+  free(st->by_name);
   free(st->meta);
   if (st->mapped)
     munmap(st->image, st->size);
@@ -664,11 +729,18 @@ ofl_status_t ofl_safetensors_find(const ofl_safetensors_t *st,
   if (st == NULL || name == NULL || out == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,
                       "safetensors find: NULL argument");
-  for (size_t i = 0; i < st->n; i++) {
-    if (strcmp(st->recs[i].name, name) == 0) {
-      fill(st, &st->recs[i], out);
+  size_t lo = 0, hi = st->n;
+  while (lo < hi) { /* binary search of the index sorted at open */
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(st->by_name[mid]->name, name);
+    if (c == 0) {
+      fill(st, st->by_name[mid], out);
       return OFL_SUCCESS;
     }
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return ofl__error_quiet(OFL_ERR_INVALID_ARG,
                           "safetensors find: no tensor named '%.64s'", name);

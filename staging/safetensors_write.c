@@ -1,5 +1,9 @@
-/* ofl: writing a safetensors file atomically (temporary file in the same
- * directory, fsync, rename, fsync of the directory). */
+/* ofl: writing a safetensors file atomically: an unnamed O_TMPFILE in the
+ * target directory given its name with linkat once complete, else a named
+ * temporary renamed into place; fsync of the file and of the directory. A
+ * save killed half-way leaves no name behind on the first path; on the
+ * second, its temporary is removed by the next save into that directory. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -7,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "staging/staging_internal.h"
@@ -21,7 +27,9 @@ static const struct {
     [OFL_DTYPE_F8_E5M2] = {"F8_E5M2", 1}, [OFL_DTYPE_I64] = {"I64", 8},
     [OFL_DTYPE_I32] = {"I32", 4},         [OFL_DTYPE_I16] = {"I16", 2},
     [OFL_DTYPE_I8] = {"I8", 1},           [OFL_DTYPE_U8] = {"U8", 1},
-    [OFL_DTYPE_BOOL] = {"BOOL", 1},
+    [OFL_DTYPE_BOOL] = {"BOOL", 1},       [OFL_DTYPE_F64] = {"F64", 8},
+    [OFL_DTYPE_U16] = {"U16", 2},         [OFL_DTYPE_U32] = {"U32", 4},
+    [OFL_DTYPE_U64] = {"U64", 8},
 };
 
 const char *ofl_safetensors_dtype_name(ofl_dtype_t dtype) {
@@ -339,7 +347,9 @@ static ofl_status_t build_header(const ofl_safetensors_entry_t *entries,
   if (b->len > OFL_SAFETENSORS_HEADER_MAX)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_STAGING,
                       "safetensors write: header of %zu bytes is larger than "
-                      "readers accept (%zu); split the checkpoint into shards",
+                      "the %zu bytes the reference reader accepts (too many "
+                      "tensors or too much metadata); split the checkpoint "
+                      "into shards",
                       b->len, OFL_SAFETENSORS_HEADER_MAX);
   *data_bytes = off;
   return OFL_SUCCESS;
@@ -446,37 +456,237 @@ static long name_max_of(const char *dir) {
   return m > 0 ? m : 255;
 }
 
-/* Creates a temporary file next to path; its name fits the directory's
- * NAME_MAX whatever the length of the final name. */
-static ofl_status_t create_temp(const char *dir, const char *base,
-                                const char *path, char **tmp_out, int *fd_out) {
+/* ---- temporary files ------------------------------------------------------
+ * Named temporaries are ".BASE.tmp.XXXXXX", BASE cut so that the name fits
+ * NAME_MAX. The writer holds an flock on its file from creation to rename:
+ * a sweeper that gets the lock knows no live writer owns the file. */
+
+int ofl__safetensors_no_tmpfile;
+
+#define TMP_SUFFIX ".tmp."
+#define TMP_RANDOM 6
+
+/* Bytes of base kept in a temporary's name in dir. */
+static size_t tmp_keep(const char *dir, const char *base) {
   long name_max = name_max_of(dir);
   size_t keep = strlen(base);
-  const size_t extra = 1 + 5 + 6; /* "." base ".tmp." XXXXXX */
+  const size_t extra = 1 + strlen(TMP_SUFFIX) + TMP_RANDOM;
   if (keep + extra > (size_t)name_max)
     keep = (size_t)name_max > extra ? (size_t)name_max - extra : 0;
-  size_t cap = strlen(dir) + 1 + keep + extra + 1;
+  return keep;
+}
+
+/* The library's load time, close to the process start: a temporary of
+ * another checkpoint name is only removed when older than this. */
+static time_t loaded_at;
+__attribute__((constructor)) static void note_load_time(void) {
+  loaded_at = time(NULL);
+}
+
+static bool tmp_random_ok(const char *p) {
+  for (int i = 0; i < TMP_RANDOM; i++) {
+    char c = p[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9')))
+      return false;
+  }
+  return p[TMP_RANDOM] == '\0';
+}
+
+/* 1: name is a temporary of this save's file (prefix kept bytes of base);
+ * 2: of another .safetensors file; 0: not ours. */
+static int tmp_kind(const char *name, const char *base, size_t keep) {
+  size_t len = strlen(name), sl = strlen(TMP_SUFFIX);
+  if (name[0] != '.' || len < 1 + sl + TMP_RANDOM + 1)
+    return 0;
+  const char *suffix = name + len - TMP_RANDOM - sl;
+  if (memcmp(suffix, TMP_SUFFIX, sl) != 0 || !tmp_random_ok(suffix + sl))
+    return 0;
+  size_t mid = len - 1 - sl - TMP_RANDOM;
+  if (mid == keep && memcmp(name + 1, base, keep) == 0)
+    return 1;
+  const char *ext = ".safetensors";
+  size_t el = strlen(ext);
+  return mid > el && memcmp(name + 1 + mid - el, ext, el) == 0 ? 2 : 0;
+}
+
+/* Removes the temporaries that saves killed before their rename left in
+ * dir: ours (same base name), and those of other .safetensors names older
+ * than this process. Never a file a live writer holds (its flock), nor
+ * someone else's. Best effort. */
+static void sweep_stale(const char *dir, const char *base) {
+  DIR *dd = opendir(dir);
+  if (dd == NULL)
+    return;
+  size_t keep = tmp_keep(dir, base);
+  unsigned removed = 0;
+  struct dirent *de;
+  while ((de = readdir(dd)) != NULL) {
+    int kind = tmp_kind(de->d_name, base, keep);
+    if (kind == 0)
+      continue;
+    int fd = openat(dirfd(dd), de->d_name,
+                    O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+      continue;
+    struct stat a, b;
+    if (fstat(fd, &a) == 0 && S_ISREG(a.st_mode) && a.st_uid == geteuid() &&
+        (kind == 1 || a.st_mtime < loaded_at) &&
+        flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        fstatat(dirfd(dd), de->d_name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+        a.st_dev == b.st_dev && a.st_ino == b.st_ino &&
+        unlinkat(dirfd(dd), de->d_name, 0) == 0)
+      removed++;
+    close(fd);
+  }
+  closedir(dd);
+  if (removed > 0)
+    OFL_INFO(OFL_SUBSYS_STAGING,
+             "safetensors write: removed %u stale temporary file(s) of "
+             "killed saves in %s",
+             removed, dir);
+}
+
+static ofl_status_t create_error(int err, const char *dir, const char *path) {
+  if (err == ENOSPC || err == EDQUOT)
+    return io_error(err, "creating a temporary file for", path);
+  return ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_STAGING,
+                    "safetensors write: cannot create a file in directory "
+                    "'%s' for '%s': %s; check that the directory exists and "
+                    "is writable",
+                    dir, path, strerror(err));
+}
+
+/* Creates a named temporary file next to path, locked: its name fits the
+ * directory's NAME_MAX whatever the length of the final name. */
+static ofl_status_t create_temp(const char *dir, const char *base,
+                                const char *path, char **tmp_out, int *fd_out) {
+  size_t keep = tmp_keep(dir, base);
+  size_t cap = strlen(dir) + 1 + 1 + keep + strlen(TMP_SUFFIX) + TMP_RANDOM + 1;
   char *tmp = malloc(cap);
   if (tmp == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
                       "safetensors write: out of host memory");
-  snprintf(tmp, cap, "%s/.%.*s.tmp.XXXXXX", dir, (int)keep, base);
-  int fd = mkostemp(tmp, O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    free(tmp);
-    if (err == ENOSPC || err == EDQUOT)
-      return io_error(err, "creating a temporary file for", path);
-    return ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_STAGING,
-                      "safetensors write: cannot create a file in directory "
-                      "'%s' for '%s': %s; check that the directory exists and "
-                      "is writable",
-                      dir, path, strerror(err));
+  for (int attempt = 0; attempt < 16; attempt++) {
+    snprintf(tmp, cap, "%s/.%.*s" TMP_SUFFIX "XXXXXX", dir, (int)keep, base);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+      int err = errno;
+      free(tmp);
+      return create_error(err, dir, path);
+    }
+    /* A sweeper may have taken the file between mkostemp and flock: keep it
+     * only if the name is still this file once it is locked. */
+    struct stat a, b;
+    if (flock(fd, LOCK_EX) == 0 && fstat(fd, &a) == 0 &&
+        stat(tmp, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+      fchmod(fd, 0644); /* mkostemp makes 0600; a checkpoint is to be read */
+      *tmp_out = tmp;
+      *fd_out = fd;
+      return OFL_SUCCESS;
+    }
+    close(fd);
   }
-  fchmod(fd, 0644); /* mkostemp makes 0600; a checkpoint is meant to be read */
-  *tmp_out = tmp;
-  *fd_out = fd;
-  return OFL_SUCCESS;
+  free(tmp);
+  return ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_STAGING,
+                    "safetensors write: the temporary files made in '%s' for "
+                    "'%s' kept disappearing; is another program removing "
+                    "files there?",
+                    dir, path);
+}
+
+/* An unnamed file in dir (O_TMPFILE), locked; -1 with errno when the file
+ * system or kernel has none. */
+static int open_unnamed(const char *dir) {
+#ifdef O_TMPFILE
+  if (ofl__safetensors_no_tmpfile) {
+    errno = EOPNOTSUPP;
+    return -1;
+  }
+  int fd = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return -1;
+  fchmod(fd, 0644); /* whatever the umask, as the named path does */
+  if (flock(fd, LOCK_EX) != 0) { /* for the temporary name linkat may give */
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+#else
+  (void)dir;
+  errno = EOPNOTSUPP;
+  return -1;
+#endif
+}
+
+/* Gives the unnamed file fd the name target: AT_EMPTY_PATH (needs
+ * CAP_DAC_READ_SEARCH on older kernels), else /proc/self/fd/N. 0 or errno
+ * (EEXIST: target exists). */
+static int link_unnamed(int fd, const char *target) {
+#ifdef AT_EMPTY_PATH
+  if (linkat(fd, "", AT_FDCWD, target, AT_EMPTY_PATH) == 0)
+    return 0;
+  if (errno == EEXIST)
+    return EEXIST;
+#endif
+  char proc[64];
+  snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+  return linkat(AT_FDCWD, proc, AT_FDCWD, target, AT_SYMLINK_FOLLOW) == 0
+             ? 0
+             : errno;
+}
+
+/* Names the complete unnamed file path. linkat cannot replace a file, so
+ * over an existing one the file is linked to a temporary name (locked
+ * through fd, like a named temporary) and renamed. OFL_ERR_NOT_SUPPORTED
+ * when the file cannot be linked at all (the caller writes again through a
+ * named temporary). */
+static ofl_status_t publish_unnamed(int fd, const char *dir, const char *base,
+                                    const char *path) {
+  int err = link_unnamed(fd, path);
+  if (err == 0)
+    return OFL_SUCCESS;
+  if (err != EEXIST)
+    return ofl__error_quiet(OFL_ERR_NOT_SUPPORTED,
+                            "safetensors write: cannot link the unnamed "
+                            "file to '%s': %s",
+                            path, strerror(err));
+  size_t keep = tmp_keep(dir, base);
+  size_t cap = strlen(dir) + 1 + 1 + keep + strlen(TMP_SUFFIX) + TMP_RANDOM + 1;
+  char *tmp = malloc(cap);
+  if (tmp == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
+                      "safetensors write: out of host memory");
+  static const char alnum[] =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  uint64_t x = ofl__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)fd;
+  for (int attempt = 0; attempt < 32 && err == EEXIST; attempt++) {
+    char rnd[TMP_RANDOM + 1];
+    for (int i = 0; i < TMP_RANDOM; i++) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      rnd[i] = alnum[(x >> 33) % (sizeof alnum - 1)];
+    }
+    rnd[TMP_RANDOM] = '\0';
+    snprintf(tmp, cap, "%s/.%.*s" TMP_SUFFIX "%s", dir, (int)keep, base, rnd);
+    err = link_unnamed(fd, tmp);
+  }
+  ofl_status_t st = OFL_SUCCESS;
+  if (err != 0) {
+    st = ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_STAGING,
+                    "safetensors write: cannot link the finished file next "
+                    "to '%s': %s; check the directory",
+                    path, strerror(err));
+  } else if (rename(tmp, path) != 0) {
+    st = ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_STAGING,
+                    "safetensors write: cannot rename the finished file to "
+                    "'%s': %s; check that the path is not a directory",
+                    path, strerror(errno));
+    unlink(tmp);
+  }
+  free(tmp);
+  return st;
 }
 
 static void sync_dir(const char *dir) {
@@ -509,6 +719,61 @@ static ofl_status_t split_path(const char *path, char **dir, char **base) {
   return OFL_SUCCESS;
 }
 
+/* One attempt: through an unnamed file when unnamed, else a named
+ * temporary. OFL_ERR_NOT_SUPPORTED (quiet) when the unnamed file could not
+ * be named: the caller tries again the other way. */
+static ofl_status_t write_file(const char *path, const char *dir,
+                               const char *base, const sbuf_t *hdr,
+                               const ofl_safetensors_entry_t *entries,
+                               const size_t *order, size_t n,
+                               uint64_t data_bytes, bool unnamed) {
+  ofl_status_t st;
+  char *tmp = NULL;
+  int fd = -1;
+  if (unnamed) {
+    fd = open_unnamed(dir);
+    if (fd < 0) {
+      int err = errno;
+      if (err == ENOSPC || err == EDQUOT)
+        return io_error(err, "creating a file for", path);
+      return ofl__error_quiet(OFL_ERR_NOT_SUPPORTED,
+                              "safetensors write: no O_TMPFILE in '%s': %s",
+                              dir, strerror(err));
+    }
+  } else {
+    OFL_CHECK(create_temp(dir, base, path, &tmp, &fd));
+  }
+  OFL_CHECK_GOTO(write_body(fd, path, hdr, entries, order, n, data_bytes), st,
+                 out);
+  if (fsync(fd) != 0) {
+    st = io_error(errno, "syncing", path);
+    goto out;
+  }
+  /* Named while still open: the flock keeps sweepers off the file until
+   * it has its final name. */
+  if (unnamed) {
+    OFL_CHECK_GOTO(publish_unnamed(fd, dir, base, path), st, out);
+  } else if (rename(tmp, path) != 0) {
+    st = ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_STAGING,
+                    "safetensors write: cannot rename the finished file to "
+                    "'%s': %s; check that the path is not a directory",
+                    path, strerror(errno));
+    goto out;
+  } else {
+    free(tmp);
+    tmp = NULL; /* renamed: nothing to remove */
+  }
+  st = OFL_SUCCESS;
+out:
+  if (fd >= 0)
+    close(fd); /* after fsync, close reports nothing new; drops the lock */
+  if (tmp != NULL) {
+    unlink(tmp); /* no partial file survives an error */
+    free(tmp);
+  }
+  return st;
+}
+
 ofl_status_t ofl_safetensors_write(const char *path,
                                    const ofl_safetensors_entry_t *entries,
                                    size_t n,
@@ -526,8 +791,7 @@ ofl_status_t ofl_safetensors_write(const char *path,
   OFL_CHECK(check_inputs(entries, n, metadata, n_metadata, &order));
 
   ofl_status_t st;
-  char *dir = NULL, *base = NULL, *tmp = NULL;
-  int fd = -1;
+  char *dir = NULL, *base = NULL;
   sbuf_t hdr = {0};
   uint64_t data_bytes = 0;
   OFL_CHECK_GOTO(split_path(path, &dir, &base), st, out);
@@ -542,40 +806,22 @@ ofl_status_t ofl_safetensors_write(const char *path,
   OFL_CHECK_GOTO(build_header(entries, order, n, metadata, n_metadata, &hdr,
                               &data_bytes),
                  st, out);
-  OFL_CHECK_GOTO(create_temp(dir, base, path, &tmp, &fd), st, out);
-  OFL_CHECK_GOTO(write_body(fd, path, &hdr, entries, order, n, data_bytes), st,
-                 out);
-  if (fsync(fd) != 0) {
-    st = io_error(errno, "syncing", path);
-    goto out;
+  sweep_stale(dir, base);
+  st = write_file(path, dir, base, &hdr, entries, order, n, data_bytes, true);
+  if (st == OFL_ERR_NOT_SUPPORTED) {
+    OFL_INFO(OFL_SUBSYS_STAGING,
+             "safetensors write: %s; using a named temporary file",
+             ofl_last_error());
+    st = write_file(path, dir, base, &hdr, entries, order, n, data_bytes,
+                    false);
   }
-  int cfd = fd;
-  fd = -1;
-  if (close(cfd) != 0) {
-    st = io_error(errno, "closing", path);
+  if (st != OFL_SUCCESS)
     goto out;
-  }
-  if (rename(tmp, path) != 0) {
-    st = ofl__error(OFL_ERR_SYSTEM, OFL_SUBSYS_STAGING,
-                    "safetensors write: cannot rename the finished file to "
-                    "'%s': %s; check that the path is not a directory",
-                    path, strerror(errno));
-    goto out;
-  }
-  free(tmp);
-  tmp = NULL; /* renamed: nothing to remove */
   sync_dir(dir);
   OFL_INFO(OFL_SUBSYS_STAGING,
            "safetensors written path %s tensors %zu bytes %llu", path, n,
            (unsigned long long)(8 + hdr.len + data_bytes));
-  st = OFL_SUCCESS;
 out:
-  if (fd >= 0)
-    close(fd);
-  if (tmp != NULL) {
-    unlink(tmp); /* no partial file survives an error */
-    free(tmp);
-  }
   free(hdr.buf);
   free(dir);
   free(base);

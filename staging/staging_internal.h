@@ -17,6 +17,10 @@
  * set it before starting saves. */
 typedef ssize_t (*ofl__write_fn)(int fd, const void *buf, size_t bytes);
 void ofl__safetensors_set_write_hook(ofl__write_fn fn);
+/* Tests: when set, the writer skips O_TMPFILE and takes its fallback (a
+ * named, locked temporary renamed into place) as on a file system without
+ * O_TMPFILE. */
+extern int ofl__safetensors_no_tmpfile;
 
 /* Element size of a dtype (0 when invalid) and the bytes of a shape; the
  * staging code does not depend on pool/ for these. */

@@ -23,7 +23,7 @@
 static inline ofl_backend_t t_backend(void) {
   const char *b = getenv("OFLTEST_BACKEND");
   return b != NULL && strcmp(b, "cuda") == 0 ? OFL_BACKEND_CUDA
-                                              : OFL_BACKEND_HOST;
+                                             : OFL_BACKEND_HOST;
 }
 static inline int t_on_cuda(void) { return t_backend() == OFL_BACKEND_CUDA; }
 
@@ -58,8 +58,8 @@ static inline ofl_status_t t_write(ofl_device_t *dev, void *dst,
     st = ofl_stream_synchronize(s, OFL_TIMEOUT_DEFAULT);
   return st;
 }
-static inline ofl_status_t t_read(ofl_device_t *dev, void *dst,
-                                  const void *src, size_t n) {
+static inline ofl_status_t t_read(ofl_device_t *dev, void *dst, const void *src,
+                                  size_t n) {
   ofl_stream_t *s = ofl_device_compute_stream(dev);
   ofl_status_t st = ofl_stream_synchronize(s, OFL_TIMEOUT_DEFAULT);
   if (st == OFL_SUCCESS)

@@ -47,7 +47,8 @@ typedef struct ofl_comm_params {
    * connects to its peers), so create it with blocking = 0 for bounded
    * waits. After a timeout ofl aborts the communicator (ncclCommAbort), so
    * that the kernel left on the stream ends instead of hanging later work;
-   * the application must then destroy and recreate it. */
+   * ncclCommAbort frees it, so the application must not destroy it again
+   * (ofl_comm_nccl_aborted says so) and creates a new one. */
   int nccl_nonblocking;
 } ofl_comm_params_t;
 
@@ -87,6 +88,11 @@ OFL_API int64_t ofl_comm_timeout_ms(const ofl_comm_t *comm);
 /* Nonzero when an earlier operation failed (timeout, MPI or NCCL error) and
  * the comm refuses further operations. */
 OFL_API int ofl_comm_is_broken(const ofl_comm_t *comm);
+/* NCCL comms: nonzero when an operation timed out and ofl aborted the
+ * application's communicator (ncclCommAbort, which also frees it): the
+ * application must not destroy or use that ncclComm_t again; it destroys
+ * this ofl comm and creates a new communicator. 0 for other kinds. */
+OFL_API int ofl_comm_nccl_aborted(const ofl_comm_t *comm);
 
 /* Waits until every rank of the comm has called it (deadline as above). */
 OFL_API ofl_status_t ofl_comm_barrier(ofl_comm_t *comm);

@@ -13,10 +13,16 @@ OFL_EXTERN_C_BEGIN
 /* Parses the environment again (tests and programs that setenv() after start).
  * Returns OFL_ERR_CONFIG when a value is invalid; the message names the
  * variable and its allowed values. Unknown OFL_* variables are warned about
- * once. */
+ * once. The first call that reads the configuration (a device open, a
+ * manager create) parses it on its own and fails the same way: while any
+ * OFL_* value is invalid, every call that reads one returns OFL_ERR_CONFIG
+ * naming it (warned about once per value). */
 OFL_API ofl_status_t ofl_config_reload(void);
 
-/* Writes every variable, its current value, default and one-line doc. */
+/* Writes every variable with the value in force for the library and its
+ * source (environment or default), the default, what it accepts and a
+ * one-line doc. A params struct field set by the application wins over
+ * both; the manager's own printer shows those. */
 OFL_API void ofl_config_print(FILE *out);
 
 /* The raw text of a variable as in force (environment or default); NULL for

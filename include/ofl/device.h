@@ -86,6 +86,15 @@ OFL_API ofl_status_t ofl_device_open(const ofl_device_params_t *params,
  * any, releases everything. NULL is accepted. */
 OFL_API void ofl_device_close(ofl_device_t *dev);
 
+/* Whether a backend can be used on this machine, without opening a device
+ * (ofl-info reports it): OFL_SUCCESS with its device count in *count (host:
+ * 1; auto: cuda's when it can be used, else host's), or OFL_ERR_NO_DEVICE
+ * with the reason in why (not in this build, cuda runtime not found, no
+ * driver, driver too old, no device). Loads the CUDA runtime as a cuda
+ * open would. why may be NULL; the last error is not changed. */
+OFL_API ofl_status_t ofl_backend_probe(ofl_backend_t backend, int *count,
+                                       char *why, size_t why_bytes);
+
 OFL_API ofl_backend_t ofl_device_backend(const ofl_device_t *dev);
 OFL_API const char *ofl_backend_name(ofl_backend_t backend);
 /* Why auto selection chose what it chose ("" when the backend was explicit). */

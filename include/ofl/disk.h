@@ -29,8 +29,9 @@
  * keeps the bytes in the bounce buffer: the extent is then HOST_ONLY, reload
  * returns the buffer, the fault is counted and logged, and the store is
  * marked degraded (new extents are refused until ofl_disk_clear_degraded).
- * A read that fails, or whose CRC32C does not match (OFL_DISK_CHECKSUM), is
- * an error returned by reload; the buffer is never handed out then.
+ * A read that fails, or whose CRC32C does not match (OFL_DISK_CHECKSUM, on
+ * by default), is an error returned by reload; the buffer is never handed
+ * out then.
  *
  * Kept buffers (keep_bytes, OFL_DISK_KEEP): after a write the buffer, which
  * still holds the bytes, is kept up to that many bytes, newest first; a
@@ -78,7 +79,7 @@ typedef enum ofl_disk_engine {
 } ofl_disk_engine_t;
 
 /* Value of budget_bytes / block_bytes meaning "from the environment". */
-#define OFL_DISK_FROM_ENV ((size_t)-1)
+#define OFL_DISK_FROM_ENV OFL__SIZE_C(-1)
 
 typedef struct ofl_disk_params {
   ofl_device_t *dev;       /* required: bounce buffers are its pinned memory */
@@ -92,8 +93,13 @@ typedef struct ofl_disk_params {
                                  local rank from the launcher
                                  (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
                                  SLURM_LOCALID, LOCAL_RANK), else rank */
-  size_t budget_bytes;  /* file size cap; OFL_DISK_FROM_ENV: OFL_DISK_BUDGET;
-                           0: no cap but the file system's */
+  size_t budget_bytes;  /* file size cap, rounded down to 4 KiB; extents
+                           that would grow the file past it are refused
+                           (OFL_ERR_NO_SPACE, budget_refusals);
+                           OFL_DISK_FROM_ENV: OFL_DISK_BUDGET; 0 (also the
+                           variable's default): no cap, the file grows
+                           until the file system refuses (ENOSPC); 1 to
+                           4095: OFL_ERR_CONFIG at open */
   size_t initial_bytes; /* preallocated at open (<= budget); 0: none */
   size_t grow_bytes;    /* the file grows by at least this; 0: 64 MiB */
   int preallocate;      /* 1: fallocate new space (ENOSPC shows at create);
@@ -103,7 +109,11 @@ typedef struct ofl_disk_params {
   size_t block_bytes;   /* request size; 0 or FROM_ENV: OFL_DISK_BLOCK;
                            rounded up to 4 KiB */
   int prefetch_groups;  /* read-ahead distance for the manager; -1: env */
-  int checksum;         /* CRC32C per extent; -1: OFL_DISK_CHECKSUM */
+  int checksum;         /* CRC32C per extent, taken at write and checked
+                           at read (a mismatch is OFL_ERR_CORRUPT, never
+                           data); -1: OFL_DISK_CHECKSUM (default on);
+                           0: off, a write the file system acknowledged
+                           and lost later reads back as wrong bytes */
   ofl_disk_direct_t direct;
   ofl_disk_engine_t engine;
   const char *groups; /* group names on disk (comma list, "*" all);
@@ -151,8 +161,11 @@ typedef struct ofl_disk_stats {
   uint64_t prefetch_hits;   /* reloads that found the bytes in memory */
   uint64_t stalls;          /* reloads that had to wait for a read */
   uint64_t stall_ns;        /* time spent in those waits */
-  uint64_t faults_enospc;   /* out of space: at growth or at write */
-  uint64_t faults_eio;      /* write or read errors from the kernel */
+  uint64_t faults_enospc;   /* out of space, at growth or at write: ENOSPC,
+                               EDQUOT and EFBIG (a file-size limit), every
+                               fault whose status is OFL_ERR_NO_SPACE */
+  uint64_t faults_eio;      /* other write or read errors from the kernel
+                               (status OFL_ERR_IO) */
   uint64_t faults_short;    /* short writes or reads */
   uint64_t faults_corrupt;  /* CRC32C mismatches on read */
   uint64_t budget_refusals; /* creates refused by budget_bytes */
@@ -177,7 +190,12 @@ typedef struct ofl_disk_stats {
 /* Opens a store: creates and opens the private file, starts the engine.
  * OFL_ERR_INVALID_ARG without params->dev; OFL_ERR_SYSTEM when the
  * directory cannot hold the file; OFL_ERR_NOT_SUPPORTED when O_DIRECT or
- * io_uring was demanded and is not available. */
+ * io_uring was demanded and is not available.
+ * O_DIRECT is checked with one 4 KiB write: EINVAL (or the flag refused) is
+ * "not supported" (OFL_ERR_NOT_SUPPORTED with direct on, buffered I/O with
+ * auto); ENOSPC, EDQUOT or EFBIG is a full file system, not a verdict on
+ * O_DIRECT: OFL_ERR_NO_SPACE naming the directory with direct on, a WARN
+ * and buffered I/O with auto. */
 OFL_API ofl_status_t ofl_disk_open(const ofl_disk_params_t *params,
                                    ofl_disk_t **out);
 /* Waits (bounded) for I/O in flight, destroys the extents still alive (a
@@ -240,10 +258,14 @@ OFL_API ofl_status_t ofl_disk_extent_wait(ofl_disk_extent_t *e,
 OFL_API ofl_status_t ofl_disk_extent_prefetch(ofl_disk_extent_t *e);
 /* Makes the bytes available in host memory and returns the buffer: at once
  * when they are there (prefetch hit), else after the read (counted as a
- * stall; a read is issued when none was). Errors: OFL_ERR_IO (EIO, short
- * read), OFL_ERR_CORRUPT (checksum), OFL_ERR_TIMEOUT, OFL_ERR_NO_MEMORY (no
- * buffer); *data is set only on success. After a read error the extent is
- * ON_DISK again and reload may be retried. */
+ * stall; a read is issued when none was). When the bounce pool has no
+ * buffer for the read but writes in flight will give theirs back, reload
+ * waits for them (within timeout_ms). Errors: OFL_ERR_IO (EIO, short read),
+ * OFL_ERR_CORRUPT (checksum), OFL_ERR_TIMEOUT (the read, or the writes
+ * holding the buffers, did not finish in time), OFL_ERR_NO_MEMORY (no
+ * buffer, and no write in flight that would return one); *data is set only
+ * on success. After a read error the extent is ON_DISK again and reload may
+ * be retried. */
 OFL_API ofl_status_t ofl_disk_extent_reload(ofl_disk_extent_t *e,
                                             int64_t timeout_ms, void **data);
 /* Drops the buffer of a RESIDENT extent (it stays in the file). */

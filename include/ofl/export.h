@@ -8,6 +8,14 @@
 #define OFL_API
 #endif
 
+/* A size_t constant in a public macro, without a C-style cast in C++
+ * (headers compile cleanly under -Wold-style-cast). */
+#ifdef __cplusplus
+#define OFL__SIZE_C(x) (static_cast<size_t>(x))
+#else
+#define OFL__SIZE_C(x) ((size_t)(x))
+#endif
+
 #ifdef __cplusplus
 #define OFL_EXTERN_C_BEGIN extern "C" {
 #define OFL_EXTERN_C_END }

@@ -92,15 +92,19 @@ OFL_EXTERN_C_BEGIN
 typedef struct ofl_manager ofl_manager_t;
 
 /* The handle of a pushed tensor between push and pop; single use. 0 is never
- * a valid tag. */
+ * a valid tag. A tag names the manager that made it: popped on another
+ * manager it is OFL_ERR_INVALID_ARG (ids are reused only after 255 more
+ * managers were created). */
 typedef uint64_t ofl_tag_t;
-#define OFL_TAG_INVALID ((ofl_tag_t)0)
+#define OFL_TAG_INVALID UINT64_C(0) /* an ofl_tag_t; no cast, for C++ */
 
 /* Parameters of ofl_manager_create. Fields left at their *_INIT value are
  * read from the OFL_* environment (see ofl_config_print). */
 typedef struct ofl_manager_params {
   ofl_device_t *device;       /* NULL: opened from the environment (owned) */
-  ofl_pool_t *device_pool;    /* reload buffers; NULL: the manager's own */
+  ofl_pool_t *device_pool;    /* reload buffers; NULL: the manager's own,
+                                 which outlives the manager while popped
+                                 tensors still use its blocks */
   int offload;                /* master switch; <0: OFL_OFFLOAD */
   const char *groups;         /* comma-separated names offloaded; NULL:
                                  OFL_OFFLOAD_GROUPS; "": every name */
@@ -109,7 +113,14 @@ typedef struct ofl_manager_params {
   int64_t min_offload_bytes;  /* in bytes, wins over elems when > 0;
                                  <0: OFL_MIN_OFFLOAD_BYTES */
   double fraction;            /* of groups of each chunk kept offloaded after
-                                 warmup, in [0, 1]; <0: OFL_OFFLOAD_FRACTION */
+                                 warmup, in [0, 1]; <0: OFL_OFFLOAD_FRACTION.
+                                 Per chunk, all names together: of the groups
+                                 of a chunk still offloaded after the
+                                 first-backward and rank-delta rules (and
+                                 that offloaded bytes in the warmup), the
+                                 floor((1 - fraction) x count) started last
+                                 in its forward stay on the device; names do
+                                 not get a share each */
   int64_t rank_delta_bytes;   /* bytes kept on the device per pipeline rank
                                  (pp_rank x delta; groups are kept in
                                  backward order while any of it is left, so
@@ -160,9 +171,12 @@ typedef struct ofl_manager_stats {
   uint64_t stall_ns;            /* time compute waited for them (host backend:
                                    measured; cuda: not measured, 0) */
   uint64_t kept_groups;         /* groups the policy kept on the device */
-  uint64_t kept_tensors;        /* tensors kept: policy, size, flag */
+  uint64_t kept_tensors;        /* tensors kept on the device at commit, for
+                                   any reason: policy, size, flag, location,
+                                   and the budget_kept_tensors below too */
   uint64_t budget_kept_tensors; /* kept because the host budget was full
-                                   (and the disk tier, if any, refused) */
+                                   (and the disk tier, if any, refused);
+                                   also counted in kept_tensors */
   uint64_t budget_kept_bytes;
   uint64_t disk_tensors; /* offloads that went to the disk tier */
   uint64_t disk_bytes;
@@ -170,10 +184,20 @@ typedef struct ofl_manager_stats {
   uint64_t unpopped_tensors; /* pushed but never popped before reset */
   size_t device_bytes_peak;  /* of the manager's device */
   size_t host_bytes_peak;    /* pinned pool peak in use */
+  size_t steady_device_pool_peak_bytes; /* peak_in_use_bytes of the device
+                                  pool (params.device_pool, else the
+                                  manager's reload pool) since the end of
+                                  the warmup: the manager calls
+                                  ofl_pool_reset_peak on it then. With the
+                                  activations in that pool, the steady-state
+                                  peak to compare against a run without
+                                  offload. 0 during the warmup */
 } ofl_manager_stats_t;
 
 /* Counters of one group name. */
-typedef struct ofl_manager_group_stats {
+/* No struct tag: it would be hidden by the function of the same name
+ * (C++ -Wshadow). */
+typedef struct {
   const char *name;
   uint64_t offloaded_tensors;
   uint64_t offloaded_bytes;
@@ -196,7 +220,10 @@ OFL_API ofl_status_t ofl_manager_create(const ofl_manager_params_t *params,
                                         ofl_manager_t **out);
 /* Drains the copy streams (bounded), releases every buffer, the streams and
  * the device if the manager opened it. Tensors never popped are destroyed.
- * NULL is accepted. */
+ * Popped tensors stay valid: they are the caller's, and the manager's own
+ * reload pool (params.device_pool NULL) is destroyed only when the last of
+ * them is destroyed; so is the device when the manager opened it. With a
+ * caller's device, keep it open until then. NULL is accepted. */
 OFL_API void ofl_manager_destroy(ofl_manager_t *m);
 
 /* The process-wide manager, created from the environment on first use. */
@@ -227,7 +254,10 @@ OFL_API ofl_status_t ofl_manager_group_start(ofl_manager_t *m,
                                              const char *name);
 /* Hands t to the manager until ofl_manager_tensor_pop returns it; *tag names
  * it. Outside a group, with offload disabled or in forward-only mode the
- * tensor is only held (never copied). */
+ * tensor is only held (never copied). Inside a group, a tensor located
+ * OFL_LOC_DEVICE must be memory of the manager's device: a tensor of another
+ * device, or host memory wrapped as device memory, is OFL_ERR_INVALID_ARG
+ * here (pinned tensors are accepted and stay where they are). */
 OFL_API ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
                                              ofl_tag_t *tag);
 /* Ends the open group name: its eligible tensors (size threshold, not marked
@@ -236,7 +266,10 @@ OFL_API ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
  * released after that copy. forced_release (n tensors the caller still
  * holds, e.g. the module input) lose their device storage after the copy too
  * when their storage was offloaded with the group. delay != 0 queues the
- * commit until ofl_manager_flush_delayed_groups. */
+ * commit until ofl_manager_flush_delayed_groups: the manager keeps the
+ * forced_release pointers (not the tensors), so those handles must stay
+ * alive, not destroyed, until the flush (or the reset that drops the delayed
+ * commit). */
 OFL_API ofl_status_t ofl_manager_group_commit(
     ofl_manager_t *m, const char *name, ofl_tensor_t *const *forced_release,
     size_t n, int delay);
@@ -254,12 +287,24 @@ OFL_API ofl_status_t ofl_manager_group_backward_begin(ofl_manager_t *m,
                                                       const char *name);
 /* The tensor pushed under tag, with device storage (reloaded inline, after
  * the group's offload, when it was not prefetched). The caller owns it
- * again. A tag pops once. */
+ * again. A tag pops once.
+ *
+ * An offloaded tensor's new storage is a block of the manager's device pool
+ * (params.device_pool, else the manager's own): end the tensor with
+ * ofl_tensor_destroy (ofl_pool_free on the pool it was allocated from
+ * refuses it: the block is not that pool's). When that pool has no memory
+ * for the reload, the call returns OFL_ERR_NO_MEMORY and changes nothing:
+ * the tensor stays offloaded and the same tag pops again, once device
+ * memory was released (e.g. by destroying tensors popped earlier). A tag
+ * of another manager, 0, or of an earlier iteration is
+ * OFL_ERR_INVALID_ARG. */
 OFL_API ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
                                             ofl_tensor_t **out);
 /* The backward of group name ends: the H2D stream waits for compute and
  * prefetches the next group to run backward (the next chunk's last group
- * when this chunk has none left). */
+ * when this chunk has none left). A prefetch only gets ahead: when the
+ * device pool has no memory for its buffers, the call still succeeds and
+ * those tensors reload inline at their tensor_pop. */
 OFL_API ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
                                                     const char *name);
 
@@ -269,6 +314,10 @@ OFL_API ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
 /* End of an iteration (call it after every schedule call, training or not).
  * The first reset that saw chunks ends the warmup: the steady-state policy
  * runs and the summary is gathered on params.comm (collective over it).
+ * With offload off, the first reset after a training chunk ends it (a
+ * summary of zero bytes), with or without a comm. At the end of the warmup
+ * a name of params.groups that no group_start used is a WARN naming it, and
+ * the tensors kept for their size are counted at INFO.
  * Tensors never popped are destroyed (counted). OFL_ERR_INVALID_USAGE, with
  * nothing changed, while a group is open; OFL_ERR_MISMATCH (after resetting)
  * when fewer chunks ran than recorded. */
@@ -308,10 +357,16 @@ OFL_API ofl_status_t ofl_manager_synchronize(ofl_manager_t *m,
 
 /* offload_summary_bytes of name: bytes offloaded (steady-state policy) by
  * the groups of that name in the chunks whose forward began before the first
- * backward of the warmup iteration, i.e. the device bytes removed from the
- * memory peak. (The reference stops after the first chunk in backward order,
- * which undercounts on every pipeline stage but the last.) OFL_ERR_NOT_READY
- * before the end of warmup; 0 bytes for a name never offloaded. */
+ * backward of the warmup iteration (the chunks in flight at the first
+ * backward). It is an upper bound of the device bytes removed from the
+ * memory peak, not a measurement: with prefetching, reloads of earlier
+ * layers land while later layers' backward temporaries are alive, so the
+ * measured reduction can be below it. Compare with the program's measured
+ * peak (ofl_manager_stats_t.steady_device_pool_peak_bytes, or the
+ * application's own allocator). (The reference stops after the first chunk
+ * in backward order, which undercounts on every pipeline stage but the
+ * last.) OFL_ERR_NOT_READY before the end of warmup; 0 bytes for a name
+ * never offloaded. */
 OFL_API ofl_status_t ofl_manager_summary_bytes(const ofl_manager_t *m,
                                                const char *name, uint64_t *out);
 /* Sum over names (0 before the end of warmup). */
@@ -324,6 +379,57 @@ OFL_API const ofl_summary_t *ofl_manager_summary(const ofl_manager_t *m);
 
 OFL_API void ofl_manager_get_stats(const ofl_manager_t *m,
                                    ofl_manager_stats_t *out);
+
+/* ---- the steady-state plan --------------------------------------------------
+ */
+
+/* Where the steady state puts a group of the warmup record. */
+typedef enum ofl_group_placement {
+  OFL_GROUP_PINNED = 0, /* offloaded to pinned host memory */
+  OFL_GROUP_DISK,       /* offloaded to the disk tier (params.disk) */
+  OFL_GROUP_DEVICE      /* kept on the device: see the reason */
+} ofl_group_placement_t;
+
+/* Why a group stays on the device. */
+typedef enum ofl_group_keep_reason {
+  OFL_KEEP_NONE = 0,        /* offloaded */
+  OFL_KEEP_FIRST_BACKWARD,  /* the first group of its name to run backward
+                               (nothing is prefetched for it) */
+  OFL_KEEP_NEXT_BACKWARD,   /* the last of its name in a chunk that is the
+                               next to run backward when it commits (the
+                               reference's should_bulk_offload) */
+  OFL_KEEP_FRACTION,        /* params.fraction */
+  OFL_KEEP_RANK_DELTA,      /* params.rank_delta_bytes x pp_rank */
+  OFL_KEEP_SIZE,            /* no tensor big enough (min_offload_bytes /
+                               _elems), or no tensor pushed */
+  OFL_KEEP_NOT_OFFLOADABLE, /* every tensor marked not-offloadable or not
+                               in device memory */
+  OFL_KEEP_HOST_BUDGET,     /* the warmup found no pinned (nor disk) room for
+                               any of its tensors */
+  OFL_KEEP_NOT_SELECTED     /* its name is not in params.groups */
+} ofl_group_keep_reason_t;
+
+typedef struct ofl_group_plan {
+  size_t chunk;     /* the chunk, in forward order of the record */
+  int vp_stage;     /* of the chunk */
+  int microbatch;   /* the chunk's microbatch in its stage (creation order) */
+  const char *name; /* the group's name (owned by the manager) */
+  ofl_group_placement_t placement;
+  ofl_group_keep_reason_t reason; /* OFL_KEEP_NONE unless kept */
+  uint64_t bytes;                 /* bytes the warmup offloaded from it */
+  uint64_t disk_bytes;            /* of them, to the disk tier */
+} ofl_group_plan_t;
+
+/* The groups of the warmup record, every group_start of the warmup (names
+ * not offloaded included) in forward order; 0 before the end of warmup. */
+OFL_API size_t ofl_manager_group_plan_count(const ofl_manager_t *m);
+/* Where group i of the record goes in steady state and, when it stays on
+ * the device, why (the policy decided at the end of warmup, the rest as
+ * the warmup saw it: a budget left free by the policy's kept groups may
+ * take a group the warmup could not). OFL_ERR_NOT_READY before the end of
+ * warmup, OFL_ERR_INVALID_ARG for i >= ofl_manager_group_plan_count. */
+OFL_API ofl_status_t ofl_manager_group_plan(const ofl_manager_t *m, size_t i,
+                                            ofl_group_plan_t *out);
 /* Group names seen so far (in order of first use), and their counters. */
 OFL_API size_t ofl_manager_group_count(const ofl_manager_t *m);
 OFL_API ofl_status_t ofl_manager_group_stats(const ofl_manager_t *m, size_t i,

@@ -45,11 +45,11 @@ typedef enum ofl_pool_kind {
 } ofl_pool_kind_t;
 
 /* Byte keys (dynamic shapes) round up to this; never to a power of two. */
-#define OFL_POOL_PAGE_BYTES ((size_t)4096)
+#define OFL_POOL_PAGE_BYTES OFL__SIZE_C(4096)
 
 /* budget_bytes value meaning "read OFL_DEVICE_POOL_BUDGET (device pools) or
  * OFL_HOST_BUDGET (pinned pools)"; 0 there means unlimited. */
-#define OFL_POOL_BUDGET_FROM_ENV ((size_t)-1)
+#define OFL_POOL_BUDGET_FROM_ENV OFL__SIZE_C(-1)
 
 typedef struct ofl_pool_params {
   ofl_pool_kind_t kind;
@@ -91,7 +91,9 @@ typedef struct ofl_pool_stats {
 } ofl_pool_stats_t;
 
 /* Status of one key (the reference pool's get_pool_status(shape, dtype)). */
-typedef struct ofl_pool_key_status {
+/* No struct tag: it would be hidden by the function of the same name
+ * (C++ -Wshadow). */
+typedef struct {
   size_t block_bytes;
   uint64_t total;     /* blocks created for the key */
   uint64_t allocated; /* handed out */

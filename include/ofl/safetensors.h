@@ -8,9 +8,11 @@
  *
  * data_offsets are relative to the start of the data. The writer orders the
  * data by element size (largest first) then by name, so every tensor starts
- * on a multiple of its element size. Writing is atomic: a temporary file in
- * the same directory, fsync, rename, fsync of the directory; on any error the
- * temporary file is removed and nothing appears at the final path. */
+ * on a multiple of its element size. Writing is atomic: the file is written
+ * and fsynced under no name or a temporary one in the same directory, then
+ * given its name, then the directory is fsynced; on any error nothing
+ * appears at the final path (see ofl_safetensors_write for what a killed
+ * process leaves). */
 #ifndef OFL_SAFETENSORS_H
 #define OFL_SAFETENSORS_H
 
@@ -24,9 +26,11 @@
 OFL_EXTERN_C_BEGIN
 
 /* Longest tensor name and metadata key or value, in bytes (UTF-8). */
-#define OFL_SAFETENSORS_NAME_MAX ((size_t)1024)
-/* Largest header a reader accepts (the reference implementation's limit). */
-#define OFL_SAFETENSORS_HEADER_MAX ((size_t)100 << 20)
+#define OFL_SAFETENSORS_NAME_MAX OFL__SIZE_C(1024)
+/* Largest header, in bytes, that ofl reads or writes: the reference
+ * implementation's limit (100,000,000 bytes, not 100 MiB), so that every
+ * file ofl writes loads there too. */
+#define OFL_SAFETENSORS_HEADER_MAX OFL__SIZE_C(100000000)
 
 /* One tensor: name, dtype, shape and bytes (row-major, little-endian). */
 typedef struct ofl_safetensors_entry {
@@ -46,11 +50,23 @@ typedef struct ofl_safetensors_kv {
 
 /* Writes entries (names unique, non-empty, valid UTF-8, at most
  * OFL_SAFETENSORS_NAME_MAX bytes, not "__metadata__") and metadata to path
- * atomically. OFL_ERR_INVALID_ARG for bad entries or a file name too long for
- * the file system, OFL_ERR_NO_SPACE when the disk is full, OFL_ERR_SYSTEM
- * when the directory cannot be written, OFL_ERR_IO for other write
- * errors; in every error case nothing is left at path (an older file there is
- * kept as it was). */
+ * atomically. OFL_ERR_INVALID_ARG for bad entries, a header over
+ * OFL_SAFETENSORS_HEADER_MAX or a file name too long for the file system,
+ * OFL_ERR_NO_SPACE when the disk is full, OFL_ERR_SYSTEM when the directory
+ * cannot be written, OFL_ERR_IO for other write errors; in every error case
+ * nothing is left at path (an older file there is kept as it was).
+ *
+ * A process killed during the write (its space was reserved up front):
+ *   - where the file system has O_TMPFILE (ext4, xfs, btrfs, tmpfs), the
+ *     file has no name until it is complete (linkat; over an existing file
+ *     a temporary ".NAME.tmp.XXXXXX" lives only between the link and the
+ *     rename), so the kernel frees it and nothing is left;
+ *   - elsewhere (NFS, most FUSE file systems) the named temporary
+ *     ".NAME.tmp.XXXXXX" stays until the next save into that directory,
+ *     which removes the temporaries of the same NAME, and those of other
+ *     "*.safetensors" names older than the process, that no live writer
+ *     holds (each writer keeps an flock on its temporary until the rename).
+ *     Another program's files are never removed. */
 OFL_API ofl_status_t ofl_safetensors_write(const char *path,
                                            const ofl_safetensors_entry_t *entries,
                                            size_t n,
@@ -62,8 +78,14 @@ typedef struct ofl_safetensors ofl_safetensors_t;
 
 /* Maps path and checks the header strictly: JSON syntax, known dtypes,
  * shapes, offsets in range, matching the shape's size, neither overlapping
- * nor leaving holes. OFL_ERR_CORRUPT with a message naming the problem (and
- * the tensor) for a malformed file, OFL_ERR_SYSTEM when it cannot be opened. */
+ * nor leaving holes, a header of at most OFL_SAFETENSORS_HEADER_MAX bytes.
+ * OFL_ERR_CORRUPT with a message naming the problem (and the tensor) for a
+ * malformed file; OFL_ERR_NOT_SUPPORTED naming the tensor for a valid file
+ * that ofl cannot represent (a dtype of the format that ofl_dtype_t lacks,
+ * such as C64 or F8_E8M0, or more than OFL_MAX_DIMS dimensions);
+ * OFL_ERR_SYSTEM when it cannot be opened. Dtypes: F64, F32, F16, BF16,
+ * F8_E4M3, F8_E5M2, I64, I32, I16, I8, U64, U32, U16, U8, BOOL. Name lookups
+ * (find, copy_to) go through an index sorted at open: O(log n). */
 OFL_API ofl_status_t ofl_safetensors_open(const char *path,
                                           ofl_safetensors_t **out);
 /* Same checks on a file image in memory (copied). */
@@ -77,7 +99,7 @@ OFL_API size_t ofl_safetensors_count(const ofl_safetensors_t *st);
 OFL_API ofl_status_t ofl_safetensors_get(const ofl_safetensors_t *st,
                                          size_t index,
                                          ofl_safetensors_entry_t *out);
-/* OFL_ERR_INVALID_ARG when no tensor has that name. */
+/* OFL_ERR_INVALID_ARG when no tensor has that name. O(log n). */
 OFL_API ofl_status_t ofl_safetensors_find(const ofl_safetensors_t *st,
                                           const char *name,
                                           ofl_safetensors_entry_t *out);

@@ -27,9 +27,18 @@
  * type_check is on, and otherwise rebuilds the cache.
  *
  * ofl_stager_save() writes a staged set as a .safetensors file on a
- * background thread (temporary file, fsync, rename; see
- * <ofl/safetensors.h>) and returns a future. At most max_inflight_saves
- * saves run at once per stager; one more waits or is refused (when_busy).
+ * background thread (see ofl_safetensors_write in <ofl/safetensors.h>) and
+ * returns a future. At most max_inflight_saves saves run at once per
+ * stager; one more waits or is refused (when_busy).
+ *
+ * A save killed with its process leaves no name behind where the file
+ * system has O_TMPFILE (ext4, xfs, btrfs, tmpfs): the file is written
+ * unnamed in the target directory and linked in (linkat) once complete and
+ * fsynced. Where it has not (NFS, most FUSE), a named temporary
+ * ".NAME.tmp.XXXXXX" is written, flock'ed while the save lives, and
+ * renamed; one left by a killed save is removed by the next save into that
+ * directory (same NAME, or another "*.safetensors" name when older than the
+ * process; never a temporary whose writer still holds its lock).
  *
  * A stager is not thread-safe: one thread calls stage, synchronize and save
  * (futures may be waited on from any thread). */

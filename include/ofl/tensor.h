@@ -27,6 +27,10 @@ typedef enum ofl_dtype {
   OFL_DTYPE_I8,
   OFL_DTYPE_U8,
   OFL_DTYPE_BOOL,
+  OFL_DTYPE_F64, /* added after the first release: values at the end */
+  OFL_DTYPE_U16,
+  OFL_DTYPE_U32,
+  OFL_DTYPE_U64,
   OFL_DTYPE_COUNT
 } ofl_dtype_t;
 

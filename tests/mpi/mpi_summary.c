@@ -76,8 +76,7 @@ static int nccl_open(MPI_Comm mc, tcomm_t *t) {
       ndev < 1 || cudaSetDevice(wr % ndev) != cudaSuccess ||
       cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) !=
           cudaSuccess) {
-    fprintf(stderr, "rank %d: CUDA/NCCL setup failed (%d devices)\n", wr,
-            ndev);
+    fprintf(stderr, "rank %d: CUDA/NCCL setup failed (%d devices)\n", wr, ndev);
     return -1;
   }
   if (strncmp(id.internal + 16, "/cudasim-nccl-", 14) == 0)
@@ -413,12 +412,12 @@ static long nccl_app_check(tcomm_t *t, int r, int n) {
                          t->stream) != cudaSuccess;
   /* in place: three int64 sums; out of place: max of doubles into dd+1 is
    * not allowed to overlap, so max in place, min of floats in place */
-  bad += nccl_settle(t, ncclAllReduce(d64, d64, 3, ncclInt64, ncclSum,
-                                      t->nccl, t->stream));
-  bad += nccl_settle(t, ncclAllReduce(dd, dd, 2, ncclFloat64, ncclMax,
-                                      t->nccl, t->stream));
-  bad += nccl_settle(t, ncclAllReduce(df, df, 2, ncclFloat32, ncclMin,
-                                      t->nccl, t->stream));
+  bad += nccl_settle(
+      t, ncclAllReduce(d64, d64, 3, ncclInt64, ncclSum, t->nccl, t->stream));
+  bad += nccl_settle(
+      t, ncclAllReduce(dd, dd, 2, ncclFloat64, ncclMax, t->nccl, t->stream));
+  bad += nccl_settle(
+      t, ncclAllReduce(df, df, 2, ncclFloat32, ncclMin, t->nccl, t->stream));
   /* broadcast of the last rank's value into d64[3] */
   int64_t v = 1000 + r;
   bad += cudaMemcpyAsync(d64 + 3, &v, sizeof(v), cudaMemcpyHostToDevice,
@@ -629,8 +628,8 @@ int main(int argc, char **argv) {
           ofl_byte_table_set(t, "g", UINT64_C(1) << 63) != OFL_SUCCESS;
     ofl_summary_t *s = NULL;
     ofl_log_set_level(OFL_LOG_NONE);
-    ofl_status_t st = comm ? ofl_summary_gather(comm, t, 1, &s)
-                           : OFL_ERR_INTERNAL;
+    ofl_status_t st =
+        comm ? ofl_summary_gather(comm, t, 1, &s) : OFL_ERR_INTERNAL;
     ofl_log_set_level(OFL_LOG_WARN);
     bad += wn == 1 ? st != OFL_SUCCESS : st == OFL_SUCCESS || s != NULL;
     int mine = (int)st, first = 0;
@@ -648,10 +647,8 @@ int main(int argc, char **argv) {
 
   /* 8: ranks that disagree on root_only all get OFL_ERR_MISMATCH (with one
    * rank this is simply a successful gather). The NCCL modes use a comm of
-   * their own with a short deadline: ofl's NCCL comm does not exchange
-   * root_only, so the last rank waits for an agreement all-gather the
-   * others never make, times out and aborts its NCCL communicator, while
-   * the others succeed; that gap is reported as a TODO. */
+   * their own with a short deadline, so that a comm that failed to compare
+   * the flag times out here instead of holding the rest of the run. */
   tcomm_t mm_tc, *mt = &main_tc;
   if (g_mode != COMM_MPI) {
     ofl_comm_params_t q = OFL_COMM_PARAMS_INIT;
@@ -673,19 +670,9 @@ int main(int argc, char **argv) {
   bad += wn > 1 && !ofl_comm_is_broken(mt->comm);
   ofl_summary_destroy(s);
   total = sum_to_root(bad);
-  if (wr == 0) {
-    if (g_mode == COMM_MPI || wn == 1 || total == 0) {
-      tap_ok(total == 0, "ranks disagreeing on root_only: every rank reports "
-                         "a mismatch and the comm is marked broken");
-    } else { /* a known gap: TODO (not counted as a failure) */
-      printf("not ok %d - ranks disagreeing on root_only: every rank reports "
-             "a mismatch and the comm is marked broken # TODO ofl's NCCL comm "
-             "does not exchange root_only: the root_only rank times out and "
-             "aborts, the others succeed\n",
-             ++tap_n);
-      fflush(stdout);
-    }
-  }
+  if (wr == 0)
+    tap_ok(total == 0, "ranks disagreeing on root_only: every rank reports "
+                       "a mismatch and the comm is marked broken");
   if (mt != &main_tc) {
     MPI_Barrier(MPI_COMM_WORLD); /* every rank done with it */
     tcomm_close(mt);

@@ -556,6 +556,9 @@ Test(cuda_interop, nccl_timeout_aborts_the_communicator) {
   cr_assert(eq(int, r[0].last, OFL_ERR_TIMEOUT), "%s", r[0].msg);
   cr_assert(strstr(r[0].msg, "ncclCommAbort") != NULL, "%s", r[0].msg);
   cr_assert(ofl_comm_is_broken(r[0].oc));
+  /* ncclCommAbort freed rank 0's communicator: it is not destroyed again. */
+  cr_assert(ofl_comm_nccl_aborted(r[0].oc));
+  cr_assert(eq(int, ofl_comm_nccl_aborted(r[1].oc), 0));
   /* The collective left on the stream ended: the stream drains. */
   CUDA_OK(cudaSetDevice(0));
   cudaError_t q = cudaErrorNotReady;
@@ -800,4 +803,53 @@ Test(cuda_interop, close_after_a_drain_that_failed_leaks_instead_of_freeing) {
   gate_open();
   unsetenv("OFL_WAIT_TIMEOUT_MS");
   OK(ofl_config_reload());
+}
+
+Test(cuda_interop, offloading_refuses_inside_a_capture_and_held_passes_work) {
+  sim();
+  env_t e;
+  env_open(&e, 0);
+  cudaStream_t app = NULL;
+  CUDA_OK(cudaStreamCreateWithFlags(&app, cudaStreamNonBlocking));
+  ofl_stream_t *ws = NULL;
+  OK(ofl_stream_wrap_native(e.dev, app, "app", &ws));
+  ofl_device_set_compute_stream(e.dev, ws);
+  ofl_event_t *boundary = NULL;
+  OK(ofl_event_create(e.dev, &boundary));
+  ofl_tensor_t *t = NULL;
+  int64_t shape[1] = {4096};
+  OK(ofl_pool_alloc(e.pool, shape, 1, OFL_DTYPE_U8, ws, &t));
+  OK(ofl_stream_synchronize(ws, -1));
+
+  CUDA_OK(cudaStreamBeginCapture(app, cudaStreamCaptureModeGlobal));
+  /* Offloading cannot be captured: a clear refusal, the capture intact. */
+  cr_assert(eq(int, ofl_manager_chunk_begin(e.m, 1, 0), OFL_ERR_INVALID_USAGE));
+  cr_assert(strstr(ofl_last_error(), "captured into a CUDA graph") != NULL,
+            "%s", ofl_last_error());
+  /* With offload disabled (the reference's graph passes) the calls hold
+   * tensors and the boundaries are recorded inside the capture. */
+  ofl_manager_disable_offload(e.m);
+  OK(ofl_manager_chunk_begin(e.m, 1, 0));
+  OK(ofl_manager_group_start(e.m, "core_attn"));
+  ofl_tag_t tag;
+  OK(ofl_manager_tensor_push(e.m, t, &tag));
+  OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
+  OK(ofl_manager_forward_record(e.m, boundary));
+  OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
+  ofl_tensor_t *back = NULL;
+  OK(ofl_manager_tensor_pop(e.m, tag, &back));
+  cr_assert(eq(ptr, back, t));
+  OK(ofl_manager_group_backward_end(e.m, "core_attn"));
+  OK(ofl_manager_backward_record(e.m, boundary));
+  cudaGraph_t graph = NULL;
+  CUDA_OK(cudaStreamEndCapture(app, &graph)); /* not invalidated */
+  CUDA_OK(cudaGraphDestroy(graph));
+  OK(ofl_manager_reset(e.m));
+  ofl_manager_enable_offload(e.m);
+  OK(ofl_tensor_destroy(back));
+  ofl_event_destroy(boundary);
+  ofl_device_set_compute_stream(e.dev, NULL);
+  OK(ofl_stream_destroy(ws));
+  CUDA_OK(cudaStreamDestroy(app));
+  env_close(&e);
 }

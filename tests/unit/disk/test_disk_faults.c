@@ -277,3 +277,110 @@ Test(disk_faults, one_failed_write_among_many_loses_nothing) {
   }
   ofl_disk_close(d);
 }
+
+/* OFL_DISK_CHECKSUM is on by default: a store opened with every setting
+ * left to the environment detects bytes the file system lost or changed
+ * after acknowledging the write, and reload returns OFL_ERR_CORRUPT, never
+ * the wrong bytes. */
+Test(disk_faults, default_store_detects_a_corrupted_extent) {
+  unsetenv("OFL_DISK_CHECKSUM");
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, -1);
+  ofl_disk_t *d = open_with(&p);
+  cr_expect(eq(int, disk_stats(d).checksum, 1));
+  const size_t n = 300001;
+  ofl_disk_extent_t *e = put(d, n, 21);
+  cr_assert(eq(int, ofl_disk_extent_wait(e, -1), OFL_SUCCESS));
+  corrupt_file(d, ofl__disk_extent_offset(e) + n / 2);
+  void *p0 = NULL;
+  cr_expect(eq(int, ofl_disk_extent_reload(e, -1, &p0), OFL_ERR_CORRUPT));
+  cr_expect(eq(ptr, p0, NULL));
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "corrupt"), NULL), "%s",
+            ofl_last_error());
+  cr_expect(eq(u64, disk_stats(d).faults_corrupt, 1));
+  ofl_disk_extent_destroy(e);
+  ofl_disk_close(d);
+  /* the switch stays: OFL_DISK_CHECKSUM=0 turns it off */
+  setenv("OFL_DISK_CHECKSUM", "0", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  d = open_with(&p);
+  cr_expect(eq(int, disk_stats(d).checksum, 0));
+  ofl_disk_close(d);
+  unsetenv("OFL_DISK_CHECKSUM");
+  ofl_config_reload();
+}
+
+/* The O_DIRECT probe at open: a full file system (ENOSPC, EDQUOT) is a
+ * space problem naming the directory, not "O_DIRECT refused"; EINVAL is. */
+static ofl_status_t open_direct(ofl_disk_direct_t mode, int probe_errno,
+                                ofl_disk_t **out) {
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_THREADS, 1);
+  p.direct = mode;
+  ofl__disk_probe_errno = probe_errno;
+  *out = NULL;
+  ofl_status_t st = ofl_disk_open(&p, out);
+  ofl__disk_probe_errno = 0;
+  return st;
+}
+
+typedef struct {
+  int warnings;
+  char last[1024];
+} warn_capture_t;
+
+static void capture_warn(ofl_log_level_t level, unsigned subsys,
+                         const char *msg, void *user) {
+  (void)subsys;
+  warn_capture_t *c = user;
+  if (level == OFL_LOG_WARN) {
+    c->warnings++;
+    snprintf(c->last, sizeof c->last, "%s", msg);
+  }
+}
+
+Test(disk_faults, direct_on_with_a_full_file_system_says_no_space) {
+  int errs[] = {ENOSPC, EDQUOT};
+  for (int i = 0; i < 2; i++) {
+    ofl_disk_t *d = NULL;
+    cr_expect(eq(int, open_direct(OFL_DISK_DIRECT_ON, errs[i], &d),
+                 OFL_ERR_NO_SPACE));
+    cr_expect(eq(ptr, d, NULL));
+    const char *msg = ofl_last_error();
+    cr_expect(ne(ptr, strstr(msg, tdir), NULL), "names the directory: %s",
+              msg);
+    cr_expect(ne(ptr, strstr(msg, "space"), NULL), "%s", msg);
+    cr_expect(eq(ptr, strstr(msg, "refuses O_DIRECT"), NULL), "%s", msg);
+  }
+}
+
+Test(disk_faults, direct_on_refused_by_the_file_system_is_not_supported) {
+  ofl_disk_t *d = NULL;
+  cr_expect(eq(int, open_direct(OFL_DISK_DIRECT_ON, EINVAL, &d),
+               OFL_ERR_NOT_SUPPORTED));
+  cr_expect(eq(ptr, d, NULL));
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "O_DIRECT"), NULL), "%s",
+            ofl_last_error());
+}
+
+Test(disk_faults, direct_auto_with_a_full_file_system_warns_and_runs_buffered) {
+  warn_capture_t c = {0, ""};
+  ofl_log_set_handler(capture_warn, &c);
+  ofl_disk_t *d = NULL;
+  ofl_status_t st = open_direct(OFL_DISK_DIRECT_AUTO, ENOSPC, &d);
+  ofl_log_set_handler(NULL, NULL);
+  cr_assert(eq(int, st, OFL_SUCCESS), "%s", ofl_last_error());
+  cr_expect(eq(int, disk_stats(d).direct, 0));
+  cr_expect(eq(int, c.warnings, 1));
+  cr_expect(ne(ptr, strstr(c.last, tdir), NULL), "%s", c.last);
+  cr_expect(ne(ptr, strstr(c.last, "no space"), NULL), "%s", c.last);
+  ofl_disk_close(d);
+  /* EINVAL under auto: quietly buffered, no warning */
+  c.warnings = 0;
+  ofl_log_set_handler(capture_warn, &c);
+  st = open_direct(OFL_DISK_DIRECT_AUTO, EINVAL, &d);
+  ofl_log_set_handler(NULL, NULL);
+  cr_assert(eq(int, st, OFL_SUCCESS), "%s", ofl_last_error());
+  cr_expect(eq(int, disk_stats(d).direct, 0));
+  cr_expect(eq(int, c.warnings, 0));
+  ofl_disk_close(d);
+}

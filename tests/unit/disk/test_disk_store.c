@@ -534,3 +534,157 @@ Test(disk, reads_overtake_queued_writes_and_unstarted_writes_are_dropped) {
   ofl_disk_extent_destroy(r);
   ofl_disk_close(d);
 }
+
+/* ---- a demand read waits for the buffers that writes in flight return ---
+ * A bounce budget of two 64 KiB buffers, both held by writes in flight
+ * (one held by a paused engine, one behind a slow D2H stream): the reload
+ * of a third extent must wait for them, not fail with "budget exhausted"
+ * (1F1B with everything on disk and a small OFL_DISK_BOUNCE_BUDGET). */
+
+enum { BOUNCE_EXT = 64 << 10 };
+
+static ofl_disk_t *small_bounce_store(void) {
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 1);
+  p.bounce_budget_bytes = 2 * BOUNCE_EXT;
+  return open_with(&p);
+}
+
+static double ms_since(const struct timespec *t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0->tv_sec) * 1e3 +
+         (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+struct resume_arg {
+  ofl_disk_t *d;
+  long delay_ms;
+};
+
+static void *resume_later(void *p) {
+  struct resume_arg *a = p;
+  struct timespec ts = {a->delay_ms / 1000, (a->delay_ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+  ofl__disk_pause(a->d, 0);
+  return NULL;
+}
+
+Test(disk, demand_read_waits_for_buffers_that_writes_in_flight_return) {
+  ofl_disk_t *d = small_bounce_store();
+  ofl_disk_extent_t *a = put(d, BOUNCE_EXT, 1);
+  cr_assert(eq(int, ofl_disk_extent_wait(a, -1), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_state(a), OFL_DISK_EXTENT_ON_DISK));
+  /* both buffers go to writes that stay in flight for a while */
+  ofl__disk_pause(d, 1);
+  ofl_disk_extent_t *b = put(d, BOUNCE_EXT, 2), *c = NULL;
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "d2h", &s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_create(d, BOUNCE_EXT, &c), OFL_SUCCESS));
+  fill(ofl_disk_extent_data(c), BOUNCE_EXT, 3);
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(s, sleep_fn, NULL), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_write_after(c, s), OFL_SUCCESS));
+  /* no buffer now: a prefetch is refused quietly */
+  cr_expect(eq(int, ofl_disk_extent_prefetch(a), OFL_ERR_NO_MEMORY));
+  pthread_t t;
+  struct resume_arg ra = {d, 200};
+  pthread_create(&t, NULL, resume_later, &ra);
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  void *data = NULL;
+  cr_expect(eq(int, ofl_disk_extent_reload(a, 20000, &data), OFL_SUCCESS),
+            "%s", ofl_last_error());
+  double waited = ms_since(&t0);
+  pthread_join(t, NULL);
+  cr_expect(ge(dbl, waited, 150.0), "the reload waited for a write (%.0f ms)",
+            waited);
+  cr_assert(not(eq(ptr, data, NULL)));
+  cr_expect(eq(sz, count_wrong(data, BOUNCE_EXT, 1), 0));
+  cr_assert(eq(int, ofl_disk_extent_wait(b, -1), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_wait(c, -1), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_destroy(a), OFL_SUCCESS));
+  /* the writes' bytes are intact too */
+  cr_assert(eq(int, ofl_disk_extent_reload(b, -1, &data), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(data, BOUNCE_EXT, 2), 0));
+  cr_assert(eq(int, ofl_disk_extent_destroy(b), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_reload(c, -1, &data), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(data, BOUNCE_EXT, 3), 0));
+  cr_assert(eq(int, ofl_disk_extent_destroy(c), OFL_SUCCESS));
+  ofl_stream_destroy(s);
+  ofl_disk_close(d);
+}
+
+/* Buffers held by extents in memory (no write in flight to return one):
+ * no progress is possible, so the reload fails at once, saying why. */
+Test(disk, demand_read_without_writes_in_flight_fails_at_once) {
+  ofl_disk_t *d = small_bounce_store();
+  ofl_disk_extent_t *a = put(d, BOUNCE_EXT, 1), *b = NULL, *c = NULL;
+  cr_assert(eq(int, ofl_disk_extent_wait(a, -1), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_create(d, BOUNCE_EXT, &b), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_create(d, BOUNCE_EXT, &c), OFL_SUCCESS));
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  void *data = NULL;
+  cr_expect(eq(int, ofl_disk_extent_reload(a, 20000, &data),
+               OFL_ERR_NO_MEMORY));
+  cr_expect(lt(dbl, ms_since(&t0), 5000.0), "did not wait for the timeout");
+  cr_expect(eq(ptr, data, NULL));
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "no write in flight"), NULL),
+            "%s", ofl_last_error());
+  /* a buffer given back makes the retry work */
+  cr_assert(eq(int, ofl_disk_extent_destroy(c), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_reload(a, -1, &data), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(data, BOUNCE_EXT, 1), 0));
+  ofl_disk_extent_destroy(a);
+  ofl_disk_extent_destroy(b);
+  ofl_disk_close(d);
+}
+
+/* Writes that never finish (a stuck disk): the wait is bounded by the
+ * reload's timeout. */
+Test(disk, demand_read_waiting_for_stuck_writes_times_out) {
+  ofl_disk_t *d = small_bounce_store();
+  ofl_disk_extent_t *a = put(d, BOUNCE_EXT, 1);
+  cr_assert(eq(int, ofl_disk_extent_wait(a, -1), OFL_SUCCESS));
+  ofl__disk_pause(d, 1);
+  ofl_disk_extent_t *b = put(d, BOUNCE_EXT, 2), *c = put(d, BOUNCE_EXT, 3);
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  void *data = NULL;
+  cr_expect(eq(int, ofl_disk_extent_reload(a, 300, &data), OFL_ERR_TIMEOUT));
+  double waited = ms_since(&t0);
+  cr_expect(ge(dbl, waited, 250.0), "%.0f ms", waited);
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "writes in flight"), NULL), "%s",
+            ofl_last_error());
+  ofl__disk_pause(d, 0);
+  cr_assert(eq(int, ofl_disk_extent_reload(a, -1, &data), OFL_SUCCESS),
+            "%s", ofl_last_error());
+  cr_expect(eq(sz, count_wrong(data, BOUNCE_EXT, 1), 0));
+  ofl_disk_extent_destroy(a);
+  ofl_disk_extent_destroy(b);
+  ofl_disk_extent_destroy(c);
+  ofl_disk_close(d);
+}
+
+/* OFL_DISK_BUDGET: 0 is no cap; a cap below the 4 KiB unit would round to
+ * 0 and silently lift the cap, so it is a configuration error. */
+Test(disk, budget_zero_is_no_cap_and_a_tiny_budget_is_an_error) {
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 1);
+  p.budget_bytes = 0;
+  p.grow_bytes = 1 << 20;
+  ofl_disk_t *d = open_with(&p);
+  ofl_disk_extent_t *e[3];
+  for (int i = 0; i < 3; i++)
+    e[i] = put(d, 3 << 20, (uint64_t)i);
+  cr_expect(eq(u64, disk_stats(d).budget_refusals, 0));
+  cr_expect(eq(sz, disk_stats(d).budget_bytes, 0));
+  for (int i = 0; i < 3; i++)
+    ofl_disk_extent_destroy(e[i]);
+  ofl_disk_close(d);
+  p.budget_bytes = 100;
+  d = NULL;
+  cr_expect(eq(int, ofl_disk_open(&p, &d), OFL_ERR_CONFIG));
+  cr_expect(eq(ptr, d, NULL));
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "OFL_DISK_BUDGET"), NULL), "%s",
+            ofl_last_error());
+}

@@ -177,8 +177,9 @@ Test(pipeline_long_run, two_hundred_iterations_with_the_disk_tier_stay_flat,
 
 /* The prefetch of a group of two copies gets device memory for the first
  * copy and not for the second (the reload pool's budget is full): the H2D of
- * the first copy is queued and backward_end fails. A tensor of that group
- * must still not be handed out before its copy landed. */
+ * the first copy is queued, and backward_end succeeds all the same (a
+ * prefetch only gets ahead; the second tensor reloads at its pop). A tensor
+ * of that group must still not be handed out before its copy landed. */
 Test(pipeline_long_run, pop_after_a_half_issued_prefetch_waits_for_its_copy) {
   h_env_t e;
   h_open_dev(&e, 0, 31);
@@ -210,9 +211,7 @@ Test(pipeline_long_run, pop_after_a_half_issued_prefetch_waits_for_its_copy) {
     H_OK(ofl_manager_tensor_pop(e.m, tb[k], &b[k]));
   /* A slow copy engine: the prefetch's first H2D lands late. */
   h_stall(ofl_manager_h2d_stream(e.m), 300);
-  cr_assert(eq(int, ofl_manager_group_backward_end(e.m, "core_attn"),
-               OFL_ERR_NO_MEMORY),
-            "%s", ofl_last_error());
+  H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
   for (int k = 0; k < 2; k++) {
     cr_assert(eq(sz, h_wrong(&e, b[k], 32 * KIB, 200 + k), 0));
     H_OK(ofl_tensor_destroy(b[k]));

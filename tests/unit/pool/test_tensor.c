@@ -41,7 +41,7 @@ static void log_release(void *data, size_t bytes, void *user) {
 }
 
 Test(tensor, dtype_sizes_and_names_round_trip) {
-  const size_t sizes[OFL_DTYPE_COUNT] = {4, 2, 2, 1, 1, 8, 4, 2, 1, 1, 1};
+  const size_t sizes[OFL_DTYPE_COUNT] = {4, 2, 2, 1, 1, 8, 4, 2, 1, 1, 1, 8, 2, 4, 8};
   for (int i = 0; i < OFL_DTYPE_COUNT; ++i) {
     cr_assert(eq(sz, ofl_dtype_size((ofl_dtype_t)i), sizes[i]));
     ofl_dtype_t d = OFL_DTYPE_COUNT;

@@ -31,10 +31,16 @@ static void capture(ofl_log_level_t level, unsigned subsys, const char *msg,
   }
 }
 
-/* Whether the CUDA runtime loaded in this process (none in a build without
- * the toolkit) sees a device, asked directly rather than through ofl. */
+/* Whether the CUDA runtime (none in a build without the toolkit) sees a
+ * device, asked directly rather than through ofl. libofl loads the runtime
+ * itself at its first cuda open (dlopen, runtime/cuda_api.h): the test
+ * loads the same soname first. */
 static int cuda_device_usable(void) {
   int (*count)(int *) = NULL;
+#if OFL_HAVE_CUDA
+  if (dlopen("libcudart.so.13", RTLD_NOW | RTLD_GLOBAL) == NULL)
+    (void)dlopen("libcudart.so.12", RTLD_NOW | RTLD_GLOBAL);
+#endif
   *(void **)&count = dlsym(RTLD_DEFAULT, "cudaGetDeviceCount");
   int n = 0;
   return count != NULL && count(&n) == 0 && n > 0;

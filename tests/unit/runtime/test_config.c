@@ -156,3 +156,243 @@ Test(config, a_value_handed_out_stays_readable_after_reload) {
   cr_assert(eq(str, (char *)before, "/first/dir"));
   cr_assert(eq(str, (char *)ofl_config_get("OFL_DISK_DIR"), "/second/dir"));
 }
+
+/* ---- every invalid value is OFL_ERR_CONFIG at first use -------------------
+ * Each test runs in its own process, so the first ofl call below is the
+ * first read of the configuration (no ofl_config_reload beforehand). */
+
+typedef struct {
+  int warnings;     /* WARN lines naming the variable */
+  const char *name; /* the variable looked for */
+  char last[1024];
+} var_capture_t;
+
+static void capture_var(ofl_log_level_t level, unsigned subsys, const char *msg,
+                        void *user) {
+  (void)subsys;
+  var_capture_t *c = user;
+  if (level == OFL_LOG_WARN && strstr(msg, c->name) != NULL) {
+    c->warnings++;
+    snprintf(c->last, sizeof c->last, "%s", msg);
+  }
+}
+
+/* The first configuration read in this process with name=value set: a
+ * device open fails with OFL_ERR_CONFIG naming the variable, and so does a
+ * typed read of any other variable. */
+static void first_use_fails(const char *name, const char *value) {
+  setenv(name, value, 1);
+  ofl_device_t *dev = NULL;
+  cr_assert(eq(int, ofl_device_open(NULL, &dev), OFL_ERR_CONFIG),
+            "%s='%s' accepted at first use", name, value);
+  cr_assert(eq(ptr, dev, NULL));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), name), NULL), "%s",
+            ofl_last_error());
+  bool b = false;
+  cr_assert(eq(int, ofl__config_bool("OFL_OFFLOAD", &b), OFL_ERR_CONFIG));
+  cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), name), NULL), "%s",
+            ofl_last_error());
+}
+
+Test(config, debug_level_typo_is_an_error_at_first_use_warned_once) {
+  var_capture_t c = {.name = "OFL_DEBUG="};
+  ofl_log_set_handler(capture_var, &c);
+  first_use_fails("OFL_DEBUG", "VERBOSE");
+  int level = -1;
+  cr_assert(eq(int, ofl__config_enum("OFL_DEBUG", &level), OFL_ERR_CONFIG));
+  /* Found at the first read, warned about then and never again. */
+  cr_assert(eq(int, c.warnings, 1), "warned %d times", c.warnings);
+  cr_assert(ne(ptr, strstr(c.last, "NONE|WARN|INFO|TRACE"), NULL), "%s",
+            c.last);
+  /* The logger falls back to WARN, so that the warning shows. */
+  cr_assert(eq(int, ofl_log_get_level(), OFL_LOG_WARN));
+  setenv("OFL_DEBUG", "INFO", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_log_get_level(), OFL_LOG_INFO));
+  ofl_log_set_handler(NULL, NULL);
+}
+
+Test(config, wait_timeout_negative_zero_or_garbage_is_an_error) {
+  ofl_log_set_level(OFL_LOG_NONE);
+  first_use_fails("OFL_WAIT_TIMEOUT_MS", "-1");
+  static const char *bad[] = {"0", "abc", "12s", " 5", "+5", "0x10", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("OFL_WAIT_TIMEOUT_MS", bad[i], 1);
+    cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG), "'%s'", bad[i]);
+    int64_t v = 7;
+    cr_assert(
+        eq(int, ofl__config_int("OFL_WAIT_TIMEOUT_MS", &v), OFL_ERR_CONFIG));
+    cr_assert(eq(i64, v, 7));
+  }
+  setenv("OFL_WAIT_TIMEOUT_MS", "2500", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  int64_t v = 0;
+  cr_assert(eq(int, ofl__config_int("OFL_WAIT_TIMEOUT_MS", &v), OFL_SUCCESS));
+  cr_assert(eq(i64, v, 2500));
+}
+
+Test(config, debug_subsys_typo_is_an_error_and_does_not_silence_warnings) {
+  var_capture_t c = {.name = "OFL_DEBUG_SUBSYS"};
+  ofl_log_set_handler(capture_var, &c);
+  first_use_fails("OFL_DEBUG_SUBSYS", "INIT,POLL");
+  cr_assert(eq(int, c.warnings, 1), "the CONFIG warning was %s",
+            c.warnings ? "repeated" : "silenced");
+  /* Until fixed, every subsystem logs (a typo must not hide warnings). */
+  c.name = "pool test warning";
+  c.warnings = 0;
+  ofl__error(OFL_ERR_INTERNAL, OFL_SUBSYS_POOL, "pool test warning");
+  cr_assert(eq(int, c.warnings, 1), "a POOL warning was silenced");
+  setenv("OFL_DEBUG_SUBSYS", "^pool,disk,", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  unsigned mask = 0;
+  cr_assert(ofl__log_parse_subsys("^pool,disk,", &mask));
+  cr_assert(
+      eq(u32, mask, OFL_SUBSYS_ALL & ~(OFL_SUBSYS_POOL | OFL_SUBSYS_DISK)));
+  ofl_log_set_handler(NULL, NULL);
+}
+
+Test(config, debug_rank_must_be_a_decimal_rank) {
+  ofl_log_set_level(OFL_LOG_NONE);
+  first_use_fails("OFL_DEBUG_RANK", "abc");
+  static const char *bad[] = {"-1", "1x", " 1", "0x1", "99999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("OFL_DEBUG_RANK", bad[i], 1);
+    cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG), "'%s'", bad[i]);
+  }
+  setenv("OFL_DEBUG_RANK", "010", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  int r = -2;
+  cr_assert(ofl__log_parse_rank("010", &r));
+  cr_assert(eq(int, r, 10), "decimal, not octal");
+  cr_assert(ofl__log_parse_rank("", &r));
+  cr_assert(eq(int, r, -1));
+}
+
+Test(config, negative_min_offload_elems_is_an_error) {
+  ofl_log_set_level(OFL_LOG_NONE);
+  first_use_fails("OFL_MIN_OFFLOAD_ELEMS", "-1");
+  int64_t v = 3;
+  cr_assert(
+      eq(int, ofl__config_int("OFL_MIN_OFFLOAD_ELEMS", &v), OFL_ERR_CONFIG));
+  cr_assert(eq(i64, v, 3));
+  setenv("OFL_MIN_OFFLOAD_ELEMS", "0", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  cr_assert(eq(int, ofl__config_int("OFL_MIN_OFFLOAD_ELEMS", &v), OFL_SUCCESS));
+  cr_assert(eq(i64, v, 0));
+}
+
+Test(config, jitter_beyond_int_range_is_an_error_not_a_wrap) {
+  ofl_log_set_level(OFL_LOG_NONE);
+  first_use_fails("OFL_JITTER_MAX_US", "2147483648");
+  setenv("OFL_JITTER_MAX_US", "-5", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG));
+  setenv("OFL_JITTER_MAX_US", "2147483647", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  int64_t v = 0;
+  cr_assert(eq(int, ofl__config_int("OFL_JITTER_MAX_US", &v), OFL_SUCCESS));
+  cr_assert(eq(i64, v, 2147483647));
+}
+
+Test(config, negative_disk_prefetch_and_spin_are_errors_not_clamped) {
+  ofl_log_set_level(OFL_LOG_NONE);
+  first_use_fails("OFL_DISK_PREFETCH", "-1");
+  setenv("OFL_DISK_PREFETCH", "1025", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG));
+  int64_t v = 9;
+  cr_assert(eq(int, ofl__config_int("OFL_DISK_PREFETCH", &v), OFL_ERR_CONFIG));
+  cr_assert(eq(i64, v, 9));
+  setenv("OFL_DISK_PREFETCH", "4", 1);
+  setenv("OFL_HOST_SPIN_US", "-1", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "OFL_HOST_SPIN_US"), NULL));
+  cr_assert(eq(int, ofl__config_int("OFL_HOST_SPIN_US", &v), OFL_ERR_CONFIG));
+  setenv("OFL_HOST_SPIN_US", "100001", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG));
+  setenv("OFL_HOST_SPIN_US", "0", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  cr_assert(eq(int, ofl__config_int("OFL_DISK_PREFETCH", &v), OFL_SUCCESS));
+  cr_assert(eq(i64, v, 4));
+}
+
+Test(config, staging_max_inflight_out_of_range_is_a_config_error) {
+  ofl_log_set_level(OFL_LOG_NONE);
+  first_use_fails("OFL_STAGING_MAX_INFLIGHT", "0");
+  int64_t v = 5;
+  cr_assert(
+      eq(int, ofl__config_int("OFL_STAGING_MAX_INFLIGHT", &v), OFL_ERR_CONFIG));
+  cr_assert(eq(i64, v, 5));
+  setenv("OFL_STAGING_MAX_INFLIGHT", "1025", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG));
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "1..1024"), NULL), "%s",
+            ofl_last_error());
+  setenv("OFL_STAGING_MAX_INFLIGHT", "1024", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+}
+
+Test(config, integers_are_decimal) {
+  setenv("OFL_DISK_QUEUE_DEPTH", "010", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  int64_t v = 0;
+  cr_assert(eq(int, ofl__config_int("OFL_DISK_QUEUE_DEPTH", &v), OFL_SUCCESS));
+  cr_assert(eq(i64, v, 10), "010 read as %lld", (long long)v);
+  ofl_log_set_level(OFL_LOG_NONE);
+  setenv("OFL_DISK_QUEUE_DEPTH", "0x10", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG));
+}
+
+Test(config, values_longer_than_511_characters_are_read_whole) {
+  char zeros[700];
+  memset(zeros, '0', sizeof zeros - 2);
+  zeros[sizeof zeros - 2] = '7';
+  zeros[sizeof zeros - 1] = '\0';
+  setenv("OFL_MIN_OFFLOAD_ELEMS", zeros, 1);
+  char dir[2001];
+  memset(dir, 'd', sizeof dir - 1);
+  dir[0] = '/';
+  dir[sizeof dir - 1] = '\0';
+  setenv("OFL_DISK_DIR", dir, 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  int64_t v = 0;
+  cr_assert(eq(int, ofl__config_int("OFL_MIN_OFFLOAD_ELEMS", &v), OFL_SUCCESS));
+  cr_assert(eq(i64, v, 7), "read as %lld", (long long)v);
+  const char *s = NULL;
+  cr_assert(eq(int, ofl__config_str("OFL_DISK_DIR", &s), OFL_SUCCESS));
+  cr_assert(eq(sz, strlen(s), sizeof dir - 1));
+}
+
+/* ---- where each value in force comes from ---------------------------------
+ */
+
+Test(config, print_says_the_source_of_each_value) {
+  setenv("OFL_DISK_PREFETCH", "5", 1);
+  unsetenv("OFL_DISK_QUEUE_DEPTH");
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  cr_assert(
+      eq(str, (char *)ofl__config_source("OFL_DISK_PREFETCH"), "environment"));
+  cr_assert(
+      eq(str, (char *)ofl__config_source("OFL_DISK_QUEUE_DEPTH"), "default"));
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ofl_config_print(f);
+  fclose(f);
+  char *line = strstr(buf, "OFL_DISK_PREFETCH");
+  cr_assert(ne(ptr, line, NULL));
+  cr_assert(eq(int, strncmp(strstr(line, "= "), "= 5 ", 4), 0), "%.80s", line);
+  cr_assert(ne(ptr, strstr(line, "(environment"), NULL), "%.120s", line);
+  line = strstr(buf, "OFL_DISK_QUEUE_DEPTH");
+  cr_assert(ne(ptr, line, NULL));
+  cr_assert(eq(int, strncmp(strstr(line, "= "), "= 8 ", 4), 0), "%.80s", line);
+  cr_assert(ne(ptr, strstr(line, "(default"), NULL), "%.120s", line);
+  free(buf);
+  /* The one-line form for values resolved elsewhere (params). */
+  buf = NULL;
+  f = open_memstream(&buf, &len);
+  ofl__config_print_value(f, "OFL_MAX_INFLIGHT", "4", "params");
+  fclose(f);
+  cr_assert(ne(ptr, strstr(buf, "OFL_MAX_INFLIGHT"), NULL));
+  cr_assert(ne(ptr, strstr(buf, "= 4 "), NULL), "%s", buf);
+  cr_assert(ne(ptr, strstr(buf, "(params)"), NULL), "%s", buf);
+  free(buf);
+}

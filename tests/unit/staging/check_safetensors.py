@@ -14,7 +14,8 @@ import sys
 import tempfile
 
 SIZES = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
-         "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+         "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+         "F64": 8, "U16": 2, "U32": 4, "U64": 8}
 
 results = []
 
@@ -55,8 +56,14 @@ def parse(path):
 
 def expected(dtype, j):
     f = (j - 3.0) * 0.25
-    if dtype == "F32" or dtype == "F16":
+    if dtype == "F32" or dtype == "F16" or dtype == "F64":
         return f
+    if dtype == "U16":
+        return 65535 - j * 1000
+    if dtype == "U32":
+        return 4000000000 - j * 100000
+    if dtype == "U64":
+        return 18000000000000000000 - j * 1000000000000
     if dtype == "BF16":
         return struct.unpack("<I", struct.pack("<f", f))[0] >> 16
     if dtype == "I64":
@@ -75,7 +82,7 @@ def expected(dtype, j):
 
 FMT = {"F32": "<f", "F16": "<e", "BF16": "<H", "I64": "<q", "I32": "<i",
        "I16": "<h", "I8": "<b", "U8": "<B", "BOOL": "<B", "F8_E4M3": "<B",
-       "F8_E5M2": "<B"}
+       "F8_E5M2": "<B", "F64": "<d", "U16": "<H", "U32": "<I", "U64": "<Q"}
 
 
 def check_values(header, data):

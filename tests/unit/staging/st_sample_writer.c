@@ -54,6 +54,27 @@ static void fill(ofl_dtype_t dt, void *p, size_t n) {
       break;
     }
     case OFL_DTYPE_BOOL: ((uint8_t *)p)[j] = j % 3 == 0; break;
+    case OFL_DTYPE_F64: {
+      double v = f;
+      memcpy((char *)p + 8 * j, &v, 8);
+      break;
+    }
+    /* the unsigned values use the top bit: a signed reader would differ */
+    case OFL_DTYPE_U16: {
+      uint16_t v = (uint16_t)(65535u - (unsigned)j * 1000u);
+      memcpy((char *)p + 2 * j, &v, 2);
+      break;
+    }
+    case OFL_DTYPE_U32: {
+      uint32_t v = 4000000000u - (uint32_t)j * 100000u;
+      memcpy((char *)p + 4 * j, &v, 4);
+      break;
+    }
+    case OFL_DTYPE_U64: {
+      uint64_t v = 18000000000000000000ull - (uint64_t)j * 1000000000000ull;
+      memcpy((char *)p + 8 * j, &v, 8);
+      break;
+    }
     default: ((uint8_t *)p)[j] = (uint8_t)((j * 7 + 1) & 0xff); break;
     }
   }
@@ -126,12 +147,7 @@ int main(int argc, char **argv) {
     /* names with characters JSON must escape */
     snprintf(names[d], sizeof names[d], "model.\"%s\"\\w\t%d", dn, d);
     int64_t rows = 3 + d % 4, cols = 5;
-    size_t elem = d == OFL_DTYPE_I64 ? 8
-                  : (d == OFL_DTYPE_F32 || d == OFL_DTYPE_I32) ? 4
-                  : (d == OFL_DTYPE_F16 || d == OFL_DTYPE_BF16 ||
-                     d == OFL_DTYPE_I16)
-                      ? 2
-                      : 1;
+    size_t elem = ofl_dtype_size((ofl_dtype_t)d);
     size_t n = (size_t)(rows * cols);
     bufs[d] = malloc(n * elem);
     fill((ofl_dtype_t)d, bufs[d], n);

@@ -13,6 +13,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <ofl/ofl.h>
@@ -261,8 +262,8 @@ Test(safetensors, reader_rejects_malformed_headers_with_a_clear_message) {
                  4, "end before");
   expect_corrupt("{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}",
                  4, "follow the last");
-  expect_corrupt("{\"a\":{\"dtype\":\"C64\",\"shape\":[1],\"data_offsets\":[0,8]}}",
-                 8, "unsupported dtype");
+  expect_corrupt("{\"a\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,8]}}",
+                 8, "unknown dtype");
   expect_corrupt("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],"
                  "\"extra\":1}}",
                  1, "unknown or repeated key");
@@ -484,4 +485,194 @@ Test(safetensors, file_size_limit_is_no_space_and_leaves_nothing) {
   ofl_status_t s = ofl_safetensors_write(path, one_entry(4 << 20), 1, NULL, 0);
   cr_assert(eq(int, s, OFL_ERR_NO_SPACE), "%s", ofl_last_error());
   cr_assert(eq(int, count_files(dir), 0));
+}
+
+/* ---- dtypes, limits and lookups of the format ----------------------------- */
+
+/* F64, U16, U32 and U64 round trip with the format's names and their
+ * values (the unsigned ones above the signed range). */
+Test(safetensors, f64_and_unsigned_dtypes_round_trip) {
+  double f64[3] = {-1.5, 0.0, 1e300};
+  uint16_t u16[3] = {0, 40000, 65535};
+  uint32_t u32[3] = {1, 3000000000u, 4294967295u};
+  uint64_t u64[3] = {2, 10000000000000000000ull, 18446744073709551615ull};
+  const struct {
+    const char *name, *st_name;
+    ofl_dtype_t dtype;
+    const void *data;
+    size_t elem;
+  } want[4] = {{"f64", "F64", OFL_DTYPE_F64, f64, 8},
+               {"u16", "U16", OFL_DTYPE_U16, u16, 2},
+               {"u32", "U32", OFL_DTYPE_U32, u32, 4},
+               {"u64", "U64", OFL_DTYPE_U64, u64, 8}};
+  ofl_safetensors_entry_t e[4];
+  for (int i = 0; i < 4; i++) {
+    cr_assert(eq(sz, ofl_dtype_size(want[i].dtype), want[i].elem));
+    cr_assert(eq(str, (char *)ofl_safetensors_dtype_name(want[i].dtype),
+                 (char *)want[i].st_name));
+    ofl_dtype_t parsed = OFL_DTYPE_COUNT;
+    cr_assert(eq(int, ofl_dtype_parse(want[i].name, &parsed), OFL_SUCCESS));
+    cr_assert(eq(int, (int)parsed, (int)want[i].dtype));
+    e[i] = (ofl_safetensors_entry_t){.name = want[i].name,
+                                     .dtype = want[i].dtype,
+                                     .ndim = 1,
+                                     .shape = {3},
+                                     .data = want[i].data,
+                                     .bytes = 3 * want[i].elem};
+  }
+  char path[300];
+  snprintf(path, sizeof path, "%s/wide.safetensors", dir);
+  cr_assert(eq(int, ofl_safetensors_write(path, e, 4, NULL, 0), OFL_SUCCESS),
+            "%s", ofl_last_error());
+  ofl_safetensors_t *st = NULL;
+  cr_assert(eq(int, ofl_safetensors_open(path, &st), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  for (int i = 0; i < 4; i++) {
+    ofl_safetensors_entry_t got;
+    cr_assert(eq(int, ofl_safetensors_find(st, want[i].name, &got),
+                 OFL_SUCCESS));
+    cr_expect(eq(int, (int)got.dtype, (int)want[i].dtype));
+    cr_expect(eq(sz, got.bytes, 3 * want[i].elem));
+    cr_expect(eq(int, memcmp(got.data, want[i].data, got.bytes), 0),
+              "%s values", want[i].name);
+  }
+  ofl_safetensors_close(st);
+}
+
+static void expect_not_supported(const char *hdr, size_t data_bytes,
+                                 const char *needle) {
+  unsigned char img[1024];
+  size_t n = image(img, hdr, data_bytes);
+  ofl_safetensors_t *st = (ofl_safetensors_t *)0x1;
+  cr_assert(eq(int, ofl_safetensors_parse(img, n, &st), OFL_ERR_NOT_SUPPORTED),
+            "header %s: %s", hdr, ofl_last_error());
+  cr_assert(eq(ptr, (void *)st, (void *)0x1), "out untouched on error");
+  cr_assert(not(eq(ptr, strstr(ofl_last_error(), needle), NULL)),
+            "message '%s' should mention '%s'", ofl_last_error(), needle);
+  cr_assert(eq(ptr, strstr(ofl_last_error(), "not a valid"), NULL),
+            "not called corrupt: %s", ofl_last_error());
+}
+
+/* A valid file that ofl cannot represent is "not supported", naming the
+ * tensor and what is unsupported, never "corrupted". */
+Test(safetensors, valid_file_ofl_cannot_load_is_not_supported) {
+  expect_not_supported("{\"x\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,2],"
+                       "\"data_offsets\":[0,2]}}",
+                       2, "'x' has 9 dimensions");
+  expect_not_supported("{\"z\":{\"dtype\":\"C64\",\"shape\":[1],"
+                       "\"data_offsets\":[0,8]}}",
+                       8, "'z' has dtype C64");
+  expect_not_supported("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],"
+                       "\"data_offsets\":[0,1]},"
+                       "\"e\":{\"dtype\":\"F8_E8M0\",\"shape\":[2],"
+                       "\"data_offsets\":[1,3]}}",
+                       3, "F8_E8M0");
+  /* 8 dimensions are fine */
+  unsigned char img[512];
+  size_t n = image(img,
+                   "{\"x\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,2],"
+                   "\"data_offsets\":[0,2]}}",
+                   2);
+  ofl_safetensors_t *st = NULL;
+  cr_assert(eq(int, ofl_safetensors_parse(img, n, &st), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  ofl_safetensors_close(st);
+  /* a broken file stays corrupt even with an unsupported dtype in it */
+  expect_corrupt("{\"z\":{\"dtype\":\"C64\",\"shape\":[1],"
+                 "\"data_offsets\":[0,8]},}",
+                 8, "expected");
+}
+
+/* The reference reader refuses a header over 100,000,000 bytes (not 100
+ * MiB): ofl refuses to read one, and to write one. */
+Test(safetensors, header_over_100000000_bytes_is_refused) {
+  cr_assert(eq(sz, OFL_SAFETENSORS_HEADER_MAX, 100000000));
+  unsigned char img[64];
+  memset(img, ' ', sizeof img);
+  uint64_t len = 100000001;
+  for (int i = 0; i < 8; i++)
+    img[i] = (unsigned char)(len >> (8 * i));
+  ofl_safetensors_t *st = NULL;
+  cr_assert(eq(int, ofl_safetensors_parse(img, sizeof img, &st),
+               OFL_ERR_CORRUPT));
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "100000000"), NULL), "%s",
+            ofl_last_error());
+  /* at the limit the length itself is fine (this image is just short) */
+  len = 100000000;
+  for (int i = 0; i < 8; i++)
+    img[i] = (unsigned char)(len >> (8 * i));
+  cr_assert(eq(int, ofl_safetensors_parse(img, sizeof img, &st),
+               OFL_ERR_CORRUPT));
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "past the end"), NULL), "%s",
+            ofl_last_error());
+
+  /* writing: a metadata value that makes the header just over the limit
+   * (and under the old 100 MiB one) */
+  size_t vlen = 100000000;
+  char *v = malloc(vlen + 1);
+  cr_assert(not(eq(ptr, v, NULL)));
+  memset(v, 'a', vlen);
+  v[vlen] = '\0';
+  ofl_safetensors_kv_t kv = {"big", v};
+  char path[300];
+  snprintf(path, sizeof path, "%s/big.safetensors", dir);
+  cr_expect(eq(int, ofl_safetensors_write(path, NULL, 0, &kv, 1),
+               OFL_ERR_INVALID_ARG));
+  cr_expect(ne(ptr, strstr(ofl_last_error(), "100000000"), NULL), "%s",
+            ofl_last_error());
+  cr_expect(eq(int, count_files(dir), 0));
+  free(v);
+}
+
+/* Name lookup goes through an index sorted at open: restoring 40,000
+ * tensors by name (find and copy_to) finds each one. */
+Test(safetensors, lookup_of_40000_names) {
+  enum { N = 40000 };
+  ofl_safetensors_entry_t *e = calloc(N, sizeof *e);
+  char(*names)[16] = calloc(N, sizeof *names);
+  uint32_t *vals = calloc(N, sizeof *vals);
+  cr_assert(not(eq(ptr, e, NULL)));
+  cr_assert(not(eq(ptr, names, NULL)));
+  cr_assert(not(eq(ptr, vals, NULL)));
+  for (uint32_t i = 0; i < N; i++) {
+    snprintf(names[i], sizeof names[i], "layer%u.w", (i * 7919u) % N);
+    vals[i] = i * 2654435761u;
+    e[i] = (ofl_safetensors_entry_t){.name = names[i],
+                                     .dtype = OFL_DTYPE_U32,
+                                     .ndim = 1,
+                                     .shape = {1},
+                                     .data = &vals[i],
+                                     .bytes = 4};
+  }
+  char path[300];
+  snprintf(path, sizeof path, "%s/many.safetensors", dir);
+  cr_assert(eq(int, ofl_safetensors_write(path, e, N, NULL, 0), OFL_SUCCESS),
+            "%s", ofl_last_error());
+  ofl_safetensors_t *st = NULL;
+  cr_assert(eq(int, ofl_safetensors_open(path, &st), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  cr_assert(eq(sz, ofl_safetensors_count(st), N));
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  size_t wrong = 0;
+  for (uint32_t k = 0; k < N; k++) {
+    uint32_t i = (k * 104729u) % N; /* not in file or name order */
+    ofl_safetensors_entry_t got;
+    if (ofl_safetensors_find(st, names[i], &got) != OFL_SUCCESS ||
+        got.bytes != 4 || memcmp(got.data, &vals[i], 4) != 0)
+      wrong++;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  cr_expect(eq(sz, wrong, 0));
+  ofl_safetensors_entry_t got;
+  cr_expect(eq(int, ofl_safetensors_find(st, "layer40000.w", &got),
+               OFL_ERR_INVALID_ARG));
+  cr_expect(eq(int, ofl_safetensors_find(st, "", &got), OFL_ERR_INVALID_ARG));
+  cr_log_info("%d lookups by name: %.1f ms", N,
+              (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
+                  (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+  ofl_safetensors_close(st);
+  free(e);
+  free(names);
+  free(vals);
 }

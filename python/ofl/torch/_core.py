@@ -1,0 +1,631 @@
+"""The engine under every interface of ofl.torch: one ofl manager driven from
+torch's saved-tensor hooks.
+
+How a torch tensor crosses into ofl (pack):
+  * a tensor the manager may offload (on the manager's device, not a
+    Parameter, not marked, at least the size threshold) is wrapped with
+    ofl_tensor_wrap at OFL_LOC_DEVICE (on the host backend "device" memory is
+    host memory, so a CPU tensor is device memory there): its storage is
+    wrapped once per group as bytes (U8), and each saved tensor is a view of
+    it (ofl_tensor_view / alias), so that tensors sharing a storage are
+    copied once (the manager's rule 6) and a non-contiguous view covering at
+    least half of its storage is offloaded as the whole storage and rebuilt
+    with as_strided; a smaller non-contiguous view stays in Python;
+  * the wrap has no release callback: ofl never frees torch memory. The
+    Python reference that keeps the torch storage alive is dropped once the
+    D2H copy has completed: after each commit an ofl event is recorded on
+    the manager's D2H stream and the references of the tensors that lost
+    their device storage (the manager released them after the copy) are let
+    go when that event has completed (polled on the training thread at the
+    next commit, backward marker or reset; no callback from an ofl thread,
+    so no GIL hand-off on the copy path). forced_released_tensors whose
+    storage was offloaded with the group get ``untyped_storage().resize_(0)``
+    at the same point (the reference's resize_(0) after record_stream).
+
+How it comes back (unpack): ofl_manager_tensor_pop returns the handle with
+device storage. A tensor that was not offloaded still has the torch storage:
+the original torch tensor is returned. A reloaded one lives in a block of the
+manager's device pool: it is handed to torch without a copy
+(torch.frombuffer on the host backend, __cuda_array_interface__ on cuda) and
+the block goes back to the pool (stream-ordered after the compute stream on
+cuda) when torch frees the last view of it. Copying into torch.empty would
+cost one more memcpy of every reloaded byte and saves no allocation (the
+reload already needs its destination), so the zero-copy wrap is used. The
+manager is not destroyed while such tensors live (reset_instance defers the
+destroy until the last one is freed).
+
+Compute stream: the host backend's compute stream is the calling thread. On
+cuda torch's current stream is wrapped (ofl_stream_wrap_native, cached per
+stream) and set as ofl's compute stream of the calling thread before every
+call that orders against compute (autograd runs backward on its own device
+thread, so it is set there too).
+"""
+import ctypes
+import os
+import threading
+import warnings
+
+import torch
+
+from .. import _lib
+from .._errors import OflError, check, error
+
+L = _lib.lib
+_byref = ctypes.byref
+
+_TORCH_TO_OFL = {
+    torch.float32: _lib.DTYPE_F32,
+    torch.float16: _lib.DTYPE_F16,
+    torch.bfloat16: _lib.DTYPE_BF16,
+    torch.int64: _lib.DTYPE_I64,
+    torch.int32: _lib.DTYPE_I32,
+    torch.int16: _lib.DTYPE_I16,
+    torch.int8: _lib.DTYPE_I8,
+    torch.uint8: _lib.DTYPE_U8,
+    torch.bool: _lib.DTYPE_BOOL,
+}
+for _n, _c in (("float8_e4m3fn", _lib.DTYPE_F8_E4M3), ("float8_e5m2", _lib.DTYPE_F8_E5M2)):
+    if hasattr(torch, _n):
+        _TORCH_TO_OFL[getattr(torch, _n)] = _c
+_OFL_TO_TORCH = {v: k for k, v in _TORCH_TO_OFL.items()}
+
+
+def ofl_dtype(dtype):
+    try:
+        return _TORCH_TO_OFL[dtype]
+    except KeyError:
+        raise TypeError("ofl: dtype %s has no ofl equivalent" % dtype) from None
+
+
+def torch_dtype(code):
+    return _OFL_TO_TORCH[code]
+
+
+def _env_int(name, default):
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    return int(float(v))
+
+
+# ---- the device ---------------------------------------------------------------
+
+
+class Runtime:
+    """The process's ofl device: cuda when OFL_BACKEND says so or (auto) when
+    torch sees a GPU, else the host backend. Shared by every manager, disk
+    store and stager that ofl.torch creates."""
+
+    _instance = None
+    _lock = threading.Lock()
+
+    def __init__(self):
+        p = _lib.device_params_init()
+        want = os.environ.get("OFL_BACKEND", "auto").lower()
+        if want == "auto":
+            p.backend = _lib.BACKEND_CUDA if torch.cuda.is_available() else _lib.BACKEND_HOST
+        dev = ctypes.c_void_p()
+        check(L.ofl_device_open(_byref(p), _byref(dev)), "ofl_device_open")
+        self.dev = dev.value
+        self.backend = L.ofl_device_backend(self.dev)
+        self.is_cuda = self.backend == _lib.BACKEND_CUDA
+        self.device_type = "cuda" if self.is_cuda else "cpu"
+        self._wrapped = {}  # cudaStream_t -> ofl stream
+        self._tls = threading.local()
+
+    @classmethod
+    def get(cls):
+        inst = cls._instance
+        if inst is None:
+            with cls._lock:
+                if cls._instance is None:
+                    cls._instance = Runtime()
+                inst = cls._instance
+        return inst
+
+    def compute_stream(self):
+        """ofl's compute stream for the calling thread: torch's current
+        stream on cuda (set as the thread's override), the device's on the
+        host backend."""
+        if not self.is_cuda:
+            return L.ofl_device_compute_stream(self.dev)
+        native = torch.cuda.current_stream().cuda_stream
+        tls = self._tls
+        if getattr(tls, "native", None) != native:
+            s = self._wrapped.get(native)
+            if s is None:
+                out = ctypes.c_void_p()
+                check(L.ofl_stream_wrap_native(self.dev, ctypes.c_void_p(native),
+                                               b"torch", _byref(out)),
+                      "ofl_stream_wrap_native")
+                s = self._wrapped[native] = out.value
+            L.ofl_device_set_compute_stream(self.dev, s)
+            tls.native = native
+            tls.stream = s
+        return tls.stream
+
+    def stats(self):
+        s = _lib.DeviceStats()
+        L.ofl_device_get_stats(self.dev, _byref(s))
+        d = {n: getattr(s, n) for n, _ in _lib.DeviceStats._fields_ if n not in ("copy_bytes", "_reserved")}
+        d["copy_bytes"] = list(s.copy_bytes)
+        return d
+
+
+# ---- zero-copy torch tensors over ofl storage ---------------------------------
+
+
+class _Block:
+    """Owns an ofl tensor handle whose storage a torch tensor uses; destroyed
+    when torch frees the last view (the buffer object dies with the torch
+    storage)."""
+
+    __slots__ = ("core", "h", "stream")
+
+    def __init__(self, core, h, stream):
+        self.core = core
+        self.h = h
+        self.stream = stream
+        core.live_blocks += 1
+
+    def __del__(self):
+        try:
+            if self.stream is not None:
+                L.ofl_tensor_release_storage_after(self.h, self.stream)
+            L.ofl_tensor_destroy(self.h)
+            self.core._block_freed()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class _CudaArray:
+    __slots__ = ("__cuda_array_interface__", "_ofl")
+
+
+def wrap_storage(core, h, nbytes, dtype, device_type, stream=None):
+    """A torch tensor (1-D, dtype) over the nbytes at ofl tensor h's data,
+    keeping h alive until torch lets go."""
+    ptr = L.ofl_tensor_data(h)
+    blk = _Block(core, h, stream)
+    if device_type == "cpu":
+        buf = (ctypes.c_ubyte * nbytes).from_address(ptr)
+        buf._ofl = blk
+        return torch.frombuffer(buf, dtype=dtype)
+    a = _CudaArray()
+    a._ofl = blk
+    a.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                  "data": (ptr, False), "version": 2}
+    return torch.as_tensor(a, device="cuda").view(dtype)
+
+
+# ---- the engine ------------------------------------------------------------------
+
+
+class _Saved:
+    """What autograd stores for one saved tensor that went to the manager."""
+
+    __slots__ = ("tag", "h", "tensor", "ptr", "nbytes", "dtype", "size",
+                 "stride", "offset", "whole", "group")
+
+
+class _Group:
+    __slots__ = ("name", "records", "bases", "index")
+
+    def __init__(self, name):
+        self.name = name
+        self.records = []
+        self.bases = {}  # storage data_ptr -> [base handle, pushed?]
+        self.index = -1
+
+
+class ManagerCore:
+    """One ofl manager and the Python state around it."""
+
+    def __init__(self, *, groups=b"", fraction=None, rank_delta_bytes=None,
+                 max_inflight=None, pp_rank=0, prefetch_groups=0,
+                 host_budget_bytes=None, summary=False, disk=None):
+        self.rt = Runtime.get()
+        p = _lib.manager_params_init()
+        p.device = self.rt.dev
+        p.groups = groups
+        p.min_offload_bytes = 1  # the size threshold is applied in Python
+        if fraction is not None:
+            p.fraction = float(fraction)
+        if rank_delta_bytes is not None:
+            p.rank_delta_bytes = int(rank_delta_bytes)
+        if max_inflight is not None:
+            p.max_inflight = int(max_inflight)
+        if host_budget_bytes is not None:
+            p.host_budget_bytes = int(host_budget_bytes)
+        p.pp_rank = int(pp_rank)
+        p.prefetch_groups = int(prefetch_groups)
+        if disk is not None:
+            p.disk = disk
+        m = ctypes.c_void_p()
+        check(L.ofl_manager_create(_byref(p), _byref(m)), "ofl_manager_create")
+        self.m = m.value
+        self.d2h = L.ofl_manager_d2h_stream(self.m)
+        # The host backend copies only from its own device memory (blocks of
+        # ofl_device_malloc): a CPU tensor is copied into a block of the
+        # manager's device pool at pack time ("device" memory there), and the
+        # torch tensor is let go at once. On cuda torch memory is wrapped.
+        self.copy_in = not self.rt.is_cuda
+        self.dev_pool = L.ofl_manager_device_pool(self.m)
+        self.summary = summary
+        self.summary_text = None
+        self.device_type = self.rt.device_type
+        self.is_cuda = self.rt.is_cuda
+        self.enabled = True
+        self.forward_only = False
+        self.active = True
+        self.min_elems = 0
+        self.min_bytes = 0
+        self.open = []  # open groups, innermost last
+        self.delayed = []
+        self.pending = []  # (event, [tensors to drop], [tensors to resize_(0)])
+        self.free_events = []
+        self.live_blocks = 0
+        self.closing = False
+        # reused out-parameters
+        self._h = ctypes.c_void_p()
+        self._href = _byref(self._h)
+        self._tag = ctypes.c_uint64()
+        self._tagref = _byref(self._tag)
+        self._shape = (ctypes.c_int64 * 1)()
+
+    # -- lifetime
+    def _block_freed(self):
+        self.live_blocks -= 1
+        if self.closing and self.live_blocks == 0:
+            self._destroy_now()
+
+    def close(self):
+        if self.m is None or self.closing:
+            return
+        self.closing = True
+        self.release_pending(wait=True)
+        for g in self.open:
+            self._drop_bases(g)
+        self.open = []
+        if self.live_blocks == 0:
+            self._destroy_now()
+
+    def _destroy_now(self):
+        if self.m is None:
+            return
+        L.ofl_manager_destroy(self.m)
+        for ev in self.free_events:
+            L.ofl_event_destroy(ev)
+        self.free_events = []
+        self.m = None
+
+    def _sync_compute(self):
+        if self.is_cuda:
+            self.rt.compute_stream()
+
+    def _update_active(self):
+        self.active = self.enabled and not self.forward_only
+
+    def _check(self, st, where):
+        if st != 0:
+            raise error(st, where)
+
+    # -- switches
+    def set_enabled(self, on):
+        self.enabled = bool(on)
+        (L.ofl_manager_enable_offload if on else L.ofl_manager_disable_offload)(self.m)
+        self._update_active()
+
+    def set_forward_only(self, on):
+        on = bool(on)
+        if on != self.forward_only:
+            L.ofl_manager_set_forward_only(self.m, 1 if on else 0)
+            self.forward_only = on
+            self._update_active()
+
+    # -- forward
+    def chunk_begin(self, vp_size, vp_stage):
+        self._check(L.ofl_manager_chunk_begin(self.m, int(vp_size or 1), int(vp_stage or 0)),
+                    "ofl_manager_chunk_begin")
+
+    def group_start(self, name):
+        bname = name.encode() if isinstance(name, str) else name
+        self._check(L.ofl_manager_group_start(self.m, bname), "ofl_manager_group_start(%s)" % name)
+        g = _Group(bname)
+        self.open.append(g)
+        return g
+
+    def pack(self, t):
+        """The saved-tensor pack hook: returns t itself (kept in Python) or a
+        _Saved record (pushed to the manager)."""
+        if (not self.active or not self.open or t.device.type != self.device_type
+                or isinstance(t, torch.nn.Parameter) or t.layout is not torch.strided):
+            return t
+        b = t._base
+        if b is not None and isinstance(b, torch.nn.Parameter):
+            return t  # a view of a parameter (leaf), as Linear saves weight.t()
+        numel = t.numel()
+        esize = t.element_size()
+        nb = numel * esize
+        if nb == 0 or numel < self.min_elems or nb < self.min_bytes:
+            return t
+        if getattr(t, "_ofl_not_offloadable", False):
+            return t
+        st = t.untyped_storage()
+        sptr = st.data_ptr()
+        snb = st.nbytes()
+        if t.is_contiguous():
+            off = t.data_ptr() - sptr
+            whole = False
+        elif 2 * nb >= snb:
+            off = 0
+            nb = snb
+            whole = True
+        else:
+            return t  # a small strided view of a large storage: not worth it
+        g = self.open[-1]
+        h = self._href
+        if self.copy_in and not whole and 2 * nb < snb:
+            sptr += off  # copy only the region: it is its own storage
+            snb = nb
+            off = 0
+        base = g.bases.get(sptr)
+        if base is None:
+            self._shape[0] = snb
+            if self.copy_in:
+                self._check(L.ofl_pool_alloc(self.dev_pool, self._shape, 1, _lib.DTYPE_U8, None, h),
+                            "ofl_pool_alloc")
+                ctypes.memmove(L.ofl_tensor_data(self._h.value), sptr, snb)
+            else:
+                self._check(L.ofl_tensor_wrap(sptr, self._shape, 1, _lib.DTYPE_U8, _lib.LOC_DEVICE,
+                                              None, None, h), "ofl_tensor_wrap")
+            base = g.bases[sptr] = [self._h.value, False]
+        if off == 0 and nb == snb:
+            if base[1]:
+                self._check(L.ofl_tensor_alias(base[0], h), "ofl_tensor_alias")
+                handle = self._h.value
+            else:
+                handle = base[0]
+                base[1] = True
+        else:
+            self._shape[0] = nb
+            self._check(L.ofl_tensor_view(base[0], off, self._shape, 1, _lib.DTYPE_U8, h),
+                        "ofl_tensor_view")
+            handle = self._h.value
+        st_ = L.ofl_manager_tensor_push(self.m, handle, self._tagref)
+        if st_ != 0:
+            if handle != base[0]:
+                L.ofl_tensor_destroy(handle)
+            else:
+                base[1] = False
+            raise error(st_, "ofl_manager_tensor_push")
+        r = _Saved()
+        r.tag = self._tag.value
+        r.h = handle
+        # held until the commit at least: while it lives its memory cannot be
+        # reused by another tensor of the group (storages are keyed by address)
+        r.tensor = t
+        r.ptr = sptr + off
+        r.nbytes = nb
+        r.dtype = t.dtype
+        r.size = t.size()
+        r.whole = whole
+        if whole:
+            r.stride = t.stride()
+            r.offset = t.storage_offset()
+        r.group = g
+        g.records.append(r)
+        return r
+
+    def _drop_bases(self, g):
+        for base, pushed in g.bases.values():
+            if not pushed:
+                L.ofl_tensor_destroy(base)
+        g.bases = {}
+
+    def _find_open(self, bname):
+        for i in range(len(self.open) - 1, -1, -1):
+            if self.open[i].name == bname:
+                return i
+        return -1
+
+    def commit(self, name, forced=(), delay=False):
+        bname = name.encode() if isinstance(name, str) else name
+        i = self._find_open(bname)
+        g = self.open[i] if i >= 0 else None
+        # forced releases: aliases of the storages pushed in this group
+        aliases = []
+        forced_t = []
+        if g is not None and forced:
+            for f in forced:
+                if not isinstance(f, torch.Tensor) or f.device.type != self.device_type:
+                    continue
+                base = g.bases.get(f.untyped_storage().data_ptr())
+                if base is None:
+                    continue
+                self._check(L.ofl_tensor_alias(base[0], self._href), "ofl_tensor_alias")
+                aliases.append(self._h.value)
+                forced_t.append(f)
+        n = len(aliases)
+        arr = (ctypes.c_void_p * n)(*aliases) if n else None
+        self._sync_compute()
+        st = L.ofl_manager_group_commit(self.m, bname, arr, n, 1 if delay else 0)
+        if st != 0:
+            for a in aliases:
+                L.ofl_tensor_destroy(a)
+            raise error(st, "ofl_manager_group_commit(%s)" % bname.decode())
+        if g is None:
+            return
+        del self.open[i]
+        if delay:
+            self.delayed.append((g, aliases, forced_t))
+            return
+        self._after_commit(g, aliases, forced_t)
+
+    def flush_delayed(self):
+        self._sync_compute()
+        st = L.ofl_manager_flush_delayed_groups(self.m)
+        delayed, self.delayed = self.delayed, []
+        for g, aliases, forced_t in delayed:
+            self._after_commit(g, aliases, forced_t)
+        self._check(st, "ofl_manager_flush_delayed_groups")
+
+    def _after_commit(self, g, aliases, forced_t):
+        has = L.ofl_tensor_has_storage
+        drop = []
+        if self.copy_in:
+            for r in g.records:  # the manager holds a copy
+                r.tensor = None
+        else:
+            for r in g.records:
+                if r.tensor is not None and not has(r.h):
+                    drop.append(r.tensor)
+                    r.tensor = None
+        resize = []
+        for a, f in zip(aliases, forced_t):
+            if not has(a):
+                resize.append(f)
+            L.ofl_tensor_destroy(a)
+        self._drop_bases(g)
+        g.records = None
+        if drop or resize:
+            ev = self.free_events.pop() if self.free_events else None
+            if ev is None:
+                out = ctypes.c_void_p()
+                check(L.ofl_event_create(self.rt.dev, _byref(out)), "ofl_event_create")
+                ev = out.value
+            self._check(L.ofl_event_record(ev, self.d2h), "ofl_event_record")
+            self.pending.append((ev, drop, resize))
+        self.release_pending()
+
+    def release_pending(self, wait=False):
+        """Lets go of torch storage whose D2H copy has completed."""
+        pend = self.pending
+        while pend:
+            ev = pend[0][0]
+            if wait:
+                check(L.ofl_event_synchronize(ev, _lib.TIMEOUT_DEFAULT), "ofl_event_synchronize")
+            elif L.ofl_event_query(ev) != 0:
+                break
+            _, drop, resize = pend.pop(0)
+            for f in resize:
+                f.untyped_storage().resize_(0)
+            drop.clear()
+            self.free_events.append(ev)
+
+    # -- backward
+    def backward_begin(self, name):
+        self._sync_compute()
+        self._check(L.ofl_manager_group_backward_begin(self.m, name),
+                    "ofl_manager_group_backward_begin(%s)" % name.decode())
+        if self.pending:
+            self.release_pending()
+
+    def backward_end(self, name):
+        self._sync_compute()
+        self._check(L.ofl_manager_group_backward_end(self.m, name),
+                    "ofl_manager_group_backward_end(%s)" % name.decode())
+
+    def unpack(self, r):
+        if type(r) is not _Saved:
+            return r
+        if self.is_cuda:
+            self._sync_compute()
+        h = self._href
+        st = L.ofl_manager_tensor_pop(self.m, r.tag, h)
+        if st != 0:
+            raise error(st, "ofl_manager_tensor_pop")
+        h = self._h.value
+        t = r.tensor
+        if t is not None and L.ofl_tensor_data(h) == r.ptr:
+            # kept on the device: the torch tensor itself
+            L.ofl_tensor_destroy(h)
+            r.tensor = None
+            return t
+        r.tensor = None
+        x = wrap_storage(self, h, r.nbytes, torch.uint8 if r.whole else r.dtype,
+                         self.device_type, self.rt.compute_stream() if self.is_cuda else None)
+        if r.whole:
+            return x.view(r.dtype).as_strided(r.size, r.stride, r.offset)
+        return x.view(r.size) if len(r.size) != 1 else x
+
+    # -- iteration
+    def reset(self):
+        was_warmup = L.ofl_manager_is_warmup(self.m)
+        self._sync_compute()
+        st = L.ofl_manager_reset(self.m)
+        if st == 0 or st == _lib.ERR_MISMATCH:
+            for g in self.open:
+                self._drop_bases(g)
+            self.open = []
+            self.delayed = []
+        self.release_pending(wait=True)
+        if st == 0 and was_warmup and not L.ofl_manager_is_warmup(self.m) and self.summary:
+            self.summary_text = self.render_summary()
+            if self.summary_text and _rank() == 0:
+                print(self.summary_text, end="" if self.summary_text.endswith("\n") else "\n",
+                      flush=True)
+        self._check(st, "ofl_manager_reset")
+
+    def is_warmup(self):
+        return bool(L.ofl_manager_is_warmup(self.m))
+
+    def synchronize(self):
+        self._check(L.ofl_manager_synchronize(self.m, _lib.TIMEOUT_DEFAULT), "ofl_manager_synchronize")
+        self.release_pending(wait=True)
+
+    def render_summary(self):
+        s = L.ofl_manager_summary(self.m)
+        if not s:
+            return None
+        out = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        check(L.ofl_summary_render(s, _lib.SUMMARY_TEXT, _byref(out), _byref(n)), "ofl_summary_render")
+        try:
+            return ctypes.string_at(out.value, n.value).decode()
+        finally:
+            _lib.free(out.value)
+
+    # -- statistics
+    def stats(self):
+        s = _lib.ManagerStats()
+        L.ofl_manager_get_stats(self.m, _byref(s))
+        return {n: getattr(s, n) for n, _ in _lib.ManagerStats._fields_ if n != "_reserved"}
+
+    def group_stats(self):
+        out = {}
+        gs = _lib.ManagerGroupStats()
+        for i in range(L.ofl_manager_group_count(self.m)):
+            check(L.ofl_manager_group_stats(self.m, i, _byref(gs)), "ofl_manager_group_stats")
+            out[gs.name.decode()] = {n: getattr(gs, n) for n, _ in _lib.ManagerGroupStats._fields_
+                                     if n not in ("name", "_reserved")}
+        return out
+
+    def summary_bytes(self, name):
+        v = ctypes.c_uint64()
+        check(L.ofl_manager_summary_bytes(self.m, name.encode(), _byref(v)), "ofl_manager_summary_bytes")
+        return v.value
+
+    def summary_total_bytes(self):
+        return L.ofl_manager_summary_total_bytes(self.m)
+
+    def pool_stats(self):
+        res = {}
+        for key, fn in (("device_pool", L.ofl_manager_device_pool), ("host_pool", L.ofl_manager_host_pool)):
+            s = _lib.PoolStats()
+            L.ofl_pool_get_stats(fn(self.m), _byref(s))
+            res[key] = {n: getattr(s, n) for n, _ in _lib.PoolStats._fields_ if n != "_reserved"}
+        return res
+
+
+def _rank():
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:
+        pass
+    return 0
+
+
+__all__ = ["Runtime", "ManagerCore", "OflError", "ofl_dtype", "torch_dtype", "wrap_storage"]
