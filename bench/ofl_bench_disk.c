@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include <ofl/ofl.h>
-#include "pool/disk_internal.h"
+#include "disk/disk_internal.h"
 #include "runtime/internal.h"
 #include "bench/bench.h"
 

@@ -8,7 +8,7 @@
  * instead of blocking the application's later work; its buffers are then
  * leaked (a kernel may have been writing them). Buffers and the event are
  * kept between gathers and grow only when a larger table comes: steady state
- * allocates nothing (DESIGN.md section 3.1). */
+ * allocates nothing (docs/DESIGN.md section 3.1). */
 #include <ofl/version.h>
 
 #if OFL_HAVE_NCCL

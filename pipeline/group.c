@@ -1,6 +1,6 @@
 /* ofl: groups (the tensors of one named module call inside a chunk): start,
  * push, commit (bulk offload), backward markers (bulk reload, prefetch) and
- * pop (inline reload). The stream-ordering rules of DESIGN.md section 5 are
+ * pop (inline reload). The stream-ordering rules of docs/DESIGN.md section 5 are
  * enforced here; each line that does so cites its rule. */
 #include <stdlib.h>
 #include <string.h>

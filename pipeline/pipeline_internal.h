@@ -119,7 +119,7 @@ typedef struct delayed {
   size_t n, cap;
 } delayed_t;
 
-/* Test switches that turn one rule of DESIGN.md section 5 off, so that the
+/* Test switches that turn one rule of docs/DESIGN.md section 5 off, so that the
  * tests can show they fail without it. Never set outside tests. */
 enum {
   OFL__RULE1_OFF = 1u << 1,

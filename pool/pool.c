@@ -1,7 +1,7 @@
 /* ofl: tensor pools (device and pinned host), the reference pool's
  * contract (exact key, FIFO free list, hits and misses, reset, clear) with
  * O(1) ownership through a host-memory block header, byte-size keys, a
- * budget, a reserve and stream-ordered reuse (DESIGN.md section 4).
+ * budget, a reserve and stream-ordered reuse (docs/DESIGN.md section 4).
  *
  * Locking: one mutex per pool guards keys, free lists, counters and the
  * handle cache. Device calls that may block (stream waits, event
@@ -514,7 +514,7 @@ typedef enum pick {
 } pick_t;
 
 /* Lock held. Chooses a free block of k following the rules at the top of
- * pool.h (DESIGN.md section 5 rule 2: a block is reused only after the copy
+ * pool.h (docs/DESIGN.md section 5 rule 2: a block is reused only after the copy
  * that used it has completed). */
 static pick_t block_pick(ofl_pool_t *p, pool_key_t *k, ofl_stream_t *stream,
                          pool_block_t **prev_out, pool_block_t **out) {

@@ -4,7 +4,7 @@
  * is run by the device's ofl thread once that event completed, or by the
  * thread that synchronises the stream, whichever comes first. Host functions
  * may not call CUDA and must not run user code (they can deadlock the
- * driver, or take a lock the training thread holds: DESIGN.md section 3.1),
+ * driver, or take a lock the training thread holds: docs/DESIGN.md section 3.1),
  * so nothing user-visible runs inside one. */
 #include <stdlib.h>
 

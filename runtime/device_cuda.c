@@ -122,7 +122,7 @@ ofl_status_t ofl__cuda_probe(int *device_index, char *why, size_t cap) {
  * registrations go to the calling thread's current device; any runtime call
  * on a thread that never chose one initialises device 0's primary context.
  * So every call selects ofl's device when the thread sits elsewhere, and
- * gives the caller's device back afterwards (DESIGN.md section 3.1). It is
+ * gives the caller's device back afterwards (docs/DESIGN.md section 3.1). It is
  * not given back on ofl's own threads, nor to a device whose primary context
  * does not exist (the thread had never used it: cudaGetDevice answers 0 for
  * a thread that chose nothing, and selecting device 0 would create a
@@ -160,7 +160,7 @@ static bool primary_ctx_active(int ordinal) {
 /* Every call also runs in relaxed capture mode: an allocation, a
  * registration or a query that ofl makes while the application captures a
  * graph on another stream (global mode forbids those from any thread) must
- * not invalidate the application's capture (DESIGN.md section 3.1). Work
+ * not invalidate the application's capture (docs/DESIGN.md section 3.1). Work
  * ofl queues on a capturing stream is still captured. */
 static void relax_capture(ofl__cuda_guard_t *g) {
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;

@@ -141,7 +141,7 @@ void ofl__cuda_leave(const ofl__cuda_guard_t *g);
  * fn(arg) runs once the work queued on stream so far has completed, on an
  * ofl thread of the device (or on the thread that synchronises that stream,
  * whichever comes first), never inside a stream's host function: user
- * callbacks and CUDA calls are allowed in fn (DESIGN.md section 3.1).
+ * callbacks and CUDA calls are allowed in fn (docs/DESIGN.md section 3.1).
  * Steady state allocates nothing: entries and their events are reused. */
 ofl_status_t ofl__defer_init(ofl_device_t *dev);
 ofl_status_t ofl__device_defer(ofl_stream_t *stream, void (*fn)(void *),

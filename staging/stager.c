@@ -1,4 +1,4 @@
-/* ofl: the stager (DESIGN.md section 6): a training-safe host copy of a set
+/* ofl: the stager (docs/DESIGN.md section 6): a training-safe host copy of a set
  * of named tensors, copied on a D2H stream, cached and reused across calls.
  * Tensors sharing a storage are copied once, as one span. */
 #include <errno.h>
@@ -474,7 +474,7 @@ fail:
  * the work queued so far on the caller's compute stream. */
 static ofl_status_t queue_copies(ofl_stager_t *s, ofl_staged_t *set,
                                  const ofl_named_tensor_t *in, size_t n) {
-  /* Looked up now, never cached (DESIGN.md section 5 rule 3). */
+  /* Looked up now, never cached (docs/DESIGN.md section 5 rule 3). */
   ofl_stream_t *compute = ofl_device_compute_stream(s->dev);
   OFL_CHECK(ofl_event_record(s->compute_done, compute));
   OFL_CHECK(ofl_stream_wait_event(s->stream, s->compute_done));

@@ -129,7 +129,7 @@ OFL_API ofl_status_t ofl_pinned_free(ofl_device_t *dev, void *ptr);
  * is not ordered.
  *
  * The compute stream of the calling thread, looked up at each call (never
- * cache it across a change of stream; DESIGN.md section 5 rule 3). Defaults
+ * cache it across a change of stream; docs/DESIGN.md section 5 rule 3). Defaults
  * to the device's compute stream; ofl_device_set_compute_stream overrides it
  * for the calling thread (NULL: back to the default). An override whose
  * stream was destroyed or whose device was closed, on any thread, is

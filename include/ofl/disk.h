@@ -1,4 +1,4 @@
-/* ofl: the disk store, the tier below pinned host memory (DESIGN.md
+/* ofl: the disk store, the tier below pinned host memory (docs/DESIGN.md
  * section 4). One private file per store (per manager, per rank) in
  * OFL_DISK_DIR: created 0600 with O_TMPFILE, or unlinked right after open,
  * so that nothing is left behind even when the process is killed. O_DIRECT
@@ -275,7 +275,7 @@ OFL_API ofl_status_t ofl_disk_extent_evict(ofl_disk_extent_t *e);
  * flight is waited for (bounded; OFL_ERR_TIMEOUT leaves the extent alive). */
 OFL_API ofl_status_t ofl_disk_extent_destroy(ofl_disk_extent_t *e);
 /* Same, with the buffer reused only after the work queued on stream so far
- * (the H2D copy that reads it) has completed (DESIGN.md section 5 rule 2). */
+ * (the H2D copy that reads it) has completed (docs/DESIGN.md section 5 rule 2). */
 OFL_API ofl_status_t ofl_disk_extent_destroy_after(ofl_disk_extent_t *e,
                                                    ofl_stream_t *stream);
 

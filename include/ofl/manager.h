@@ -2,7 +2,8 @@
  * for backward to pinned host memory during the forward pass of a
  * pipeline-parallel schedule and brings them back, one group ahead, during
  * the backward pass. All copies run on the manager's D2H and H2D streams and
- * overlap with compute; the ordering rules are those of DESIGN.md section 5.
+ * overlap with compute; the ordering rules are those of docs/DESIGN.md
+ * section 5.
  *
  * How a model uses it (C has no autograd, so the application calls the
  * backward markers itself):
@@ -23,11 +24,12 @@
  * the structure (chunks, groups, names, bytes, backward order) is recorded.
  * The reset that ends it applies the steady-state policy; later iterations
  * replay the record and a structure that does not match it is an error
- * (OFL_ERR_MISMATCH naming the group and the chunk).
- *
- * Names against the reference (Megatron-Core fine-grained activation
- * offloading,
- * megatron/core/pipeline_parallel/fine_grained_activation_offload.py):
+ * (OFL_ERR_MISMATCH naming the group and the chunk). */
+
+/* The table below is kept out of the formatter's reach. */
+/* clang-format off */
+/* Names against the reference (Megatron-Core fine-grained activation
+ * offloading, megatron/core/pipeline_parallel/fine_grained_activation_offload.py):
  *
  *   ofl                                  reference
  *   ------------------------------------ -------------------------------------
@@ -49,9 +51,10 @@
  *                                        on_group_start_backward (bulk_reload)
  *   ofl_manager_reset                    reset (+ post_warmup_callback)
  *   ofl_manager_mark_not_offloadable     mark_not_offloadable /
- * mark_not_offload ofl_manager_disable_offload/enable   disable_offload /
- * enable_offload ofl_manager_set_forward_only         (none: NeMo RL suspends
- * offloading) ofl_manager_forward_record           forward_record
+ *                                        mark_not_offload
+ *   ofl_manager_disable_offload/enable   disable_offload / enable_offload
+ *   ofl_manager_set_forward_only         (none: NeMo RL suspends offloading)
+ *   ofl_manager_forward_record           forward_record
  *   ofl_manager_backward_record          backward_record
  *   ofl_manager_summary_bytes/_total     offload_summary_bytes / _total_bytes
  *   ofl_tag_t                            tag (group_idx, k)
@@ -59,10 +62,11 @@
  *   params.fraction                      activation_offload_fraction
  *   params.rank_delta_bytes              delta_offload_bytes_across_pp_ranks
  *   params.max_inflight                  max_inflight_offloads (0 here means
- *                                        unlimited, not "join every commit")
- *
- * Where ofl differs on purpose (DESIGN.md section 5 rules): an inline reload
- * waits for its group's offload (rule 1); pinned and device buffers are
+ *                                        unlimited, not "join every commit") */
+/* clang-format on */
+
+/* Where ofl differs on purpose (docs/DESIGN.md section 5 rules): an inline
+ * reload waits for its group's offload (rule 1); pinned and device buffers are
  * reused only after the copies that read them (rule 2); the compute stream
  * is looked up at every use (rule 3); a forward-only pass neither consumes
  * the warmup nor creates chunks (rule 4); a structure mismatch is an error

@@ -5,7 +5,7 @@
  * in host memory. Pools are thread-safe (one mutex per pool; the hit path
  * takes it once and allocates nothing).
  *
- * Stream-ordered reuse (DESIGN.md section 4, section 5 rule 2): a block freed
+ * Stream-ordered reuse (docs/DESIGN.md section 4, section 5 rule 2): a block freed
  * with ofl_pool_free_after / ofl_pool_free_after_event carries the pool's own
  * event for its last use. Allocation then hands it out only when that use is
  * complete, or, when the caller names a stream, at once with that stream made

@@ -11,7 +11,7 @@
 
 #include <ofl/ofl.h>
 
-#include "pool/disk_internal.h"
+#include "disk/disk_internal.h"
 #include "tests/devmem.h"
 #include "tests/tap.h"
 

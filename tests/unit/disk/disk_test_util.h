@@ -17,7 +17,7 @@
 
 #include <ofl/ofl.h>
 
-#include "pool/disk_internal.h"
+#include "disk/disk_internal.h"
 #include "tests/devmem.h"
 
 

@@ -398,7 +398,7 @@ static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
   mp.rank = cfg->rank;
   DRV_TRY(d, ofl_manager_create(&mp, &d->m));
   /* Debugging aid: DRV_RULES_OFF=<mask> shows what the tests catch when a
-   * rule of DESIGN.md section 5 is turned off. */
+   * rule of docs/DESIGN.md section 5 is turned off. */
   if (getenv("DRV_RULES_OFF") != NULL)
     ofl__manager_rules_off(d->m, (unsigned)atoi(getenv("DRV_RULES_OFF")));
   d->rec =

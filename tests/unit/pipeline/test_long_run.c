@@ -3,7 +3,7 @@
  * never hands out a tensor before its copy landed. */
 #include <ofl/disk.h>
 
-#include "pool/disk_internal.h"
+#include "disk/disk_internal.h"
 
 #include "tests/unit/pipeline/harness.h"
 

@@ -2,7 +2,7 @@
  * switches. */
 #include <ofl/log.h>
 
-#include "pool/disk_internal.h"
+#include "disk/disk_internal.h"
 #include "tests/unit/pipeline/harness.h"
 
 #define KIB ((size_t)1024)

@@ -1,4 +1,4 @@
-/* Stream-ordered reuse of pool blocks (DESIGN.md section 5 rule 2): a block
+/* Stream-ordered reuse of pool blocks (docs/DESIGN.md section 5 rule 2): a block
  * whose last use is still queued is not handed out unordered. */
 #include <criterion/criterion.h>
 #include "tests/cr_assert.h"

@@ -1,6 +1,6 @@
 /* ofl: CRC32C (Castagnoli) per disk extent. SSE4.2 crc32 instructions when
  * the CPU has them (checked once at run time), else a slicing-by-8 table. */
-#include "pool/disk_internal.h"
+#include "disk/disk_internal.h"
 
 #include <stdatomic.h>
 #include <string.h>

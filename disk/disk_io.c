@@ -5,7 +5,7 @@
  *     them; one completion thread reaps completions (timed waits, 100 ms, so
  *     it notices a stop) and tops the queue up;
  *   - threads: min(queue_depth, 4) workers doing pread/pwrite. */
-#include "pool/disk_internal.h"
+#include "disk/disk_internal.h"
 
 #include <errno.h>
 #include <stdlib.h>

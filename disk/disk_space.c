@@ -1,7 +1,7 @@
 /* ofl: space inside the disk store's file. A sorted list of free ranges,
  * first fit, coalesced on return; the store grows the file at its end and
  * hands the new range to this list. Lock held by the caller. */
-#include "pool/disk_internal.h"
+#include "disk/disk_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
-/* ofl: the disk store (DESIGN.md section 4): one private file per store,
+/* ofl: the disk store (docs/DESIGN.md section 4): one private file per store,
  * space for extents inside it, bounce buffers from a pinned pool, the state
  * of each extent, faults and counters. The I/O itself is in disk_io.c. */
-#include "pool/disk_internal.h"
+#include "disk/disk_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
