@@ -135,6 +135,15 @@ ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out) {
 
 static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
   bool b;
+  m->from_params = (p->offload >= 0 ? OFL__SRC_OFFLOAD : 0) |
+                   (p->groups != NULL ? OFL__SRC_GROUPS : 0) |
+                   (p->min_offload_elems >= 0 ? OFL__SRC_MIN_ELEMS : 0) |
+                   (p->min_offload_bytes >= 0 ? OFL__SRC_MIN_BYTES : 0) |
+                   (p->fraction >= 0 ? OFL__SRC_FRACTION : 0) |
+                   (p->rank_delta_bytes >= 0 ? OFL__SRC_DELTA : 0) |
+                   (p->max_inflight >= 0 ? OFL__SRC_INFLIGHT : 0) |
+                   (p->prefetch_groups > 0 ? OFL__SRC_PREFETCH : 0) |
+                   (p->host_budget_bytes >= 0 ? OFL__SRC_HOST_BUDGET : 0);
   if (p->offload >= 0) {
     m->offload = p->offload != 0;
   } else {
@@ -525,6 +534,53 @@ ofl_status_t ofl_manager_backward_record(ofl_manager_t *m, ofl_event_t *event) {
                       "not be NULL");
   return record_boundary(m, event, m->h2d, m->ev_h2d,
                          "ofl_manager_backward_record");
+}
+
+/* One line of ofl_manager_config_print: the value in force and where it
+ * came from (params, or the variable's environment/default). */
+static void print_value(FILE *f, const ofl_manager_t *m, unsigned bit,
+                        const char *var, const char *value) {
+  ofl__config_print_value(f, var, value,
+                          (m->from_params & bit) ? "params"
+                                                 : ofl__config_source(var));
+}
+
+void ofl_manager_config_print(const ofl_manager_t *m, FILE *f) {
+  if (f == NULL)
+    f = stdout;
+  if (m == NULL) {
+    fprintf(f, "ofl manager: none\n");
+    return;
+  }
+  char v[64];
+  ofl_pool_stats_t hs;
+  ofl_pool_get_stats(m->host_pool, &hs);
+  fprintf(f,
+          "ofl manager rank %d pp_rank %d, backend %s, the values in force:\n",
+          m->rank, m->pp_rank, ofl_backend_name(ofl_device_backend(m->dev)));
+  print_value(f, m, OFL__SRC_OFFLOAD, "OFL_OFFLOAD", m->offload ? "1" : "0");
+  print_value(f, m, OFL__SRC_GROUPS, "OFL_OFFLOAD_GROUPS",
+              m->groups_cfg[0] ? m->groups_cfg : "(all)");
+  snprintf(v, sizeof v, "%llu", (unsigned long long)m->min_elems);
+  print_value(f, m, OFL__SRC_MIN_ELEMS, "OFL_MIN_OFFLOAD_ELEMS", v);
+  snprintf(v, sizeof v, "%zu", m->min_bytes);
+  print_value(f, m, OFL__SRC_MIN_BYTES, "OFL_MIN_OFFLOAD_BYTES", v);
+  snprintf(v, sizeof v, "%g", m->fraction);
+  print_value(f, m, OFL__SRC_FRACTION, "OFL_OFFLOAD_FRACTION", v);
+  snprintf(v, sizeof v, "%llu", (unsigned long long)m->rank_delta_bytes);
+  print_value(f, m, OFL__SRC_DELTA, "OFL_RANK_DELTA_BYTES", v);
+  snprintf(v, sizeof v, "%u", m->max_inflight);
+  print_value(f, m, OFL__SRC_INFLIGHT, "OFL_MAX_INFLIGHT", v);
+  snprintf(v, sizeof v, "%u", m->prefetch_groups);
+  print_value(f, m, OFL__SRC_PREFETCH, "OFL_PREFETCH_GROUPS", v);
+  snprintf(v, sizeof v, "%zu", hs.budget_bytes);
+  print_value(f, m, OFL__SRC_HOST_BUDGET, "OFL_HOST_BUDGET", v);
+  fprintf(f, "%-26s = %-12s (%s)\n", "dynamic_groups", m->dynamic_cfg,
+          "params or built-in");
+  fprintf(f, "%-26s = %-12s\n", "comm",
+          m->comm != NULL ? ofl_comm_kind_name(ofl_comm_kind(m->comm))
+                          : "(this rank only)");
+  fprintf(f, "%-26s = %-12s\n", "disk tier", m->disk != NULL ? "yes" : "no");
 }
 
 ofl_status_t ofl_manager_synchronize(ofl_manager_t *m, int64_t timeout_ms) {

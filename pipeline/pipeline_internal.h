@@ -132,6 +132,20 @@ enum {
 
 typedef struct ofl__stall_probes ofl__stall_probes_t;
 
+/* Which configured values the application set in ofl_manager_params_t
+ * (ofl_manager_config_print says where each value came from). */
+enum {
+  OFL__SRC_OFFLOAD = 1u << 0,
+  OFL__SRC_GROUPS = 1u << 1,
+  OFL__SRC_MIN_ELEMS = 1u << 2,
+  OFL__SRC_MIN_BYTES = 1u << 3,
+  OFL__SRC_FRACTION = 1u << 4,
+  OFL__SRC_DELTA = 1u << 5,
+  OFL__SRC_INFLIGHT = 1u << 6,
+  OFL__SRC_PREFETCH = 1u << 7,
+  OFL__SRC_HOST_BUDGET = 1u << 8
+};
+
 struct ofl_manager {
   ofl_device_t *dev;
   bool own_dev;
@@ -152,6 +166,7 @@ struct ofl_manager {
   uint64_t rank_delta_bytes;
   uint32_t max_inflight;
   uint32_t prefetch_groups; /* reloads issued ahead of backward */
+  uint32_t from_params;     /* OFL__SRC_* bits: the value came from params */
   int pp_rank, rank;
   char *groups_cfg, *dynamic_cfg;
   unsigned rules_off;

@@ -352,6 +352,11 @@ OFL_API ofl_status_t ofl_manager_forward_record(ofl_manager_t *m,
 OFL_API ofl_status_t ofl_manager_backward_record(ofl_manager_t *m,
                                                  ofl_event_t *event);
 
+/* Prints the configuration the manager actually uses, one line per value:
+ * the value in force and where it came from ("params" when the application
+ * set the field, else "environment" or "default"). f NULL: stdout. */
+OFL_API void ofl_manager_config_print(const ofl_manager_t *m, FILE *f);
+
 /* Waits (bounded) until both copy streams are idle. */
 OFL_API ofl_status_t ofl_manager_synchronize(ofl_manager_t *m,
                                              int64_t timeout_ms);

@@ -620,3 +620,36 @@ Test(pipeline_contracts, steady_device_pool_peak_leaves_out_the_warmup) {
   cr_assert(lt(sz, peak, 1024 * KIB));
   h_close(&e);
 }
+
+/* Item 13: the manager prints what it uses and where each value came from:
+ * params over the environment over the default. */
+Test(pipeline_contracts,
+     config_print_says_the_values_in_force_and_their_source) {
+  setenv("OFL_MAX_INFLIGHT", "3", 1);
+  setenv("OFL_OFFLOAD_FRACTION", "0.25", 1);
+  H_OK(ofl_config_reload());
+  h_env_t e;
+  h_open_dev(&e, 10, 3);
+  ofl_manager_params_t mp = h_params(&e);
+  mp.fraction = 0.5;      /* params win over OFL_OFFLOAD_FRACTION */
+  mp.max_inflight = -1;   /* from the environment */
+  mp.prefetch_groups = 0; /* the default */
+  H_OK(ofl_manager_create(&mp, &e.m));
+  char buf[4096] = {0};
+  FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+  cr_assert(f != NULL);
+  ofl_manager_config_print(e.m, f);
+  fclose(f);
+  static const char *const want[4] = {
+      "OFL_OFFLOAD_FRACTION       = 0.5          (params)",
+      "OFL_MAX_INFLIGHT           = 3            (environment)",
+      "OFL_PREFETCH_GROUPS        = 1            (default)",
+      "OFL_MIN_OFFLOAD_BYTES      = 1            (params)"};
+  for (int i = 0; i < 4; i++)
+    cr_assert(ne(ptr, strstr(buf, want[i]), NULL), "want \"%s\" in:\n%s",
+              want[i], buf);
+  h_close(&e);
+  unsetenv("OFL_MAX_INFLIGHT");
+  unsetenv("OFL_OFFLOAD_FRACTION");
+  H_OK(ofl_config_reload());
+}
