@@ -80,11 +80,12 @@ ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, int nid,
   if (m->probes == NULL || m->probes->unsupported)
     return OFL_ERR_NOT_SUPPORTED;
   probe_t *p = &m->probes->p[m->probes->next];
-  /* The ring came round: its oldest pair is long done in practice; wait
-   * for it (bounded) rather than lose the measurement. */
-  harvest_one(m, p, true);
+  /* The ring came round: read its oldest pair if it completed; if not,
+   * this wait goes unmeasured rather than make the training thread wait
+   * for the GPU (which would cap how far the CPU runs ahead). */
+  harvest_one(m, p, false);
   if (p->pending)
-    return OFL_ERR_NOT_SUPPORTED;
+    return ofl_stream_wait_event(compute, ev); /* waited, not measured */
   OFL_CHECK(ofl_event_record(p->before, compute));
   OFL_CHECK(ofl_stream_wait_event(compute, ev));
   OFL_CHECK(ofl_event_record(p->after, compute));

@@ -348,6 +348,13 @@ static ofl_status_t release(ofl_tensor_t *t, ofl_stream_t *stream,
   if (t->st == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
                       "%s: tensor has no storage (already released)", what);
+  /* The event that orders the release would be recorded into the graph
+   * and could never be waited for outside it. */
+  if (stream != NULL && ofl__stream_capturing(stream))
+    return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_POOL,
+                      "%s: stream '%s' is being captured into a CUDA graph; "
+                      "release before or after the capture",
+                      what, ofl_stream_name(stream));
   if (t->st->kind == OFL__STORAGE_BLOCK)
     return ofl__pool_release(NULL, t, stream, false);
   return ofl__tensor_release_external(t, stream);

@@ -57,10 +57,17 @@ static void *open_first(const char *override, const char *const *names,
 
 /* Fills one table field from h; a missing symbol ends the filling (the
  * first one missing is named). */
+/* Functions a runtime may lack without making ofl unusable: the code that
+ * calls them checks the table entry first. cudaStreamGetDevice came with
+ * CUDA 12.8, and PyTorch wheels bring older 12.x runtimes. */
+static bool optional(const char *name) {
+  return strcmp(name, "cudaStreamGetDevice") == 0;
+}
+
 #define OFL__API_LOAD(name)                                                    \
   if (missing == NULL) {                                                       \
     *(void **)&t.name = dlsym(h, #name);                                       \
-    if (t.name == NULL)                                                        \
+    if (t.name == NULL && !optional(#name))                                    \
       missing = #name;                                                         \
   }
 

@@ -7,6 +7,7 @@
  * driver, or take a lock the training thread holds: docs/DESIGN.md section 3.1),
  * so nothing user-visible runs inside one. */
 #include <stdlib.h>
+#include <time.h>
 
 #include "runtime/device_internal.h"
 
@@ -15,6 +16,7 @@ typedef struct entry {
   uint64_t stream_uid;
   void (*fn)(void *);
   void *arg;
+  pthread_t runner; /* while in flight: the thread running fn */
   struct entry *next;
 } entry_t;
 
@@ -24,7 +26,8 @@ struct ofl__defer {
   pthread_cond_t done_cv; /* the device thread finished an entry */
   entry_t *head, *tail;   /* pending, oldest first */
   entry_t *free;          /* done entries, reused */
-  entry_t *running;       /* taken by the device thread, fn not yet done */
+  entry_t *inflight;      /* taken by a runner, fn not yet done */
+  size_t failed;          /* entries whose event query failed: leaked */
   pthread_t thread;
   bool started;
   atomic_bool stop;
@@ -54,21 +57,60 @@ static void unlink_entry(struct ofl__defer *d, entry_t *prev, entry_t *e) {
 }
 
 /* The first pending entry whose event completed (of one stream when uid is
- * not 0); unlinked. */
+ * not 0), unlinked and marked in flight for the calling thread. An entry
+ * whose query fails (an event captured into a graph, a device error) can
+ * never be known complete: it is dropped and its release leaked, said once,
+ * rather than polled for ever. */
 static entry_t *take_complete(struct ofl__defer *d, uint64_t uid) {
   entry_t *prev = NULL;
-  for (entry_t *e = d->head; e != NULL; prev = e, e = e->next) {
-    if (uid != 0 && e->stream_uid != uid)
+  for (entry_t *e = d->head; e != NULL;) {
+    if (uid != 0 && e->stream_uid != uid) {
+      prev = e;
+      e = e->next;
       continue;
-    if (ofl_event_query(e->ev) == OFL_SUCCESS) {
+    }
+    ofl_status_t q = ofl_event_query(e->ev);
+    if (q == OFL_SUCCESS) {
       unlink_entry(d, prev, e);
+      e->runner = pthread_self();
+      e->next = d->inflight;
+      d->inflight = e;
       return e;
     }
+    if (q != OFL_ERR_NOT_READY) {
+      entry_t *next = e->next;
+      unlink_entry(d, prev, e);
+      if (d->failed++ == 0)
+        OFL_WARN(OFL_SUBSYS_DEVICE,
+                 "a release ordered after stream work can never run: its "
+                 "event cannot be queried (%s); the memory is leaked",
+                 ofl_status_str(q));
+      e->fn = NULL;
+      e->next = d->free;
+      d->free = e;
+      e = next;
+      continue;
+    }
+    prev = e;
+    e = e->next;
   }
   return NULL;
 }
 
+/* Whether another thread runs a release of this stream right now. */
+static bool inflight_elsewhere(struct ofl__defer *d, uint64_t uid) {
+  for (entry_t *e = d->inflight; e != NULL; e = e->next)
+    if (e->stream_uid == uid && !pthread_equal(e->runner, pthread_self()))
+      return true;
+  return false;
+}
+
 static void recycle(struct ofl__defer *d, entry_t *e) {
+  for (entry_t **pp = &d->inflight; *pp != NULL; pp = &(*pp)->next)
+    if (*pp == e) {
+      *pp = e->next;
+      break;
+    }
   e->fn = NULL;
   e->arg = NULL;
   e->next = d->free;
@@ -79,6 +121,12 @@ static void *defer_main(void *arg) {
   ofl_device_t *dev = arg;
   struct ofl__defer *d = dev->defer;
   ofl__thread_mark_owned();
+#if OFL_HAVE_CUDA
+  /* Callbacks here may call cudaFree while the application captures. */
+  if (dev->backend == OFL_BACKEND_CUDA)
+    ofl__cuda_thread_relax_capture();
+#endif
+  long pause_ns = 20000;
   pthread_mutex_lock(&d->lock);
   while (!atomic_load(&d->stop)) {
     if (d->head == NULL) {
@@ -87,20 +135,19 @@ static void *defer_main(void *arg) {
     }
     entry_t *e = take_complete(d, 0);
     if (e == NULL) {
-      /* Nothing finished yet: wait a little on the oldest (entries are never
-       * freed before close, so the pointer stays valid; a re-record by a
-       * reuse only makes this wait return). */
-      ofl_event_t *ev = d->head->ev;
+      /* Nothing finished yet: poll again soon (quietly: a synchronize
+       * with a short timeout would log each timeout). */
       pthread_mutex_unlock(&d->lock);
-      (void)ofl_event_synchronize(ev, 1);
+      struct timespec ts = {0, pause_ns};
+      nanosleep(&ts, NULL);
+      pause_ns = pause_ns < 1000000 ? pause_ns * 2 : 1000000;
       pthread_mutex_lock(&d->lock);
       continue;
     }
-    d->running = e;
+    pause_ns = 20000;
     pthread_mutex_unlock(&d->lock);
     e->fn(e->arg);
     pthread_mutex_lock(&d->lock);
-    d->running = NULL;
     recycle(d, e);
     pthread_cond_broadcast(&d->done_cv);
   }
@@ -112,6 +159,14 @@ ofl_status_t ofl__device_defer(ofl_stream_t *stream, void (*fn)(void *),
                                void *arg) {
   ofl_device_t *dev = stream->dev;
   struct ofl__defer *d = dev->defer;
+  /* An event recorded into a graph capture can never be queried: the
+   * release would never run. */
+  if (ofl__stream_capturing(stream))
+    return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_DEVICE,
+                      "a release ordered after stream '%s' while that stream "
+                      "is captured into a CUDA graph; release before or "
+                      "after the capture",
+                      stream->name);
   pthread_mutex_lock(&d->lock);
   entry_t *e = d->free;
   if (e != NULL)
@@ -162,7 +217,9 @@ void ofl__defer_run_stream(ofl_stream_t *stream) {
     return;
   pthread_mutex_lock(&d->lock);
   for (;;) {
-    while (d->running != NULL && d->running->stream_uid == stream->uid)
+    /* Releases of this stream another thread is running finish first (a
+     * callback that synchronises its own stream does not wait for itself). */
+    while (inflight_elsewhere(d, stream->uid))
       pthread_cond_wait(&d->done_cv, &d->lock);
     entry_t *e = take_complete(d, stream->uid);
     if (e == NULL)
@@ -171,6 +228,7 @@ void ofl__defer_run_stream(ofl_stream_t *stream) {
     e->fn(e->arg);
     pthread_mutex_lock(&d->lock);
     recycle(d, e);
+    pthread_cond_broadcast(&d->done_cv);
   }
   pthread_mutex_unlock(&d->lock);
 }

@@ -444,11 +444,13 @@ ofl_status_t ofl_stream_wrap_native(ofl_device_t *dev, void *native,
   return stream_new(dev, name ? name : "native", true, native, out);
 }
 
+/* A query that fails answers "capturing": refusing is the safe side, since
+ * work queued on a stream that is captured would break the capture. */
 bool ofl__stream_capturing(ofl_stream_t *s) {
   bool capturing = false;
   if (s != NULL && s->dev->ops->stream_capturing != NULL &&
       s->dev->ops->stream_capturing(s, &capturing) != OFL_SUCCESS)
-    return false;
+    return true;
   return capturing;
 }
 

@@ -509,7 +509,17 @@ static ofl_status_t cuda_stream_create(ofl_stream_t *s) {
 
 static ofl_status_t cuda_stream_wrap(ofl_stream_t *s, void *native) {
   cudaStream_t cs = (cudaStream_t)native;
-  if (cs != NULL && cs != cudaStreamLegacy && cs != cudaStreamPerThread) {
+  /* The per-thread default stream is a different stream on every host
+   * thread, ofl's own threads included: it cannot be one ofl stream. */
+  if (cs == cudaStreamPerThread)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_stream_wrap_native: cudaStreamPerThread names a "
+                      "different stream on each thread; wrap a stream "
+                      "created with cudaStreamCreateWithFlags");
+  /* Without cudaStreamGetDevice (runtimes before 12.8) the stream's device
+   * cannot be checked: the caller's word is taken. */
+  if (cs != NULL && cs != cudaStreamLegacy &&
+      ofl__cu.cudaStreamGetDevice != NULL) {
     int d = -1;
     dev_guard_t g;
     OFL_CHECK(enter(s->dev, &g));
@@ -526,10 +536,22 @@ static ofl_status_t cuda_stream_wrap(ofl_stream_t *s, void *native) {
   return OFL_SUCCESS;
 }
 
+/* For the legacy stream CUDA answers cudaErrorStreamCaptureImplicit while
+ * a blocking stream of the device captures: any use of it would join (and
+ * break) that capture, so that answer is "capturing" too. */
 static ofl_status_t cuda_stream_capturing(ofl_stream_t *s, bool *capturing) {
   enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  ON_DEVICE(s->dev, cudaStreamIsCapturing((cudaStream_t)s->impl, &cs),
-            "stream capture query");
+  dev_guard_t g;
+  OFL_CHECK(enter(s->dev, &g));
+  cudaError_t ce = cudaStreamIsCapturing((cudaStream_t)s->impl, &cs);
+  if (ce != cudaSuccess)
+    (void)cudaGetLastError();
+  leave(&g);
+  if (ce == cudaErrorStreamCaptureImplicit) {
+    *capturing = true;
+    return OFL_SUCCESS;
+  }
+  CUDA_TRY(ce, "stream capture query");
   *capturing = cs != cudaStreamCaptureStatusNone;
   return OFL_SUCCESS;
 }
@@ -762,17 +784,29 @@ const ofl__device_ops_t ofl__cuda_ops = {
  * side by side aside, which a tensor cannot tell apart anyway). */
 bool ofl__cuda_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes) {
   const char *ends[2] = {ptr, (const char *)ptr + (bytes ? bytes - 1 : 0)};
-  for (int i = 0; i < 2; i++) {
+  dev_guard_t g;
+  if (enter(dev, &g) != OFL_SUCCESS)
+    return false;
+  bool owns = true;
+  for (int i = 0; i < 2 && owns; i++) {
     struct cudaPointerAttributes a;
     cudaError_t ce = cudaPointerGetAttributes(&a, ends[i]);
     if (ce != cudaSuccess) {
       (void)cudaGetLastError(); /* an answer, not the application's error */
-      return false;
+      owns = false;
+    } else if (a.type != cudaMemoryTypeDevice ||
+               a.device != dev->cfg.device_index) {
+      owns = false;
     }
-    if (a.type != cudaMemoryTypeDevice || a.device != dev->cfg.device_index)
-      return false;
   }
-  return true;
+  leave(&g);
+  return owns;
+}
+
+void ofl__cuda_thread_relax_capture(void) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
+    (void)cudaGetLastError();
 }
 
 #else

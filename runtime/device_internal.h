@@ -134,6 +134,10 @@ typedef struct {
   int capture_mode; /* the thread's capture mode, given back by leave */
 } ofl__cuda_guard_t;
 ofl_status_t ofl__cuda_enter(int device, ofl__cuda_guard_t *g);
+/* Puts the calling (ofl-owned) thread in relaxed capture mode for good:
+ * release callbacks run there may call cudaFree while the application
+ * captures a graph on another thread. */
+void ofl__cuda_thread_relax_capture(void);
 void ofl__cuda_leave(const ofl__cuda_guard_t *g);
 #endif
 

@@ -3,10 +3,19 @@
  * of the named groups of a transformer layer doing real CPU arithmetic. It
  * trains twice in one invocation, without and with activation offload, and
  * checks that losses, gradients and weights are bit-identical; it reports the
- * offload summary, device memory saved, bytes moved, stalls and step times. */
+ * offload summary, device memory saved, bytes moved, stalls and step times.
+ *
+ * Built with OFL_DEMO_NO_MPI (ofl_pipeline_demo_single) it needs no MPI: one
+ * process runs the schedule of one stage (--stage S of --stages P), and the
+ * messages of the other stages (activations from the previous stage,
+ * gradients from the next one) are generated from a seed, the same in both
+ * runs, so the bit-identity check holds for that stage alone. */
 #include <errno.h>
 #include <math.h>
+#include <setjmp.h>
+#ifndef OFL_DEMO_NO_MPI
 #include <mpi.h>
+#endif
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,11 +49,38 @@ typedef struct {
    * so that a test can check that the others fail within --timeout. */
   const char *die_at;
   int die_rank;
+  int stage, stages; /* OFL_DEMO_NO_MPI: the stage this process runs */
+  ofl_backend_t backend; /* --backend; resolved in main before the runs */
+  int preset_oom;        /* --preset oom */
+  int stages_given;      /* --stages was on the command line */
 } opts_t;
 
+/* 1 when this build compiled examples/pipeline_demo/kernels_cuda.cu (the
+ * GPU kernels of the layer arithmetic; compile-only, see --help). */
+#ifdef OFL_DEMO_HAVE_CUDA_KERNELS
+#define DEMO_CUDA_KERNELS_COMPILED 1
+#else
+#define DEMO_CUDA_KERNELS_COMPILED 0
+#endif
+
+#ifdef OFL_DEMO_NO_MPI
+#define DEMO_NAME "ofl_pipeline_demo_single"
+#else
+#define DEMO_NAME "ofl_pipeline_demo"
+#endif
+
 static const char *usage_text =
+#ifdef OFL_DEMO_NO_MPI
+    "usage: ofl_pipeline_demo_single [--stage S] [--stages P] [options]\n"
+    "  One process runs stage S of a P-stage pipeline without MPI: the\n"
+    "  activations of stage S-1 and the gradients of stage S+1 are generated\n"
+    "  from a seed (the same in both runs).\n"
+    "  --stage S           the pipeline stage this process runs [0]\n"
+    "  --stages P          pipeline size [4]\n"
+#else
     "usage: mpirun -n P ofl_pipeline_demo [options]\n"
     "  One pipeline stage per MPI rank (P ranks = pipeline size P).\n"
+#endif
     "  --vpp V             virtual stages per rank; V > 1 runs interleaved "
     "1F1B\n"
     "                      (microbatches must then be a multiple of P) [1]\n"
@@ -79,6 +115,24 @@ static const char *usage_text =
     "                      sides [0]\n"
     "  --timeout S         seconds a rank waits for a peer: its messages and\n"
     "                      every collective (barriers, reductions) [60]\n"
+    "  --backend B         auto, host or cuda [auto]: the first line says\n"
+    "                      which one and why. The demo computes on the CPU;\n"
+    "                      the cuda backend needs GPU kernels of the layer\n"
+    "                      arithmetic (kernels_cuda.cu). They are compiled\n"
+    "                      (nvcc, warnings as errors) in builds that find\n"
+    "                      the toolkit, but COMPILE-ONLY: never run nor\n"
+    "                      verified (the test stand-in cannot run kernels)\n"
+    "                      and not yet called by the demo, so --backend cuda\n"
+    "                      fails with a message and auto uses the host\n"
+    "                      backend, saying why\n"
+    "  --preset oom        a model whose activations do not fit on the device\n"
+    "                      without offload, sized from its capacity (host:\n"
+    "                      OFL_DEVICE_CAPACITY; cuda: cudaMemGetInfo): sets\n"
+    "                      --hidden, --seq, --layers, --microbatches, --vpp 1\n"
+    "                      (after the other options). The baseline run must\n"
+    "                      run out of device memory (reported, not a crash),\n"
+    "                      the offload run must fit; it is compared bit for\n"
+    "                      bit with a baseline run without the capacity\n"
     "  --quiet             no progress lines\n"
     "  --help              this text\n";
 
@@ -102,7 +156,9 @@ static int parse_opts(int argc, char **argv, opts_t *o, int rank) {
                 .min_offload_bytes = 4096,
                 .mem_tolerance = 0,
                 .timeout_s = 60,
-                .die_rank = -1};
+                .die_rank = -1,
+                .stage = 0,
+                .stages = 4};
   snprintf(o->offload_groups, sizeof o->offload_groups, "all");
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -122,6 +178,12 @@ static int parse_opts(int argc, char **argv, opts_t *o, int rank) {
     INT_OPT("--iters", iters, 1, 100000)
     INT_OPT("--timeout", timeout_s, 1, 86400)
     INT_OPT("--die-rank", die_rank, 0, 1 << 20)
+#ifdef OFL_DEMO_NO_MPI
+    INT_OPT("--stage", stage, 0, 4095)
+    if (strcmp(a, "--stages") == 0)
+      o->stages_given = 1;
+    INT_OPT("--stages", stages, 1, 4096)
+#endif
 #undef INT_OPT
     if (strcmp(a, "--offload") == 0 && v) {
       snprintf(o->offload_groups, sizeof o->offload_groups, "%s", v);
@@ -156,6 +218,20 @@ static int parse_opts(int argc, char **argv, opts_t *o, int rank) {
       o->die_at = v;
       bad = strcmp(v, "barrier") != 0 && strcmp(v, "reduce") != 0;
       i++;
+    } else if (strcmp(a, "--backend") == 0 && v) {
+      if (strcmp(v, "auto") == 0)
+        o->backend = OFL_BACKEND_AUTO;
+      else if (strcmp(v, "host") == 0)
+        o->backend = OFL_BACKEND_HOST;
+      else if (strcmp(v, "cuda") == 0)
+        o->backend = OFL_BACKEND_CUDA;
+      else
+        bad = 1;
+      i++;
+    } else if (strcmp(a, "--preset") == 0 && v) {
+      bad = strcmp(v, "oom") != 0;
+      o->preset_oom = !bad;
+      i++;
     } else if (strcmp(a, "--check-memory") == 0) {
       o->check_memory = 1;
     } else if (strcmp(a, "--quiet") == 0) {
@@ -170,8 +246,8 @@ static int parse_opts(int argc, char **argv, opts_t *o, int rank) {
   next:
     if (bad) {
       if (rank == 0)
-        fprintf(stderr, "ofl_pipeline_demo: bad or incomplete option '%s'\n%s",
-                a, usage_text);
+        fprintf(stderr, DEMO_NAME ": bad or incomplete option '%s'\n%s", a,
+                usage_text);
       return -1;
     }
   }
@@ -232,13 +308,17 @@ static char *g_env_trace;    /* OFL_TRACE_FILE as the demo started */
 static void die(run_t *r, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "ofl_pipeline_demo rank %d: ", r ? r->rank : g_rank);
+  fprintf(stderr, DEMO_NAME " rank %d: ", r ? r->rank : g_rank);
   vfprintf(stderr, fmt, ap);
   fprintf(stderr, "\n");
   va_end(ap);
+#ifndef OFL_DEMO_NO_MPI
   MPI_Abort(MPI_COMM_WORLD, 2);
+#endif
   exit(2);
 }
+
+#ifndef OFL_DEMO_NO_MPI
 
 /* Waits for a non-blocking MPI operation until --timeout. Every collective
  * of the demo goes through here (MPI_Ibarrier, MPI_Ireduce, ... instead of
@@ -270,6 +350,9 @@ static void barrier_bounded(const char *what) {
     die(NULL, "MPI_Ibarrier (%s) failed", what);
   wait_bounded(&req, what);
 }
+#else
+static void barrier_bounded(const char *what) { (void)what; }
+#endif
 
 /* --die-at: this rank leaves at `point` without telling anyone, as a crash
  * would (no MPI_Finalize, no abort). */
@@ -291,11 +374,50 @@ static void maybe_die_at(const opts_t *o, int rank, int pp, const char *point) {
           ofl_last_error());                                                   \
   } while (0)
 
+/* The tensor handles the demo's code holds (not the manager's): after an
+ * out-of-memory in the middle of a step (--preset oom's baseline) they are
+ * destroyed before the run's manager, pool and device. */
+static ofl_tensor_t **g_live;
+static size_t g_nlive, g_caplive;
+
+static ofl_tensor_t *live_add(ofl_tensor_t *t) {
+  if (g_nlive == g_caplive) {
+    g_caplive = g_caplive ? 2 * g_caplive : 256;
+    ofl_tensor_t **n = realloc(g_live, g_caplive * sizeof *g_live);
+    if (n == NULL) {
+      fprintf(stderr, DEMO_NAME ": out of host memory\n");
+      exit(2);
+    }
+    g_live = n;
+  }
+  g_live[g_nlive++] = t;
+  return t;
+}
+
+static void live_remove(ofl_tensor_t *t) {
+  for (size_t i = g_nlive; i-- > 0;)
+    if (g_live[i] == t) {
+      g_live[i] = g_live[--g_nlive];
+      return;
+    }
+}
+
+/* Where an allocation that runs out of device memory jumps to when the run
+ * expects it (--preset oom's baseline); NULL: it is an error. */
+static jmp_buf *g_oom_jump;
+static char g_oom_msg[512];
+
 static ofl_tensor_t *act(run_t *r, int rows, int cols) {
   int64_t shape[2] = {rows, cols};
   ofl_tensor_t *t = NULL;
-  OK(r, ofl_pool_alloc(r->pool, shape, 2, OFL_DTYPE_F32, NULL, &t));
-  return t;
+  int st = ofl_pool_alloc(r->pool, shape, 2, OFL_DTYPE_F32, NULL, &t);
+  if (st == OFL_ERR_NO_MEMORY && g_oom_jump != NULL) {
+    snprintf(g_oom_msg, sizeof g_oom_msg, "%s: %s", ofl_status_str(st),
+             ofl_last_error());
+    longjmp(*g_oom_jump, 1);
+  }
+  OK(r, st);
+  return live_add(t);
 }
 
 static float *F(const ofl_tensor_t *t) { return ofl_tensor_data(t); }
@@ -303,10 +425,19 @@ static float *F(const ofl_tensor_t *t) { return ofl_tensor_data(t); }
 static ofl_tensor_t *alias(run_t *r, ofl_tensor_t *t) {
   ofl_tensor_t *a = NULL;
   OK(r, ofl_tensor_alias(t, &a));
-  return a;
+  return live_add(a);
 }
 
-static void drop(ofl_tensor_t *t) { ofl_tensor_destroy(t); }
+static void drop(ofl_tensor_t *t) {
+  live_remove(t);
+  ofl_tensor_destroy(t);
+}
+
+/* Hands t to the manager: from here on it is the manager's handle. */
+static int save(glue_t *g, ofl_tensor_t *t, uint64_t *tag) {
+  live_remove(t);
+  return glue_save(g, t, tag);
+}
 
 static void sample_memory(run_t *r) {
   if (r->nmem == r->capmem) {
@@ -358,14 +489,14 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   OK(r, glue_group_start(g, "attn_norm"));
   ofl_tensor_t *y1 = act(r, d.s, d.h);
   k_rmsnorm(F(y1), F(x), L->w[W_G1], d.s, d.h);
-  OK(r, glue_save(g, alias(r, x), &sv->x));
+  OK(r, save(g, alias(r, x), &sv->x));
   OK(r, glue_group_commit(g, "attn_norm"));
   sample_memory(r);
 
   OK(r, glue_group_start(g, "qkv_linear"));
   ofl_tensor_t *qkv = act(r, d.s, 3 * d.h);
   k_matmul(F(qkv), F(y1), L->w[W_QKV], d.s, d.h, 3 * d.h, 0);
-  OK(r, glue_save(g, y1, &sv->y1));
+  OK(r, save(g, y1, &sv->y1));
   OK(r, glue_group_commit(g, "qkv_linear"));
   sample_memory(r);
 
@@ -373,8 +504,8 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   ofl_tensor_t *a = act(r, d.s, d.h);
   ofl_tensor_t *probs = act(r, d.s, d.s);
   k_attention(F(a), F(probs), F(qkv), d.s, d.h);
-  OK(r, glue_save(g, qkv, &sv->qkv));
-  OK(r, glue_save(g, probs, &sv->probs));
+  OK(r, save(g, qkv, &sv->qkv));
+  OK(r, save(g, probs, &sv->probs));
   OK(r, glue_group_commit(g, "core_attn"));
   sample_memory(r);
 
@@ -382,7 +513,7 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   ofl_tensor_t *x2 = act(r, d.s, d.h);
   k_matmul(F(x2), F(a), L->w[W_O], d.s, d.h, d.h, 0);
   k_add(F(x2), F(x), sh);
-  OK(r, glue_save(g, a, &sv->a));
+  OK(r, save(g, a, &sv->a));
   OK(r, glue_group_commit(g, "attn_proj"));
   sample_memory(r);
   drop(x);
@@ -390,14 +521,14 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   OK(r, glue_group_start(g, "mlp_norm"));
   ofl_tensor_t *y2 = act(r, d.s, d.h);
   k_rmsnorm(F(y2), F(x2), L->w[W_G2], d.s, d.h);
-  OK(r, glue_save(g, alias(r, x2), &sv->x2));
+  OK(r, save(g, alias(r, x2), &sv->x2));
   OK(r, glue_group_commit(g, "mlp_norm"));
   sample_memory(r);
 
   OK(r, glue_group_start(g, "expert_fc1"));
   ofl_tensor_t *u = act(r, d.s, d.f);
   k_matmul(F(u), F(y2), L->w[W_1], d.s, d.h, d.f, 0);
-  OK(r, glue_save(g, y2, &sv->y2));
+  OK(r, save(g, y2, &sv->y2));
   OK(r, glue_group_commit(g, "expert_fc1"));
   sample_memory(r);
 
@@ -407,7 +538,7 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   k_silu(F(av), F(u), (size_t)d.s * d.f);
   k_matmul(F(out), F(av), L->w[W_2], d.s, d.f, d.h, 0);
   k_add(F(out), F(x2), sh);
-  OK(r, glue_save(g, u, &sv->u));
+  OK(r, save(g, u, &sv->u));
   OK(r, glue_group_commit(g, "moe_act"));
   sample_memory(r);
   drop(av);
@@ -418,7 +549,7 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
 static ofl_tensor_t *load(run_t *r, uint64_t tag) {
   ofl_tensor_t *t = NULL;
   OK(r, glue_load(r->glue, tag, &t));
-  return t;
+  return live_add(t);
 }
 
 static void backward_end(run_t *r, const char *name) {
@@ -502,6 +633,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
 
 /* ---- messages between stages --------------------------------------------- */
 
+#ifndef OFL_DEMO_NO_MPI
 typedef struct {
   MPI_Request req;
   float *buf;
@@ -564,6 +696,23 @@ static void complete_sends(run_t *r) {
   }
   npend = 0;
 }
+#else
+/* Without MPI the other stages do not run: the message a stage would get
+ * from virtual stage vs_from (dir 0: its output activation, dir 1: the
+ * gradient of its input) for microbatch mb is generated from a seed naming
+ * the three, the same in both runs. Gradients are scaled as the loss's
+ * (1/elements). */
+static void synth_message(ofl_tensor_t *t, int mb, int vs_from, int dir) {
+  size_t n = ofl_tensor_nelem(t);
+  unsigned long long seed = 0x5EED000000ull ^
+                            ((unsigned long long)(unsigned)mb << 20) ^
+                            ((unsigned long long)(unsigned)vs_from << 2) ^
+                            (unsigned long long)(unsigned)dir;
+  k_fill(F(t), n, seed, dir == 0 ? 1.0f : 1.0f / (float)n);
+}
+
+static void complete_sends(run_t *r) { (void)r; }
+#endif
 
 /* ---- one iteration --------------------------------------------------------
  */
@@ -572,7 +721,6 @@ static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
   opts_t *o = r->o;
   dims_t d = r->d;
   int P = r->pp, V = o->vpp, nvs = P * V;
-  ofl_tensor_t **grad_in = calloc((size_t)o->microbatches * V, sizeof *grad_in);
   for (int i = 0; i < nsteps; i++) {
     const sched_step_t *s = &steps[i];
     int vs = s->chunk * P + r->rank; /* global virtual stage */
@@ -584,14 +732,20 @@ static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
       if (vs == 0)
         k_fill(F(x), (size_t)d.s * d.h, 1000003ull * (unsigned)mb + 7, 1.0f);
       else
+#ifdef OFL_DEMO_NO_MPI
+        synth_message(x, mb, vs - 1, 0);
+#else
         recv_into(r, x, (r->rank + P - 1) % P, tag_of(mb, vs - 1, 0, nvs));
+#endif
       OK(r, glue_chunk_begin(r->glue, V, s->chunk, mb));
       for (int l = 0; l < o->layers; l++)
         x = layer_forward(r, &L[l], &sv[l], x);
       if (vs == nvs - 1) {
         r->stage_out[mb] = x; /* loss = 0.5 * mean(y^2) at backward */
       } else {
+#ifndef OFL_DEMO_NO_MPI
         send_tensor(r, x, (r->rank + 1) % P, tag_of(mb, vs, 0, nvs));
+#endif
         drop(x);
       }
     } else {
@@ -608,18 +762,23 @@ static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
         drop(y);
         r->stage_out[mb] = NULL;
       } else {
+#ifdef OFL_DEMO_NO_MPI
+        synth_message(dy, mb, vs + 1, 1);
+#else
         recv_into(r, dy, (r->rank + 1) % P, tag_of(mb, vs + 1, 1, nvs));
+#endif
       }
       for (int l = o->layers - 1; l >= 0; l--)
         dy = layer_backward(r, &L[l], &sv[l], dy);
+#ifndef OFL_DEMO_NO_MPI
       if (vs > 0)
         send_tensor(r, dy, (r->rank + P - 1) % P, tag_of(mb, vs, 1, nvs));
+#endif
       drop(dy);
     }
     sample_memory(r);
   }
   complete_sends(r);
-  free(grad_in);
   OK(r, glue_iteration_end(r->glue));
   /* SGD step; gradients are kept for the comparison after the last step. */
   int nl = o->vpp * o->layers;
@@ -645,13 +804,74 @@ typedef struct {
   size_t state_bytes;
   double *mem_t, *mem_b;
   size_t nmem;
+  int oom;            /* the run stopped: out of device memory (expected) */
+  int oom_iter;       /* the iteration it happened in */
+  char oom_msg[512];  /* ofl's message */
 } result_t;
 
-static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
+/* The iterations of a run; 1 when an allocation ran out of device memory
+ * and the run expected it (expect_oom), 0 when all of them ran. The
+ * setjmp is here so that run()'s own locals are not modified between it
+ * and the longjmp. */
+static int run_iterations(run_t *r, const sched_step_t *steps, int nsteps,
+                          int offload, int expect_oom, double *steady,
+                          int *nsteady) {
+  opts_t *o = r->o;
+  jmp_buf jb;
+  if (expect_oom) {
+    if (setjmp(jb) != 0) {
+      g_oom_jump = NULL;
+      return 1;
+    }
+    g_oom_jump = &jb;
+  }
+  for (r->iter = 0; r->iter < o->iters; r->iter++) {
+    if (r->iter == 1 || o->iters == 1)
+      ofl_pool_reset_peak(r->pool);
+    if (offload && r->iter == (o->iters > 1 ? 1 : 0))
+      maybe_die_at(o, r->rank, r->pp, "barrier");
+    barrier_bounded("the barrier before an iteration");
+    double t = now_s();
+    run_iteration(r, steps, nsteps);
+    barrier_bounded("the barrier after an iteration");
+    t = now_s() - t;
+    if (r->iter > 0 || o->iters == 1) {
+      *steady += t;
+      (*nsteady)++;
+    }
+#ifdef OFL_DEMO_NO_MPI
+    if (!o->quiet && r->rank != r->pp - 1) {
+      printf("[%s] iteration %d/%d%s  (stage %d: no loss)  step %.1f ms\n",
+             offload ? "offload" : "baseline", r->iter + 1, o->iters,
+             r->iter == 0 ? " (warmup)" : "", r->rank, t * 1e3);
+      fflush(stdout);
+    }
+#endif
+    if (!o->quiet && r->rank == r->pp - 1) {
+      double l = 0;
+      for (int m = 0; m < o->microbatches; m++)
+        l += r->losses[(size_t)r->iter * o->microbatches + m];
+      printf("[%s] iteration %d/%d%s  loss %.6f  step %.1f ms\n",
+             offload ? "offload" : "baseline", r->iter + 1, o->iters,
+             r->iter == 0 ? " (warmup)" : "", l / o->microbatches, t * 1e3);
+      fflush(stdout);
+    }
+  }
+  g_oom_jump = NULL;
+  return 0;
+}
+
+/* One run, without or with offload. capacity: the device's capacity
+ * (host backend; 0: OFL_DEVICE_CAPACITY). expect_oom: an allocation that
+ * runs out of device memory ends the run (res->oom) instead of the
+ * program. */
+static void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
+                int expect_oom, result_t *res) {
   run_t r = {.o = o, .rank = rank, .pp = pp, .iter = 0};
   r.d = (dims_t){o->seq, o->hidden, 2 * o->hidden};
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
-  dp.backend = OFL_BACKEND_HOST;
+  dp.backend = o->backend;
+  dp.device_capacity_bytes = capacity;
   dp.link_h2d_gbps = o->link_gbps;
   dp.link_d2h_gbps = o->link_gbps;
   /* --trace traces the offload run; OFL_TRACE_FILE, as in any program,
@@ -689,8 +909,10 @@ static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
                       .mpi_comm = NULL,
                       .disk_groups = offload ? o->disk_groups : NULL,
                       .disk_dir = o->disk_dir};
+#ifndef OFL_DEMO_NO_MPI
   MPI_Comm world = MPI_COMM_WORLD;
   gp.mpi_comm = &world;
+#endif
   OK(&r, glue_open(&gp, &r.glue));
 
   sched_step_t *steps =
@@ -703,29 +925,18 @@ static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
   double steady = 0;
   int nsteady = 0;
   r.t0 = now_s();
-  for (r.iter = 0; r.iter < o->iters; r.iter++) {
-    if (r.iter == 1 || o->iters == 1)
-      ofl_pool_reset_peak(r.pool);
-    if (offload && r.iter == (o->iters > 1 ? 1 : 0))
-      maybe_die_at(o, rank, pp, "barrier");
-    barrier_bounded("the barrier before an iteration");
-    double t = now_s();
-    run_iteration(&r, steps, nsteps);
-    barrier_bounded("the barrier after an iteration");
-    t = now_s() - t;
-    if (r.iter > 0 || o->iters == 1) {
-      steady += t;
-      nsteady++;
-    }
-    if (!o->quiet && rank == pp - 1) {
-      double l = 0;
-      for (int m = 0; m < o->microbatches; m++)
-        l += r.losses[(size_t)r.iter * o->microbatches + m];
-      printf("[%s] iteration %d/%d%s  loss %.6f  step %.1f ms\n",
-             offload ? "offload" : "baseline", r.iter + 1, o->iters,
-             r.iter == 0 ? " (warmup)" : "", l / o->microbatches, t * 1e3);
-      fflush(stdout);
-    }
+  if (run_iterations(&r, steps, nsteps, offload, expect_oom, &steady,
+                     &nsteady)) {
+    /* Out of device memory in the middle of a step: the handles the
+     * demo's code held go back to the pool; the manager destroys its own
+     * at close. */
+    res->oom = 1;
+    res->oom_iter = r.iter;
+    snprintf(res->oom_msg, sizeof res->oom_msg, "%s", g_oom_msg);
+    while (g_nlive > 0)
+      drop(g_live[g_nlive - 1]);
+    for (int m = 0; m < o->microbatches; m++)
+      r.stage_out[m] = NULL;
   }
   ofl_pool_stats_t ps;
   ofl_pool_get_stats(r.pool, &ps);
@@ -733,8 +944,38 @@ static void run(opts_t *o, int rank, int pp, int offload, result_t *res) {
   res->step_s = steady / (nsteady ? nsteady : 1);
   res->summary_bytes = glue_summary_total_bytes(r.glue);
   glue_get_stats(r.glue, &res->stats);
-  if (offload)
+  if (offload) {
+#ifdef OFL_DEMO_NO_MPI
+    /* The summary of this process's self comm has one row, "Rank 0": it is
+     * this stage's, so it is printed under the stage's number. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&text, &len);
+    if (mf != NULL) {
+      glue_print_summary(r.glue, mf);
+      fclose(mf);
+      char *row = text != NULL ? strstr(text, "\nRank 0 ") : NULL;
+      if (row != NULL) {
+        char label[32];
+        int n = snprintf(label, sizeof label, "Rank %d", rank);
+        char *p = row + 1 + 6; /* past "Rank 0" */
+        int spare = 0;
+        while (p[spare] == ' ')
+          spare++;
+        if (n - 6 < spare) {
+          memmove(row + 1 + n, p + (n - 6), strlen(p + (n - 6)) + 1);
+          memcpy(row + 1, label, (size_t)n);
+        }
+      }
+      if (text != NULL)
+        fputs(text, stdout);
+      fflush(stdout);
+      free(text);
+    }
+#else
     glue_print_summary(r.glue, stdout);
+#endif
+  }
 
   /* State for the comparison: losses, then every weight and gradient. */
   size_t bytes = (size_t)o->iters * o->microbatches * sizeof(double);
@@ -838,6 +1079,25 @@ static int prefetch_groups_in_force(void) {
 /* ---- reports
  * ------------------------------------------------------------------ */
 
+#ifdef OFL_DEMO_NO_MPI
+/* This process's samples only, under its stage number. */
+static void write_memory_csv(const char *path, int rank, int pp,
+                             const result_t *base, const result_t *off) {
+  (void)pp;
+  FILE *f = fopen(path, "w");
+  if (f == NULL) {
+    fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
+    return;
+  }
+  fprintf(f, "rank,run,seconds,device_mib\n");
+  const result_t *runs[2] = {base, off};
+  for (int k = 0; k < 2; k++)
+    for (size_t i = 0; i < runs[k]->nmem; i++)
+      fprintf(f, "%d,%s,%.6f,%.3f\n", rank, k ? "offload" : "baseline",
+              runs[k]->mem_t[i], runs[k]->mem_b[i] / 1048576.0);
+  fclose(f);
+}
+#else
 static void write_memory_csv(const char *path, int rank, int pp,
                              const result_t *base, const result_t *off) {
   /* Every rank's samples are gathered on rank 0: rank, run, t, MiB. */
@@ -893,8 +1153,10 @@ static void write_memory_csv(const char *path, int rank, int pp,
     fclose(f);
   free(all);
 }
+#endif
 
-static void render_png(const char *csv, const char *png, int pp) {
+/* One plot per rank first .. first + pp - 1 of the CSV. */
+static void render_png(const char *csv, const char *png, int first, int pp) {
   char script[4096];
   int n = snprintf(script, sizeof script,
                    "set terminal pngcairo size 1100,%d font 'sans,10'\n"
@@ -902,7 +1164,7 @@ static void render_png(const char *csv, const char *png, int pp) {
                    "set multiplot layout %d,1 title 'ofl demo: device memory "
                    "per rank, without and with activation offload'\n",
                    260 * pp + 60, png, pp);
-  for (int r = 0; r < pp && n < (int)sizeof script - 400; r++)
+  for (int r = first; r < first + pp && n < (int)sizeof script - 400; r++)
     n += snprintf(
         script + n, sizeof script - (size_t)n,
         "set title 'rank %d'\nset yrange [0:*]\nset ylabel 'MiB "
@@ -923,43 +1185,285 @@ static void render_png(const char *csv, const char *png, int pp) {
     fprintf(stderr, "gnuplot failed; no PNG written (is gnuplot installed?)\n");
 }
 
+/* ---- the backend and --preset oom ----------------------------------------- */
+
+/* Opens a device as the runs will (--backend, OFL_BACKEND), says on the
+ * first line which backend and why, and resolves o->backend to it. The
+ * demo's arithmetic runs on the CPU: the cuda backend would need the GPU
+ * kernels, which this demo does not run (see --help), so an explicit cuda
+ * fails here and auto falls back to the host backend, saying so. *capacity
+ * is the device's capacity (0: unlimited). Returns 0, or 2 after a message. */
+static int choose_backend(opts_t *o, int leader, size_t *capacity) {
+  const char *kernels =
+      DEMO_CUDA_KERNELS_COMPILED
+          ? "they are compiled into this build (kernels_cuda.cu) but are "
+            "compile-only: the demo does not run them yet"
+          : "they are not compiled into this build (no CUDA toolkit "
+            "found at setup)";
+  ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
+  dp.backend = o->backend;
+  ofl_device_t *dev = NULL;
+  ofl_status_t st = ofl_device_open(&dp, &dev);
+  if (st != OFL_SUCCESS) {
+    if (leader)
+      fprintf(stderr, DEMO_NAME ": cannot open a %s device: %s (%s)%s%s\n",
+              ofl_backend_name(o->backend), ofl_status_str(st),
+              ofl_last_error(),
+              o->backend == OFL_BACKEND_CUDA
+                  ? "; besides, the cuda backend needs the demo's GPU "
+                    "kernels: "
+                  : "",
+              o->backend == OFL_BACKEND_CUDA ? kernels : "");
+    return 2;
+  }
+  ofl_backend_t got = ofl_device_backend(dev);
+  char why[400];
+  snprintf(why, sizeof why, "%s", ofl_device_selection_reason(dev));
+  ofl_device_stats_t ds;
+  ofl_device_get_stats(dev, &ds);
+  ofl_device_close(dev);
+  *capacity = ds.device_capacity_bytes;
+  int explicit_ = why[0] == '\0'; /* --backend or OFL_BACKEND named it */
+  if (got == OFL_BACKEND_CUDA) {
+    if (explicit_) {
+      if (leader)
+        fprintf(stderr,
+                DEMO_NAME ": the cuda backend needs the demo's GPU kernels "
+                          "(its layer arithmetic runs on the CPU): %s. Use "
+                          "--backend host or auto.\n",
+                kernels);
+      return 2;
+    }
+    if (leader)
+      printf("ofl pipeline demo: backend host (%s, but the demo's arithmetic "
+             "runs on the CPU and the cuda backend needs its GPU kernels: "
+             "%s)\n",
+             why, kernels);
+    o->backend = OFL_BACKEND_HOST;
+    dp.backend = OFL_BACKEND_HOST;
+    if (ofl_device_open(&dp, &dev) == OFL_SUCCESS) {
+      ofl_device_get_stats(dev, &ds);
+      *capacity = ds.device_capacity_bytes;
+      ofl_device_close(dev);
+    }
+    return 0;
+  }
+  if (leader)
+    printf("ofl pipeline demo: backend %s (%s)\n", ofl_backend_name(got),
+           explicit_ ? (o->backend == OFL_BACKEND_HOST
+                            ? "--backend host"
+                            : "OFL_BACKEND names it")
+                     : why);
+  o->backend = got;
+  return 0;
+}
+
+/* Device bytes of one run, estimated for --preset oom (4-byte floats):
+ * weights and gradients, 2 x (8h^2 + 2h) per layer; saved per layer and
+ * microbatch, 10sh + s^2 (x, y1, qkv 3sh, probs s^2, a, x2, y2, u 2sh);
+ * without offload `inflight` microbatches keep all their layers' saved
+ * tensors at the peak, with offload about two layers' worth remain (the
+ * layer computing, its transients and the prefetched group). On the host
+ * backend the offload estimate came out 10-25% above the measured peak and
+ * the baseline's 3-5% below. */
+static double est_weights(double h, double layers) {
+  return layers * 2 * (8 * h * h + 2 * h) * 4;
+}
+static double est_saved_layer(double s, double h) {
+  return (10 * s * h + s * s) * 4;
+}
+
+/* Sets the model of --preset oom from the device capacity: seq = 8 x
+ * hidden (activations outweigh weights), 1F1B, 2P microbatches, enough
+ * layers that the baseline's peak holds 8 layers' saved tensors (layers x
+ * microbatches in flight), and hidden as large as keeps the offload run's
+ * estimate within 60% of the capacity. Returns 0, or 2 after a message. */
+static int size_preset_oom(opts_t *o, int rank, int pp, size_t capacity,
+                           int leader) {
+  if (capacity == 0) {
+    if (leader)
+      fprintf(stderr,
+              DEMO_NAME ": --preset oom needs a device capacity: on the host "
+                        "backend set OFL_DEVICE_CAPACITY (e.g. 8M)\n");
+    return 2;
+  }
+  double cap = (double)capacity;
+  int inflight = pp - rank; /* 1F1B: microbatches alive at the peak */
+  o->vpp = 1;
+  o->microbatches = 2 * pp;
+  if (inflight > o->microbatches)
+    inflight = o->microbatches;
+  /* Layers first: at least 8 layers' worth of saved tensors at the
+   * baseline's peak against about 2 with offload. */
+  int layers = (8 + inflight - 1) / inflight;
+  if (layers < 2)
+    layers = 2;
+  int h = 0;
+  for (int c = 8; c <= 512; c += 8)
+    if (est_weights(c, layers) + 2 * est_saved_layer(8.0 * c, c) <=
+        0.6 * cap)
+      h = c;
+  if (h == 0)
+    h = 8;
+  double s = 8.0 * h;
+  o->hidden = h;
+  o->seq = 8 * h;
+  o->layers = layers;
+  double base = est_weights(h, layers) +
+                (double)inflight * layers * est_saved_layer(s, h);
+  double offl = est_weights(h, layers) + 2 * est_saved_layer(s, h);
+  if (leader)
+    printf("preset oom: device capacity %.2f MiB; hidden %d, seq %d, %d "
+           "layer(s), %d microbatches, %d in flight on stage %d: estimated "
+           "peak %.2f MiB without offload, %.2f MiB with\n",
+           cap / 1048576, o->hidden, o->seq, o->layers, o->microbatches,
+           inflight, rank, base / 1048576, offl / 1048576);
+  if (base <= 1.25 * cap || offl > 0.6 * cap) {
+    if (leader)
+      fprintf(stderr,
+              DEMO_NAME ": --preset oom: no model of this shape fits with "
+                        "offload and not without on stage %d (capacity "
+                        "%.2f MiB): use an earlier stage, more stages or "
+                        "another capacity\n",
+              rank, cap / 1048576);
+    return 2;
+  }
+  return 0;
+}
+
+#ifdef OFL_DEMO_NO_MPI
+#define DEMO_FINALIZE() ((void)0)
+#else
+#define DEMO_FINALIZE() MPI_Finalize()
+#endif
+
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
   int rank = 0, pp = 1;
+#ifndef OFL_DEMO_NO_MPI
+  MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &pp);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   ofl_log_set_rank(rank);
   g_rank = rank;
+#endif
   if (getenv("OFL_TRACE_FILE") != NULL)
     g_env_trace = strdup(getenv("OFL_TRACE_FILE"));
   opts_t o;
   int pr = parse_opts(argc, argv, &o, rank);
   g_timeout_s = o.timeout_s;
   if (pr != 0) {
-    MPI_Finalize();
+    DEMO_FINALIZE();
     return pr > 0 ? 0 : 2;
   }
-  if (o.vpp > 1 && o.microbatches % pp != 0) {
-    if (rank == 0)
-      fprintf(stderr,
-              "ofl_pipeline_demo: interleaved 1F1B (--vpp %d) needs "
-              "--microbatches to be a multiple of the %d ranks\n",
-              o.vpp, pp);
-    MPI_Finalize();
+  /* The ranks this process reports: all of them on rank 0 under MPI, its
+   * own stage without MPI. */
+  int leader = rank == 0, rep_first = 0, rep_n = pp;
+#ifdef OFL_DEMO_NO_MPI
+  if (o.stage >= o.stages) {
+    fprintf(stderr, DEMO_NAME ": --stage %d is not a stage of --stages %d\n",
+            o.stage, o.stages);
     return 2;
   }
-  if (rank == 0 && !o.quiet)
+  rank = o.stage;
+  pp = o.stages;
+  ofl_log_set_rank(rank);
+  g_rank = rank;
+  leader = 1;
+  rep_first = rank;
+  rep_n = 1;
+#endif
+  if (o.vpp > 1 && o.microbatches % pp != 0) {
+    if (leader)
+      fprintf(stderr,
+              DEMO_NAME ": interleaved 1F1B (--vpp %d) needs "
+              "--microbatches to be a multiple of the %d ranks\n",
+              o.vpp, pp);
+    DEMO_FINALIZE();
+    return 2;
+  }
+  size_t capacity = 0;
+  if (choose_backend(&o, leader, &capacity) != 0) {
+    DEMO_FINALIZE();
+    return 2;
+  }
+#ifdef OFL_DEMO_NO_MPI
+  if (!o.quiet)
+    printf("ofl pipeline demo (one process, no MPI): stage %d of %d; the "
+           "other stages' messages are generated from a seed\n",
+           rank, pp);
+#endif
+  if (o.preset_oom) {
+#ifndef OFL_DEMO_NO_MPI
+    if (pp != 1) {
+      if (leader)
+        fprintf(stderr, DEMO_NAME ": --preset oom runs on one rank (mpirun "
+                                  "-n 1), or use ofl_pipeline_demo_single "
+                                  "--stage S --stages P\n");
+      DEMO_FINALIZE();
+      return 2;
+    }
+#endif
+    if (size_preset_oom(&o, rank, pp, capacity, leader) != 0) {
+      DEMO_FINALIZE();
+      return 2;
+    }
+  }
+  if (leader && !o.quiet)
     printf("ofl pipeline demo: %d stage(s), %s, vpp %d, %d microbatches, %d "
            "layer(s) per stage, hidden %d, seq %d, %d iterations\n"
-           "offloading groups: %s (tensors >= %zu bytes); host backend%s\n",
+           "offloading groups: %s (tensors >= %zu bytes); %s backend%s\n",
            pp, o.vpp > 1 ? "interleaved 1F1B" : "1F1B", o.vpp, o.microbatches,
            o.layers, o.hidden, o.seq, o.iters, o.offload_groups,
-           o.min_offload_bytes, o.link_gbps > 0 ? ", emulated host link" : "");
+           o.min_offload_bytes, ofl_backend_name(o.backend),
+           o.link_gbps > 0 ? ", emulated host link" : "");
 
-  result_t base = {0}, off = {0};
-  run(&o, rank, pp, 0, &base);
-  run(&o, rank, pp, 1, &off);
+  result_t base = {0}, off = {0}, oom = {0};
+  int oom_fail = 0;
+  if (o.preset_oom) {
+    /* The baseline under the capacity must run out of device memory; the
+     * offload run must fit; the bit-identity check compares it with a
+     * baseline run without the capacity (the host backend's, so the same
+     * arithmetic), whose peak is the report's peak_base. */
+    run(&o, rank, pp, 0, 0, 1, &oom);
+    if (oom.oom) {
+      if (leader)
+        printf("[baseline] out of device memory at iteration %d/%d, as "
+               "expected without offload (capacity %.2f MiB): %s\n",
+               oom.oom_iter + 1, o.iters, (double)capacity / 1048576,
+               oom.oom_msg);
+    } else {
+      oom_fail = 1;
+      if (leader)
+        printf("[baseline] did NOT run out of device memory (peak %.2f MiB, "
+               "capacity %.2f MiB): --preset oom sized the model wrong\n",
+               (double)oom.peak_bytes / 1048576, (double)capacity / 1048576);
+    }
+    run(&o, rank, pp, 1, 0, 0, &off);
+    if (leader)
+      printf("[offload] trained under the capacity: peak %.2f MiB of %.2f "
+             "MiB\n",
+             (double)off.peak_bytes / 1048576, (double)capacity / 1048576);
+    if (o.backend != OFL_BACKEND_HOST) {
+      if (leader)
+        fprintf(stderr, DEMO_NAME ": --preset oom compares against a "
+                                  "baseline without the capacity, which "
+                                  "only the host backend has\n");
+      DEMO_FINALIZE();
+      return 2;
+    }
+    run(&o, rank, pp, 0, (size_t)1 << 50, 0, &base);
+    if (leader)
+      printf("[baseline] without the capacity (the reference of the "
+             "comparison): peak %.2f MiB\n",
+             (double)base.peak_bytes / 1048576);
+    free(oom.state);
+    free(oom.mem_t);
+    free(oom.mem_b);
+  } else {
+    run(&o, rank, pp, 0, 0, 0, &base);
+    run(&o, rank, pp, 1, 0, 0, &off);
+  }
 
   /* Bit-identical: count differing bytes on each rank, sum over ranks. */
   long long diff = base.state_bytes != off.state_bytes ? -1 : 0;
@@ -967,6 +1471,10 @@ int main(int argc, char **argv) {
     diff += base.state[i] != off.state[i];
   long long diff_all = 0, bad_ranks = 0, bad = diff != 0;
   maybe_die_at(&o, rank, pp, "reduce");
+#ifdef OFL_DEMO_NO_MPI
+  diff_all = diff;
+  bad_ranks = bad;
+#else
   MPI_Request req;
   if (MPI_Ireduce(&diff, &diff_all, 1, MPI_LONG_LONG, MPI_SUM, 0,
                   MPI_COMM_WORLD, &req) != MPI_SUCCESS)
@@ -976,6 +1484,7 @@ int main(int argc, char **argv) {
                   MPI_COMM_WORLD, &req) != MPI_SUCCESS)
     die(NULL, "MPI_Ireduce of the differing ranks failed");
   wait_bounded(&req, "the reduction of the differing ranks");
+#endif
 
   /* Per-rank figures, printed by rank 0 in rank order. */
   enum { NF = 21 };
@@ -1002,31 +1511,35 @@ int main(int argc, char **argv) {
                      (double)os->disk_keep_hits,
                      (double)prefetch_groups_in_force() *
                          (double)largest_offloaded_group(&o)};
-  double *all = rank == 0 ? malloc(sizeof mine * (size_t)pp) : NULL;
+  double *all = leader ? malloc(sizeof mine * (size_t)rep_n) : NULL;
+#ifdef OFL_DEMO_NO_MPI
+  memcpy(all, mine, sizeof mine);
+#else
   if (MPI_Igather(mine, NF, MPI_DOUBLE, all, NF, MPI_DOUBLE, 0, MPI_COMM_WORLD,
                   &req) != MPI_SUCCESS)
     die(NULL, "MPI_Igather of the per-rank figures failed");
   wait_bounded(&req, "the gather of the per-rank figures");
+#endif
   int mem_fail = 0, mem_equal = 0, mem_short = 0;
-  if (rank == 0) {
+  if (leader) {
     printf("\n%-6s %12s %12s %12s %12s %8s %12s %12s %8s %8s %10s %10s\n",
            "rank", "peak_base", "peak_offl", "saved_MiB", "summary_MiB",
            "saved/sum", "offl_MiB", "reload_MiB", "stalls", "stall_ms",
            "step_base", "step_offl");
-    for (int i = 0; i < pp; i++) {
+    for (int i = 0; i < rep_n; i++) {
       double *v = &all[NF * i];
       double saved = v[0] - v[1];
       double ratio = v[2] > 0 ? saved / v[2] : (saved == 0 ? 1.0 : 0.0);
       printf("%-6d %10.2fMi %10.2fMi %12.2f %12.2f %8.3f %12.2f %12.2f %8.0f "
              "%8.2f %8.1fms %8.1fms\n",
-             i, v[0] / 1048576, v[1] / 1048576, saved / 1048576, v[2] / 1048576,
+             rep_first + i, v[0] / 1048576, v[1] / 1048576, saved / 1048576, v[2] / 1048576,
              ratio, v[3] / 1048576, v[4] / 1048576, v[5], v[6], v[7] * 1e3,
              v[8] * 1e3);
     }
     /* The check of the bound above largest_offloaded_group, saying for
      * each rank whether and why the saving differs from the summary. */
     printf("\n");
-    for (int i = 0; i < pp; i++) {
+    for (int i = 0; i < rep_n; i++) {
       double *v = &all[NF * i];
       double saved = v[0] - v[1], sum = v[2], bound = v[20];
       double slack = o.mem_tolerance * sum;
@@ -1038,7 +1551,8 @@ int main(int argc, char **argv) {
                "%.2f MiB: at the peak the group(s) prefetched for the next "
                "backward step are already back on the device (bound: %d x "
                "%.2f MiB, the largest offloaded group)\n",
-               i, saved / 1048576, (sum - saved) / 1048576, sum / 1048576,
+               rep_first + i, saved / 1048576, (sum - saved) / 1048576,
+               sum / 1048576,
                prefetch_groups_in_force(),
                bound / 1048576 / prefetch_groups_in_force());
       } else if (saved <= sum + slack && saved >= sum - bound - slack) {
@@ -1047,16 +1561,18 @@ int main(int argc, char **argv) {
         mem_fail++;
         printf("rank %d: saved %.2f MiB is OUTSIDE [summary - prefetch "
                "bound, summary] = [%.2f, %.2f] MiB\n",
-               i, saved / 1048576, (sum - bound) / 1048576, sum / 1048576);
+               rep_first + i, saved / 1048576, (sum - bound) / 1048576,
+               sum / 1048576);
       }
     }
     if (all[12] > 0) {
       printf("\ndisk tier (%s):\n%-6s %12s %12s %10s %10s %10s %10s %8s\n",
              o.disk_groups, "rank", "written_MiB", "read_MiB", "write_GB/s",
              "read_GB/s", "reloads", "from_kept", "faults");
-      for (int i = 0; i < pp; i++) {
+      for (int i = 0; i < rep_n; i++) {
         double *v = &all[NF * i];
-        printf("%-6d %12.2f %12.2f %10.2f %10.2f %10.0f %10.0f %8.0f\n", i,
+        printf("%-6d %12.2f %12.2f %10.2f %10.2f %10.0f %10.0f %8.0f\n",
+               rep_first + i,
                v[13] / 1048576, v[14] / 1048576, v[15], v[16], v[17], v[19],
                v[18]);
       }
@@ -1064,7 +1580,7 @@ int main(int argc, char **argv) {
              "write (OFL_DISK_KEEP), without a read\n");
     }
     double sb = 0, so = 0;
-    for (int i = 0; i < pp; i++) {
+    for (int i = 0; i < rep_n; i++) {
       sb += all[NF * i + 7];
       so += all[NF * i + 8];
     }
@@ -1074,7 +1590,7 @@ int main(int argc, char **argv) {
     printf("device memory saved against the summary: equal on %d, short by "
            "the prefetched group(s) on %d, outside the bound on %d of %d "
            "rank(s)\n",
-           mem_equal, mem_short, mem_fail, pp);
+           mem_equal, mem_short, mem_fail, rep_n);
     printf("bit-identical losses, weights and gradients with and without "
            "offload: %s (%lld differing bytes on %lld rank(s))\n",
            diff_all == 0 ? "yes" : "NO", diff_all, bad_ranks);
@@ -1093,15 +1609,17 @@ int main(int argc, char **argv) {
   }
   if (csv != NULL) {
     write_memory_csv(csv, rank, pp, &base, &off);
-    if (rank == 0 && o.png)
-      render_png(csv, o.png, pp);
+    if (leader && o.png)
+      render_png(csv, o.png, rep_first, rep_n);
   }
   int fail = 0;
-  if (rank == 0)
-    fail = diff_all != 0 || (o.check_memory && mem_fail > 0);
+  if (leader)
+    fail = diff_all != 0 || (o.check_memory && mem_fail > 0) || oom_fail;
+#ifndef OFL_DEMO_NO_MPI
   if (MPI_Ibcast(&fail, 1, MPI_INT, 0, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
     die(NULL, "MPI_Ibcast of the verdict failed");
   wait_bounded(&req, "the broadcast of the verdict");
+#endif
   free(all);
   free(base.state);
   free(off.state);
@@ -1109,6 +1627,6 @@ int main(int argc, char **argv) {
   free(base.mem_b);
   free(off.mem_t);
   free(off.mem_b);
-  MPI_Finalize();
+  DEMO_FINALIZE();
   return fail ? 1 : 0;
 }

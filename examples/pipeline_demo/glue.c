@@ -1,6 +1,8 @@
 /* ofl pipeline demo: the model's offload calls mapped onto the ofl manager
  * (one manager per run; the summary goes through an MPI comm). */
+#ifndef OFL_DEMO_NO_MPI
 #include <mpi.h>
+#endif
 #include <stdlib.h>
 
 #include "glue.h"
@@ -20,9 +22,11 @@ int glue_open(const glue_params_t *p, glue_t **out) {
   if (g == NULL)
     return OFL_ERR_NO_MEMORY;
   ofl_status_t st = OFL_SUCCESS;
+#ifndef OFL_DEMO_NO_MPI
   if (p->mpi_comm != NULL)
     st = ofl_comm_create_mpi(*(MPI_Comm *)p->mpi_comm, NULL, &g->comm);
   else
+#endif
     st = ofl_comm_create_self(NULL, &g->comm);
   if (st != OFL_SUCCESS) {
     free(g);

@@ -335,11 +335,11 @@ def _candidates():
 
 
 def _load():
-    # libofl links libcudart and libnccl where the toolkit was found; torch
-    # bundles its own (newer) copies with the same sonames. Whichever loads
-    # first serves both, so torch, when installed, is imported first: its
-    # libraries then satisfy libofl too (same C APIs), while the other order
-    # leaves torch with an older NCCL than it needs.
+    # libofl dlopens libcudart and libnccl (by soname) at its first cuda
+    # device or NCCL comm; torch bundles its own copies with the same
+    # sonames. Importing torch first makes libofl use the copies torch
+    # loaded (the same C APIs) instead of loading older system ones that
+    # torch would then find in place of its own.
     if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
         import torch  # noqa: F401
     errors = []

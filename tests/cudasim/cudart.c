@@ -929,10 +929,9 @@ static cstream_t *legacy_locked(int dev) {
  * thread-local mode: the capturing thread; relaxed: never). g.mu held. */
 static int capture_forbids_locked(int err) {
   int hit = 0;
-  /* Relaxed threads may make unsafe calls; the legacy stream's implicit
-   * synchronisation with captured work stays an error in every mode. */
-  if (t_capture_mode == cudaStreamCaptureModeRelaxed &&
-      err != cudaErrorStreamCaptureImplicit)
+  /* Relaxed threads may make unsafe calls (the legacy stream's implicit
+   * synchronisation is another rule: legacy_joins_capture_locked). */
+  if (t_capture_mode == cudaStreamCaptureModeRelaxed)
     return cudaSuccess;
   for (capture_t *c = g.captures; c; c = c->next) {
     if (!c->active)
@@ -954,6 +953,25 @@ static int capture_forbids(int err) {
   return e;
 }
 
+/* CUDA's rule for the legacy stream, whatever the capture mode: while a
+ * blocking stream (created without cudaStreamNonBlocking) of the same device
+ * captures, using the legacy stream would make it wait for captured work,
+ * which fails with cudaErrorStreamCaptureImplicit and invalidates that
+ * capture; a query of the legacy stream answers the same error without
+ * invalidating. Captures of non-blocking streams do not concern it. */
+static int legacy_joins_capture_locked(int dev, int invalidate) {
+  int hit = 0;
+  for (capture_t *c = g.captures; c; c = c->next) {
+    if (!c->active || c->origin == NULL || c->origin->dev != dev ||
+        (c->origin->flags & cudaStreamNonBlocking))
+      continue;
+    if (invalidate)
+      c->invalidated = 1;
+    hit = 1;
+  }
+  return hit;
+}
+
 /* Resolves a stream handle (NULL, cudaStreamLegacy: the current device's
  * legacy stream). g.mu held. Returns 0 or the error to return. */
 static int stream_get_locked(cudaStream_t h, cstream_t **out, const char *api) {
@@ -961,9 +979,10 @@ static int stream_get_locked(cudaStream_t h, cstream_t **out, const char *api) {
     int e = need_ctx();
     if (e)
       return e;
-    e = capture_forbids_locked(cudaErrorStreamCaptureImplicit);
-    if (e)
-      return e;
+    int query = strcmp(api, "cudaStreamIsCapturing") == 0 ||
+                strcmp(api, "cudaStreamGetCaptureInfo") == 0;
+    if (legacy_joins_capture_locked(t_dev, !query))
+      return cudaErrorStreamCaptureImplicit;
     *out = legacy_locked(t_dev);
     return *out ? 0 : cudaErrorMemoryAllocation;
   }

@@ -853,3 +853,63 @@ Test(cuda_interop, offloading_refuses_inside_a_capture_and_held_passes_work) {
   CUDA_OK(cudaStreamDestroy(app));
   env_close(&e);
 }
+
+/* The default compute stream is the legacy one: a capture of a blocking
+ * stream of the device (any mode, relaxed included) makes every use of it
+ * join and break that capture, so offloading must refuse. */
+Test(cuda_interop, a_blocking_streams_capture_makes_legacy_compute_refuse) {
+  sim();
+  env_t e;
+  env_open(&e, 0);
+  cudaStream_t blocking = NULL;
+  CUDA_OK(cudaStreamCreate(&blocking)); /* blocking: syncs with legacy */
+  CUDA_OK(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeRelaxed));
+  cr_assert(eq(int, ofl_manager_chunk_begin(e.m, 1, 0), OFL_ERR_INVALID_USAGE),
+            "%s", ofl_last_error());
+  cudaGraph_t graph = NULL;
+  CUDA_OK(cudaStreamEndCapture(blocking, &graph)); /* not invalidated */
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(blocking));
+  env_close(&e);
+}
+
+/* An ordered release on a stream being captured is refused before anything
+ * changes (its event could never be waited for outside the graph). */
+Test(cuda_interop, an_ordered_release_on_a_capturing_stream_is_refused) {
+  sim();
+  ofl_device_t *dev = open_cuda(0);
+  cudaStream_t app = NULL;
+  CUDA_OK(cudaStreamCreateWithFlags(&app, cudaStreamNonBlocking));
+  ofl_stream_t *ws = NULL;
+  OK(ofl_stream_wrap_native(dev, app, "app", &ws));
+  void *raw = NULL;
+  CUDA_OK(cudaMalloc(&raw, 4096));
+  int64_t shape[1] = {4096};
+  ofl_tensor_t *t = NULL;
+  OK(ofl_tensor_wrap(raw, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE, NULL, NULL,
+                     &t));
+  CUDA_OK(cudaStreamBeginCapture(app, cudaStreamCaptureModeGlobal));
+  cr_assert(
+      eq(int, ofl_tensor_release_storage_after(t, ws), OFL_ERR_INVALID_USAGE));
+  cr_assert(ofl_tensor_has_storage(t)); /* nothing changed */
+  cudaGraph_t graph = NULL;
+  CUDA_OK(cudaStreamEndCapture(app, &graph));
+  CUDA_OK(cudaGraphDestroy(graph));
+  OK(ofl_tensor_release_storage_after(t, ws)); /* after the capture: fine */
+  OK(ofl_stream_synchronize(ws, -1));
+  OK(ofl_tensor_destroy(t));
+  OK(ofl_stream_destroy(ws));
+  CUDA_OK(cudaStreamDestroy(app));
+  CUDA_OK(cudaFree(raw));
+  ofl_device_close(dev);
+}
+
+Test(cuda_interop, the_per_thread_default_stream_cannot_be_wrapped) {
+  sim();
+  ofl_device_t *dev = open_cuda(0);
+  ofl_stream_t *w = NULL;
+  cr_assert(eq(int,
+               ofl_stream_wrap_native(dev, cudaStreamPerThread, "ptds", &w),
+               OFL_ERR_INVALID_ARG));
+  ofl_device_close(dev);
+}

@@ -100,6 +100,8 @@ Test(config, tool_variables_are_not_warned_about) {
   setenv("OFL_BUILD_DIR", "build", 1);
   setenv("OFL_BENCH_DISK_REPS", "3", 1);
   setenv("OFL_DEMO_RANKS", "2", 1);
+  setenv("OFL_NO_TORCH_INSTALL", "1", 1); /* ofl.sh's */
+  setenv("OFL_LIBRARY", "/x/libofl.so", 1); /* the Python package's */
   setenv("OFL_BENCHMARK", "1", 1); /* not the OFL_BENCH_ prefix */
   ofl_config_reload();
   cr_assert(eq(int, c.warnings, 1));
