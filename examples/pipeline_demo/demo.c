@@ -1196,8 +1196,9 @@ static void render_png(const char *csv, const char *png, int first, int pp) {
 static int choose_backend(opts_t *o, int leader, size_t *capacity) {
   const char *kernels =
       DEMO_CUDA_KERNELS_COMPILED
-          ? "they are compiled into this build (kernels_cuda.cu) but are "
-            "compile-only: the demo does not run them yet"
+          ? "they are compiled into this build (kernels_cuda.cu, nvcc) but "
+            "are compile-only: never run nor verified, and the demo does "
+            "not call them yet"
           : "they are not compiled into this build (no CUDA toolkit "
             "found at setup)";
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
