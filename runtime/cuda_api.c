@@ -71,6 +71,35 @@ static bool optional(const char *name) {
       missing = #name;                                                         \
   }
 
+/* The answer of a load attempt (h NULL: not found; missing: an entry point
+ * the library lacks), kept for every later call. */
+static bool settle(lib_state_t *s, void *h, const char *used, const char *tried,
+                   const char *missing, ofl_status_t fail, const char *what,
+                   const char *var) {
+  if (h == NULL) {
+    s->status = fail;
+    snprintf(s->why, sizeof s->why,
+             "%s was not found (%s); install it or set %s", what, tried, var);
+  } else if (missing != NULL) {
+    s->status = fail;
+    snprintf(s->why, sizeof s->why,
+             "%s has no %s: too old for this build of ofl", used, missing);
+  } else {
+    s->status = OFL_SUCCESS;
+  }
+  s->tried = true;
+  return s->status == OFL_SUCCESS;
+}
+
+/* Unlocks s and returns its answer (the reason in why). */
+static ofl_status_t answer(lib_state_t *s, char *why, size_t cap) {
+  ofl_status_t st = s->status;
+  if (why != NULL && cap > 0)
+    snprintf(why, cap, "%s", st == OFL_SUCCESS ? "" : s->why);
+  pthread_mutex_unlock(&s->lock);
+  return st;
+}
+
 static lib_state_t cudart_state = {PTHREAD_MUTEX_INITIALIZER, false,
                                    OFL_SUCCESS, ""};
 
@@ -79,45 +108,29 @@ ofl_status_t ofl__cudart_load(char *why, size_t cap) {
   pthread_mutex_lock(&s->lock);
   if (!s->tried) {
     static const char *const libs[] = {"libcudart.so.13", "libcudart.so.12"};
-    const char *used = NULL;
+    const char *used = NULL, *missing = NULL;
     char tried[400];
-    void *h = open_first(getenv("OFL_CUDART_LIBRARY"), libs,
-                         sizeof libs / sizeof libs[0], tried, sizeof tried,
-                         &used);
+    void *h =
+        open_first(getenv("OFL_CUDART_LIBRARY"), libs,
+                   sizeof libs / sizeof libs[0], tried, sizeof tried, &used);
     ofl__cudart_api_t t = {0};
-    const char *missing = NULL;
     if (h != NULL) {
       OFL__CUDART_FUNCS(OFL__API_LOAD)
     }
-    if (h == NULL) {
-      s->status = OFL_ERR_NO_DEVICE;
-      snprintf(s->why, sizeof s->why,
-               "the cuda runtime was not found (%s); install it or set "
-               "OFL_CUDART_LIBRARY",
-               tried);
-    } else if (missing != NULL) {
-      s->status = OFL_ERR_NO_DEVICE;
-      snprintf(s->why, sizeof s->why,
-               "%s has no %s: too old for this build of ofl", used, missing);
-    } else {
+    if (settle(s, h, used, tried, missing, OFL_ERR_NO_DEVICE,
+               "the cuda runtime", "OFL_CUDART_LIBRARY")) {
       ofl__cu = t;
-      s->status = OFL_SUCCESS;
       OFL_INFO(OFL_SUBSYS_DEVICE, "cuda runtime loaded from %s", used);
-    }
-    if (s->status != OFL_SUCCESS)
+    } else {
       OFL_INFO(OFL_SUBSYS_DEVICE, "%s", s->why);
-    s->tried = true;
+    }
   }
-  ofl_status_t st = s->status;
-  if (why != NULL && cap > 0)
-    snprintf(why, cap, "%s", st == OFL_SUCCESS ? "" : s->why);
-  pthread_mutex_unlock(&s->lock);
-  return st;
+  return answer(s, why, cap);
 }
 
 #if OFL_HAVE_NCCL
-static lib_state_t nccl_state = {PTHREAD_MUTEX_INITIALIZER, false,
-                                 OFL_SUCCESS, ""};
+static lib_state_t nccl_state = {PTHREAD_MUTEX_INITIALIZER, false, OFL_SUCCESS,
+                                 ""};
 
 ofl_status_t ofl__nccl_load(char *why, size_t cap) {
   OFL_CHECK(ofl__cudart_load(why, cap));
@@ -125,37 +138,22 @@ ofl_status_t ofl__nccl_load(char *why, size_t cap) {
   pthread_mutex_lock(&s->lock);
   if (!s->tried) {
     static const char *const libs[] = {"libnccl.so.2"};
-    const char *used = NULL;
+    const char *used = NULL, *missing = NULL;
     char tried[400];
-    void *h = open_first(getenv("OFL_NCCL_LIBRARY"), libs,
-                         sizeof libs / sizeof libs[0], tried, sizeof tried,
-                         &used);
+    void *h =
+        open_first(getenv("OFL_NCCL_LIBRARY"), libs,
+                   sizeof libs / sizeof libs[0], tried, sizeof tried, &used);
     ofl__nccl_api_t t = {0};
-    const char *missing = NULL;
     if (h != NULL) {
       OFL__NCCL_FUNCS(OFL__API_LOAD)
     }
-    if (h == NULL) {
-      s->status = OFL_ERR_NCCL;
-      snprintf(s->why, sizeof s->why,
-               "nccl was not found (%s); install it or set OFL_NCCL_LIBRARY",
-               tried);
-    } else if (missing != NULL) {
-      s->status = OFL_ERR_NCCL;
-      snprintf(s->why, sizeof s->why,
-               "%s has no %s: too old for this build of ofl", used, missing);
-    } else {
+    if (settle(s, h, used, tried, missing, OFL_ERR_NCCL, "nccl",
+               "OFL_NCCL_LIBRARY")) {
       ofl__nccl = t;
-      s->status = OFL_SUCCESS;
       OFL_INFO(OFL_SUBSYS_COLL, "nccl loaded from %s", used);
     }
-    s->tried = true;
   }
-  ofl_status_t st = s->status;
-  if (why != NULL && cap > 0)
-    snprintf(why, cap, "%s", st == OFL_SUCCESS ? "" : s->why);
-  pthread_mutex_unlock(&s->lock);
-  return st;
+  return answer(s, why, cap);
 }
 #endif /* OFL_HAVE_NCCL */
 

@@ -36,29 +36,15 @@ static inline uint64_t drv_hash(uint64_t a, uint64_t b, uint64_t c,
   return drv_mix(a ^ drv_mix(b ^ drv_mix(c ^ drv_mix(d))));
 }
 
-static inline void drv_fill(void *p, size_t n, uint64_t seed) {
-  uint8_t *d = p;
-  uint64_t x = seed;
-  for (size_t i = 0; i < n; i++) {
-    if ((i & 7) == 0)
-      x = drv_mix(x + i);
-    d[i] = (uint8_t)(x >> ((i & 7) * 8));
-  }
-}
-
 /* drv_fill and drv_wrong touch memory with the CPU: only host buffers and
  * pinned memory. Device memory goes through drv_tensor_fill / drv_tensor_wrong
- * below (the same pattern, t_pattern of tests/devmem.h). */
+ * below. The pattern is tests/devmem.h's. */
+static inline void drv_fill(void *p, size_t n, uint64_t seed) {
+  t_pattern(p, n, seed);
+}
+
 static inline size_t drv_wrong(const void *p, size_t n, uint64_t seed) {
-  const uint8_t *d = p;
-  uint64_t x = seed;
-  size_t w = 0;
-  for (size_t i = 0; i < n; i++) {
-    if ((i & 7) == 0)
-      x = drv_mix(x + i);
-    w += d[i] != (uint8_t)(x >> ((i & 7) * 8));
-  }
-  return w;
+  return t_pattern_wrong(p, n, seed);
 }
 
 /* The bytes of tensor t (n of them) set to the pattern of seed: through an
@@ -315,8 +301,10 @@ static inline ofl_status_t drv_backward(drv_t *d, int c, int mb) {
             d->wrong_bytes += r->bytes[k];
             if (d->err == OFL_SUCCESS) {
               d->err = OFL_ERR_INTERNAL;
-              snprintf(d->msg, sizeof d->msg, "reading back a popped tensor "
-                       "failed: %s", ofl_last_error());
+              snprintf(d->msg, sizeof d->msg,
+                       "reading back a popped tensor "
+                       "failed: %s",
+                       ofl_last_error());
             }
             return d->err;
           }
