@@ -1,6 +1,7 @@
 /* The manager's policy, misuse errors, memory accounting, statistics and
  * switches. */
 #include <ofl/log.h>
+#include <pthread.h>
 
 #include "disk/disk_internal.h"
 #include "tests/unit/pipeline/harness.h"
@@ -118,6 +119,28 @@ Test(pipeline_manager, rank_delta_keeps_pp_rank_times_delta_bytes) {
   policy_run(1.0, 1, (int64_t)(8 * KIB), 2, 2 * 16 * KIB);
 }
 
+/* Holds a stream until opened: "still in flight" without a timer (a slow
+ * run, valgrind say, outlasts any sleep). Calls nothing, as host functions
+ * must. */
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int open;
+} d2h_gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+static void d2h_gate_fn(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&d2h_gate.mu);
+  while (!d2h_gate.open)
+    pthread_cond_wait(&d2h_gate.cv, &d2h_gate.mu);
+  pthread_mutex_unlock(&d2h_gate.mu);
+}
+static void d2h_gate_set(int open) {
+  pthread_mutex_lock(&d2h_gate.mu);
+  d2h_gate.open = open;
+  pthread_cond_broadcast(&d2h_gate.cv);
+  pthread_mutex_unlock(&d2h_gate.mu);
+}
+
 Test(pipeline_manager, max_inflight_makes_compute_wait_for_the_oldest) {
   for (int cap = 0; cap <= 1; cap++) {
     h_env_t e;
@@ -127,7 +150,16 @@ Test(pipeline_manager, max_inflight_makes_compute_wait_for_the_oldest) {
     H_OK(ofl_manager_create(&mp, &e.m));
     ofl_tag_t t1, t2;
     H_OK(ofl_manager_chunk_begin(e.m, 1, 0));
-    h_stall(ofl_manager_d2h_stream(e.m), 40);
+    /* Without a cap the D2H stream is held by a gate until the query below
+     * (compute never waits for it); with cap 1 compute waits for the first
+     * offload, so a stall that ends by itself holds it instead. */
+    if (cap == 0) {
+      d2h_gate_set(0);
+      H_OK(ofl_stream_launch_host_func(ofl_manager_d2h_stream(e.m), d2h_gate_fn,
+                                       NULL));
+    } else {
+      h_stall(ofl_manager_d2h_stream(e.m), 40);
+    }
     H_OK(ofl_manager_group_start(e.m, "core_attn"));
     H_OK(ofl_manager_tensor_push(e.m, h_tensor(&e, 4 * KIB, 1), &t1));
     H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
@@ -143,6 +175,7 @@ Test(pipeline_manager, max_inflight_makes_compute_wait_for_the_oldest) {
       cr_assert(eq(int, q, OFL_SUCCESS), "cap 1: compute waited");
     else
       cr_assert(eq(int, q, OFL_ERR_NOT_READY), "no cap: still in flight");
+    d2h_gate_set(1);
     H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
     cr_assert(eq(sz, h_pop_check(&e, t2, 8 * KIB, 2), 0));
     H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
@@ -722,11 +755,10 @@ Test(pipeline_manager, an_offload_failing_half_way_keeps_the_group_on_device) {
   for (int l = 1; l >= 0; l--) {
     H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
     for (int i = N - 1; i >= 0; i--)
-      cr_assert(eq(sz,
-                   h_pop_check(&e, t[l][i], 8 * KIB,
-                               (l ? 35 : 30) + (uint64_t)i),
-                   0),
-                "layer %d tensor %d", l, i);
+      cr_assert(
+          eq(sz, h_pop_check(&e, t[l][i], 8 * KIB, (l ? 35 : 30) + (uint64_t)i),
+             0),
+          "layer %d tensor %d", l, i);
     H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
   }
   H_OK(ofl_manager_reset(e.m));
@@ -739,17 +771,15 @@ Test(pipeline_manager, an_offload_failing_half_way_keeps_the_group_on_device) {
       H_OK(ofl_manager_group_start(e.m, "core_attn"));
       for (int i = 0; i < N; i++)
         H_OK(ofl_manager_tensor_push(
-            e.m, h_tensor(&e, 8 * KIB, 40 + (uint64_t)(l * 10 + i)),
-            &t[l][i]));
+            e.m, h_tensor(&e, 8 * KIB, 40 + (uint64_t)(l * 10 + i)), &t[l][i]));
       H_OK(ofl_manager_group_commit(e.m, "core_attn", NULL, 0, 0));
     }
     for (int l = 1; l >= 0; l--) {
       H_OK(ofl_manager_group_backward_begin(e.m, "core_attn"));
       for (int i = N - 1; i >= 0; i--)
-        cr_assert(eq(sz,
-                     h_pop_check(&e, t[l][i], 8 * KIB,
-                                 40 + (uint64_t)(l * 10 + i)),
-                     0));
+        cr_assert(eq(
+            sz, h_pop_check(&e, t[l][i], 8 * KIB, 40 + (uint64_t)(l * 10 + i)),
+            0));
       H_OK(ofl_manager_group_backward_end(e.m, "core_attn"));
     }
     H_OK(ofl_manager_reset(e.m));
