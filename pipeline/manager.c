@@ -60,23 +60,32 @@ ofl_stream_t *ofl__compute(ofl_manager_t *m) {
   return ofl_device_compute_stream(m->dev);
 }
 
-/* 1 when name is an item of the comma-separated list (spaces ignored). */
+/* The next item of a comma-separated list (spaces around items ignored):
+ * *item and *len name it; returns where the following search starts, or
+ * NULL when the list has no more items. */
+const char *ofl__list_next(const char *p, const char **item, size_t *len) {
+  while (p != NULL && (*p == ' ' || *p == ','))
+    p++;
+  if (p == NULL || *p == '\0')
+    return NULL;
+  const char *end = p;
+  while (*end != '\0' && *end != ',')
+    end++;
+  const char *last = end;
+  while (last > p && last[-1] == ' ')
+    last--;
+  *item = p;
+  *len = (size_t)(last - p);
+  return end;
+}
+
+/* 1 when name is an item of the comma-separated list. */
 static bool list_has(const char *list, const char *name) {
-  size_t n = strlen(name);
-  const char *p = list;
-  while (p != NULL && *p != '\0') {
-    while (*p == ' ' || *p == ',')
-      p++;
-    const char *end = p;
-    while (*end != '\0' && *end != ',')
-      end++;
-    const char *last = end;
-    while (last > p && last[-1] == ' ')
-      last--;
-    if ((size_t)(last - p) == n && strncmp(p, name, n) == 0)
+  size_t n = strlen(name), len;
+  const char *item;
+  for (const char *p = list; (p = ofl__list_next(p, &item, &len)) != NULL;)
+    if (len == n && strncmp(item, name, n) == 0)
       return true;
-    p = end;
-  }
   return false;
 }
 

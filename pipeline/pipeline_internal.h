@@ -215,6 +215,7 @@ struct ofl_manager {
 
 /* manager.c */
 int ofl__name_find(const ofl_manager_t *m, const char *name);
+const char *ofl__list_next(const char *p, const char **item, size_t *len);
 ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out);
 bool ofl__manager_active(const ofl_manager_t *m);
 ofl_stream_t *ofl__compute(ofl_manager_t *m);

@@ -138,20 +138,13 @@ static void summarize(ofl_manager_t *m) {
 /* The configured names the warmup never started are likely misspelt (or
  * the model calls its modules otherwise): nothing of theirs is offloaded. */
 static void report_unseen_names(ofl_manager_t *m) {
-  const char *p = m->groups_cfg;
-  while (m->offload && *p != '\0') {
-    while (*p == ' ' || *p == ',')
-      p++;
-    const char *end = p;
-    while (*end != '\0' && *end != ',')
-      end++;
-    const char *last = end;
-    while (last > p && last[-1] == ' ')
-      last--;
+  const char *item;
+  size_t n;
+  for (const char *p = m->offload ? m->groups_cfg : NULL;
+       (p = ofl__list_next(p, &item, &n)) != NULL;) {
     char name[128];
-    size_t n = (size_t)(last - p);
     if (n > 0 && n < sizeof name) {
-      memcpy(name, p, n);
+      memcpy(name, item, n);
       name[n] = '\0';
       if (ofl__name_find(m, name) < 0)
         OFL_WARN(OFL_SUBSYS_PIPELINE,
@@ -161,7 +154,6 @@ static void report_unseen_names(ofl_manager_t *m) {
                  "to ofl_manager_group_start",
                  m->rank, name);
     }
-    p = end;
   }
   if (m->warm_small_tensors > 0)
     OFL_INFO(OFL_SUBSYS_PIPELINE,
