@@ -1,6 +1,7 @@
 /* ofl pipeline demo: a multi-rank pipeline-parallel training run under
  * mpirun, one pipeline stage per rank, 1F1B or interleaved 1F1B, layers made
- * of the named groups of a transformer layer doing real CPU arithmetic. It
+ * of the named groups of a transformer layer doing real arithmetic (on the
+ * CPU, or as GPU kernels on a cuda device: --backend). It
  * trains twice in one invocation, without and with activation offload, and
  * checks that losses, gradients and weights are bit-identical; it reports the
  * offload summary, device memory saved, bytes moved, stalls and step times.
@@ -10,6 +11,7 @@
  * messages of the other stages (activations from the previous stage,
  * gradients from the next one) are generated from a seed, the same in both
  * runs, so the bit-identity check holds for that stage alone. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -28,6 +30,7 @@
 
 #include "glue.h"
 #include "kernels.h"
+#include "kernels_cuda.h"
 #include "schedule.h"
 
 /* ---- options ------------------------------------------------------------ */
@@ -53,10 +56,16 @@ typedef struct {
   ofl_backend_t backend; /* --backend; resolved in main before the runs */
   int preset_oom;        /* --preset oom */
   int stages_given;      /* --stages was on the command line */
+  int gpu_ordinal;       /* cuda: the GPU the runs open (OFL_DEVICE) */
+  /* Hidden test option: on cuda, ofl is not told the demo's stream (the
+   * mistake the compute-stream hand-off prevents: offloads then copy
+   * before the kernels that write the tensors ran), so that a test can
+   * check the stand-in makes the comparison fail. */
+  int no_compute_stream;
 } opts_t;
 
 /* 1 when this build compiled examples/pipeline_demo/kernels_cuda.cu (the
- * GPU kernels of the layer arithmetic; compile-only, see --help). */
+ * GPU kernels of the layer arithmetic, in their own module; see --help). */
 #ifdef OFL_DEMO_HAVE_CUDA_KERNELS
 #define DEMO_CUDA_KERNELS_COMPILED 1
 #else
@@ -116,15 +125,14 @@ static const char *usage_text =
     "  --timeout S         seconds a rank waits for a peer: its messages and\n"
     "                      every collective (barriers, reductions) [60]\n"
     "  --backend B         auto, host or cuda [auto]: the first line says\n"
-    "                      which one and why. The demo computes on the CPU;\n"
-    "                      the cuda backend needs GPU kernels of the layer\n"
-    "                      arithmetic (kernels_cuda.cu). They are compiled\n"
-    "                      (nvcc, warnings as errors) in builds that find\n"
-    "                      the toolkit, but COMPILE-ONLY: never run nor\n"
-    "                      verified (the test stand-in cannot run kernels)\n"
-    "                      and not yet called by the demo, so --backend cuda\n"
-    "                      fails with a message and auto uses the host\n"
-    "                      backend, saying why\n"
+    "                      which one and why. host: the arithmetic runs on\n"
+    "                      the CPU (kernels.c). cuda: it runs as GPU kernels\n"
+    "                      (kernels_cuda.cu, built by nvcc into the module\n"
+    "                      libofl_demo_kernels_cuda.so next to the demo, or\n"
+    "                      OFL_DEMO_KERNELS_CUDA) on the demo's own stream;\n"
+    "                      the GPU is OFL_DEVICE's (an ordinal or local),\n"
+    "                      else 0. auto: cuda when a GPU and the module are\n"
+    "                      there, else host\n"
     "  --preset oom        a model whose activations do not fit on the device\n"
     "                      without offload, sized from its capacity (host:\n"
     "                      OFL_DEVICE_CAPACITY; cuda: cudaMemGetInfo): sets\n"
@@ -234,6 +242,8 @@ static int parse_opts(int argc, char **argv, opts_t *o, int rank) {
       i++;
     } else if (strcmp(a, "--check-memory") == 0) {
       o->check_memory = 1;
+    } else if (strcmp(a, "--no-compute-stream") == 0) {
+      o->no_compute_stream = 1;
     } else if (strcmp(a, "--quiet") == 0) {
       o->quiet = 1;
     } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -293,6 +303,14 @@ typedef struct {
   size_t nmem, capmem;
   double t0;
   size_t weight_bytes; /* device bytes of weights and gradients */
+  /* cuda path (g_kc non-NULL): the demo's own compute stream, as created
+   * (cs) and as ofl knows it (ocs); host buffers for what crosses to and
+   * from the device (inputs, messages, the loss, the compared state). */
+  void *cs;
+  ofl_stream_t *ocs;
+  float *hbuf[2];
+  size_t hcap[2];
+  size_t gpu_used_peak; /* cudaMemGetInfo: total - free, largest sample */
 } run_t;
 
 static double now_s(void) {
@@ -374,6 +392,130 @@ static void maybe_die_at(const opts_t *o, int rank, int pp, const char *point) {
           ofl_last_error());                                                   \
   } while (0)
 
+/* ---- where the arithmetic runs ---------------------------------------------
+ * On the host backend the layer arithmetic is kernels.c's, on the CPU, on
+ * the memory of ofl's host "device". On a cuda device it is kernels_cuda.h's
+ * GPU kernels (a module dlopened by choose_backend: g_kc), launched on the
+ * demo's own non-blocking stream, which ofl is given as the compute stream
+ * (ofl_stream_wrap_native + ofl_device_set_compute_stream), as a training
+ * program's stream would be. The x_* functions below run one or the other;
+ * what the host reads or writes of device memory (inputs, messages, the
+ * loss, the compared state) crosses through the run's host buffers, on the
+ * compute stream, synchronously. */
+static const kc_api_t *g_kc;
+static void *g_kc_module;
+static ofl_stream_t *g_ocs; /* the running run's compute stream (cuda) */
+
+#define KC(r, call)                                                            \
+  do {                                                                         \
+    int kc_e_ = (call);                                                        \
+    if (kc_e_ != 0)                                                            \
+      die((r), "%s failed: %s (CUDA error %d)", #call,                         \
+          g_kc->error_string(kc_e_), kc_e_);                                   \
+  } while (0)
+
+/* Host buffer i (0 or 1) of at least n floats. */
+static float *hbuf(run_t *r, int i, size_t n) {
+  if (r->hcap[i] < n) {
+    free(r->hbuf[i]);
+    r->hbuf[i] = malloc(n * sizeof(float));
+    if (r->hbuf[i] == NULL)
+      die(r, "out of host memory (%zu bytes)", n * sizeof(float));
+    r->hcap[i] = n;
+  }
+  return r->hbuf[i];
+}
+
+/* The n floats at device address src, readable by the host (src itself on
+ * the host backend; host buffer `i` after a copy on the cuda path). */
+static const float *dev_read(run_t *r, const float *src, size_t n, int i) {
+  if (g_kc == NULL)
+    return src;
+  float *h = hbuf(r, i, n);
+  KC(r, g_kc->d2h(h, src, n * sizeof(float), r->cs));
+  return h;
+}
+
+/* Where the host writes n floats bound for dst: dst itself on the host
+ * backend, else host buffer `i`, which dev_commit then copies to dst. */
+static float *dev_stage(run_t *r, float *dst, size_t n, int i) {
+  return g_kc == NULL ? dst : hbuf(r, i, n);
+}
+
+static void dev_commit(run_t *r, float *dst, const float *staged, size_t n) {
+  if (g_kc != NULL)
+    KC(r, g_kc->h2d(dst, staged, n * sizeof(float), r->cs));
+}
+
+static void x_fill(run_t *r, float *dst, size_t n, unsigned long long seed,
+                   float scale) {
+  float *h = dev_stage(r, dst, n, 0);
+  k_fill(h, n, seed, scale);
+  dev_commit(r, dst, h, n);
+}
+
+static void x_matmul(run_t *r, float *c, const float *a, const float *b,
+                     int m, int k, int n, int acc) {
+  if (g_kc != NULL)
+    KC(r, g_kc->matmul(c, a, b, m, k, n, acc, r->cs));
+  else
+    k_matmul(c, a, b, m, k, n, acc);
+}
+
+static void x_matmul_tn(run_t *r, float *c, const float *a, const float *b,
+                        int m, int k, int n, int acc) {
+  if (g_kc != NULL)
+    KC(r, g_kc->matmul_tn(c, a, b, m, k, n, acc, r->cs));
+  else
+    k_matmul_tn(c, a, b, m, k, n, acc);
+}
+
+static void x_matmul_nt(run_t *r, float *c, const float *a, const float *b,
+                        int m, int k, int n, int acc) {
+  if (g_kc != NULL)
+    KC(r, g_kc->matmul_nt(c, a, b, m, k, n, acc, r->cs));
+  else
+    k_matmul_nt(c, a, b, m, k, n, acc);
+}
+
+static void x_rmsnorm(run_t *r, float *y, const float *x, const float *g,
+                      int rows, int h) {
+  if (g_kc != NULL)
+    KC(r, g_kc->rmsnorm(y, x, g, rows, h, r->cs));
+  else
+    k_rmsnorm(y, x, g, rows, h);
+}
+
+static void x_attention(run_t *r, float *out, float *probs, const float *qkv,
+                        int s, int h) {
+  if (g_kc != NULL)
+    KC(r, g_kc->attention(out, probs, qkv, s, h, r->cs));
+  else
+    k_attention(out, probs, qkv, s, h);
+}
+
+static void x_silu(run_t *r, float *act, const float *u, size_t n) {
+  if (g_kc != NULL)
+    KC(r, g_kc->silu(act, u, n, r->cs));
+  else
+    k_silu(act, u, n);
+}
+
+static void x_silu_backward(run_t *r, float *du, const float *dact,
+                            const float *u, size_t n) {
+  if (g_kc != NULL)
+    KC(r, g_kc->silu_backward(du, dact, u, n, r->cs));
+  else
+    k_silu_backward(du, dact, u, n);
+}
+
+static void x_add(run_t *r, float *y, const float *x, size_t n) {
+  if (g_kc != NULL)
+    KC(r, g_kc->add(y, x, n, r->cs));
+  else
+    k_add(y, x, n);
+}
+
 /* The tensor handles the demo's code holds (not the manager's): after an
  * out-of-memory in the middle of a step (--preset oom's baseline) they are
  * destroyed before the run's manager, pool and device. */
@@ -410,7 +552,10 @@ static char g_oom_msg[512];
 static ofl_tensor_t *act(run_t *r, int rows, int cols) {
   int64_t shape[2] = {rows, cols};
   ofl_tensor_t *t = NULL;
-  int st = ofl_pool_alloc(r->pool, shape, 2, OFL_DTYPE_F32, NULL, &t);
+  /* cuda: a block whose last use is still queued is handed out at once,
+   * the compute stream made to wait for that use (ofl_pool_alloc). */
+  int st = ofl_pool_alloc(r->pool, shape, 2, OFL_DTYPE_F32,
+                          g_kc != NULL ? r->ocs : NULL, &t);
   if (st == OFL_ERR_NO_MEMORY && g_oom_jump != NULL) {
     snprintf(g_oom_msg, sizeof g_oom_msg, "%s: %s", ofl_status_str(st),
              ofl_last_error());
@@ -428,8 +573,14 @@ static ofl_tensor_t *alias(run_t *r, ofl_tensor_t *t) {
   return live_add(a);
 }
 
+/* Ends a handle of the demo's. On the cuda path the storage is let go
+ * after the work queued on the compute stream (its last use: the kernels
+ * that read it may not have run yet), so the pool cannot hand the block to
+ * another stream's work before they did. */
 static void drop(ofl_tensor_t *t) {
   live_remove(t);
+  if (g_kc != NULL && g_ocs != NULL && ofl_tensor_data(t) != NULL)
+    (void)ofl_tensor_release_storage_after(t, g_ocs);
   ofl_tensor_destroy(t);
 }
 
@@ -452,6 +603,12 @@ static void sample_memory(run_t *r) {
   r->mem_t[r->nmem] = now_s() - r->t0;
   r->mem_b[r->nmem] = (double)(r->weight_bytes + st.in_use_bytes);
   r->nmem++;
+  /* The GPU's own figure: everything allocated on it (this process's pools
+   * and weights, ofl's buffers, the runtime's, other processes'). */
+  size_t fr = 0, tot = 0;
+  if (g_kc != NULL && g_kc->mem_info(&fr, &tot) == 0 &&
+      tot - fr > r->gpu_used_peak)
+    r->gpu_used_peak = tot - fr;
 }
 
 static void init_layers(run_t *r, int nlayers) {
@@ -469,14 +626,44 @@ static void init_layers(run_t *r, int nlayers) {
       unsigned long long seed = ((unsigned long long)r->rank << 32) ^
                                 ((unsigned long long)i << 8) ^ (unsigned)k;
       if (k == W_G1 || k == W_G2) {
+        float *h = dev_stage(r, L->w[k], n[k], 0);
         for (size_t j = 0; j < n[k]; j++)
-          L->w[k][j] = 1.0f;
+          h[j] = 1.0f;
+        dev_commit(r, L->w[k], h, n[k]);
       } else {
-        k_fill(L->w[k], n[k], seed, 1.0f / sqrtf((float)d.h));
+        x_fill(r, L->w[k], n[k], seed, 1.0f / sqrtf((float)d.h));
       }
-      memset(L->dw[k], 0, n[k] * sizeof(float));
+      if (g_kc != NULL)
+        KC(r, g_kc->memset0(L->dw[k], n[k] * sizeof(float), r->cs));
+      else
+        memset(L->dw[k], 0, n[k] * sizeof(float));
     }
   }
+}
+
+static void x_rmsnorm_backward(run_t *r, float *dx, float *dg, const float *x,
+                               const float *g, const float *dy, int rows,
+                               int h) {
+  if (g_kc == NULL) {
+    k_rmsnorm_backward(dx, dg, x, g, dy, rows, h);
+    return;
+  }
+  ofl_tensor_t *scratch = act(r, rows, 1); /* the rows' 1/rms */
+  KC(r, g_kc->rmsnorm_backward(dx, dg, x, g, dy, F(scratch), rows, h, r->cs));
+  drop(scratch);
+}
+
+static void x_attention_backward(run_t *r, float *dqkv, const float *dout,
+                                 const float *qkv, const float *probs, int s,
+                                 int h) {
+  if (g_kc == NULL) {
+    k_attention_backward(dqkv, dout, qkv, probs, s, h);
+    return;
+  }
+  ofl_tensor_t *scratch = act(r, s, s); /* dS */
+  KC(r, g_kc->attention_backward(dqkv, dout, qkv, probs, F(scratch), s, h,
+                                 r->cs));
+  drop(scratch);
 }
 
 /* Forward of one layer; x is consumed (the caller's handle ends here). */
@@ -488,14 +675,14 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
 
   OK(r, glue_group_start(g, "attn_norm"));
   ofl_tensor_t *y1 = act(r, d.s, d.h);
-  k_rmsnorm(F(y1), F(x), L->w[W_G1], d.s, d.h);
+  x_rmsnorm(r, F(y1), F(x), L->w[W_G1], d.s, d.h);
   OK(r, save(g, alias(r, x), &sv->x));
   OK(r, glue_group_commit(g, "attn_norm"));
   sample_memory(r);
 
   OK(r, glue_group_start(g, "qkv_linear"));
   ofl_tensor_t *qkv = act(r, d.s, 3 * d.h);
-  k_matmul(F(qkv), F(y1), L->w[W_QKV], d.s, d.h, 3 * d.h, 0);
+  x_matmul(r, F(qkv), F(y1), L->w[W_QKV], d.s, d.h, 3 * d.h, 0);
   OK(r, save(g, y1, &sv->y1));
   OK(r, glue_group_commit(g, "qkv_linear"));
   sample_memory(r);
@@ -503,7 +690,7 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   OK(r, glue_group_start(g, "core_attn"));
   ofl_tensor_t *a = act(r, d.s, d.h);
   ofl_tensor_t *probs = act(r, d.s, d.s);
-  k_attention(F(a), F(probs), F(qkv), d.s, d.h);
+  x_attention(r, F(a), F(probs), F(qkv), d.s, d.h);
   OK(r, save(g, qkv, &sv->qkv));
   OK(r, save(g, probs, &sv->probs));
   OK(r, glue_group_commit(g, "core_attn"));
@@ -511,8 +698,8 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
 
   OK(r, glue_group_start(g, "attn_proj"));
   ofl_tensor_t *x2 = act(r, d.s, d.h);
-  k_matmul(F(x2), F(a), L->w[W_O], d.s, d.h, d.h, 0);
-  k_add(F(x2), F(x), sh);
+  x_matmul(r, F(x2), F(a), L->w[W_O], d.s, d.h, d.h, 0);
+  x_add(r, F(x2), F(x), sh);
   OK(r, save(g, a, &sv->a));
   OK(r, glue_group_commit(g, "attn_proj"));
   sample_memory(r);
@@ -520,14 +707,14 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
 
   OK(r, glue_group_start(g, "mlp_norm"));
   ofl_tensor_t *y2 = act(r, d.s, d.h);
-  k_rmsnorm(F(y2), F(x2), L->w[W_G2], d.s, d.h);
+  x_rmsnorm(r, F(y2), F(x2), L->w[W_G2], d.s, d.h);
   OK(r, save(g, alias(r, x2), &sv->x2));
   OK(r, glue_group_commit(g, "mlp_norm"));
   sample_memory(r);
 
   OK(r, glue_group_start(g, "expert_fc1"));
   ofl_tensor_t *u = act(r, d.s, d.f);
-  k_matmul(F(u), F(y2), L->w[W_1], d.s, d.h, d.f, 0);
+  x_matmul(r, F(u), F(y2), L->w[W_1], d.s, d.h, d.f, 0);
   OK(r, save(g, y2, &sv->y2));
   OK(r, glue_group_commit(g, "expert_fc1"));
   sample_memory(r);
@@ -535,9 +722,9 @@ static ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   OK(r, glue_group_start(g, "moe_act"));
   ofl_tensor_t *av = act(r, d.s, d.f);
   ofl_tensor_t *out = act(r, d.s, d.h);
-  k_silu(F(av), F(u), (size_t)d.s * d.f);
-  k_matmul(F(out), F(av), L->w[W_2], d.s, d.f, d.h, 0);
-  k_add(F(out), F(x2), sh);
+  x_silu(r, F(av), F(u), (size_t)d.s * d.f);
+  x_matmul(r, F(out), F(av), L->w[W_2], d.s, d.f, d.h, 0);
+  x_add(r, F(out), F(x2), sh);
   OK(r, save(g, u, &sv->u));
   OK(r, glue_group_commit(g, "moe_act"));
   sample_memory(r);
@@ -565,9 +752,9 @@ static ofl_tensor_t *linear_backward(run_t *r, const char *name, uint64_t tag,
                                      int out) {
   OK(r, glue_backward_begin(r->glue, name));
   ofl_tensor_t *x = load(r, tag);
-  k_matmul_tn(dw, F(x), F(dy), in, rows, out, 1);
+  x_matmul_tn(r, dw, F(x), F(dy), in, rows, out, 1);
   ofl_tensor_t *dx = act(r, rows, in);
-  k_matmul_nt(F(dx), F(dy), w, rows, out, in, 0);
+  x_matmul_nt(r, F(dx), F(dy), w, rows, out, in, 0);
   drop(x);
   backward_end(r, name);
   return dx;
@@ -582,11 +769,11 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   OK(r, glue_backward_begin(g, "moe_act"));
   ofl_tensor_t *u = load(r, sv->u);
   ofl_tensor_t *av = act(r, d.s, d.f), *dact = act(r, d.s, d.f);
-  k_silu(F(av), F(u), (size_t)d.s * d.f);
-  k_matmul_tn(L->dw[W_2], F(av), F(dout), d.f, d.s, d.h, 1);
-  k_matmul_nt(F(dact), F(dout), L->w[W_2], d.s, d.h, d.f, 0);
+  x_silu(r, F(av), F(u), (size_t)d.s * d.f);
+  x_matmul_tn(r, L->dw[W_2], F(av), F(dout), d.f, d.s, d.h, 1);
+  x_matmul_nt(r, F(dact), F(dout), L->w[W_2], d.s, d.h, d.f, 0);
   ofl_tensor_t *du = act(r, d.s, d.f);
-  k_silu_backward(F(du), F(dact), F(u), (size_t)d.s * d.f);
+  x_silu_backward(r, F(du), F(dact), F(u), (size_t)d.s * d.f);
   drop(av);
   drop(dact);
   drop(u);
@@ -599,7 +786,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
 
   OK(r, glue_backward_begin(g, "mlp_norm"));
   ofl_tensor_t *x2 = load(r, sv->x2);
-  k_rmsnorm_backward(F(dx2), L->dw[W_G2], F(x2), L->w[W_G2], F(dy2), d.s, d.h);
+  x_rmsnorm_backward(r, F(dx2), L->dw[W_G2], F(x2), L->w[W_G2], F(dy2), d.s, d.h);
   drop(x2);
   drop(dy2);
   backward_end(r, "mlp_norm");
@@ -612,7 +799,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   ofl_tensor_t *probs = load(r, sv->probs);
   ofl_tensor_t *qkv = load(r, sv->qkv);
   ofl_tensor_t *dqkv = act(r, d.s, 3 * d.h);
-  k_attention_backward(F(dqkv), F(da), F(qkv), F(probs), d.s, d.h);
+  x_attention_backward(r, F(dqkv), F(da), F(qkv), F(probs), d.s, d.h);
   drop(qkv);
   drop(probs);
   drop(da);
@@ -624,7 +811,7 @@ static ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
 
   OK(r, glue_backward_begin(g, "attn_norm"));
   ofl_tensor_t *x = load(r, sv->x);
-  k_rmsnorm_backward(F(dx), L->dw[W_G1], F(x), L->w[W_G1], F(dy1), d.s, d.h);
+  x_rmsnorm_backward(r, F(dx), L->dw[W_G1], F(x), L->w[W_G1], F(dy1), d.s, d.h);
   drop(x);
   drop(dy1);
   backward_end(r, "attn_norm");
@@ -654,7 +841,9 @@ static void send_tensor(run_t *r, const ofl_tensor_t *t, int dst, int tag) {
   }
   pending_t *p = &pend[npend++];
   p->buf = malloc(n * sizeof(float));
-  memcpy(p->buf, F(t), n * sizeof(float));
+  if (p->buf == NULL)
+    die(r, "out of host memory");
+  memcpy(p->buf, dev_read(r, F(t), n, 0), n * sizeof(float));
   if (MPI_Isend(p->buf, (int)n, MPI_FLOAT, dst, tag, MPI_COMM_WORLD, &p->req))
     die(r, "MPI_Isend to rank %d failed", dst);
 }
@@ -662,8 +851,9 @@ static void send_tensor(run_t *r, const ofl_tensor_t *t, int dst, int tag) {
 /* Receives with a deadline: a peer that died shows up as an error. */
 static void recv_into(run_t *r, ofl_tensor_t *t, int src, int tag) {
   MPI_Request req;
-  if (MPI_Irecv(F(t), (int)ofl_tensor_nelem(t), MPI_FLOAT, src, tag,
-                MPI_COMM_WORLD, &req))
+  size_t n = ofl_tensor_nelem(t);
+  float *buf = dev_stage(r, F(t), n, 0);
+  if (MPI_Irecv(buf, (int)n, MPI_FLOAT, src, tag, MPI_COMM_WORLD, &req))
     die(r, "MPI_Irecv from rank %d failed", src);
   double deadline = now_s() + r->o->timeout_s;
   int done = 0;
@@ -679,6 +869,7 @@ static void recv_into(run_t *r, ofl_tensor_t *t, int src, int tag) {
     if (nap < 500)
       nap *= 2;
   }
+  dev_commit(r, F(t), buf, n);
 }
 
 static void complete_sends(run_t *r) {
@@ -702,13 +893,14 @@ static void complete_sends(run_t *r) {
  * gradient of its input) for microbatch mb is generated from a seed naming
  * the three, the same in both runs. Gradients are scaled as the loss's
  * (1/elements). */
-static void synth_message(ofl_tensor_t *t, int mb, int vs_from, int dir) {
+static void synth_message(run_t *r, ofl_tensor_t *t, int mb, int vs_from,
+                          int dir) {
   size_t n = ofl_tensor_nelem(t);
   unsigned long long seed = 0x5EED000000ull ^
                             ((unsigned long long)(unsigned)mb << 20) ^
                             ((unsigned long long)(unsigned)vs_from << 2) ^
                             (unsigned long long)(unsigned)dir;
-  k_fill(F(t), n, seed, dir == 0 ? 1.0f : 1.0f / (float)n);
+  x_fill(r, F(t), n, seed, dir == 0 ? 1.0f : 1.0f / (float)n);
 }
 
 static void complete_sends(run_t *r) { (void)r; }
@@ -730,10 +922,11 @@ static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
     if (s->forward) {
       ofl_tensor_t *x = act(r, d.s, d.h);
       if (vs == 0)
-        k_fill(F(x), (size_t)d.s * d.h, 1000003ull * (unsigned)mb + 7, 1.0f);
+        x_fill(r, F(x), (size_t)d.s * d.h, 1000003ull * (unsigned)mb + 7,
+               1.0f);
       else
 #ifdef OFL_DEMO_NO_MPI
-        synth_message(x, mb, vs - 1, 0);
+        synth_message(r, x, mb, vs - 1, 0);
 #else
         recv_into(r, x, (r->rank + P - 1) % P, tag_of(mb, vs - 1, 0, nvs));
 #endif
@@ -754,16 +947,19 @@ static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
         ofl_tensor_t *y = r->stage_out[mb];
         size_t n = (size_t)d.s * d.h;
         double loss = 0;
+        const float *yh = dev_read(r, F(y), n, 0);
+        float *dyh = dev_stage(r, F(dy), n, 1);
         for (size_t k = 0; k < n; k++) {
-          loss += 0.5 * (double)F(y)[k] * (double)F(y)[k];
-          F(dy)[k] = F(y)[k] / (float)n;
+          loss += 0.5 * (double)yh[k] * (double)yh[k];
+          dyh[k] = yh[k] / (float)n;
         }
+        dev_commit(r, F(dy), dyh, n);
         r->losses[(size_t)r->iter * o->microbatches + mb] = loss / (double)n;
         drop(y);
         r->stage_out[mb] = NULL;
       } else {
 #ifdef OFL_DEMO_NO_MPI
-        synth_message(dy, mb, vs + 1, 1);
+        synth_message(r, dy, mb, vs + 1, 1);
 #else
         recv_into(r, dy, (r->rank + 1) % P, tag_of(mb, vs + 1, 1, nvs));
 #endif
@@ -785,11 +981,20 @@ static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
   for (int i = 0; i < nl; i++)
     for (int k = 0; k < NW; k++) {
       if (r->iter + 1 < o->iters) {
-        for (size_t j = 0; j < r->layers[i].n[k]; j++)
-          r->layers[i].w[k][j] -= 1e-3f * r->layers[i].dw[k][j];
-        memset(r->layers[i].dw[k], 0, r->layers[i].n[k] * sizeof(float));
+        layer_t *L = &r->layers[i];
+        if (g_kc != NULL) {
+          KC(r, g_kc->sgd(L->w[k], L->dw[k], L->n[k], 1e-3f, r->cs));
+          continue;
+        }
+        for (size_t j = 0; j < L->n[k]; j++)
+          L->w[k][j] -= 1e-3f * L->dw[k][j];
+        memset(L->dw[k], 0, L->n[k] * sizeof(float));
       }
     }
+  /* The step ends when the GPU finished it (the step time is measured on
+   * the host). */
+  if (g_kc != NULL)
+    KC(r, g_kc->stream_sync(r->cs));
 }
 
 /* ---- a whole run ------------------------------------------------------------
@@ -804,6 +1009,7 @@ typedef struct {
   size_t state_bytes;
   double *mem_t, *mem_b;
   size_t nmem;
+  size_t gpu_used_peak; /* cuda: cudaMemGetInfo's largest total - free */
   int oom;            /* the run stopped: out of device memory (expected) */
   int oom_iter;       /* the iteration it happened in */
   char oom_msg[512];  /* ofl's message */
@@ -885,8 +1091,21 @@ static void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
     else
       unsetenv("OFL_TRACE_FILE");
   }
+  if (g_kc != NULL)
+    dp.device_index = o->gpu_ordinal;
   OK(&r, ofl_config_reload());
   OK(&r, ofl_device_open(&dp, &r.dev));
+  if (g_kc != NULL) {
+    /* The demo's own stream on the run's GPU, handed to ofl as this
+     * thread's compute stream: offloads wait for the kernels queued on it
+     * before copying, reloads are made visible to it. */
+    KC(&r, g_kc->set_device(o->gpu_ordinal));
+    KC(&r, g_kc->stream_create(&r.cs));
+    OK(&r, ofl_stream_wrap_native(r.dev, r.cs, "demo compute", &r.ocs));
+    if (!o->no_compute_stream)
+      ofl_device_set_compute_stream(r.dev, r.ocs);
+    g_ocs = r.ocs;
+  }
   ofl_pool_params_t pp_ = OFL_POOL_PARAMS_INIT;
   pp_.kind = OFL_POOL_DEVICE;
   pp_.name = "activations";
@@ -990,24 +1209,38 @@ static void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
   off += (size_t)o->iters * o->microbatches * sizeof(double);
   for (int i = 0; i < nl; i++)
     for (int k = 0; k < NW; k++) {
-      memcpy(res->state + off, r.layers[i].w[k],
-             r.layers[i].n[k] * sizeof(float));
-      off += r.layers[i].n[k] * sizeof(float);
-      memcpy(res->state + off, r.layers[i].dw[k],
-             r.layers[i].n[k] * sizeof(float));
-      off += r.layers[i].n[k] * sizeof(float);
+      size_t n = r.layers[i].n[k];
+      memcpy(res->state + off, dev_read(&r, r.layers[i].w[k], n, 0),
+             n * sizeof(float));
+      off += n * sizeof(float);
+      memcpy(res->state + off, dev_read(&r, r.layers[i].dw[k], n, 0),
+             n * sizeof(float));
+      off += n * sizeof(float);
     }
+  res->gpu_used_peak = r.gpu_used_peak;
   res->mem_t = r.mem_t;
   res->mem_b = r.mem_b;
   res->nmem = r.nmem;
 
   glue_close(r.glue);
+  /* Everything queued on the demo's stream is done before its memory and
+   * the stream go. */
+  if (g_kc != NULL)
+    KC(&r, g_kc->stream_sync(r.cs));
   for (int i = 0; i < nl; i++)
     for (int k = 0; k < NW; k++) {
       ofl_device_free(r.dev, r.layers[i].w[k]);
       ofl_device_free(r.dev, r.layers[i].dw[k]);
     }
   ofl_pool_destroy(r.pool);
+  if (g_kc != NULL) {
+    ofl_device_set_compute_stream(r.dev, NULL);
+    ofl_stream_destroy(r.ocs);
+    g_ocs = NULL;
+    KC(&r, g_kc->stream_destroy(r.cs));
+  }
+  free(r.hbuf[0]);
+  free(r.hbuf[1]);
   ofl_device_close(r.dev);
   free(steps);
   free(r.layers);
@@ -1193,28 +1426,101 @@ static void render_png(const char *csv, const char *png, int first, int pp) {
  * kernels, which this demo does not run (see --help), so an explicit cuda
  * fails here and auto falls back to the host backend, saying so. *capacity
  * is the device's capacity (0: unlimited). Returns 0, or 2 after a message. */
-static int choose_backend(opts_t *o, int leader, size_t *capacity) {
-  const char *kernels =
-      DEMO_CUDA_KERNELS_COMPILED
-          ? "they are compiled into this build (kernels_cuda.cu, nvcc) but "
-            "are compile-only: never run nor verified, and the demo does "
-            "not call them yet"
-          : "they are not compiled into this build (no CUDA toolkit "
-            "found at setup)";
+/* Loads the demo's GPU module (kernels_cuda.h): OFL_DEMO_KERNELS_CUDA, else
+ * next to the executable, else the loader's path. NULL with the reason in
+ * why. Called after a cuda device was opened, so that the module's
+ * libcudart.so.13 is the runtime ofl loaded. */
+static const kc_api_t *load_kernels(char *why, size_t why_bytes) {
+  if (!DEMO_CUDA_KERNELS_COMPILED) {
+    snprintf(why, why_bytes,
+             "they are not compiled into this build (no CUDA toolkit with "
+             "nvcc found at setup)");
+    return NULL;
+  }
+  char path[4096];
+  const char *env = getenv("OFL_DEMO_KERNELS_CUDA");
+  const char *tried = NULL;
+  void *h = NULL;
+  if (env != NULL && env[0] != '\0') {
+    tried = env;
+    h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+  } else {
+    char exe[3072];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+      exe[n] = '\0';
+      char *slash = strrchr(exe, '/');
+      if (slash != NULL)
+        *slash = '\0';
+      snprintf(path, sizeof path, "%s/libofl_demo_kernels_cuda.so", exe);
+      tried = path;
+      h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (h == NULL) {
+      tried = "libofl_demo_kernels_cuda.so";
+      h = dlopen(tried, RTLD_NOW | RTLD_LOCAL);
+    }
+  }
+  if (h == NULL) {
+    const char *e = dlerror();
+    snprintf(why, why_bytes,
+             "the module of the GPU kernels did not load (%.200s: %.300s); "
+             "set OFL_DEMO_KERNELS_CUDA to its path",
+             tried ? tried : "?", e ? e : "unknown error");
+    return NULL;
+  }
+  const kc_api_t *(*get)(void) = NULL;
+  void *sym = dlsym(h, KC_API_SYMBOL);
+  if (sym != NULL) /* ISO C has no object-to-function pointer cast */
+    memcpy(&get, &sym, sizeof get);
+  const kc_api_t *api = get != NULL ? get() : NULL;
+  if (api == NULL || api->version != KC_API_VERSION) {
+    snprintf(why, why_bytes, "%.300s is not this demo's module of GPU kernels",
+             tried);
+    dlclose(h);
+    return NULL;
+  }
+  g_kc_module = h;
+  return api;
+}
+
+/* The GPU the runs open: OFL_DEVICE as ofl reads it (an ordinal, or
+ * `local`: the launcher's local rank modulo the device count), else 0. */
+static int gpu_ordinal(int rank) {
+  int count = 1;
+  if (g_kc->device_count(&count) != 0 || count < 1)
+    count = 1;
+  const char *d = getenv("OFL_DEVICE");
+  if (d != NULL && strcmp(d, "local") == 0) {
+    const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                           "SLURM_LOCALID", "LOCAL_RANK"};
+    int local = rank;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+      if (getenv(names[i]) != NULL) {
+        local = atoi(getenv(names[i]));
+        break;
+      }
+    return (local < 0 ? 0 : local) % count;
+  }
+  if (d != NULL && d[0] != '\0')
+    return atoi(d);
+  return 0;
+}
+
+/* Resolves --backend: opens a device as the runs will (auto: cuda when a
+ * GPU is usable), and on cuda loads the GPU kernels, without which the
+ * demo cannot compute there (auto then falls back to the host backend,
+ * saying why; an explicit cuda fails). Prints the first line. */
+static int choose_backend(opts_t *o, int rank, int leader, size_t *capacity) {
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
   dp.backend = o->backend;
   ofl_device_t *dev = NULL;
   ofl_status_t st = ofl_device_open(&dp, &dev);
   if (st != OFL_SUCCESS) {
     if (leader)
-      fprintf(stderr, DEMO_NAME ": cannot open a %s device: %s (%s)%s%s\n",
+      fprintf(stderr, DEMO_NAME ": cannot open a %s device: %s (%s)\n",
               ofl_backend_name(o->backend), ofl_status_str(st),
-              ofl_last_error(),
-              o->backend == OFL_BACKEND_CUDA
-                  ? "; besides, the cuda backend needs the demo's GPU "
-                    "kernels: "
-                  : "",
-              o->backend == OFL_BACKEND_CUDA ? kernels : "");
+              ofl_last_error());
     return 2;
   }
   ofl_backend_t got = ofl_device_backend(dev);
@@ -1222,33 +1528,49 @@ static int choose_backend(opts_t *o, int leader, size_t *capacity) {
   snprintf(why, sizeof why, "%s", ofl_device_selection_reason(dev));
   ofl_device_stats_t ds;
   ofl_device_get_stats(dev, &ds);
-  ofl_device_close(dev);
   *capacity = ds.device_capacity_bytes;
   int explicit_ = why[0] == '\0'; /* --backend or OFL_BACKEND named it */
   if (got == OFL_BACKEND_CUDA) {
-    if (explicit_) {
+    char kwhy[600];
+    const kc_api_t *kc = load_kernels(kwhy, sizeof kwhy);
+    ofl_device_close(dev);
+    if (kc == NULL && explicit_) {
       if (leader)
         fprintf(stderr,
-                DEMO_NAME ": the cuda backend needs the demo's GPU kernels "
-                          "(its layer arithmetic runs on the CPU): %s. Use "
-                          "--backend host or auto.\n",
-                kernels);
+                DEMO_NAME ": the cuda backend needs the demo's GPU kernels: "
+                          "%s. Use --backend host or auto.\n",
+                kwhy);
       return 2;
     }
-    if (leader)
-      printf("ofl pipeline demo: backend host (%s, but the demo's arithmetic "
-             "runs on the CPU and the cuda backend needs its GPU kernels: "
-             "%s)\n",
-             why, kernels);
-    o->backend = OFL_BACKEND_HOST;
-    dp.backend = OFL_BACKEND_HOST;
-    if (ofl_device_open(&dp, &dev) == OFL_SUCCESS) {
-      ofl_device_get_stats(dev, &ds);
-      *capacity = ds.device_capacity_bytes;
-      ofl_device_close(dev);
+    if (kc == NULL) {
+      if (leader)
+        printf("ofl pipeline demo: backend host (%s, but the demo's GPU "
+               "kernels cannot be used: %s)\n",
+               why, kwhy);
+      o->backend = OFL_BACKEND_HOST;
+      dp.backend = OFL_BACKEND_HOST;
+      if (ofl_device_open(&dp, &dev) == OFL_SUCCESS) {
+        ofl_device_get_stats(dev, &ds);
+        *capacity = ds.device_capacity_bytes;
+        ofl_device_close(dev);
+      }
+      return 0;
     }
+    g_kc = kc;
+    o->gpu_ordinal = gpu_ordinal(rank);
+    if (leader)
+      printf("ofl pipeline demo: backend cuda (%s); the layer arithmetic "
+             "runs as GPU kernels on the demo's own stream%s\n",
+             explicit_ ? (o->backend == OFL_BACKEND_CUDA ? "--backend cuda"
+                                                         : "OFL_BACKEND names it")
+                       : why,
+             kc->emulated ? " (here the test stand-in of the CUDA runtime, "
+                            "which runs their CPU emulation)"
+                          : "");
+    o->backend = OFL_BACKEND_CUDA;
     return 0;
   }
+  ofl_device_close(dev);
   if (leader)
     printf("ofl pipeline demo: backend %s (%s)\n", ofl_backend_name(got),
            explicit_ ? (o->backend == OFL_BACKEND_HOST
@@ -1384,7 +1706,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   size_t capacity = 0;
-  if (choose_backend(&o, leader, &capacity) != 0) {
+  if (choose_backend(&o, rank, leader, &capacity) != 0) {
     DEMO_FINALIZE();
     return 2;
   }
@@ -1420,7 +1742,7 @@ int main(int argc, char **argv) {
            o.link_gbps > 0 ? ", emulated host link" : "");
 
   result_t base = {0}, off = {0}, oom = {0};
-  int oom_fail = 0;
+  int oom_fail = 0, no_compare = 0;
   if (o.preset_oom) {
     /* The baseline under the capacity must run out of device memory; the
      * offload run must fit; the bit-identity check compares it with a
@@ -1445,30 +1767,35 @@ int main(int argc, char **argv) {
       printf("[offload] trained under the capacity: peak %.2f MiB of %.2f "
              "MiB\n",
              (double)off.peak_bytes / 1048576, (double)capacity / 1048576);
-    if (o.backend != OFL_BACKEND_HOST) {
+    if (o.backend == OFL_BACKEND_HOST) {
+      run(&o, rank, pp, 0, (size_t)1 << 50, 0, &base);
       if (leader)
-        fprintf(stderr, DEMO_NAME ": --preset oom compares against a "
-                                  "baseline without the capacity, which "
-                                  "only the host backend has\n");
-      DEMO_FINALIZE();
-      return 2;
+        printf("[baseline] without the capacity (the reference of the "
+               "comparison): peak %.2f MiB\n",
+               (double)base.peak_bytes / 1048576);
+      free(oom.state);
+      free(oom.mem_t);
+      free(oom.mem_b);
+    } else {
+      /* A GPU has no baseline without its capacity: the comparison is the
+       * plain runs' (without --preset oom); the report's baseline is the
+       * run that ran out of memory. */
+      no_compare = 1;
+      free(oom.state);
+      oom.state = NULL;
+      oom.state_bytes = 0;
+      base = oom;
     }
-    run(&o, rank, pp, 0, (size_t)1 << 50, 0, &base);
-    if (leader)
-      printf("[baseline] without the capacity (the reference of the "
-             "comparison): peak %.2f MiB\n",
-             (double)base.peak_bytes / 1048576);
-    free(oom.state);
-    free(oom.mem_t);
-    free(oom.mem_b);
   } else {
     run(&o, rank, pp, 0, 0, 0, &base);
     run(&o, rank, pp, 1, 0, 0, &off);
   }
 
   /* Bit-identical: count differing bytes on each rank, sum over ranks. */
-  long long diff = base.state_bytes != off.state_bytes ? -1 : 0;
-  for (size_t i = 0; diff >= 0 && i < base.state_bytes; i++)
+  long long diff = no_compare                           ? 0
+                   : base.state_bytes != off.state_bytes ? -1
+                                                         : 0;
+  for (size_t i = 0; !no_compare && diff >= 0 && i < base.state_bytes; i++)
     diff += base.state[i] != off.state[i];
   long long diff_all = 0, bad_ranks = 0, bad = diff != 0;
   maybe_die_at(&o, rank, pp, "reduce");
@@ -1540,7 +1867,7 @@ int main(int argc, char **argv) {
     /* The check of the bound above largest_offloaded_group, saying for
      * each rank whether and why the saving differs from the summary. */
     printf("\n");
-    for (int i = 0; i < rep_n; i++) {
+    for (int i = 0; i < rep_n && !no_compare; i++) {
       double *v = &all[NF * i];
       double saved = v[0] - v[1], sum = v[2], bound = v[20];
       double slack = o.mem_tolerance * sum;
@@ -1585,16 +1912,31 @@ int main(int argc, char **argv) {
       sb += all[NF * i + 7];
       so += all[NF * i + 8];
     }
-    printf("\nstep time with offload / without: %.3f (mean over ranks, "
-           "steady-state iterations)\n",
-           so / sb);
-    printf("device memory saved against the summary: equal on %d, short by "
-           "the prefetched group(s) on %d, outside the bound on %d of %d "
-           "rank(s)\n",
-           mem_equal, mem_short, mem_fail, rep_n);
-    printf("bit-identical losses, weights and gradients with and without "
-           "offload: %s (%lld differing bytes on %lld rank(s))\n",
-           diff_all == 0 ? "yes" : "NO", diff_all, bad_ranks);
+    if (no_compare) {
+      printf("\nstep time and device memory saved: not compared (the "
+             "baseline ran out of memory before its steady state)\n");
+    } else {
+      printf("\nstep time with offload / without: %.3f (mean over ranks, "
+             "steady-state iterations)\n",
+             so / sb);
+      printf("device memory saved against the summary: equal on %d, short "
+             "by the prefetched group(s) on %d, outside the bound on %d of "
+             "%d rank(s)\n",
+             mem_equal, mem_short, mem_fail, rep_n);
+    }
+    if (g_kc != NULL)
+      printf("GPU memory in use at the peak (cudaMemGetInfo, rank 0's GPU, "
+             "all of its users): %.2f MiB without offload, %.2f MiB with\n",
+             (double)base.gpu_used_peak / 1048576,
+             (double)off.gpu_used_peak / 1048576);
+    if (no_compare)
+      printf("bit-identical losses, weights and gradients with and without "
+             "offload: not checked (--preset oom on a GPU has no baseline "
+             "that fits; run without --preset oom for the comparison)\n");
+    else
+      printf("bit-identical losses, weights and gradients with and without "
+             "offload: %s (%lld differing bytes on %lld rank(s))\n",
+             diff_all == 0 ? "yes" : "NO", diff_all, bad_ranks);
     fflush(stdout);
   }
   /* The PNG is drawn from the CSV: without --memory-csv, the CSV is

@@ -1,221 +1,121 @@
-/* ofl pipeline demo: the layer arithmetic on the GPU (see kernels_cuda.h).
- * COMPILE-ONLY: never run (the stand-in cannot run kernels) and not called
- * by the demo yet. Deterministic: every output element is computed by one
- * thread in a fixed order; no atomics. */
+/* ofl pipeline demo: the layer arithmetic on the GPU (kernels_cuda.h). The
+ * kernels are extern "C" so that their device names are their own names,
+ * under which kernels_emu.c registers their CPU emulation with the test
+ * stand-in; their bodies are kernels_body.h's. */
 #include <cuda_runtime.h>
 
+#include "kernels_body.h"
 #include "kernels_cuda.h"
+
+#define KC_GLOBAL_INDEX                                                        \
+  (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x)
+
+extern "C" {
+
+__global__ void ofl_demo_k_matmul(float *c, const float *a, const float *b,
+                                  int m, int k, int n, long long sai,
+                                  long long sap, long long sbp, long long sbj,
+                                  long long ldc, int acc) {
+  kb_matmul(KC_GLOBAL_INDEX, c, a, b, m, k, n, sai, sap, sbp, sbj, ldc, acc);
+}
+
+__global__ void ofl_demo_k_rmsnorm(float *y, const float *x, const float *g,
+                                   int rows, int h) {
+  kb_rmsnorm_row(KC_GLOBAL_INDEX, y, x, g, rows, h);
+}
+
+__global__ void ofl_demo_k_rmsnorm_bw_rows(float *dx, float *inv,
+                                           const float *x, const float *g,
+                                           const float *dy, int rows, int h) {
+  kb_rmsnorm_backward_row(KC_GLOBAL_INDEX, dx, inv, x, g, dy, rows, h);
+}
+
+__global__ void ofl_demo_k_rmsnorm_bw_cols(float *dg, const float *inv,
+                                           const float *x, const float *dy,
+                                           int rows, int h) {
+  kb_rmsnorm_backward_col(KC_GLOBAL_INDEX, dg, inv, x, dy, rows, h);
+}
+
+__global__ void ofl_demo_k_attention(float *out, float *probs,
+                                     const float *qkv, int s, int h) {
+  kb_attention_row(KC_GLOBAL_INDEX, out, probs, qkv, s, h);
+}
+
+__global__ void ofl_demo_k_attention_ds(float *ds, const float *dout,
+                                        const float *qkv, const float *probs,
+                                        int s, int h) {
+  kb_attention_ds_row(KC_GLOBAL_INDEX, ds, dout, qkv, probs, s, h);
+}
+
+__global__ void ofl_demo_k_silu(float *act, const float *u, size_t n) {
+  kb_silu(KC_GLOBAL_INDEX, act, u, n);
+}
+
+__global__ void ofl_demo_k_silu_bw(float *du, const float *dact,
+                                   const float *u, size_t n) {
+  kb_silu_backward(KC_GLOBAL_INDEX, du, dact, u, n);
+}
+
+__global__ void ofl_demo_k_add(float *y, const float *x, size_t n) {
+  kb_add(KC_GLOBAL_INDEX, y, x, n);
+}
+
+__global__ void ofl_demo_k_sgd(float *w, float *dw, size_t n, float lr) {
+  kb_sgd(KC_GLOBAL_INDEX, w, dw, n, lr);
+}
+
+} // extern "C"
+
+/* Registers kernels_emu.c's emulations with the stand-in when it is the
+ * loaded runtime (kernels_emu.c); 1 when it did. */
+extern "C" int ofl_demo_kernels_emu_register(void);
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr unsigned kThreads = 256;
 
-inline unsigned blocks_for(size_t n) {
+unsigned blocks_for(size_t n) {
   return static_cast<unsigned>((n + kThreads - 1) / kThreads);
 }
 
-inline cudaStream_t as_stream(void *s) { return static_cast<cudaStream_t>(s); }
+cudaStream_t as_stream(void *s) { return static_cast<cudaStream_t>(s); }
 
-inline int launched() { return static_cast<int>(cudaGetLastError()); }
-
-/* C[m,n] (+)= sum_p A(i,p) B(p,j), where A(i,p) = a[i*sai + p*sap] and
- * B(p,j) = b[p*sbp + j*sbj]: the three products of kernels.h by strides.
- * One thread per element of C, p ascending. */
-__global__ void matmul_strided(float *c, const float *a, const float *b,
-                               int m, int k, int n, long long sai,
-                               long long sap, long long sbp, long long sbj,
-                               long long ldc, int acc) {
-  long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= static_cast<long long>(m) * n)
-    return;
-  int i = static_cast<int>(idx / n), j = static_cast<int>(idx % n);
-  float s = 0.0f;
-  for (int p = 0; p < k; p++)
-    s = fmaf(a[i * sai + p * sap], b[p * sbp + j * sbj], s);
-  float *cp = c + i * ldc + j;
-  *cp = acc ? *cp + s : s;
-}
+/* The launch's error: a bad configuration or argument is reported at the
+ * launch by cudaGetLastError (which also clears it). */
+int launched() { return static_cast<int>(cudaGetLastError()); }
 
 int launch_matmul(float *c, const float *a, const float *b, int m, int k,
                   int n, long long sai, long long sap, long long sbp,
                   long long sbj, long long ldc, int acc, void *stream) {
   size_t total = static_cast<size_t>(m) * static_cast<size_t>(n);
-  if (total == 0)
+  if (m <= 0 || n <= 0)
     return 0;
-  matmul_strided<<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(
+  ofl_demo_k_matmul<<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(
       c, a, b, m, k, n, sai, sap, sbp, sbj, ldc, acc);
   return launched();
 }
 
-__device__ float row_inv_rms(const float *x, int h) {
-  float ss = 0.0f;
-  for (int j = 0; j < h; j++)
-    ss = fmaf(x[j], x[j], ss);
-  return 1.0f / sqrtf(ss / static_cast<float>(h) + 1e-5f);
-}
-
-__global__ void rmsnorm_rows(float *y, const float *x, const float *g,
-                             int rows, int h) {
-  int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows)
-    return;
-  const float *xr = x + static_cast<size_t>(r) * h;
-  float inv = row_inv_rms(xr, h);
-  for (int j = 0; j < h; j++)
-    y[static_cast<size_t>(r) * h + j] = xr[j] * inv * g[j];
-}
-
-/* dx per row (one thread a row); the rows' 1/rms go to inv for dg. */
-__global__ void rmsnorm_backward_rows(float *dx, float *inv_out,
-                                      const float *x, const float *g,
-                                      const float *dy, int rows, int h) {
-  int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows)
-    return;
-  const float *xr = x + static_cast<size_t>(r) * h;
-  const float *dyr = dy + static_cast<size_t>(r) * h;
-  float inv = row_inv_rms(xr, h);
-  inv_out[r] = inv;
-  float dot = 0.0f;
-  for (int j = 0; j < h; j++)
-    dot += dyr[j] * g[j] * xr[j];
-  float c = dot * inv * inv * inv / static_cast<float>(h);
-  for (int j = 0; j < h; j++)
-    dx[static_cast<size_t>(r) * h + j] += dyr[j] * g[j] * inv - xr[j] * c;
-}
-
-/* dg per column (one thread a column), rows ascending. */
-__global__ void rmsnorm_backward_cols(float *dg, const float *inv,
-                                      const float *x, const float *dy,
-                                      int rows, int h) {
-  int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= h)
-    return;
-  float s = 0.0f;
-  for (int r = 0; r < rows; r++)
-    s += dy[static_cast<size_t>(r) * h + j] * x[static_cast<size_t>(r) * h + j] *
-         inv[r];
-  dg[j] += s;
-}
-
-/* One thread a query row: scores, softmax, then out = probs v. */
-__global__ void attention_rows(float *out, float *probs, const float *qkv,
-                               int s, int h) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= s)
-    return;
-  int w = 3 * h;
-  float scale = 1.0f / sqrtf(static_cast<float>(h));
-  const float *q = qkv + static_cast<size_t>(i) * w;
-  float *pr = probs + static_cast<size_t>(i) * s;
-  float mx = -INFINITY;
-  for (int j = 0; j < s; j++) {
-    const float *kr = qkv + static_cast<size_t>(j) * w + h;
-    float d = 0.0f;
-    for (int p = 0; p < h; p++)
-      d = fmaf(q[p], kr[p], d);
-    pr[j] = d * scale;
-    mx = fmaxf(mx, pr[j]);
-  }
-  float sum = 0.0f;
-  for (int j = 0; j < s; j++) {
-    pr[j] = expf(pr[j] - mx);
-    sum += pr[j];
-  }
-  for (int j = 0; j < s; j++)
-    pr[j] /= sum;
-  float *o = out + static_cast<size_t>(i) * h;
-  for (int p = 0; p < h; p++) {
-    float acc = 0.0f;
-    for (int j = 0; j < s; j++)
-      acc = fmaf(pr[j], qkv[static_cast<size_t>(j) * w + 2 * h + p], acc);
-    o[p] = acc;
-  }
-}
-
-/* dS[i,j] = P[i,j] (dP[i,j] - sum_j dP[i,j] P[i,j]) scale, with dP = dout
- * v^T; one thread a row. */
-__global__ void attention_ds_rows(float *ds, const float *dout,
-                                  const float *qkv, const float *probs, int s,
-                                  int h) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= s)
-    return;
-  int w = 3 * h;
-  float scale = 1.0f / sqrtf(static_cast<float>(h));
-  const float *dor = dout + static_cast<size_t>(i) * h;
-  const float *pr = probs + static_cast<size_t>(i) * s;
-  float *dsr = ds + static_cast<size_t>(i) * s;
-  float rowdot = 0.0f;
-  for (int j = 0; j < s; j++) {
-    const float *v = qkv + static_cast<size_t>(j) * w + 2 * h;
-    float d = 0.0f;
-    for (int p = 0; p < h; p++)
-      d = fmaf(dor[p], v[p], d);
-    dsr[j] = d; /* dP for now */
-    rowdot = fmaf(d, pr[j], rowdot);
-  }
-  for (int j = 0; j < s; j++)
-    dsr[j] = pr[j] * (dsr[j] - rowdot) * scale;
-}
-
-__global__ void silu_fw(float *act, const float *u, size_t n) {
-  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n)
-    act[i] = u[i] / (1.0f + expf(-u[i]));
-}
-
-__global__ void silu_bw(float *du, const float *dact, const float *u,
-                        size_t n) {
-  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) {
-    float sg = 1.0f / (1.0f + expf(-u[i]));
-    du[i] = dact[i] * (sg + u[i] * sg * (1.0f - sg));
-  }
-}
-
-__global__ void add_inplace(float *y, const float *x, size_t n) {
-  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n)
-    y[i] += x[i];
-}
-
-__global__ void sgd_step(float *w, float *dw, size_t n, float lr) {
-  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) {
-    w[i] -= lr * dw[i];
-    dw[i] = 0.0f;
-  }
-}
-
-} // namespace
-
-extern "C" {
-
 int kc_matmul(float *c, const float *a, const float *b, int m, int k, int n,
               int acc, void *stream) {
-  /* a[m,k] @ b[k,n] */
   return launch_matmul(c, a, b, m, k, n, k, 1, n, 1, n, acc, stream);
 }
 
-int kc_matmul_tn(float *c, const float *a, const float *b, int m, int k,
-                 int n, int acc, void *stream) {
-  /* a[k,m]^T @ b[k,n] */
+int kc_matmul_tn(float *c, const float *a, const float *b, int m, int k, int n,
+                 int acc, void *stream) {
   return launch_matmul(c, a, b, m, k, n, 1, m, n, 1, n, acc, stream);
 }
 
-int kc_matmul_nt(float *c, const float *a, const float *b, int m, int k,
-                 int n, int acc, void *stream) {
-  /* a[m,k] @ b[n,k]^T */
+int kc_matmul_nt(float *c, const float *a, const float *b, int m, int k, int n,
+                 int acc, void *stream) {
   return launch_matmul(c, a, b, m, k, n, k, 1, 1, k, n, acc, stream);
 }
 
 int kc_rmsnorm(float *y, const float *x, const float *g, int rows, int h,
                void *stream) {
-  if (rows <= 0)
+  if (rows <= 0 || h <= 0)
     return 0;
-  rmsnorm_rows<<<blocks_for(static_cast<size_t>(rows)), kThreads, 0,
-                 as_stream(stream)>>>(y, x, g, rows, h);
+  ofl_demo_k_rmsnorm<<<blocks_for(static_cast<size_t>(rows)), kThreads, 0,
+                       as_stream(stream)>>>(y, x, g, rows, h);
   return launched();
 }
 
@@ -224,36 +124,38 @@ int kc_rmsnorm_backward(float *dx, float *dg, const float *x, const float *g,
                         void *stream) {
   if (rows <= 0 || h <= 0)
     return 0;
-  rmsnorm_backward_rows<<<blocks_for(static_cast<size_t>(rows)), kThreads, 0,
-                          as_stream(stream)>>>(dx, scratch, x, g, dy, rows, h);
+  ofl_demo_k_rmsnorm_bw_rows<<<blocks_for(static_cast<size_t>(rows)), kThreads,
+                               0, as_stream(stream)>>>(dx, scratch, x, g, dy,
+                                                       rows, h);
   int e = launched();
   if (e != 0)
     return e;
-  rmsnorm_backward_cols<<<blocks_for(static_cast<size_t>(h)), kThreads, 0,
-                          as_stream(stream)>>>(dg, scratch, x, dy, rows, h);
+  ofl_demo_k_rmsnorm_bw_cols<<<blocks_for(static_cast<size_t>(h)), kThreads, 0,
+                               as_stream(stream)>>>(dg, scratch, x, dy, rows,
+                                                    h);
   return launched();
 }
 
 int kc_attention(float *out, float *probs, const float *qkv, int s, int h,
                  void *stream) {
-  if (s <= 0)
+  if (s <= 0 || h <= 0)
     return 0;
-  attention_rows<<<blocks_for(static_cast<size_t>(s)), kThreads, 0,
-                   as_stream(stream)>>>(out, probs, qkv, s, h);
+  ofl_demo_k_attention<<<blocks_for(static_cast<size_t>(s)), kThreads, 0,
+                         as_stream(stream)>>>(out, probs, qkv, s, h);
   return launched();
 }
 
 int kc_attention_backward(float *dqkv, const float *dout, const float *qkv,
                           const float *probs, float *scratch, int s, int h,
                           void *stream) {
-  if (s <= 0)
+  if (s <= 0 || h <= 0)
     return 0;
   long long w = 3LL * h;
   float *ds = scratch; /* s x s */
-  attention_ds_rows<<<blocks_for(static_cast<size_t>(s)), kThreads, 0,
-                      as_stream(stream)>>>(ds, dout, qkv, probs, s, h);
+  ofl_demo_k_attention_ds<<<blocks_for(static_cast<size_t>(s)), kThreads, 0,
+                            as_stream(stream)>>>(ds, dout, qkv, probs, s, h);
   int e = launched();
-  /* dq = dS k: A = dS [s,s], B(p,j) = k[p, j] (row stride w) */
+  /* dq = dS k: A = dS [s,s], B(p,j) = k[p,j] (row stride w) */
   if (e == 0)
     e = launch_matmul(dqkv, ds, qkv + h, s, s, h, s, 1, w, 1, w, 0, stream);
   /* dk = dS^T q: A(i,p) = dS[p,i], B(p,j) = q[p,j] */
@@ -269,7 +171,8 @@ int kc_attention_backward(float *dqkv, const float *dout, const float *qkv,
 int kc_silu(float *act, const float *u, size_t n, void *stream) {
   if (n == 0)
     return 0;
-  silu_fw<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(act, u, n);
+  ofl_demo_k_silu<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(act, u,
+                                                                     n);
   return launched();
 }
 
@@ -277,22 +180,94 @@ int kc_silu_backward(float *du, const float *dact, const float *u, size_t n,
                      void *stream) {
   if (n == 0)
     return 0;
-  silu_bw<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(du, dact, u, n);
+  ofl_demo_k_silu_bw<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(
+      du, dact, u, n);
   return launched();
 }
 
 int kc_add(float *y, const float *x, size_t n, void *stream) {
   if (n == 0)
     return 0;
-  add_inplace<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(y, x, n);
+  ofl_demo_k_add<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(y, x, n);
   return launched();
 }
 
 int kc_sgd(float *w, float *dw, size_t n, float lr, void *stream) {
   if (n == 0)
     return 0;
-  sgd_step<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(w, dw, n, lr);
+  ofl_demo_k_sgd<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(w, dw, n,
+                                                                    lr);
   return launched();
 }
 
-} // extern "C"
+int kc_device_count(int *count) {
+  return static_cast<int>(cudaGetDeviceCount(count));
+}
+
+int kc_set_device(int device) {
+  return static_cast<int>(cudaSetDevice(device));
+}
+
+int kc_stream_create(void **stream) {
+  cudaStream_t s = nullptr;
+  int e = static_cast<int>(
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  *stream = e == 0 ? static_cast<void *>(s) : nullptr;
+  return e;
+}
+
+int kc_stream_destroy(void *stream) {
+  return static_cast<int>(cudaStreamDestroy(as_stream(stream)));
+}
+
+int kc_stream_sync(void *stream) {
+  return static_cast<int>(cudaStreamSynchronize(as_stream(stream)));
+}
+
+int kc_h2d(void *dst, const void *src, size_t bytes, void *stream) {
+  int e = static_cast<int>(cudaMemcpyAsync(dst, src, bytes,
+                                           cudaMemcpyHostToDevice,
+                                           as_stream(stream)));
+  return e != 0 ? e : kc_stream_sync(stream);
+}
+
+int kc_d2h(void *dst, const void *src, size_t bytes, void *stream) {
+  int e = static_cast<int>(cudaMemcpyAsync(dst, src, bytes,
+                                           cudaMemcpyDeviceToHost,
+                                           as_stream(stream)));
+  return e != 0 ? e : kc_stream_sync(stream);
+}
+
+int kc_memset0(void *dst, size_t bytes, void *stream) {
+  return static_cast<int>(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
+}
+
+int kc_mem_info(size_t *free_bytes, size_t *total_bytes) {
+  return static_cast<int>(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+const char *kc_error_string(int error) {
+  return cudaGetErrorString(static_cast<cudaError_t>(error));
+}
+
+kc_api_t g_api = {
+    KC_API_VERSION,      0,
+    kc_matmul,           kc_matmul_tn,
+    kc_matmul_nt,        kc_rmsnorm,
+    kc_rmsnorm_backward, kc_attention,
+    kc_attention_backward, kc_silu,
+    kc_silu_backward,    kc_add,
+    kc_sgd,              kc_device_count,
+    kc_set_device,       kc_stream_create,
+    kc_stream_destroy,   kc_stream_sync,
+    kc_h2d,              kc_d2h,
+    kc_memset0,          kc_mem_info,
+    kc_error_string,
+};
+
+} // namespace
+
+extern "C" const kc_api_t *ofl_demo_kernels_cuda_api(void) {
+  g_api.emulated = ofl_demo_kernels_emu_register();
+  return &g_api;
+}

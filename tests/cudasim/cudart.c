@@ -85,7 +85,7 @@ typedef struct marker {
   uint64_t t_ns;
 } marker_t;
 
-enum op_kind { OP_COPY, OP_MEMSET, OP_NOP, OP_HOSTFN, OP_EXT, OP_FREE };
+enum op_kind { OP_COPY, OP_MEMSET, OP_NOP, OP_HOSTFN, OP_EXT, OP_FREE, OP_KERNEL };
 
 typedef struct op {
   struct op *next;
@@ -107,6 +107,17 @@ typedef struct op {
   void *arg;
   volatile int abort_flag; /* written with atomics */
   const char *what;
+  /* kernel: its emulation, threads (1-D), a copy of the arguments (kargs,
+   * kargs_bytes; parameter i at koff[i]) and the spans it touches, with the
+   * device pointer each one starts at (kptr) */
+  const cudasim_kernel_emu_t *kemu;
+  unsigned long long kthreads;
+  unsigned char *kargs;
+  size_t kargs_bytes;
+  size_t koff[CUDASIM_KERNEL_MAX_PARAMS];
+  cudasim_kernel_span_t kspans[CUDASIM_KERNEL_MAX_PARAMS];
+  uintptr_t kptr[CUDASIM_KERNEL_MAX_PARAMS];
+  int nkspans;
 } op_t;
 
 struct capture;
@@ -255,6 +266,12 @@ static __thread int t_capture_mode = cudaStreamCaptureModeGlobal;
   X(cudaErrorIllegalState,                                                     \
     "the operation cannot be performed in the present state")                  \
   X(cudaErrorNotReady, "device not ready")                                     \
+  X(cudaErrorInvalidConfiguration, "invalid configuration argument")           \
+  X(cudaErrorMissingConfiguration, "__global__ function call is not "          \
+                                   "configured")                               \
+  X(cudaErrorInvalidDeviceFunction, "invalid device function")                 \
+  X(cudaErrorNoKernelImageForDevice,                                           \
+    "no kernel image is available for execution on the device")               \
   X(cudaErrorIllegalAddress, "an illegal memory access was encountered")       \
   X(cudaErrorHostMemoryAlreadyRegistered,                                      \
     "part or all of the requested memory range is already mapped")             \
@@ -707,6 +724,7 @@ static void op_free(op_t *op) {
     marker_unref(op->pre[i]);
   free(op->pre);
   free(op->staging);
+  free(op->kargs);
   marker_unref(op->marker);
   free(op);
 }
@@ -727,6 +745,10 @@ static op_t *op_clone(const op_t *t) {
   op->npre = 0;
   op->staging = NULL;
   op->abort_flag = 0;
+  if (t->kargs) {
+    op->kargs = xcalloc(1, t->kargs_bytes ? t->kargs_bytes : 1);
+    memcpy(op->kargs, t->kargs, t->kargs_bytes);
+  }
   return op;
 }
 
@@ -804,6 +826,46 @@ static char *exec_side(void *p, size_t bytes, int dev, int pinned,
   return r;
 }
 
+/* Runs an emulated kernel: every span must still lie in one live allocation
+ * of the stream's device; the emulation's thread function then runs once
+ * per thread index, in order, on a copy of the arguments whose pointer
+ * parameters are the spans' CPU-side addresses. A freed span is misuse and
+ * the stream's error becomes cudaErrorIllegalAddress (a GPU faults). */
+static void kernel_run(cstream_t *s, op_t *op) {
+  unsigned char *a = xcalloc(1, op->kargs_bytes ? op->kargs_bytes : 1);
+  memcpy(a, op->kargs, op->kargs_bytes);
+  void *args[CUDASIM_KERNEL_MAX_PARAMS];
+  for (int i = 0; i < op->kemu->nparams; i++)
+    args[i] = a + op->koff[i];
+  int bad = -1;
+  pthread_mutex_lock(&g.mu);
+  for (int i = 0; i < op->nkspans && bad < 0; i++) {
+    if (op->kspans[i].bytes == 0)
+      continue;
+    int dev = -1;
+    char *sh = shadow_of(op->kptr[i], op->kspans[i].bytes, &dev);
+    if (!sh || dev != s->dev)
+      bad = i;
+    else
+      memcpy(a + op->koff[op->kspans[i].param], &sh, sizeof sh);
+  }
+  pthread_mutex_unlock(&g.mu);
+  if (bad >= 0) {
+    misuse("kernel %s: parameter %d, %p (%zu bytes), was freed before the "
+           "kernel ran (a GPU faults: cudaErrorIllegalAddress)",
+           op->kemu->name, op->kspans[bad].param, (void *)op->kptr[bad],
+           op->kspans[bad].bytes);
+    pthread_mutex_lock(&s->mu);
+    if (!s->error)
+      s->error = cudaErrorIllegalAddress;
+    pthread_mutex_unlock(&s->mu);
+  } else {
+    for (unsigned long long i = 0; i < op->kthreads; i++)
+      op->kemu->thread(args, (long long)i);
+  }
+  free(a);
+}
+
 static void op_run(cstream_t *s, op_t *op) {
   switch (op->kind) {
   case OP_COPY: {
@@ -837,6 +899,9 @@ static void op_run(cstream_t *s, op_t *op) {
     }
     break;
   }
+  case OP_KERNEL:
+    kernel_run(s, op);
+    break;
   case OP_FREE:
     pthread_mutex_lock(&g.mu);
     if (device_release(op->dst_dev, (uintptr_t)op->dst) != 0) {
@@ -1069,6 +1134,9 @@ static int busy_locked(uintptr_t p, size_t size) {
                ranges_overlap((uintptr_t)op->src, op->bytes, p, size));
       else if (op->kind == OP_FREE)
         hit = (uintptr_t)op->dst >= p && (uintptr_t)op->dst < p + size;
+      else if (op->kind == OP_KERNEL)
+        for (int i = 0; i < op->nkspans && !hit; i++)
+          hit = ranges_overlap(op->kptr[i], op->kspans[i].bytes, p, size);
     }
     pthread_mutex_unlock(&t->mu);
     if (hit)
@@ -1876,6 +1944,257 @@ EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
   }
   pthread_mutex_unlock(&g.mu);
   return fail(e);
+}
+
+/* ---- kernels (cudasim.h): registration, launch configuration, launches
+ * ------------------------------------------------------------------------ */
+
+typedef struct kfunc {
+  struct kfunc *next;
+  void **module; /* the __cudaRegisterFatBinary handle */
+  const void *host; /* the host stub nvcc generated */
+  char name[256];   /* device name */
+} kfunc_t;
+
+typedef struct kemu_reg {
+  struct kemu_reg *next;
+  const cudasim_kernel_emu_t *emu;
+} kemu_reg_t;
+
+static pthread_mutex_t k_mu = PTHREAD_MUTEX_INITIALIZER;
+static kfunc_t *k_funcs;   /* k_mu */
+static kemu_reg_t *k_emus; /* k_mu */
+
+/* The <<<>>> configurations pushed and not yet popped, per thread. */
+typedef struct {
+  dim3 grid, block;
+  size_t shmem;
+  cudaStream_t stream;
+} kconf_t;
+static __thread kconf_t t_kconf[8];
+static __thread int t_nkconf;
+
+EXPORT void **__cudaRegisterFatBinary(void *fatCubin) {
+  ensure_init();
+  void **h = xcalloc(1, sizeof *h);
+  *h = fatCubin;
+  return h;
+}
+
+EXPORT void __cudaRegisterFatBinaryEnd(void **handle) { (void)handle; }
+
+EXPORT void __cudaUnregisterFatBinary(void **handle) {
+  pthread_mutex_lock(&k_mu);
+  for (kfunc_t **pp = &k_funcs; *pp;) {
+    if ((*pp)->module == handle) {
+      kfunc_t *f = *pp;
+      *pp = f->next;
+      free(f);
+    } else {
+      pp = &(*pp)->next;
+    }
+  }
+  pthread_mutex_unlock(&k_mu);
+  free(handle);
+}
+
+EXPORT void __cudaRegisterFunction(void **handle, const char *hostFun,
+                                   char *deviceFun, const char *deviceName,
+                                   int thread_limit, uint3 *tid, uint3 *bid,
+                                   dim3 *bDim, dim3 *gDim, int *wSize) {
+  (void)deviceFun, (void)thread_limit, (void)tid, (void)bid, (void)bDim;
+  (void)gDim, (void)wSize;
+  kfunc_t *f = xcalloc(1, sizeof *f);
+  f->module = handle;
+  f->host = hostFun;
+  snprintf(f->name, sizeof f->name, "%s", deviceName ? deviceName : "?");
+  pthread_mutex_lock(&k_mu);
+  f->next = k_funcs;
+  k_funcs = f;
+  pthread_mutex_unlock(&k_mu);
+}
+
+static kfunc_t *kfunc_by_host(const void *host) {
+  pthread_mutex_lock(&k_mu);
+  kfunc_t *f = k_funcs;
+  while (f && f->host != host)
+    f = f->next;
+  pthread_mutex_unlock(&k_mu);
+  return f;
+}
+
+EXPORT int cudasim_register_kernel(const cudasim_kernel_emu_t *emu) {
+  if (!emu || !emu->name || !emu->thread || !emu->spans || emu->nparams < 0 ||
+      emu->nparams > CUDASIM_KERNEL_MAX_PARAMS)
+    return EINVAL;
+  for (int i = 0; i < emu->nparams; i++)
+    if (emu->param_size[i] == 0)
+      return EINVAL;
+  pthread_mutex_lock(&k_mu);
+  kemu_reg_t *r = k_emus;
+  while (r && strcmp(r->emu->name, emu->name) != 0)
+    r = r->next;
+  if (!r) {
+    r = xcalloc(1, sizeof *r);
+    r->next = k_emus;
+    k_emus = r;
+  }
+  r->emu = emu;
+  pthread_mutex_unlock(&k_mu);
+  return 0;
+}
+
+static const cudasim_kernel_emu_t *kemu_find(const char *name) {
+  pthread_mutex_lock(&k_mu);
+  kemu_reg_t *r = k_emus;
+  while (r && strcmp(r->emu->name, name) != 0)
+    r = r->next;
+  pthread_mutex_unlock(&k_mu);
+  return r ? r->emu : NULL;
+}
+
+EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *out, const void *hostFun) {
+  ensure_init();
+  kfunc_t *f = kfunc_by_host(hostFun);
+  if (!out || !f)
+    return fail(cudaErrorInvalidDeviceFunction);
+  *out = (cudaKernel_t)f;
+  return cudaSuccess;
+}
+
+EXPORT unsigned __cudaPushCallConfiguration(dim3 gridDim, dim3 blockDim,
+                                            size_t sharedMem,
+                                            struct CUstream_st *stream) {
+  if (t_nkconf == (int)(sizeof t_kconf / sizeof t_kconf[0]))
+    return 1;
+  t_kconf[t_nkconf++] = (kconf_t){gridDim, blockDim, sharedMem, stream};
+  return 0;
+}
+
+EXPORT cudaError_t __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blockDim,
+                                              size_t *sharedMem,
+                                              void *stream) {
+  if (t_nkconf == 0)
+    return fail(cudaErrorMissingConfiguration);
+  kconf_t c = t_kconf[--t_nkconf];
+  *gridDim = c.grid;
+  *blockDim = c.block;
+  *sharedMem = c.shmem;
+  *(cudaStream_t *)stream = c.stream;
+  return cudaSuccess;
+}
+
+static cudaError_t launch_common(kfunc_t *f, dim3 grid, dim3 block,
+                                 void **args, size_t shmem, cudaStream_t h,
+                                 const char *api) {
+  NEED_CTX();
+  if (!f)
+    return fail(cudaErrorInvalidDeviceFunction);
+  unsigned long long threads =
+      (unsigned long long)block.x * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
+      grid.y > 65535 || grid.z > 65535 || threads == 0 || threads > 1024 ||
+      block.x > 1024 || block.y > 1024 || block.z > 64)
+    return fail(cudaErrorInvalidConfiguration);
+  if (shmem > 48 * 1024)
+    return fail(cudaErrorInvalidValue);
+  const cudasim_kernel_emu_t *emu = kemu_find(f->name);
+  if (!emu) {
+    fprintf(stderr,
+            "cudasim: %s(%s): no CPU emulation of this kernel is registered "
+            "(cudasim_register_kernel); the stand-in cannot run device code\n",
+            api, f->name);
+    return fail(cudaErrorNoKernelImageForDevice);
+  }
+  if (grid.y != 1 || grid.z != 1 || block.y != 1 || block.z != 1) {
+    misuse("%s(%s): grid %ux%ux%u, block %ux%ux%u: the stand-in emulates 1-D "
+           "launches only",
+           api, f->name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
+    return fail(cudaErrorNotSupported);
+  }
+  if (emu->nparams > 0 && !args)
+    return fail(cudaErrorInvalidValue);
+  op_t *op = op_new(OP_KERNEL, api);
+  op->kemu = emu;
+  op->kthreads = (unsigned long long)grid.x * block.x;
+  size_t off = 0;
+  for (int i = 0; i < emu->nparams; i++) {
+    op->koff[i] = off;
+    off += (emu->param_size[i] + 15) & ~(size_t)15;
+  }
+  op->kargs_bytes = off;
+  op->kargs = xcalloc(1, off ? off : 1);
+  void *copied[CUDASIM_KERNEL_MAX_PARAMS];
+  for (int i = 0; i < emu->nparams; i++) {
+    memcpy(op->kargs + op->koff[i], args[i], emu->param_size[i]);
+    copied[i] = op->kargs + op->koff[i];
+  }
+  int n = emu->spans(copied, op->kspans, CUDASIM_KERNEL_MAX_PARAMS);
+  if (n < 0 || n > CUDASIM_KERNEL_MAX_PARAMS)
+    n = 0;
+  op->nkspans = n;
+  pthread_mutex_lock(&g.mu);
+  cstream_t *s;
+  int e = stream_get_locked(h, &s, api);
+  for (int i = 0; !e && i < n; i++) {
+    const cudasim_kernel_span_t *sp = &op->kspans[i];
+    if (sp->param < 0 || sp->param >= emu->nparams ||
+        emu->param_size[sp->param] != sizeof(void *)) {
+      pthread_mutex_unlock(&g.mu);
+      misuse("%s(%s): the emulation names parameter %d as a pointer", api,
+             f->name, sp->param);
+      op_free(op);
+      return fail(cudaErrorInvalidValue);
+    }
+    void *p;
+    memcpy(&p, op->kargs + op->koff[sp->param], sizeof p);
+    op->kptr[i] = (uintptr_t)p;
+    if (sp->bytes == 0)
+      continue;
+    int dev = -1;
+    if (!shadow_of((uintptr_t)p, sp->bytes, &dev) || dev != s->dev) {
+      pthread_mutex_unlock(&g.mu);
+      misuse("%s(%s): parameter %d, %p, does not hold the %zu bytes the "
+             "kernel touches in one live allocation of the stream's device "
+             "%d (%s); a GPU would fault (cudaErrorIllegalAddress)",
+             api, f->name, sp->param, p, sp->bytes, s->dev,
+             dev < 0 ? "not device memory, freed, or overrun"
+                     : "memory of another device");
+      op_free(op);
+      return fail(cudaErrorIllegalAddress);
+    }
+  }
+  if (e) {
+    pthread_mutex_unlock(&g.mu);
+    op_free(op);
+    return fail(e);
+  }
+  push_locked(s, op);
+  pthread_mutex_unlock(&g.mu);
+  STAT_ADD(kernel_launches, 1);
+  return cudaSuccess;
+}
+
+EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim,
+                                      dim3 blockDim, void **args,
+                                      size_t sharedMem, cudaStream_t stream) {
+  ENTER("cudaLaunchKernel");
+  kfunc_t *f = NULL;
+  pthread_mutex_lock(&k_mu);
+  for (kfunc_t *k = k_funcs; k; k = k->next)
+    if ((void *)k == (void *)kernel)
+      f = k;
+  pthread_mutex_unlock(&k_mu);
+  return launch_common(f, gridDim, blockDim, args, sharedMem, stream,
+                       "cudaLaunchKernel");
+}
+
+EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim,
+                                    dim3 blockDim, void **args,
+                                    size_t sharedMem, cudaStream_t stream) {
+  ENTER("cudaLaunchKernel");
+  return launch_common(kfunc_by_host(func), gridDim, blockDim, args,
+                       sharedMem, stream, "cudaLaunchKernel");
 }
 
 /* ---- events

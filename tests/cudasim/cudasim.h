@@ -51,6 +51,7 @@ typedef struct cudasim_stats {
   uint64_t host_fn_calls;
   uint64_t nccl_collectives;
   uint64_t misuse; /* misuse reports (only non-zero in count mode) */
+  uint64_t kernel_launches; /* kernels launched (emulated, see below) */
   /* 1 once the primary context of device d was created (the first call that
    * needed device d: cudaSetDevice, or any call on a thread whose current
    * device is d, including a thread that never chose one: device 0). */
@@ -73,6 +74,44 @@ void cudasim_reset_misuse(void);
 void cudasim_inject_error(uint64_t n, int error, int sticky);
 /* 1 when ptr lies in a live device allocation (device in *device). */
 int cudasim_is_device_memory(const void *ptr, int *device);
+/* ---- kernels -------------------------------------------------------------
+ * The stand-in cannot run device code. It answers the registration calls an
+ * nvcc-compiled object makes at load (__cudaRegisterFatBinary,
+ * __cudaRegisterFunction, ...) and the launches (<<<>>>, cudaLaunchKernel):
+ * a launch runs on its stream, in stream order, a CPU emulation of the
+ * kernel that the program registered under the kernel's device name (an
+ * extern "C" __global__ function: its own name). A kernel without an
+ * emulation fails its launch with cudaErrorNoKernelImageForDevice.
+ *
+ * An emulation declares its parameters' sizes (as the kernel's), and which
+ * parameters are device pointers with how many bytes from each the launch
+ * may touch (`spans`, called at the launch with the argument values): each
+ * span must lie in one live allocation of the stream's device at the launch
+ * (else misuse, as a GPU would fault) and still when the kernel runs; frees
+ * of memory a queued kernel spans are misuse, as for copies. Only 1-D grids
+ * are emulated: the emulation's `thread` runs once per thread index
+ * blockIdx.x * blockDim.x + threadIdx.x, in order, with the pointer
+ * parameters replaced by the CPU-side addresses of their spans. Kernels that
+ * use shared memory, synchronise threads or use atomics across threads
+ * cannot be emulated this way. */
+#define CUDASIM_KERNEL_MAX_PARAMS 16
+typedef struct cudasim_kernel_span {
+  int param;    /* index of a pointer parameter */
+  size_t bytes; /* bytes from that pointer the launch touches (0: none) */
+} cudasim_kernel_span_t;
+typedef struct cudasim_kernel_emu {
+  const char *name; /* the kernel's device name */
+  int nparams;
+  size_t param_size[CUDASIM_KERNEL_MAX_PARAMS];
+  /* args[i] points at the value of parameter i. Returns the number of
+   * spans written (<= max). */
+  int (*spans)(void *const *args, cudasim_kernel_span_t *out, int max);
+  void (*thread)(void *const *args, long long idx);
+} cudasim_kernel_emu_t;
+/* Registers (or replaces) the emulation of the kernel emu->name; *emu and
+ * the name must outlive the process's launches. Returns 0 or EINVAL. */
+int cudasim_register_kernel(const cudasim_kernel_emu_t *emu);
+
 /* 1 while the calling thread is the host-function thread. */
 int cudasim_in_host_fn(void);
 

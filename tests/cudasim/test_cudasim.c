@@ -566,8 +566,144 @@ static void test_errors(void) {
          "an injected sticky error fails every later call");
 }
 
+/* ---- kernels: registration, launches, the emulation in stream order ---- */
+
+/* What nvcc's generated code calls (crt/host_runtime.h); declared here, as
+ * a C test has no <<<>>>. */
+void **__cudaRegisterFatBinary(void *fatCubin);
+void __cudaRegisterFatBinaryEnd(void **handle);
+void __cudaUnregisterFatBinary(void **handle);
+void __cudaRegisterFunction(void **handle, const char *hostFun,
+                            char *deviceFun, const char *deviceName,
+                            int thread_limit, uint3 *tid, uint3 *bid,
+                            dim3 *bDim, dim3 *gDim, int *wSize);
+cudaError_t __cudaGetKernel(cudaKernel_t *out, const void *hostFun);
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim,
+                               dim3 blockDim, void **args, size_t sharedMem,
+                               cudaStream_t stream);
+unsigned __cudaPushCallConfiguration(dim3 gridDim, dim3 blockDim,
+                                     size_t sharedMem,
+                                     struct CUstream_st *stream);
+cudaError_t __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blockDim,
+                                       size_t *sharedMem, void *stream);
+
+/* The emulation of "scale2(float *y, const float *x, size_t n)":
+ * y[i] = 2 x[i]. */
+static int scale2_spans(void *const *args, cudasim_kernel_span_t *o,
+                        int max) {
+  size_t n = *(const size_t *)args[2];
+  if (max < 2)
+    return 0;
+  o[0] = (cudasim_kernel_span_t){0, n * sizeof(float)};
+  o[1] = (cudasim_kernel_span_t){1, n * sizeof(float)};
+  return 2;
+}
+static void scale2_thread(void *const *args, long long i) {
+  float *y = *(float *const *)args[0];
+  const float *x = *(const float *const *)args[1];
+  if (i < (long long)*(const size_t *)args[2])
+    y[i] = 2.0f * x[i];
+}
+static const cudasim_kernel_emu_t scale2_emu = {
+    "scale2", 3, {sizeof(void *), sizeof(void *), sizeof(size_t)},
+    scale2_spans, scale2_thread};
+static char scale2_stub, nokernel_stub; /* the "host stubs" */
+
+static cudaError_t launch_scale2(const void *stub, float *y, const float *x,
+                                 size_t n, unsigned threads,
+                                 cudaStream_t s) {
+  dim3 grid = {(unsigned)((n + threads - 1) / threads), 1, 1};
+  dim3 block = {threads, 1, 1};
+  if (__cudaPushCallConfiguration(grid, block, 0, s) != 0)
+    return cudaErrorInvalidConfiguration;
+  dim3 g2, b2;
+  size_t shm;
+  cudaStream_t s2;
+  cudaError_t e = __cudaPopCallConfiguration(&g2, &b2, &shm, &s2);
+  if (e != cudaSuccess)
+    return e;
+  cudaKernel_t k = NULL;
+  e = __cudaGetKernel(&k, stub);
+  if (e != cudaSuccess)
+    return e;
+  void *args[] = {&y, &x, &n};
+  return __cudaLaunchKernel(k, g2, b2, args, shm, s2);
+}
+
+static void test_kernels(void) {
+  void **mod = __cudaRegisterFatBinary((void *)"fatbin");
+  __cudaRegisterFunction(mod, &scale2_stub, (char *)"scale2", "scale2", -1,
+                         NULL, NULL, NULL, NULL, NULL);
+  __cudaRegisterFunction(mod, &nokernel_stub, (char *)"nokernel", "nokernel",
+                         -1, NULL, NULL, NULL, NULL, NULL);
+  __cudaRegisterFatBinaryEnd(mod);
+  tap_ok(cudasim_register_kernel(&scale2_emu) == 0,
+         "an emulation registers under the kernel's device name");
+  cudaSetDevice(0);
+  const size_t n = 1000;
+  float *h = NULL, *x = NULL, *y = NULL;
+  cudaMallocHost((void **)&h, n * sizeof(float));
+  cudaMalloc((void **)&x, n * sizeof(float));
+  cudaMalloc((void **)&y, n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    h[i] = (float)i;
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  /* A copy, the kernel, a copy back, all queued before any runs: the
+   * kernel must see the first copy's bytes and the second its result. */
+  int release = 0;
+  cudasim__enqueue(s, op_block, &release, "gate");
+  cudaMemcpyAsync(x, h, n * sizeof(float), cudaMemcpyHostToDevice, s);
+  cudaError_t e = launch_scale2(&scale2_stub, y, x, n, 128, s);
+  cudaMemcpyAsync(h, y, n * sizeof(float), cudaMemcpyDeviceToHost, s);
+  cudasim_stats_t st;
+  cudasim_get_stats(&st);
+  __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+  cudaStreamSynchronize(s);
+  int good = 1;
+  for (size_t i = 0; i < n; i++)
+    good &= h[i] == 2.0f * (float)i;
+  tap_ok(e == cudaSuccess && good && st.kernel_launches >= 1,
+         "a launched kernel runs its emulation in stream order over all %zu "
+         "threads (%s)",
+         n, cudaGetErrorName(e));
+  /* Misuse: a span past the allocation, a launch with no emulation, a bad
+   * configuration, freeing memory a queued kernel uses. */
+  EXPECT_MISUSE(launch_scale2(&scale2_stub, y, x, n + 64, 128, s),
+                cudaErrorIllegalAddress,
+                "a kernel span past its allocation (and its 256-byte rounding) is "
+                "misuse at the launch");
+  e = launch_scale2(&nokernel_stub, y, x, n, 128, s);
+  tap_ok(e == cudaErrorNoKernelImageForDevice &&
+             cudaGetLastError() == cudaErrorNoKernelImageForDevice,
+         "a kernel without an emulation fails its launch (%s)",
+         cudaGetErrorName(e));
+  e = launch_scale2(&scale2_stub, y, x, n, 2048, s);
+  tap_ok(e == cudaErrorInvalidConfiguration,
+         "more than 1024 threads a block is an invalid configuration (%s)",
+         cudaGetErrorName(e));
+  float *tmp = NULL;
+  cudaMalloc((void **)&tmp, n * sizeof(float));
+  /* (cudaFree synchronizes the device after the report, so the stream is
+   * held by a sleep rather than a gate.) */
+  cudasim__enqueue(s, op_sleep, (void *)(intptr_t)100, "sleep");
+  e = launch_scale2(&scale2_stub, tmp, x, n, 128, s);
+  EXPECT_MISUSE(cudaFree(tmp), cudaSuccess,
+                "cudaFree of memory a queued kernel uses is misuse");
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFreeHost(h);
+  __cudaUnregisterFatBinary(mod);
+  cudaKernel_t k = NULL;
+  tap_ok(__cudaGetKernel(&k, &scale2_stub) == cudaErrorInvalidDeviceFunction,
+         "an unregistered module's kernels are gone");
+  (void)cudaGetLastError();
+}
+
 int main(void) {
-  tap_plan(43);
+  tap_plan(50);
   test_processes(); /* before the first call: the children start fresh */
   setenv("CUDASIM_DEVICE_MEMORY", "64M", 1);
   cudasim_set_misuse_abort(0);
@@ -577,6 +713,7 @@ int main(void) {
   test_race_and_legacy();
   test_misuse();
   test_capture();
+  test_kernels();
   test_errors(); /* last: the sticky error poisons the process */
   tap_diag("misuse reports left: \"%s\"", cudasim_last_misuse());
   return tap_done();
