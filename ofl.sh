@@ -18,7 +18,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 export OMPI_MCA_rmaps_base_oversubscribe=1
 
-PACKAGES=(meson ninja-build pkg-config gcc g++ python3 libcriterion-dev
+PACKAGES=(meson ninja-build pkg-config gcc g++ python3 python3-dev libcriterion-dev
   libopenmpi-dev openmpi-bin liburing-dev fio gnuplot-nox valgrind cmake)
 
 log() { printf 'ofl.sh: %s\n' "$*" >&2; }
@@ -57,9 +57,12 @@ build() {
 # The python suite (tests/python: ofl.torch) needs torch and numpy; installed
 # from PyPI only when not importable (the Linux wheel and its CUDA libraries
 # are large: about 2-3 minutes on a fast link). The tests use the build
-# tree's libofl (OFL_LIBRARY) and python/ from the source tree, so the ofl
-# package itself needs no install. OFL_NO_TORCH_INSTALL=1 skips this (the
-# python suite then reports itself skipped).
+# tree's libofl (OFL_LIBRARY), python/ from the source tree and the C
+# extension ofl._ext that the build compiles into build/python/ofl (from
+# python/ofl/meson.build, with python3-dev's headers), so the ofl package
+# itself needs no install, nor meson-python (which `pip install ./python`
+# fetches into its isolated build environment). OFL_NO_TORCH_INSTALL=1 skips
+# this (the python suite then reports itself skipped).
 install_torch() {
   [ "${OFL_NO_TORCH_INSTALL:-0}" = 1 ] && return 0
   python3 -c 'import torch, numpy' >/dev/null 2>&1 && return 0

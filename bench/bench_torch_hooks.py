@@ -1,12 +1,21 @@
 #!/usr/bin/env python3
 """ofl.torch benchmark: per-saved-tensor hook overhead and training-step time.
 
-  OFL_LIBRARY=build/libofl.so PYTHONPATH=python python3 bench/bench_torch_hooks.py
+  OFL_LIBRARY=build/libofl.so python3 bench/bench_torch_hooks.py
+
+(python/ from this checkout; ofl._ext from the same build, build/python/ofl,
+when it was built there.)
 
 1. Hook overhead: N small tensors saved (pack) and unpacked (unpack) through
    ofl's hooks (one group of N tensors, pushed, committed, popped), against
    torch.autograd.graph.save_on_cpu and against no hooks (default saving).
-   Printed in microseconds per tensor (push+pop).
+   ofl's hooks twice: over ctypes (ManagerCorePy) and in C (ofl._ext,
+   ManagerCoreC; skipped when the extension is not built: PYTHONPATH must
+   name <build>/python after python/, or the package be pip-installed).
+   Printed in microseconds per tensor (pack+unpack calls, the best of 5
+   rounds), with the ratio to save_on_cpu and the overhead over no hooks;
+   "round" adds the group's commit and backward markers, the release of
+   the unpacked tensors and the manager's reset, per tensor.
 2. Step time of the small transformer of tests/python (forward+backward+SGD)
    without offload, with torch's save_on_cpu, with ofl's offload_activations
    and with the Megatron-style groups, and the bytes offloaded per step.
@@ -20,56 +29,81 @@ import torch
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "tests", "python"))
 sys.path.insert(0, os.path.join(here, "..", "python"))
+# ofl._ext of the build whose libofl runs (<build>/python/ofl), when built
+_lib_dir = os.path.dirname(os.environ.get("OFL_LIBRARY", ""))
+if _lib_dir and os.path.isdir(os.path.join(_lib_dir, "python", "ofl")):
+    sys.path.append(os.path.join(_lib_dir, "python"))
 os.environ.setdefault("OFL_BACKEND", "host")
 
 import ofl.torch as ot  # noqa: E402
-from ofl.torch._core import ManagerCore  # noqa: E402
+from ofl.torch import _core  # noqa: E402
 from model import TinyTransformer, make_data, one_f_one_b  # noqa: E402
 
 torch.set_num_threads(int(os.environ.get("OFL_BENCH_THREADS", "1")))
 
 
 def hook_overhead(n=2000, shape=(16, 16), reps=5):
+    """{variant: (us per tensor in the pack and unpack calls, us per tensor
+    of the whole round)}."""
     xs = [torch.randn(shape) for _ in range(n)]
-    core = ManagerCore(groups=b"", fraction=1.0, rank_delta_bytes=0, summary=False)
-    core.min_bytes = 1
+    clock = time.perf_counter
 
-    def ofl_round():
+    def ofl_round(core):
+        t0 = clock()
         core.chunk_begin(1, 0)
         core.group_start(b"g")
-        t0 = time.perf_counter()
+        t1 = clock()
         packed = [core.pack(x) for x in xs]
-        t1 = time.perf_counter()
+        t2 = clock()
         core.commit(b"g")
         core.backward_begin(b"g")
-        t2 = time.perf_counter()
+        t3 = clock()
         out = [core.unpack(p) for p in reversed(packed)]
-        t3 = time.perf_counter()
+        t4 = clock()
         core.backward_end(b"g")
         del out, packed
         core.reset()
-        return (t1 - t0) + (t3 - t2)
+        t5 = clock()
+        return (t2 - t1) + (t4 - t3), t5 - t0
 
     def cpu_round():
         # save_on_cpu's own pack/unpack functions, called the same way
+        t0 = clock()
         ctx = torch.autograd.graph.save_on_cpu(pin_memory=False)
         pack, unpack = ctx.pack_hook, ctx.unpack_hook
-        t0 = time.perf_counter()
+        t1 = clock()
         packed = [pack(x) for x in xs]
         out = [unpack(p) for p in reversed(packed)]
-        return time.perf_counter() - t0
+        t2 = clock()
+        del out, packed
+        return t2 - t1, clock() - t0
 
     def none_round():
-        t0 = time.perf_counter()
+        t0 = clock()
         packed = [x for x in xs]
         out = [p for p in reversed(packed)]
-        return time.perf_counter() - t0
+        t1 = clock()
+        del out, packed
+        return t1 - t0, clock() - t0
 
+    variants = [("no hooks", none_round, None), ("save_on_cpu", cpu_round, None),
+                ("ofl ctypes", ofl_round, _core.ManagerCorePy)]
+    if _core.ManagerCoreC is not None:
+        variants.append(("ofl C (_ext)", ofl_round, _core.ManagerCoreC))
     res = {}
-    for name, fn in (("ofl hooks", ofl_round), ("save_on_cpu", cpu_round), ("no hooks", none_round)):
-        fn()
-        res[name] = min(fn() for _ in range(reps)) / n * 1e6
-    core.close()
+    for name, fn, cls in variants:
+        core = None
+        if cls is not None:
+            core = cls(groups=b"", fraction=1.0, rank_delta_bytes=0, summary=False)
+            core.min_bytes = 1
+            args = (core,)
+        else:
+            args = ()
+        fn(*args)  # the manager's warmup
+        runs = [fn(*args) for _ in range(reps)]
+        res[name] = (min(r[0] for r in runs) / n * 1e6, min(r[1] for r in runs) / n * 1e6)
+        if core is not None:
+            core.close()
     return res
 
 
@@ -89,11 +123,16 @@ def steps(model, loop, data, n):
 def main():
     n = int(os.environ.get("OFL_BENCH_TENSORS", "2000"))
     res = hook_overhead(n)
-    print("== per-saved-tensor hook cost (push+pop, %d tensors of 1 KiB, host backend)" % n)
-    for k, v in res.items():
-        print("%-14s %8.2f us/tensor" % (k, v))
-    print("ofl / save_on_cpu: %.2f; ofl overhead over no hooks: %.2f us/tensor"
-          % (res["ofl hooks"] / res["save_on_cpu"], res["ofl hooks"] - res["no hooks"]))
+    print("== per-saved-tensor hook cost (%d tensors of 1 KiB, host backend; hooks: %s)"
+          % (n, _core.hooks_backend_reason))
+    print("%-14s %12s %12s %12s %12s" % ("", "us/tensor", "/save_on_cpu", "over none", "round us"))
+    soc, none = res["save_on_cpu"][0], res["no hooks"][0]
+    for k, (v, rnd) in res.items():
+        print("%-14s %12.2f %12.2f %12.2f %12.2f" % (k, v, v / soc, v - none, rnd))
+    if "ofl C (_ext)" in res:
+        print("ofl C / ofl ctypes: %.2f" % (res["ofl C (_ext)"][0] / res["ofl ctypes"][0]))
+    else:
+        print("ofl C: not measured (%s)" % _core.hooks_backend_reason)
 
     d, seq, batch = int(os.environ.get("OFL_BENCH_D", "256")), 128, 4
     data = make_data(steps=2, microbatches=2, batch=batch, seq=seq, vocab=256)

@@ -543,12 +543,14 @@ static ofl_status_t load_locked(void) {
       memcpy(name, *e, len);
       name[len] = '\0';
       /* OFL_BUILD_DIR and OFL_NO_TORCH_INSTALL belong to ofl.sh,
-       * OFL_LIBRARY to the Python package (which libofl it loads),
+       * OFL_LIBRARY and OFL_PYTHON_EXT to the Python package (which
+       * libofl it loads, whether its hooks run in C),
        * OFL_BENCH_* and OFL_DEMO_* to the benches and the demo, not to the
        * library. */
       if (find(name, NULL) == NULL && strcmp(name, "OFL_BUILD_DIR") != 0 &&
           strcmp(name, "OFL_NO_TORCH_INSTALL") != 0 &&
           strcmp(name, "OFL_LIBRARY") != 0 &&
+          strcmp(name, "OFL_PYTHON_EXT") != 0 &&
           strncmp(name, "OFL_BENCH_", 10) != 0 &&
           strncmp(name, "OFL_DEMO_", 9) != 0)
         OFL_WARN(OFL_SUBSYS_CONFIG,

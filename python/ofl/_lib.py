@@ -361,16 +361,21 @@ for _name, (_res, _args) in _PROTOS.items():
     _f.argtypes = _args
 
 
+# The package's own variables: OFL_LIBRARY (above) and OFL_PYTHON_EXT
+# (ofl.torch._core: 0 runs the saved-tensor hooks over ctypes even where the
+# C extension ofl._ext is present).
+_PACKAGE_VARS = ("OFL_LIBRARY", "OFL_PYTHON_EXT")
+
+
 def _load_config_quietly():
     """The library warns once, at its first configuration load, about every
-    OFL_* variable it does not know; OFL_LIBRARY is this package's. It is
-    hidden from the C environment during that first load."""
-    saved = os.environ.pop("OFL_LIBRARY", None)
+    OFL_* variable it does not know; the package's own are hidden from the C
+    environment during that first load."""
+    saved = {n: os.environ.pop(n) for n in _PACKAGE_VARS if n in os.environ}
     try:
         lib.ofl_config_get(b"OFL_BACKEND")
     finally:
-        if saved is not None:
-            os.environ["OFL_LIBRARY"] = saved
+        os.environ.update(saved)
 
 
 _load_config_quietly()
@@ -382,3 +387,8 @@ _libc.free.restype = None
 
 def free(ptr):
     _libc.free(ptr)
+
+
+def addresses(names):
+    """{name: address} of libofl's functions (for ofl._ext.setup)."""
+    return {n: ctypes.cast(getattr(lib, n), c_void_p).value for n in names}

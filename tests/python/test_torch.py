@@ -21,8 +21,23 @@ import ofl  # noqa: E402
 import ofl.torch as ot  # noqa: E402
 from model import TinyTransformer, make_data, one_f_one_b, train  # noqa: E402
 
+from ofl.torch import _core as ofl_core  # noqa: E402
+
+print("ofl.torch hooks: %s (%s)" % (ofl_core.hooks_backend, ofl_core.hooks_backend_reason))
 torch.set_num_threads(1)
 VOCAB, SEQ = 64, 16
+
+
+class Hooks(unittest.TestCase):
+    def test_the_hooks_asked_for(self):
+        """OFL_PYTHON_EXT=0: the ctypes hooks; OFL_EXPECT_EXT=1 (set by the
+        build that made ofl._ext): the C ones."""
+        if os.environ.get("OFL_PYTHON_EXT") == "0":
+            self.assertEqual(ofl_core.hooks_backend, "ctypes")
+            self.assertIs(ofl_core.ManagerCore, ofl_core.ManagerCorePy)
+        elif os.environ.get("OFL_EXPECT_EXT") == "1":
+            self.assertEqual(ofl_core.hooks_backend, "c", ofl_core.hooks_backend_reason)
+            self.assertIs(ofl_core.ManagerCore, ofl_core.ManagerCoreC)
 
 
 def fresh_model(seed=0):
@@ -56,13 +71,26 @@ SLACK = 64 * 1024
 
 def check_pools(tc, dev0, dev1, pools0, pools1):
     """Blocks in use return to the same value; the pools may have grown by
-    a few blocks created while others were still in flight (a free block
-    whose last copy is queued is skipped), never by a step's worth."""
+    blocks created while others were still in flight (a free block whose
+    last copy is queued is skipped: pending_skips), nothing else. How many
+    such blocks depends on the timing of the copy thread against the
+    training thread (the machine's load; faster hooks): up to about three
+    steps' worth on this machine, each of them counted as a skip."""
     for p in ("device_pool", "host_pool"):
         tc.assertEqual(pools0[p]["in_use_bytes"], pools1[p]["in_use_bytes"], p)
-        tc.assertLessEqual(pools1[p]["total_bytes"], pools0[p]["total_bytes"] + SLACK, p)
-    tc.assertLessEqual(dev1["device_bytes_in_use"], dev0["device_bytes_in_use"] + SLACK)
-    tc.assertLessEqual(dev1["pinned_bytes_in_use"], dev0["pinned_bytes_in_use"] + SLACK)
+        if pools1[p]["total_bytes"] > pools0[p]["total_bytes"] + SLACK:
+            new_blocks = pools1[p]["blocks_total"] - pools0[p]["blocks_total"]
+            skips = pools1[p]["pending_skips"] - pools0[p]["pending_skips"]
+            tc.assertLessEqual(new_blocks, skips,
+                               "%s grew by %d blocks, %d of them not for a pending block"
+                               % (p, new_blocks, new_blocks - skips))
+    # device and pinned memory: by the pools' growth checked above at most
+    grew = {p: max(0, pools1[p]["total_bytes"] - pools0[p]["total_bytes"])
+            for p in ("device_pool", "host_pool")}
+    tc.assertLessEqual(dev1["device_bytes_in_use"],
+                       dev0["device_bytes_in_use"] + SLACK + grew["device_pool"])
+    tc.assertLessEqual(dev1["pinned_bytes_in_use"],
+                       dev0["pinned_bytes_in_use"] + SLACK + grew["host_pool"])
 
 
 def rss_kib():

@@ -53,6 +53,27 @@ from .._errors import OflError, check, error
 L = _lib.lib
 _byref = ctypes.byref
 
+
+def _load_ext():
+    """ofl._ext (the hooks in C), set up with libofl's functions, or None and
+    why not. OFL_PYTHON_EXT=0 asks for the ctypes hooks."""
+    if os.environ.get("OFL_PYTHON_EXT", "1").strip() == "0":
+        return None, "OFL_PYTHON_EXT=0"
+    try:
+        from .. import _ext
+    except ImportError as e:
+        return None, "ofl._ext is not built (%s)" % e
+    if getattr(_ext, "ABI_VERSION", None) != 1:
+        return None, "ofl._ext at %s is of another version of the package" % _ext.__file__
+    _ext.setup(_lib.addresses(_ext.FUNCTIONS), error, torch)
+    return _ext, None
+
+
+_ext, _ext_missing = _load_ext()
+hooks_backend = "c" if _ext is not None else "ctypes"
+"""Which saved-tensor hooks ManagerCore runs: "c" (ofl._ext) or "ctypes"."""
+hooks_backend_reason = _ext_missing or "ofl._ext from %s" % _ext.__file__
+
 _TORCH_TO_OFL = {
     torch.float32: _lib.DTYPE_F32,
     torch.float16: _lib.DTYPE_F16,
@@ -218,8 +239,118 @@ class _Group:
         self.index = -1
 
 
-class ManagerCore:
-    """One ofl manager and the Python state around it."""
+class _PyHooks:
+    """The saved-tensor hooks over ctypes: the fallback of ofl._ext.Hooks
+    (_ext.c), which runs the same algorithm on the same attributes of
+    ManagerCore (active, open, min_elems, min_bytes, copy_in, ...)."""
+
+    Saved = _Saved
+
+    def pack(self, t):
+        """The saved-tensor pack hook: returns t itself (kept in Python) or a
+        _Saved record (pushed to the manager)."""
+        if (not self.active or not self.open or t.device.type != self.device_type
+                or isinstance(t, torch.nn.Parameter) or t.layout is not torch.strided):
+            return t
+        b = t._base
+        if b is not None and isinstance(b, torch.nn.Parameter):
+            return t  # a view of a parameter (leaf), as Linear saves weight.t()
+        numel = t.numel()
+        esize = t.element_size()
+        nb = numel * esize
+        if nb == 0 or numel < self.min_elems or nb < self.min_bytes:
+            return t
+        if getattr(t, "_ofl_not_offloadable", False):
+            return t
+        st = t.untyped_storage()
+        sptr = st.data_ptr()
+        snb = st.nbytes()
+        if t.is_contiguous():
+            off = t.data_ptr() - sptr
+            whole = False
+        elif 2 * nb >= snb:
+            off = 0
+            nb = snb
+            whole = True
+        else:
+            return t  # a small strided view of a large storage: not worth it
+        g = self.open[-1]
+        h = self._href
+        if self.copy_in and not whole and 2 * nb < snb:
+            sptr += off  # copy only the region: it is its own storage
+            snb = nb
+            off = 0
+        base = g.bases.get(sptr)
+        if base is None:
+            self._shape[0] = snb
+            if self.copy_in:
+                self._check(L.ofl_pool_alloc(self.dev_pool, self._shape, 1, _lib.DTYPE_U8, None, h),
+                            "ofl_pool_alloc")
+                ctypes.memmove(L.ofl_tensor_data(self._h.value), sptr, snb)
+            else:
+                self._check(L.ofl_tensor_wrap(sptr, self._shape, 1, _lib.DTYPE_U8, _lib.LOC_DEVICE,
+                                              None, None, h), "ofl_tensor_wrap")
+            base = g.bases[sptr] = [self._h.value, False]
+        if off == 0 and nb == snb:
+            if base[1]:
+                self._check(L.ofl_tensor_alias(base[0], h), "ofl_tensor_alias")
+                handle = self._h.value
+            else:
+                handle = base[0]
+                base[1] = True
+        else:
+            self._shape[0] = nb
+            self._check(L.ofl_tensor_view(base[0], off, self._shape, 1, _lib.DTYPE_U8, h),
+                        "ofl_tensor_view")
+            handle = self._h.value
+        st_ = L.ofl_manager_tensor_push(self.m, handle, self._tagref)
+        if st_ != 0:
+            if handle != base[0]:
+                L.ofl_tensor_destroy(handle)
+            else:
+                base[1] = False
+            raise error(st_, "ofl_manager_tensor_push")
+        r = _Saved()
+        r.tag = self._tag.value
+        r.h = handle
+        # held until the commit at least: while it lives its memory cannot be
+        # reused by another tensor of the group (storages are keyed by address)
+        r.tensor = t
+        r.ptr = sptr + off
+        r.nbytes = nb
+        r.dtype = t.dtype
+        r.size = t.size()
+        r.whole = whole
+        if whole:
+            r.stride = t.stride()
+            r.offset = t.storage_offset()
+        r.group = g
+        g.records.append(r)
+        return r
+
+    def unpack(self, r):
+        if type(r) is not _Saved:
+            return r
+        if self.is_cuda:
+            self._sync_compute()
+        h = self._href
+        st = L.ofl_manager_tensor_pop(self.m, r.tag, h)
+        if st != 0:
+            raise error(st, "ofl_manager_tensor_pop")
+        h = self._h.value
+        t = r.tensor
+        if t is not None and L.ofl_tensor_data(h) == r.ptr:
+            # kept on the device: the torch tensor itself
+            L.ofl_tensor_destroy(h)
+            r.tensor = None
+            return t
+        r.tensor = None
+        return self._wrap_reloaded(h, r)
+
+
+class _CoreMethods:
+    """One ofl manager and the Python state around it (everything but the
+    saved-tensor hooks, which the class it is combined with provides)."""
 
     def __init__(self, *, groups=b"", fraction=None, rank_delta_bytes=None,
                  max_inflight=None, pp_rank=0, prefetch_groups=0,
@@ -335,88 +466,6 @@ class ManagerCore:
         self.open.append(g)
         return g
 
-    def pack(self, t):
-        """The saved-tensor pack hook: returns t itself (kept in Python) or a
-        _Saved record (pushed to the manager)."""
-        if (not self.active or not self.open or t.device.type != self.device_type
-                or isinstance(t, torch.nn.Parameter) or t.layout is not torch.strided):
-            return t
-        b = t._base
-        if b is not None and isinstance(b, torch.nn.Parameter):
-            return t  # a view of a parameter (leaf), as Linear saves weight.t()
-        numel = t.numel()
-        esize = t.element_size()
-        nb = numel * esize
-        if nb == 0 or numel < self.min_elems or nb < self.min_bytes:
-            return t
-        if getattr(t, "_ofl_not_offloadable", False):
-            return t
-        st = t.untyped_storage()
-        sptr = st.data_ptr()
-        snb = st.nbytes()
-        if t.is_contiguous():
-            off = t.data_ptr() - sptr
-            whole = False
-        elif 2 * nb >= snb:
-            off = 0
-            nb = snb
-            whole = True
-        else:
-            return t  # a small strided view of a large storage: not worth it
-        g = self.open[-1]
-        h = self._href
-        if self.copy_in and not whole and 2 * nb < snb:
-            sptr += off  # copy only the region: it is its own storage
-            snb = nb
-            off = 0
-        base = g.bases.get(sptr)
-        if base is None:
-            self._shape[0] = snb
-            if self.copy_in:
-                self._check(L.ofl_pool_alloc(self.dev_pool, self._shape, 1, _lib.DTYPE_U8, None, h),
-                            "ofl_pool_alloc")
-                ctypes.memmove(L.ofl_tensor_data(self._h.value), sptr, snb)
-            else:
-                self._check(L.ofl_tensor_wrap(sptr, self._shape, 1, _lib.DTYPE_U8, _lib.LOC_DEVICE,
-                                              None, None, h), "ofl_tensor_wrap")
-            base = g.bases[sptr] = [self._h.value, False]
-        if off == 0 and nb == snb:
-            if base[1]:
-                self._check(L.ofl_tensor_alias(base[0], h), "ofl_tensor_alias")
-                handle = self._h.value
-            else:
-                handle = base[0]
-                base[1] = True
-        else:
-            self._shape[0] = nb
-            self._check(L.ofl_tensor_view(base[0], off, self._shape, 1, _lib.DTYPE_U8, h),
-                        "ofl_tensor_view")
-            handle = self._h.value
-        st_ = L.ofl_manager_tensor_push(self.m, handle, self._tagref)
-        if st_ != 0:
-            if handle != base[0]:
-                L.ofl_tensor_destroy(handle)
-            else:
-                base[1] = False
-            raise error(st_, "ofl_manager_tensor_push")
-        r = _Saved()
-        r.tag = self._tag.value
-        r.h = handle
-        # held until the commit at least: while it lives its memory cannot be
-        # reused by another tensor of the group (storages are keyed by address)
-        r.tensor = t
-        r.ptr = sptr + off
-        r.nbytes = nb
-        r.dtype = t.dtype
-        r.size = t.size()
-        r.whole = whole
-        if whole:
-            r.stride = t.stride()
-            r.offset = t.storage_offset()
-        r.group = g
-        g.records.append(r)
-        return r
-
     def _drop_bases(self, g):
         for base, pushed in g.bases.values():
             if not pushed:
@@ -526,23 +575,9 @@ class ManagerCore:
         self._check(L.ofl_manager_group_backward_end(self.m, name),
                     "ofl_manager_group_backward_end(%s)" % name.decode())
 
-    def unpack(self, r):
-        if type(r) is not _Saved:
-            return r
-        if self.is_cuda:
-            self._sync_compute()
-        h = self._href
-        st = L.ofl_manager_tensor_pop(self.m, r.tag, h)
-        if st != 0:
-            raise error(st, "ofl_manager_tensor_pop")
-        h = self._h.value
-        t = r.tensor
-        if t is not None and L.ofl_tensor_data(h) == r.ptr:
-            # kept on the device: the torch tensor itself
-            L.ofl_tensor_destroy(h)
-            r.tensor = None
-            return t
-        r.tensor = None
+    def _wrap_reloaded(self, h, r):
+        """The torch tensor of saved record r over popped handle h (owned
+        from here on), reloaded into the manager's device pool."""
         x = wrap_storage(self, h, r.nbytes, torch.uint8 if r.whole else r.dtype,
                          self.device_type, self.rt.compute_stream() if self.is_cuda else None)
         if r.whole:
@@ -618,6 +653,22 @@ class ManagerCore:
         return res
 
 
+class ManagerCorePy(_PyHooks, _CoreMethods):
+    """ManagerCore with the ctypes hooks (whether or not ofl._ext is built)."""
+
+
+if _ext is not None:
+    class ManagerCoreC(_ext.Hooks, _CoreMethods):
+        """ManagerCore with the hooks of ofl._ext."""
+
+        Saved = _ext.Saved
+
+    ManagerCore = ManagerCoreC
+else:
+    ManagerCoreC = None
+    ManagerCore = ManagerCorePy
+
+
 def _rank():
     try:
         import torch.distributed as dist
@@ -628,4 +679,5 @@ def _rank():
     return 0
 
 
-__all__ = ["Runtime", "ManagerCore", "OflError", "ofl_dtype", "torch_dtype", "wrap_storage"]
+__all__ = ["Runtime", "ManagerCore", "ManagerCorePy", "ManagerCoreC", "OflError", "ofl_dtype",
+           "torch_dtype", "wrap_storage", "hooks_backend"]

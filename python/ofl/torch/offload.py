@@ -42,7 +42,7 @@ import torch
 
 from .. import _lib
 from .._errors import OflError
-from ._core import ManagerCore, _Saved
+from ._core import ManagerCore
 
 __all__ = ["offload_activations", "OffloadActivations"]
 
@@ -211,7 +211,7 @@ class OffloadActivations(contextlib.ContextDecorator):
         self._chunks[-1].append(g)
         if not self.use_streams:
             core.synchronize()
-        if type(r) is _Saved:
+        if r is not t:  # a record of the manager's (core.Saved)
             r.group = g
         return r
 
@@ -243,7 +243,7 @@ class OffloadActivations(contextlib.ContextDecorator):
             self._cur = nxt
 
     def _unpack(self, r):
-        if type(r) is not _Saved:
+        if type(r) is not self._core.Saved:
             return r
         g = r.group
         if not g.begun:

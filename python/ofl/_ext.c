@@ -1,0 +1,846 @@
+/* ofl._ext: the saved-tensor hooks of ofl.torch in C.
+ *
+ * ofl.torch._core.ManagerCore derives from Hooks when this module is present:
+ * its pack and unpack methods are the hot path of every saved tensor (decide
+ * whether the tensor goes to the manager, hand it over, give it back), which
+ * over ctypes costs several foreign calls and Python objects per tensor. The
+ * rest of the manager (groups, commits, the release of torch memory) stays in
+ * Python and shares the state below, exposed as attributes of the same names.
+ * The pure-Python methods in _core.py (_PyHooks) are the same algorithm and
+ * the fallback when this module is absent.
+ *
+ * libofl is neither included nor linked: ofl._lib loads it with ctypes and
+ * setup() receives the addresses of the functions in _ext_abi.h. torch is not
+ * linked either: tensors are used through their Python methods.
+ *
+ * One interpreter per process (module state in statics, single-phase init).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "_ext_abi.h"
+
+#define OFL_EXT_ABI_VERSION 1
+
+_Static_assert(sizeof(void *) <= sizeof(unsigned long long),
+               "pointers are kept as unsigned long long");
+
+/* Copies at least this large run without the GIL. */
+#define COPY_NOGIL_BYTES ((size_t)1 << 16)
+
+/* ---- what setup() provides ----------------------------------------------- */
+
+static struct {
+#define API_FIELD(name, ret, params) ext_##name##_fn name;
+  OFL_EXT_FUNCTIONS(API_FIELD)
+#undef API_FIELD
+} api;
+static int api_ready;
+
+static PyObject *error_factory; /* ofl._errors.error(status, where) */
+static PyObject *torch_frombuffer, *torch_uint8, *torch_strided,
+    *torch_parameter;
+static PyObject *kw_dtype; /* ("dtype",) */
+
+/* Interned attribute and method names. */
+static PyObject *s_is_cpu, *s_is_cuda, *s_layout, *s_base, *s_numel,
+    *s_element_size, *s_not_offloadable, *s_untyped_storage, *s_data_ptr,
+    *s_nbytes, *s_is_contiguous, *s_stride, *s_storage_offset, *s_size,
+    *s_dtype, *s_bases, *s_records, *s_view, *s_as_strided, *s_sync_compute,
+    *s_wrap_reloaded, *s_destroy_now;
+
+static int intern_names(void) {
+  struct {
+    PyObject **slot;
+    const char *text;
+  } names[] = {
+      {&s_is_cpu, "is_cpu"},
+      {&s_is_cuda, "is_cuda"},
+      {&s_layout, "layout"},
+      {&s_base, "_base"},
+      {&s_numel, "numel"},
+      {&s_element_size, "element_size"},
+      {&s_not_offloadable, "_ofl_not_offloadable"},
+      {&s_untyped_storage, "untyped_storage"},
+      {&s_data_ptr, "data_ptr"},
+      {&s_nbytes, "nbytes"},
+      {&s_is_contiguous, "is_contiguous"},
+      {&s_stride, "stride"},
+      {&s_storage_offset, "storage_offset"},
+      {&s_size, "size"},
+      {&s_dtype, "dtype"},
+      {&s_bases, "bases"},
+      {&s_records, "records"},
+      {&s_view, "view"},
+      {&s_as_strided, "as_strided"},
+      {&s_sync_compute, "_sync_compute"},
+      {&s_wrap_reloaded, "_wrap_reloaded"},
+      {&s_destroy_now, "_destroy_now"},
+  };
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    *names[i].slot = PyUnicode_InternFromString(names[i].text);
+    if (*names[i].slot == NULL) return -1;
+  }
+  return 0;
+}
+
+/* ---- small helpers --------------------------------------------------------- */
+
+static PyObject *keep(PyObject *o) {
+  Py_INCREF(o);
+  return o;
+}
+
+/* An ofl status as the package's exception (ofl.OflError with the status,
+ * its name and ofl_last_error(), built by ofl._errors.error). */
+static PyObject *raise_ofl(ext_status_t st, const char *where) {
+  PyObject *exc = PyObject_CallFunction(error_factory, "is", (int)st, where);
+  if (exc != NULL) {
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+  }
+  return NULL;
+}
+
+/* o.name, or *found = 0 without an exception when o has no such attribute. */
+static PyObject *optional_attr(PyObject *o, PyObject *name, int *found) {
+  PyObject *v = NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+  int r = PyObject_GetOptionalAttr(o, name, &v);
+#else
+  int r = _PyObject_LookupAttr(o, name, &v);
+#endif
+  *found = r > 0;
+  return r < 0 ? NULL : v;
+}
+
+static PyObject *call0(PyObject *o, PyObject *name) {
+  return PyObject_CallMethodNoArgs(o, name);
+}
+
+/* o.name() as a C integer; -1 with an exception on failure. */
+static int call_ll(PyObject *o, PyObject *name, long long *out) {
+  PyObject *v = call0(o, name);
+  if (v == NULL) return -1;
+  *out = PyLong_AsLongLong(v);
+  Py_DECREF(v);
+  return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int call_ptr(PyObject *o, PyObject *name, uintptr_t *out) {
+  PyObject *v = call0(o, name);
+  if (v == NULL) return -1;
+  *out = (uintptr_t)PyLong_AsVoidPtr(v);
+  Py_DECREF(v);
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+/* truth of o.name (attribute, or o.name() when call); -1 on error. */
+static int attr_true(PyObject *o, PyObject *name, int call) {
+  PyObject *v = call ? call0(o, name) : PyObject_GetAttr(o, name);
+  if (v == NULL) return -1;
+  int r = PyObject_IsTrue(v);
+  Py_DECREF(v);
+  return r;
+}
+
+/* A Python int holding a pointer (None for NULL, as ctypes gives it). */
+static void *as_ptr(PyObject *o) {
+  if (o == NULL || o == Py_None) return NULL;
+  return PyLong_AsVoidPtr(o);
+}
+
+/* ---- Saved: what autograd stores for a tensor handed to the manager -------- */
+
+typedef struct {
+  PyObject_HEAD
+  unsigned long long tag;
+  unsigned long long h;   /* ofl_tensor_t * pushed */
+  unsigned long long ptr; /* address of the saved bytes in torch memory */
+  long long nbytes;
+  long long offset; /* storage offset (whole storages) */
+  PyObject *tensor; /* the torch tensor, until its memory is let go */
+  PyObject *dtype;
+  PyObject *size;
+  PyObject *stride; /* whole storages only */
+  PyObject *group;
+  char whole; /* the whole storage, rebuilt with as_strided */
+} SavedObject;
+
+static int saved_traverse(PyObject *op, visitproc visit, void *arg) {
+  SavedObject *s = (SavedObject *)op;
+  Py_VISIT(s->tensor);
+  Py_VISIT(s->dtype);
+  Py_VISIT(s->size);
+  Py_VISIT(s->stride);
+  Py_VISIT(s->group);
+  return 0;
+}
+
+static int saved_clear(PyObject *op) {
+  SavedObject *s = (SavedObject *)op;
+  Py_CLEAR(s->tensor);
+  Py_CLEAR(s->dtype);
+  Py_CLEAR(s->size);
+  Py_CLEAR(s->stride);
+  Py_CLEAR(s->group);
+  return 0;
+}
+
+static void saved_dealloc(PyObject *op) {
+  PyObject_GC_UnTrack(op);
+  saved_clear(op);
+  Py_TYPE(op)->tp_free(op);
+}
+
+static PyMemberDef saved_members[] = {
+    {"tag", T_ULONGLONG, offsetof(SavedObject, tag), READONLY, "the manager's tag"},
+    {"h", T_ULONGLONG, offsetof(SavedObject, h), READONLY, "the ofl tensor pushed"},
+    {"ptr", T_ULONGLONG, offsetof(SavedObject, ptr), READONLY, "address of the bytes"},
+    {"nbytes", T_LONGLONG, offsetof(SavedObject, nbytes), READONLY, "bytes pushed"},
+    {"offset", T_LONGLONG, offsetof(SavedObject, offset), READONLY, "storage offset"},
+    {"whole", T_BOOL, offsetof(SavedObject, whole), READONLY, "whole storage pushed"},
+    {"tensor", T_OBJECT, offsetof(SavedObject, tensor), 0, "the torch tensor or None"},
+    {"dtype", T_OBJECT, offsetof(SavedObject, dtype), READONLY, "torch dtype"},
+    {"size", T_OBJECT, offsetof(SavedObject, size), READONLY, "torch size"},
+    {"stride", T_OBJECT, offsetof(SavedObject, stride), READONLY, "stride (whole)"},
+    {"group", T_OBJECT, offsetof(SavedObject, group), 0, "the group record"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SavedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ofl._ext.Saved",
+    .tp_basicsize = sizeof(SavedObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A saved tensor handed to the ofl manager (made by Hooks.pack).",
+    .tp_traverse = saved_traverse,
+    .tp_clear = saved_clear,
+    .tp_dealloc = saved_dealloc,
+    .tp_members = saved_members,
+};
+
+/* ---- Hooks: the state the pack/unpack hooks read, and the hooks ------------ */
+
+typedef struct {
+  PyObject_HEAD
+  PyObject *m;        /* ofl_manager_t * as an int, None once destroyed */
+  PyObject *dev_pool; /* ofl_pool_t * as an int */
+  PyObject *open;     /* list of open groups, innermost last */
+  long long min_elems;
+  long long min_bytes;
+  Py_ssize_t live_blocks; /* reloaded tensors torch still uses */
+  char active;            /* offload enabled and not forward-only */
+  char closing;           /* close() waits for live_blocks to drop to 0 */
+  char copy_in;           /* host backend: copy into the device pool */
+  char is_cuda;
+} HooksObject;
+
+static int hooks_traverse(PyObject *op, visitproc visit, void *arg) {
+  HooksObject *self = (HooksObject *)op;
+  Py_VISIT(self->m);
+  Py_VISIT(self->dev_pool);
+  Py_VISIT(self->open);
+  return 0;
+}
+
+static int hooks_clear(PyObject *op) {
+  HooksObject *self = (HooksObject *)op;
+  Py_CLEAR(self->m);
+  Py_CLEAR(self->dev_pool);
+  Py_CLEAR(self->open);
+  return 0;
+}
+
+static void hooks_dealloc(PyObject *op) {
+  PyObject_GC_UnTrack(op);
+  hooks_clear(op);
+  Py_TYPE(op)->tp_free(op);
+}
+
+/* ---- Block: ofl storage that a torch tensor uses (host backend) ------------ */
+
+/* Owns a tensor popped from the manager; exports its bytes as a writable
+ * buffer for torch.frombuffer, which keeps this object until torch frees the
+ * last view. Then the handle is destroyed (its pool block goes back) and the
+ * manager's count of live blocks drops (close() waits for it). */
+typedef struct {
+  PyObject_HEAD
+  HooksObject *core;
+  ofl_tensor_t *h;
+  void *data;
+  Py_ssize_t nbytes;
+} BlockObject;
+
+static void block_dealloc(PyObject *op) {
+  BlockObject *b = (BlockObject *)op;
+  HooksObject *core = b->core;
+  if (b->h != NULL) api.ofl_tensor_destroy(b->h);
+  if (core != NULL) {
+    core->live_blocks--;
+    if (core->closing && core->live_blocks == 0) {
+      PyObject *et, *ev, *tb;
+      PyErr_Fetch(&et, &ev, &tb);
+      PyObject *r = call0((PyObject *)core, s_destroy_now);
+      if (r == NULL)
+        PyErr_WriteUnraisable((PyObject *)core);
+      else
+        Py_DECREF(r);
+      PyErr_Restore(et, ev, tb);
+    }
+    Py_DECREF(core);
+  }
+  Py_TYPE(op)->tp_free(op);
+}
+
+static int block_getbuffer(PyObject *op, Py_buffer *view, int flags) {
+  BlockObject *b = (BlockObject *)op;
+  return PyBuffer_FillInfo(view, op, b->data, b->nbytes, 0, flags);
+}
+
+static PyBufferProcs block_as_buffer = {.bf_getbuffer = block_getbuffer};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ofl._ext.Block",
+    .tp_basicsize = sizeof(BlockObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ofl device-pool storage under a reloaded torch tensor.",
+    .tp_dealloc = block_dealloc,
+    .tp_as_buffer = &block_as_buffer,
+};
+
+/* ---- pack ------------------------------------------------------------------ */
+
+/* isinstance(o, torch.nn.Parameter); -1 on error. */
+static int is_parameter(PyObject *o) {
+  return PyObject_IsInstance(o, torch_parameter);
+}
+
+/* Whether t may go to the manager (the checks of _PyHooks.pack, in its
+ * order): 1 yes, 0 keep it in Python, -1 error. */
+static int eligible(HooksObject *self, PyObject *t, long long *numel,
+                    long long *nb) {
+  int r = attr_true(t, self->is_cuda ? s_is_cuda : s_is_cpu, 0);
+  if (r <= 0) return r;
+  if ((r = is_parameter(t)) != 0) return r < 0 ? -1 : 0;
+  PyObject *layout = PyObject_GetAttr(t, s_layout);
+  if (layout == NULL) return -1;
+  r = layout == torch_strided;
+  Py_DECREF(layout);
+  if (!r) return 0;
+  PyObject *base = PyObject_GetAttr(t, s_base);
+  if (base == NULL) return -1;
+  r = base != Py_None ? is_parameter(base) : 0;
+  Py_DECREF(base);
+  if (r != 0) return r < 0 ? -1 : 0; /* a view of a parameter (weight.t()) */
+  long long esize;
+  if (call_ll(t, s_numel, numel) < 0 || call_ll(t, s_element_size, &esize) < 0)
+    return -1;
+  *nb = *numel * esize;
+  if (*nb == 0 || *numel < self->min_elems || *nb < self->min_bytes) return 0;
+  int found;
+  PyObject *flag = optional_attr(t, s_not_offloadable, &found);
+  if (flag == NULL && PyErr_Occurred()) return -1;
+  if (found) {
+    r = PyObject_IsTrue(flag);
+    Py_DECREF(flag);
+    if (r != 0) return r < 0 ? -1 : 0;
+  }
+  return 1;
+}
+
+/* The storage's handle of the group: bases[sptr] = [handle, pushed], made
+ * on first use (a copy into the device pool, or a wrap of torch memory).
+ * Returns a new reference. */
+static PyObject *group_base(HooksObject *self, PyObject *bases, uintptr_t sptr,
+                            int64_t snb) {
+  PyObject *key = PyLong_FromVoidPtr((void *)sptr);
+  if (key == NULL) return NULL;
+  PyObject *base = PyDict_GetItemWithError(bases, key);
+  if (base != NULL || PyErr_Occurred()) {
+    Py_XINCREF(base);
+    Py_DECREF(key);
+    return base;
+  }
+  ofl_tensor_t *h = NULL;
+  int64_t shape[1] = {snb};
+  ext_status_t st;
+  if (self->copy_in) {
+    st = api.ofl_pool_alloc(as_ptr(self->dev_pool), shape, 1, EXT_DTYPE_U8,
+                            NULL, &h);
+    if (st != EXT_SUCCESS) {
+      Py_DECREF(key);
+      return raise_ofl(st, "ofl_pool_alloc");
+    }
+    void *dst = api.ofl_tensor_data(h);
+    if ((size_t)snb >= COPY_NOGIL_BYTES) {
+      Py_BEGIN_ALLOW_THREADS
+      memcpy(dst, (const void *)sptr, (size_t)snb);
+      Py_END_ALLOW_THREADS
+    } else {
+      memcpy(dst, (const void *)sptr, (size_t)snb);
+    }
+  } else {
+    st = api.ofl_tensor_wrap((void *)sptr, shape, 1, EXT_DTYPE_U8,
+                             EXT_LOC_DEVICE, NULL, NULL, &h);
+    if (st != EXT_SUCCESS) {
+      Py_DECREF(key);
+      return raise_ofl(st, "ofl_tensor_wrap");
+    }
+  }
+  base = PyList_New(2);
+  PyObject *hv = base != NULL ? PyLong_FromVoidPtr(h) : NULL;
+  if (hv == NULL || PyDict_SetItem(bases, key, base) < 0) {
+    Py_XDECREF(hv);
+    Py_XDECREF(base);
+    Py_DECREF(key);
+    api.ofl_tensor_destroy(h);
+    return NULL;
+  }
+  PyList_SET_ITEM(base, 0, hv);
+  PyList_SET_ITEM(base, 1, keep(Py_False));
+  Py_DECREF(key);
+  return base;
+}
+
+/* Fills the record's description of t (before the push: nothing can fail
+ * between the push and the record's append). */
+static int describe(SavedObject *rec, PyObject *t, int whole) {
+  rec->dtype = PyObject_GetAttr(t, s_dtype);
+  if (rec->dtype == NULL) return -1;
+  rec->size = call0(t, s_size);
+  if (rec->size == NULL) return -1;
+  rec->whole = (char)whole;
+  if (whole) {
+    rec->stride = call0(t, s_stride);
+    if (rec->stride == NULL) return -1;
+    if (call_ll(t, s_storage_offset, &rec->offset) < 0) return -1;
+  }
+  return 0;
+}
+
+static PyObject *hooks_pack(PyObject *op, PyObject *t) {
+  HooksObject *self = (HooksObject *)op;
+  if (!self->active || self->open == NULL || !PyList_Check(self->open) ||
+      PyList_GET_SIZE(self->open) == 0)
+    return keep(t);
+  long long numel = 0, nb = 0;
+  int r = eligible(self, t, &numel, &nb);
+  if (r <= 0) return r < 0 ? NULL : keep(t);
+
+  PyObject *st = call0(t, s_untyped_storage);
+  if (st == NULL) return NULL;
+  uintptr_t sptr;
+  long long snb;
+  r = call_ptr(st, s_data_ptr, &sptr) < 0 || call_ll(st, s_nbytes, &snb) < 0;
+  Py_DECREF(st);
+  if (r) return NULL;
+  int contiguous = attr_true(t, s_is_contiguous, 1);
+  if (contiguous < 0) return NULL;
+  long long off;
+  int whole;
+  if (contiguous) {
+    uintptr_t p;
+    if (call_ptr(t, s_data_ptr, &p) < 0) return NULL;
+    off = (long long)(p - sptr);
+    whole = 0;
+  } else if (2 * nb >= snb) {
+    off = 0;
+    nb = snb;
+    whole = 1;
+  } else {
+    return keep(t); /* a small strided view of a large storage */
+  }
+  if (self->copy_in && !whole && 2 * nb < snb) {
+    sptr += (uintptr_t)off; /* copy only the region: its own storage */
+    snb = nb;
+    off = 0;
+  }
+  if (!PyList_Check(self->open) || PyList_GET_SIZE(self->open) == 0)
+    return keep(t); /* closed meanwhile (by code run from a check above) */
+  PyObject *g = keep(PyList_GET_ITEM(self->open, PyList_GET_SIZE(self->open) - 1));
+  PyObject *bases = NULL, *base = NULL, *records = NULL;
+  SavedObject *rec = NULL;
+  PyObject *result = NULL;
+
+  bases = PyObject_GetAttr(g, s_bases);
+  if (bases == NULL) goto done;
+  if (!PyDict_Check(bases)) {
+    PyErr_SetString(PyExc_TypeError, "ofl: group.bases is not a dict");
+    goto done;
+  }
+  records = PyObject_GetAttr(g, s_records);
+  if (records == NULL) goto done;
+  if (!PyList_Check(records)) {
+    PyErr_SetString(PyExc_TypeError, "ofl: group.records is not a list");
+    goto done;
+  }
+  rec = PyObject_GC_New(SavedObject, &SavedType);
+  if (rec == NULL) goto done;
+  rec->tag = rec->h = rec->ptr = 0;
+  rec->nbytes = rec->offset = 0;
+  rec->tensor = rec->dtype = rec->size = rec->stride = rec->group = NULL;
+  rec->whole = 0;
+  PyObject_GC_Track((PyObject *)rec);
+  if (describe(rec, t, whole) < 0) goto done;
+
+  base = group_base(self, bases, sptr, snb);
+  if (base == NULL) goto done;
+  if (!PyList_Check(base) || PyList_GET_SIZE(base) != 2) {
+    PyErr_SetString(PyExc_TypeError, "ofl: group.bases entry is not [handle, pushed]");
+    goto done;
+  }
+  ofl_tensor_t *base_h = as_ptr(PyList_GET_ITEM(base, 0));
+  if (base_h == NULL) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "ofl: null base handle");
+    goto done;
+  }
+  ofl_tensor_t *handle;
+  ext_status_t s;
+  if (off == 0 && nb == snb) {
+    int pushed = PyObject_IsTrue(PyList_GET_ITEM(base, 1));
+    if (pushed < 0) goto done;
+    if (pushed) {
+      if ((s = api.ofl_tensor_alias(base_h, &handle)) != EXT_SUCCESS) {
+        raise_ofl(s, "ofl_tensor_alias");
+        goto done;
+      }
+    } else {
+      handle = base_h;
+      PyObject *old = PyList_GET_ITEM(base, 1);
+      PyList_SET_ITEM(base, 1, keep(Py_True));
+      Py_DECREF(old);
+    }
+  } else {
+    int64_t shape[1] = {nb};
+    s = api.ofl_tensor_view(base_h, (size_t)off, shape, 1, EXT_DTYPE_U8, &handle);
+    if (s != EXT_SUCCESS) {
+      raise_ofl(s, "ofl_tensor_view");
+      goto done;
+    }
+  }
+  ofl_tag_t tag = 0;
+  s = api.ofl_manager_tensor_push(as_ptr(self->m), handle, &tag);
+  if (s != EXT_SUCCESS) {
+    if (handle != base_h) {
+      api.ofl_tensor_destroy(handle);
+    } else {
+      PyObject *old = PyList_GET_ITEM(base, 1);
+      PyList_SET_ITEM(base, 1, keep(Py_False));
+      Py_DECREF(old);
+    }
+    raise_ofl(s, "ofl_manager_tensor_push");
+    goto done;
+  }
+  rec->tag = tag;
+  rec->h = (unsigned long long)(uintptr_t)handle;
+  /* held until the commit at least: while it lives its memory cannot be
+   * reused by another tensor of the group (storages are keyed by address) */
+  rec->tensor = keep(t);
+  rec->ptr = (unsigned long long)(sptr + (uintptr_t)off);
+  rec->nbytes = nb;
+  rec->group = keep(g);
+  if (PyList_Append(records, (PyObject *)rec) < 0) goto done;
+  result = (PyObject *)rec;
+  rec = NULL;
+done:
+  Py_XDECREF(rec);
+  Py_XDECREF(base);
+  Py_XDECREF(records);
+  Py_XDECREF(bases);
+  Py_DECREF(g);
+  return result;
+}
+
+/* ---- unpack ---------------------------------------------------------------- */
+
+/* x.view(*size): ints as positional arguments (a torch.Size argument is
+ * parsed much more slowly); a 0-d size is passed as the empty tuple. */
+static PyObject *view_as(PyObject *x, PyObject *size) {
+  if (!PyTuple_Check(size) || PyTuple_GET_SIZE(size) == 0 ||
+      PyTuple_GET_SIZE(size) > 16) {
+    PyObject *args[2] = {x, size};
+    return PyObject_VectorcallMethod(s_view, args, 2, NULL);
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(size);
+  PyObject *args[17];
+  args[0] = x;
+  for (Py_ssize_t i = 0; i < n; i++) args[i + 1] = PyTuple_GET_ITEM(size, i);
+  return PyObject_VectorcallMethod(s_view, args, (size_t)(n + 1), NULL);
+}
+
+/* A torch tensor over the bytes of popped handle h (host backend): 1-D of
+ * dtype over a Block that owns h. Steals h (destroyed on failure). */
+static PyObject *wrap_block(HooksObject *self, ofl_tensor_t *h,
+                            Py_ssize_t nbytes, PyObject *dtype) {
+  BlockObject *b = PyObject_New(BlockObject, &BlockType);
+  if (b == NULL) {
+    api.ofl_tensor_destroy(h);
+    return NULL;
+  }
+  b->core = (HooksObject *)keep((PyObject *)self);
+  b->h = h;
+  b->data = api.ofl_tensor_data(h);
+  b->nbytes = nbytes;
+  self->live_blocks++;
+  PyObject *args[2] = {(PyObject *)b, dtype};
+  PyObject *x = PyObject_Vectorcall(torch_frombuffer, args, 1, kw_dtype);
+  Py_DECREF(b); /* torch holds it now, or it goes (and h with it) */
+  return x;
+}
+
+static PyObject *hooks_unpack(PyObject *op, PyObject *r) {
+  HooksObject *self = (HooksObject *)op;
+  if (Py_TYPE(r) != &SavedType) return keep(r);
+  SavedObject *rec = (SavedObject *)r;
+  if (self->is_cuda) {
+    PyObject *v = call0(op, s_sync_compute);
+    if (v == NULL) return NULL;
+    Py_DECREF(v);
+  }
+  ofl_manager_t *m = as_ptr(self->m);
+  if (m == NULL) {
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_RuntimeError, "ofl: the manager was destroyed");
+    return NULL;
+  }
+  ofl_tensor_t *h = NULL;
+  ext_status_t s;
+  Py_BEGIN_ALLOW_THREADS /* may wait for the reload */
+  s = api.ofl_manager_tensor_pop(m, (ofl_tag_t)rec->tag, &h);
+  Py_END_ALLOW_THREADS
+  if (s != EXT_SUCCESS) return raise_ofl(s, "ofl_manager_tensor_pop");
+
+  PyObject *t = rec->tensor; /* taken from the record */
+  rec->tensor = NULL;
+  if (t != NULL && t != Py_None &&
+      (uintptr_t)api.ofl_tensor_data(h) == (uintptr_t)rec->ptr) {
+    api.ofl_tensor_destroy(h); /* kept on the device: the tensor itself */
+    return t;
+  }
+  Py_XDECREF(t);
+  if (self->is_cuda) {
+    PyObject *hv = PyLong_FromVoidPtr(h);
+    if (hv == NULL) {
+      api.ofl_tensor_destroy(h);
+      return NULL;
+    }
+    PyObject *args[3] = {op, hv, r};
+    PyObject *x = PyObject_VectorcallMethod(s_wrap_reloaded, args, 3, NULL);
+    Py_DECREF(hv);
+    return x;
+  }
+  PyObject *x = wrap_block(self, h, (Py_ssize_t)rec->nbytes,
+                           rec->whole ? torch_uint8 : rec->dtype);
+  if (x == NULL) return NULL;
+  PyObject *y;
+  if (rec->whole) {
+    PyObject *args[2] = {x, rec->dtype};
+    PyObject *v = PyObject_VectorcallMethod(s_view, args, 2, NULL);
+    Py_DECREF(x);
+    if (v == NULL) return NULL;
+    PyObject *off = PyLong_FromLongLong(rec->offset);
+    if (off == NULL) {
+      Py_DECREF(v);
+      return NULL;
+    }
+    PyObject *sargs[4] = {v, rec->size, rec->stride, off};
+    y = PyObject_VectorcallMethod(s_as_strided, sargs, 4, NULL);
+    Py_DECREF(off);
+    Py_DECREF(v);
+    return y;
+  }
+  if (PyTuple_Check(rec->size) && PyTuple_GET_SIZE(rec->size) == 1) return x;
+  y = view_as(x, rec->size);
+  Py_DECREF(x);
+  return y;
+}
+
+/* ---- Hooks' attributes -------------------------------------------------------- */
+
+#define FLAG_GETSET(field)                                                     \
+  static PyObject *get_##field(PyObject *op, void *closure) {                  \
+    (void)closure;                                                             \
+    return PyBool_FromLong(((HooksObject *)op)->field);                        \
+  }                                                                            \
+  static int set_##field(PyObject *op, PyObject *v, void *closure) {           \
+    (void)closure;                                                             \
+    if (v == NULL) {                                                           \
+      PyErr_SetString(PyExc_AttributeError, "cannot delete " #field);          \
+      return -1;                                                               \
+    }                                                                          \
+    int b = PyObject_IsTrue(v);                                                \
+    if (b < 0) return -1;                                                      \
+    ((HooksObject *)op)->field = (char)b;                                      \
+    return 0;                                                                  \
+  }
+FLAG_GETSET(active)
+FLAG_GETSET(closing)
+FLAG_GETSET(copy_in)
+FLAG_GETSET(is_cuda)
+#undef FLAG_GETSET
+
+static PyGetSetDef hooks_getset[] = {
+    {"active", get_active, set_active, "offload enabled and not forward-only", NULL},
+    {"closing", get_closing, set_closing, "close() waits for the live blocks", NULL},
+    {"copy_in", get_copy_in, set_copy_in, "copy into the device pool (host backend)", NULL},
+    {"is_cuda", get_is_cuda, set_is_cuda, "the manager's device is cuda", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef hooks_members[] = {
+    {"m", T_OBJECT_EX, offsetof(HooksObject, m), 0, "ofl_manager_t * (int) or None"},
+    {"dev_pool", T_OBJECT_EX, offsetof(HooksObject, dev_pool), 0, "ofl_pool_t * (int)"},
+    {"open", T_OBJECT_EX, offsetof(HooksObject, open), 0, "open groups, innermost last"},
+    {"min_elems", T_LONGLONG, offsetof(HooksObject, min_elems), 0, "size threshold (elements)"},
+    {"min_bytes", T_LONGLONG, offsetof(HooksObject, min_bytes), 0, "size threshold (bytes)"},
+    {"live_blocks", T_PYSSIZET, offsetof(HooksObject, live_blocks), 0,
+     "reloaded tensors torch still uses"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef hooks_methods[] = {
+    {"pack", hooks_pack, METH_O,
+     "The saved-tensor pack hook: t itself, or a Saved record pushed to the manager."},
+    {"unpack", hooks_unpack, METH_O,
+     "The saved-tensor unpack hook: the tensor of a record (popped from the manager)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject HooksType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ofl._ext.Hooks",
+    .tp_basicsize = sizeof(HooksObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Base of ofl.torch's ManagerCore: the saved-tensor hooks in C.",
+    .tp_traverse = hooks_traverse,
+    .tp_clear = hooks_clear,
+    .tp_dealloc = hooks_dealloc,
+    .tp_new = PyType_GenericNew,
+    .tp_methods = hooks_methods,
+    .tp_members = hooks_members,
+    .tp_getset = hooks_getset,
+};
+
+/* ---- module -------------------------------------------------------------------- */
+
+static int set_ref(PyObject **slot, PyObject *v) {
+  if (v == NULL) return -1;
+  Py_XSETREF(*slot, v);
+  return 0;
+}
+
+/* setup(addresses, error, torch): addresses maps each name of FUNCTIONS to
+ * the address of libofl's function (ctypes.cast(lib.name, c_void_p).value);
+ * error(status, where) builds the exception of a failed call. */
+static PyObject *ext_setup(PyObject *mod, PyObject *args) {
+  (void)mod;
+  PyObject *addresses, *error, *torch;
+  if (!PyArg_ParseTuple(args, "O!OO:setup", &PyDict_Type, &addresses, &error, &torch))
+    return NULL;
+  if (!PyCallable_Check(error)) {
+    PyErr_SetString(PyExc_TypeError, "setup: error must be callable");
+    return NULL;
+  }
+  void *fn;
+#define API_SET(name, ret, params)                                             \
+  fn = NULL;                                                                   \
+  {                                                                            \
+    PyObject *a = PyDict_GetItemString(addresses, #name);                      \
+    if (a != NULL) fn = PyLong_AsVoidPtr(a);                                   \
+    if (PyErr_Occurred()) return NULL;                                         \
+    if (fn == NULL) {                                                          \
+      PyErr_SetString(PyExc_ValueError, "setup: no address for " #name);       \
+      return NULL;                                                             \
+    }                                                                          \
+  }                                                                            \
+  _Static_assert(sizeof(fn) == sizeof(api.name), "function pointer size");    \
+  memcpy(&api.name, &fn, sizeof fn);
+  OFL_EXT_FUNCTIONS(API_SET)
+#undef API_SET
+  PyObject *nn = NULL;
+  if (set_ref(&torch_frombuffer, PyObject_GetAttrString(torch, "frombuffer")) < 0 ||
+      set_ref(&torch_uint8, PyObject_GetAttrString(torch, "uint8")) < 0 ||
+      set_ref(&torch_strided, PyObject_GetAttrString(torch, "strided")) < 0 ||
+      (nn = PyObject_GetAttrString(torch, "nn")) == NULL ||
+      set_ref(&torch_parameter, PyObject_GetAttrString(nn, "Parameter")) < 0) {
+    Py_XDECREF(nn);
+    return NULL;
+  }
+  Py_DECREF(nn);
+  Py_INCREF(error);
+  Py_XSETREF(error_factory, error);
+  api_ready = 1;
+  Py_RETURN_NONE;
+}
+
+static PyObject *ext_is_ready(PyObject *mod, PyObject *unused) {
+  (void)mod;
+  (void)unused;
+  return PyBool_FromLong(api_ready);
+}
+
+static PyMethodDef ext_methods[] = {
+    {"setup", ext_setup, METH_VARARGS,
+     "setup(addresses, error, torch): the libofl functions, the error factory "
+     "and torch; before any Hooks is used."},
+    {"is_ready", ext_is_ready, METH_NOARGS, "Whether setup() ran."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef ext_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "ofl._ext",
+    .m_doc = "The saved-tensor hooks of ofl.torch in C (see _ext.c).",
+    .m_size = -1,
+    .m_methods = ext_methods,
+};
+
+PyMODINIT_FUNC PyInit__ext(void) {
+  if (intern_names() < 0) return NULL;
+  kw_dtype = Py_BuildValue("(s)", "dtype");
+  if (kw_dtype == NULL) return NULL;
+  if (PyType_Ready(&SavedType) < 0 || PyType_Ready(&HooksType) < 0 ||
+      PyType_Ready(&BlockType) < 0)
+    return NULL;
+  PyObject *m = PyModule_Create(&ext_module);
+  if (m == NULL) return NULL;
+  static const char *const api_names[] = {
+#define API_NAME(name, ret, params) #name,
+      OFL_EXT_FUNCTIONS(API_NAME)
+#undef API_NAME
+  };
+  const Py_ssize_t n_names = (Py_ssize_t)(sizeof api_names / sizeof api_names[0]);
+  PyObject *names = PyTuple_New(n_names);
+  if (names == NULL) goto fail;
+  for (Py_ssize_t i = 0; i < n_names; i++) {
+    PyObject *s = PyUnicode_FromString(api_names[i]);
+    if (s == NULL) goto fail;
+    PyTuple_SET_ITEM(names, i, s);
+  }
+  if (PyModule_AddObject(m, "FUNCTIONS", names) < 0) goto fail;
+  names = NULL;
+  if (PyModule_AddIntConstant(m, "ABI_VERSION", OFL_EXT_ABI_VERSION) < 0) goto fail;
+  Py_INCREF(&HooksType);
+  if (PyModule_AddObject(m, "Hooks", (PyObject *)&HooksType) < 0) {
+    Py_DECREF(&HooksType);
+    goto fail;
+  }
+  Py_INCREF(&SavedType);
+  if (PyModule_AddObject(m, "Saved", (PyObject *)&SavedType) < 0) {
+    Py_DECREF(&SavedType);
+    goto fail;
+  }
+  Py_INCREF(&BlockType);
+  if (PyModule_AddObject(m, "Block", (PyObject *)&BlockType) < 0) {
+    Py_DECREF(&BlockType);
+    goto fail;
+  }
+  return m;
+fail:
+  Py_XDECREF(names);
+  Py_DECREF(m);
+  return NULL;
+}

@@ -1,0 +1,314 @@
+"""ofl._ext, the saved-tensor hooks in C, against the ctypes hooks (host
+backend, CPU tensors). Run by meson (suite python) with the build's extension
+on PYTHONPATH: exits 77 (skip) without torch, or without the extension unless
+OFL_EXPECT_EXT=1 (the build made it: then its absence is a failure)."""
+import gc
+import os
+import sys
+import tracemalloc
+import unittest
+
+try:
+    import torch
+except Exception as e:  # pragma: no cover
+    print("SKIP: torch is not importable (%s); pip install torch numpy" % e)
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("OFL_BACKEND", "host")
+
+import ofl  # noqa: E402
+import ofl.torch as ot  # noqa: E402
+from ofl.torch import _core, megatron  # noqa: E402
+from model import TinyTransformer, make_data, one_f_one_b, train  # noqa: E402
+
+print("ofl.torch hooks: %s (%s)" % (_core.hooks_backend, _core.hooks_backend_reason))
+if _core.hooks_backend != "c":
+    if os.environ.get("OFL_EXPECT_EXT") == "1":
+        print("FAIL: the build made ofl._ext but the hooks are %s: %s"
+              % (_core.hooks_backend, _core.hooks_backend_reason))
+        sys.exit(1)
+    print("SKIP: %s" % _core.hooks_backend_reason)
+    sys.exit(77)
+
+from ofl import _ext  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def new_core(cls, **kw):
+    core = cls(groups=b"", fraction=1.0, rank_delta_bytes=0, summary=False, **kw)
+    core.min_bytes = 1
+    return core
+
+
+def cases():
+    """(name, tensor) pairs covering every branch of pack: contiguous
+    storages, regions of larger storages (views), shared storages (aliases),
+    non-contiguous views kept whole or left in Python, dtypes, 0-d and 1-d,
+    parameters and their views, marked tensors, sizes under the threshold."""
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(64, 32, generator=g)
+    w = torch.nn.Parameter(torch.randn(8, 8, generator=g))
+    marked = torch.randn(32, generator=g)
+    marked._ofl_not_offloadable = True
+    out = [
+        ("f32 2-d", torch.randn(16, 16, generator=g)),
+        ("f32 1-d", torch.randn(100, generator=g)),
+        ("f32 0-d", torch.tensor(2.5)),
+        ("f32 4-d", torch.randn(2, 3, 4, 5, generator=g)),
+        ("f16", torch.randn(7, 9, generator=g).half()),
+        ("bf16", torch.randn(5, 6, generator=g).bfloat16()),
+        ("i64", torch.randint(-1000, 1000, (40,), generator=g)),
+        ("i8", torch.randint(-100, 100, (3, 33), generator=g, dtype=torch.int8)),
+        ("bool", torch.rand(50, generator=g) > 0.5),
+        ("big", big),
+        ("big again (alias)", big),
+        ("big reshaped (alias)", big.view(32, 64)),
+        ("row block (view of big)", big[8:40]),
+        ("small row block (view)", big[1:2]),
+        ("transposed (whole storage)", big.t()),
+        ("every other column (whole)", big[:, ::2]),
+        ("small strided view (kept)", big[:3, ::4]),
+        ("expanded (whole storage)", torch.randn(1, 8, generator=g).expand(64, 8)),
+        ("parameter (kept)", w),
+        ("view of a parameter (kept)", w.t()),
+        ("marked (kept)", marked),
+        ("empty (kept)", torch.empty(0, 4)),
+    ]
+    return out
+
+
+def run_round(core, items):
+    """One group: pack every tensor, commit, unpack in reverse. Returns the
+    unpacked tensors (in items' order) and which ones stayed in Python."""
+    core.chunk_begin(1, 0)
+    core.group_start(b"g")
+    packed = [core.pack(t) for _, t in items]
+    kept = [p is t for p, (_, t) in zip(packed, items)]
+    core.commit(b"g")
+    core.backward_begin(b"g")
+    out = [core.unpack(p) for p in reversed(packed)][::-1]
+    core.backward_end(b"g")
+    del packed
+    return out, kept
+
+
+def same_tensor(a, b):
+    return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset() and torch.equal(a, b))
+
+
+class Loaded(unittest.TestCase):
+    def test_extension_is_the_hooks(self):
+        self.assertEqual(_core.hooks_backend, "c")
+        self.assertIs(_core.ManagerCore, _core.ManagerCoreC)
+        self.assertTrue(issubclass(_core.ManagerCore, _ext.Hooks))
+        self.assertTrue(_ext.is_ready())
+        self.assertEqual(_ext.ABI_VERSION, 1)
+        mgr = ot.PipelineOffloadManager.reset_instance(summary=False)
+        try:
+            core = mgr._core
+            self.assertIs(type(core).pack, _ext.Hooks.pack)
+            self.assertIs(type(core).unpack, _ext.Hooks.unpack)
+            self.assertIs(core.Saved, _ext.Saved)
+            # the functions torch calls: builtin methods of the extension
+            self.assertIs(mgr._hooks.pack_hook.__self__, core)
+            self.assertEqual(type(mgr._hooks.pack_hook).__name__, "builtin_function_or_method")
+            self.assertEqual(type(mgr._hooks.unpack_hook).__name__, "builtin_function_or_method")
+        finally:
+            ot.PipelineOffloadManager.destroy_instance()
+
+    def test_functions_declared(self):
+        self.assertIn("ofl_manager_tensor_push", _ext.FUNCTIONS)
+        self.assertIn("ofl_manager_tensor_pop", _ext.FUNCTIONS)
+        addr = ofl._lib.addresses(_ext.FUNCTIONS)
+        self.assertTrue(all(isinstance(v, int) and v for v in addr.values()))
+        with self.assertRaises(ValueError):
+            _ext.setup({}, ofl._errors.error, torch)
+        _ext.setup(addr, ofl._errors.error, torch)  # the package's own again
+
+
+class SameBytes(unittest.TestCase):
+    def test_pack_unpack_like_ctypes(self):
+        items = cases()
+        ref = [t.clone() if not isinstance(t, torch.nn.Parameter) else t.detach().clone()
+               for _, t in items]
+        results, stats = {}, {}
+        for cls in (_core.ManagerCorePy, _core.ManagerCoreC):
+            core = new_core(cls)
+            for _ in range(3):  # warmup, then two steady iterations
+                out, kept = run_round(core, items)
+                core.reset()
+            st = core.stats()
+            results[cls] = (out, kept)
+            stats[cls] = {k: st[k] for k in ("offloaded_tensors", "offloaded_bytes",
+                                             "reloaded_tensors", "reloaded_bytes",
+                                             "dedup_tensors", "unpopped_tensors")}
+            del out
+            core.close()
+        (out_py, kept_py), (out_c, kept_c) = results[_core.ManagerCorePy], results[_core.ManagerCoreC]
+        self.assertEqual(kept_c, kept_py)
+        for (name, t), r, a, b in zip(items, ref, out_py, out_c):
+            self.assertTrue(same_tensor(a, b), name)
+            self.assertTrue(torch.equal(b, r), name)
+        self.assertEqual(stats[_core.ManagerCoreC], stats[_core.ManagerCorePy])
+        self.assertGreater(stats[_core.ManagerCoreC]["offloaded_bytes"], 0)
+        kept_names = [n for (n, _), k in zip(items, kept_c) if k]
+        self.assertEqual(kept_names, [n for n, _ in items if "(kept)" in n])
+
+    def test_thresholds_and_switches(self):
+        for cls in (_core.ManagerCorePy, _core.ManagerCoreC):
+            core = new_core(cls)
+            x = torch.randn(10, 10)
+            core.chunk_begin(1, 0)
+            self.assertIs(core.pack(x), x)  # no open group
+            core.group_start(b"g")
+            core.min_elems = 101
+            self.assertIs(core.pack(x), x)
+            core.min_elems = 100
+            core.min_bytes = 401
+            self.assertIs(core.pack(x), x)
+            core.min_bytes = 400
+            core.set_enabled(False)
+            self.assertFalse(core.active)
+            self.assertIs(core.pack(x), x)
+            core.set_enabled(True)
+            self.assertIs(core.active, True)
+            r = core.pack(x)
+            self.assertIs(type(r), cls.Saved)
+            self.assertEqual((r.nbytes, r.whole, tuple(r.size)), (400, False, (10, 10)))
+            core.commit(b"g")
+            core.backward_begin(b"g")
+            self.assertTrue(torch.equal(core.unpack(r), x))
+            core.backward_end(b"g")
+            core.reset()
+            core.close()
+
+    def test_megatron_training_like_ctypes(self):
+        data = make_data(steps=3, microbatches=4, batch=2, seq=16, vocab=64)
+        runs = []
+        for cls in (_core.ManagerCorePy, _core.ManagerCoreC):
+            saved = megatron.ManagerCore
+            megatron.ManagerCore = cls
+            try:
+                mgr = ot.PipelineOffloadManager.reset_instance(summary=False)
+                self.assertIs(type(mgr._core), cls)
+                torch.manual_seed(0)
+                model = TinyTransformer(vocab=64, seq=16)
+                runs.append(train(model, data, lambda m, mbs: one_f_one_b(m, mbs, offload=True)))
+                runs[-1] += (mgr.stats()["offloaded_bytes"],)
+            finally:
+                megatron.ManagerCore = saved
+                ot.PipelineOffloadManager.destroy_instance()
+        (la, ga, ba), (lb, gb, bb) = runs
+        self.assertGreater(ba, 0)
+        self.assertEqual(ba, bb)
+        for sa, sb in zip(la, lb):
+            for a, b in zip(sa, sb):
+                self.assertTrue(torch.equal(a, b))
+        for sa, sb in zip(ga, gb):
+            for n in sa:
+                self.assertTrue(torch.equal(sa[n], sb[n]), n)
+
+
+class Errors(unittest.TestCase):
+    def test_ofl_error_from_c(self):
+        errs = {}
+        for cls in (_core.ManagerCorePy, _core.ManagerCoreC):
+            core = new_core(cls)
+            x = torch.randn(8, 8)
+            core.chunk_begin(1, 0)
+            core.group_start(b"g")
+            r = core.pack(x)
+            core.commit(b"g")
+            core.backward_begin(b"g")
+            y = core.unpack(r)
+            with self.assertRaises(ofl.OflError) as cm:
+                core.unpack(r)  # a tag pops once
+            errs[cls] = cm.exception
+            core.backward_end(b"g")
+            del y
+            core.reset()
+            core.close()
+        a, b = errs[_core.ManagerCorePy], errs[_core.ManagerCoreC]
+        self.assertEqual((b.status, b.status_str, b.where), (a.status, a.status_str, a.where))
+        self.assertEqual(b.where, "ofl_manager_tensor_pop")
+        self.assertEqual(b.status, ofl._lib.ERR_INVALID_USAGE)
+        self.assertEqual(b.status_str, "invalid usage (wrong order of calls)")
+        self.assertTrue(b.message)
+        self.assertIn(b.message, str(b))
+
+    def test_bad_state_is_an_exception(self):
+        core = new_core(_core.ManagerCoreC)
+        core.chunk_begin(1, 0)
+        core.group_start(b"g")
+        core.open[-1].bases = None
+        with self.assertRaises(TypeError):
+            core.pack(torch.randn(4, 4))
+        core.open[-1].bases = {}
+        core.commit(b"g")
+        core.reset()
+        core.close()
+
+
+class Lifetime(unittest.TestCase):
+    def test_references_return(self):
+        core = new_core(_core.ManagerCoreC)
+        x = torch.randn(32, 32)
+        rx, rcore = sys.getrefcount(x), sys.getrefcount(core)
+        for _ in range(3):
+            out, _ = run_round(core, [("x", x)])
+            self.assertEqual(core.live_blocks, 1)
+            self.assertGreater(sys.getrefcount(core), rcore)  # the block holds it
+            self.assertTrue(torch.equal(out[0], x))
+            del out
+            self.assertEqual(core.live_blocks, 0)
+            core.reset()
+        gc.collect()
+        self.assertEqual(sys.getrefcount(x), rx)
+        self.assertEqual(sys.getrefcount(core), rcore)
+        core.close()
+
+    def test_close_waits_for_reloaded_tensors(self):
+        core = new_core(_core.ManagerCoreC)
+        x = torch.randn(16, 16)
+        out, _ = run_round(core, [("x", x)])
+        core.reset()
+        core.close()
+        self.assertTrue(core.closing)
+        self.assertIsNotNone(core.m)  # a reloaded tensor still uses its pool
+        self.assertTrue(torch.equal(out[0], x))
+        del out
+        self.assertIsNone(core.m)  # destroyed by the last block
+
+    def test_no_growth_2000_rounds(self):
+        core = new_core(_core.ManagerCoreC)
+        items = cases()
+        for _ in range(20):
+            run_round(core, items)
+            core.reset()
+        gc.collect()
+        pools0 = core.pool_stats()
+        tracemalloc.start()
+        snap0 = tracemalloc.take_snapshot()
+        for _ in range(200):
+            out, _ = run_round(core, items)
+            del out
+            core.reset()
+        gc.collect()
+        snap1 = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        grown = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
+        self.assertLess(grown, 64 * 1024, "python heap grew by %d bytes" % grown)
+        pools1 = core.pool_stats()
+        self.assertEqual(pools1["device_pool"]["in_use_bytes"], 0)
+        self.assertEqual(pools0["device_pool"]["in_use_bytes"], 0)
+        self.assertEqual(core.stats()["unpopped_tensors"], 0)
+        self.assertEqual(core.live_blocks, 0)
+        core.close()
+        self.assertIsNone(core.m)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
