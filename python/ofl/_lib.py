@@ -276,6 +276,14 @@ _PROTOS = {
     "ofl_manager_group_stats": (c_int, [_P, c_size_t, POINTER(ManagerGroupStats)]),
     # summary
     "ofl_summary_render": (c_int, [_P, c_int, POINTER(ctypes.c_void_p), POINTER(c_size_t)]),
+    "ofl_summary_from_tables": (c_int, [POINTER(_P), c_int, _PP]),
+    "ofl_summary_destroy": (None, [_P]),
+    "ofl_summary_ngroups": (c_size_t, [_P]),
+    "ofl_summary_group_name": (c_char_p, [_P, c_size_t]),
+    "ofl_summary_bytes": (c_uint64, [_P, c_int, c_size_t]),
+    "ofl_byte_table_create": (c_int, [_PP]),
+    "ofl_byte_table_destroy": (None, [_P]),
+    "ofl_byte_table_add": (c_int, [_P, c_char_p, c_uint64]),
     # disk
     "ofl_disk_open": (c_int, [POINTER(DiskParams), _PP]),
     "ofl_disk_close": (None, [_P]),

@@ -465,5 +465,50 @@ class DiskCheckpoint(unittest.TestCase):
             ot.DiskStore._stores.pop(d).close()
 
 
+def _dist_worker(rank, world, init_file, out_dir):
+    """One rank of Distributed.test_summary_gathered_on_rank_0 (a spawned
+    process: the gloo group on the CPU)."""
+    import json
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + init_file,
+                            rank=rank, world_size=world)
+    try:
+        mgr = ot.PipelineOffloadManager.reset_instance()
+        # a batch per rank, so that the ranks' rows differ
+        data = make_data(steps=2, microbatches=2, batch=2 + rank, seq=SEQ, vocab=VOCAB)
+        train(fresh_model(), data, lambda m, mbs: one_f_one_b(m, mbs, offload=True))
+        with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
+            json.dump({"text": mgr.summary_text, "rows": mgr.summary_rows,
+                       "own": mgr.offload_summary_bytes}, f)
+        ot.PipelineOffloadManager.destroy_instance()
+    finally:
+        dist.destroy_process_group()
+
+
+class Distributed(unittest.TestCase):
+    def test_summary_gathered_on_rank_0(self):
+        import json
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+        if not dist.is_available() or not dist.is_gloo_available():
+            self.skipTest("torch.distributed with gloo is not available")
+        with tempfile.TemporaryDirectory() as d:
+            mp.spawn(_dist_worker, args=(2, os.path.join(d, "init"), d), nprocs=2, join=True)
+            res = []
+            for r in range(2):
+                with open(os.path.join(d, "rank%d.json" % r)) as f:
+                    res.append(json.load(f))
+        own = [res[r]["own"] for r in range(2)]
+        self.assertNotEqual(own[0], own[1])
+        self.assertGreater(sum(own[1].values()), sum(own[0].values()))
+        # rank 0 holds every rank's row, byte for byte each rank's own
+        self.assertEqual(res[0]["rows"], own)
+        self.assertIn("Rank 0 ", res[0]["text"])
+        self.assertIn("Rank 1 ", res[0]["text"])
+        # the other rank: its own row only
+        self.assertEqual(res[1]["rows"], [own[1]])
+        self.assertNotIn("Rank 1 ", res[1]["text"])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -384,6 +384,7 @@ class _CoreMethods:
         self.dev_pool = L.ofl_manager_device_pool(self.m)
         self.summary = summary
         self.summary_text = None
+        self.summary_rows = None  # [{group: bytes}] per rank (rank 0), or this rank's
         self.device_type = self.rt.device_type
         self.is_cuda = self.rt.is_cuda
         self.enabled = True
@@ -610,16 +611,29 @@ class _CoreMethods:
         self.release_pending(wait=True)
 
     def render_summary(self):
+        """The summary table at the end of warmup. Under torch.distributed
+        (any backend: gloo on the CPU, NCCL on GPUs) every rank's row is
+        gathered to rank 0 of the default group (gather_object, collective:
+        every rank ends its warmup in the same iteration) and rank 0 gets the
+        table of all ranks; the other ranks get their own row. Without it,
+        this process's row as rank 0."""
         s = L.ofl_manager_summary(self.m)
         if not s:
             return None
-        out = ctypes.c_void_p()
-        n = ctypes.c_size_t()
-        check(L.ofl_summary_render(s, _lib.SUMMARY_TEXT, _byref(out), _byref(n)), "ofl_summary_render")
-        try:
-            return ctypes.string_at(out.value, n.value).decode()
-        finally:
-            _lib.free(out.value)
+        local = {}
+        for g in range(L.ofl_summary_ngroups(s)):
+            local[L.ofl_summary_group_name(s, g).decode()] = int(L.ofl_summary_bytes(s, 0, g))
+        self.summary_rows = [local]
+        dist = _dist()
+        if dist is None:
+            return _render(s)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        rows = [None] * world if rank == 0 else None
+        dist.gather_object(local, rows, dst=0)
+        if rank != 0:
+            return _render(s)
+        self.summary_rows = rows
+        return _render_rows(rows)
 
     # -- statistics
     def stats(self):
@@ -667,6 +681,51 @@ if _ext is not None:
 else:
     ManagerCoreC = None
     ManagerCore = ManagerCorePy
+
+
+def _render(summary):
+    out = ctypes.c_void_p()
+    n = ctypes.c_size_t()
+    check(L.ofl_summary_render(summary, _lib.SUMMARY_TEXT, _byref(out), _byref(n)),
+          "ofl_summary_render")
+    try:
+        return ctypes.string_at(out.value, n.value).decode()
+    finally:
+        _lib.free(out.value)
+
+
+def _render_rows(rows):
+    """The summary of one {group: bytes} dict per rank (row r: rows[r])."""
+    tables = (ctypes.c_void_p * len(rows))()
+    summary = ctypes.c_void_p()
+    try:
+        for r, row in enumerate(rows):
+            t = ctypes.c_void_p()
+            check(L.ofl_byte_table_create(_byref(t)), "ofl_byte_table_create")
+            tables[r] = t.value
+            for name, nbytes in sorted((row or {}).items()):
+                check(L.ofl_byte_table_add(t, name.encode(), nbytes), "ofl_byte_table_add")
+        check(L.ofl_summary_from_tables(tables, len(rows), _byref(summary)),
+              "ofl_summary_from_tables")
+        return _render(summary)
+    finally:
+        if summary.value:
+            L.ofl_summary_destroy(summary)
+        for t in tables:
+            if t:
+                L.ofl_byte_table_destroy(t)
+
+
+def _dist():
+    """torch.distributed when a default group of more than one rank is
+    initialized, else None."""
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return dist
+    except Exception:
+        pass
+    return None
 
 
 def _rank():

@@ -23,7 +23,8 @@ A forward under torch.no_grad() is forward-only (ofl_manager_set_forward_only):
 it offloads nothing and neither consumes the warmup nor creates chunks; the
 reset after it turns training mode back on. The first reset after a training
 pass ends the warmup and prints the offload summary (rank 0 of
-torch.distributed when it is initialized; this process's table only).
+torch.distributed's default group when it is initialized, with every rank's
+row gathered there; this process's row otherwise).
 
 Knobs (first creation only; later calls return the instance as it is):
 ``fraction`` (activation_offload_fraction), ``rank_delta_bytes``
@@ -171,7 +172,16 @@ class PipelineOffloadManager:
 
     @property
     def summary_text(self):
+        """The summary table printed at the end of warmup: every rank's row
+        on rank 0 of torch.distributed's default group (this rank's own row
+        on the others, and without torch.distributed)."""
         return self._core.summary_text
+
+    @property
+    def summary_rows(self):
+        """The bytes behind summary_text: one {group name: bytes} per rank
+        (rank 0; [this rank's] elsewhere)."""
+        return self._core.summary_rows
 
     @property
     def d2h_stream(self):
