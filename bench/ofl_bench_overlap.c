@@ -94,6 +94,7 @@ int main(int argc, char **argv) {
   printf("%8s %6s %12s %12s %10s %8s %10s\n", "hidden", "seq", "step_base",
          "step_offl", "offl/base", "stalls", "identical");
   double best = 0;
+  int bad = 0;
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     char args[512];
     snprintf(args, sizeof args,
@@ -101,20 +102,26 @@ int main(int argc, char **argv) {
              "--hidden %d --seq %d --quiet",
              sizes[i][0], sizes[i][1]);
     outcome_t r;
-    if (run_demo(demo, args, &r) != 0) {
-      printf("%8d %6d  the demo failed: %s", sizes[i][0], sizes[i][1],
-             r.first);
+    if (run_demo(demo, args, &r) != 0 || r.base_ms <= 0 || r.offl_ms <= 0) {
+      printf("%8d %6d  the demo failed or printed no step times: %s",
+             sizes[i][0], sizes[i][1], r.first);
+      bad = 1;
       continue;
     }
     printf("%8d %6d %10.2fms %10.2fms %10.3f %8d %10s\n", sizes[i][0],
            sizes[i][1], r.base_ms, r.offl_ms, r.ratio, r.stalls,
            r.identical ? "yes" : "NO");
-    if (best == 0 || r.ratio < best)
+    if (!r.identical)
+      bad = 1; /* a run whose results differ is no figure */
+    else if (best == 0 || r.ratio < best)
       best = r.ratio;
   }
   if (best > 0)
-    printf("best step-time ratio with offload / without: %.3f (goal <= "
-           "1.03: %s)\n",
+    printf("best step-time ratio with offload / without over the "
+           "bit-identical runs: %.3f (goal <= 1.03: %s)\n",
            best, best <= 1.03 ? "met" : "not met");
-  return 0;
+  printf("# the demo's kernels are plain (one thread per output element or "
+         "row, no tiling, no tensor cores): its compute is slower than a "
+         "tuned model's, which leaves the copies more time to hide in\n");
+  return bad ? 1 : 0;
 }

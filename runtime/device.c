@@ -239,6 +239,9 @@ void ofl_device_close(ofl_device_t *dev) {
 ofl_backend_t ofl_device_backend(const ofl_device_t *dev) {
   return dev ? dev->backend : OFL_BACKEND_AUTO;
 }
+int ofl_device_ordinal(const ofl_device_t *dev) {
+  return dev && dev->backend == OFL_BACKEND_CUDA ? dev->cfg.device_index : -1;
+}
 const char *ofl_device_selection_reason(const ofl_device_t *dev) {
   return dev ? dev->reason : "";
 }

@@ -56,7 +56,7 @@ typedef struct {
   ofl_backend_t backend; /* --backend; resolved in main before the runs */
   int preset_oom;        /* --preset oom */
   int stages_given;      /* --stages was on the command line */
-  int gpu_ordinal;       /* cuda: the GPU the runs open (OFL_DEVICE) */
+  int gpu_ordinal;       /* cuda: the GPU the runs open (ofl's choice) */
   /* Hidden test option: on cuda, ofl is not told the demo's stream (the
    * mistake the compute-stream hand-off prevents: offloads then copy
    * before the kernels that write the tensors ran), so that a test can
@@ -576,7 +576,10 @@ static ofl_tensor_t *alias(run_t *r, ofl_tensor_t *t) {
 /* Ends a handle of the demo's. On the cuda path the storage is let go
  * after the work queued on the compute stream (its last use: the kernels
  * that read it may not have run yet), so the pool cannot hand the block to
- * another stream's work before they did. */
+ * another stream's work before they did. ofl's own reloads into this pool
+ * are safe without it (the H2D stream waits for the compute stream before
+ * each reload, docs/DESIGN.md section 5), so no test can see it missing;
+ * it is what any other user of the pool on another stream relies on. */
 static void drop(ofl_tensor_t *t) {
   live_remove(t);
   if (g_kc != NULL && g_ocs != NULL && ofl_tensor_data(t) != NULL)
@@ -1010,6 +1013,7 @@ typedef struct {
   double *mem_t, *mem_b;
   size_t nmem;
   size_t gpu_used_peak; /* cuda: cudaMemGetInfo's largest total - free */
+  uint64_t checksum;    /* FNV-1a of state (losses, weights, gradients) */
   int oom;            /* the run stopped: out of device memory (expected) */
   int oom_iter;       /* the iteration it happened in */
   char oom_msg[512];  /* ofl's message */
@@ -1218,6 +1222,12 @@ static void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
       off += n * sizeof(float);
     }
   res->gpu_used_peak = r.gpu_used_peak;
+  /* FNV-1a of the state: what a comparison across invocations uses (the
+   * --preset oom run on a GPU, which has no baseline of its own). */
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; i++)
+    h = (h ^ res->state[i]) * 1099511628211ull;
+  res->checksum = h;
   res->mem_t = r.mem_t;
   res->mem_b = r.mem_b;
   res->nmem = r.nmem;
@@ -1477,41 +1487,18 @@ static const kc_api_t *load_kernels(char *why, size_t why_bytes) {
   if (api == NULL || api->version != KC_API_VERSION) {
     snprintf(why, why_bytes, "%.300s is not this demo's module of GPU kernels",
              tried);
-    dlclose(h);
+    /* not closed: get() may have registered emulations that point into it */
     return NULL;
   }
   g_kc_module = h;
   return api;
 }
 
-/* The GPU the runs open: OFL_DEVICE as ofl reads it (an ordinal, or
- * `local`: the launcher's local rank modulo the device count), else 0. */
-static int gpu_ordinal(int rank) {
-  int count = 1;
-  if (g_kc->device_count(&count) != 0 || count < 1)
-    count = 1;
-  const char *d = getenv("OFL_DEVICE");
-  if (d != NULL && strcmp(d, "local") == 0) {
-    const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                           "SLURM_LOCALID", "LOCAL_RANK"};
-    int local = rank;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-      if (getenv(names[i]) != NULL) {
-        local = atoi(getenv(names[i]));
-        break;
-      }
-    return (local < 0 ? 0 : local) % count;
-  }
-  if (d != NULL && d[0] != '\0')
-    return atoi(d);
-  return 0;
-}
-
 /* Resolves --backend: opens a device as the runs will (auto: cuda when a
  * GPU is usable), and on cuda loads the GPU kernels, without which the
  * demo cannot compute there (auto then falls back to the host backend,
  * saying why; an explicit cuda fails). Prints the first line. */
-static int choose_backend(opts_t *o, int rank, int leader, size_t *capacity) {
+static int choose_backend(opts_t *o, int leader, size_t *capacity) {
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
   dp.backend = o->backend;
   ofl_device_t *dev = NULL;
@@ -1531,6 +1518,9 @@ static int choose_backend(opts_t *o, int rank, int leader, size_t *capacity) {
   *capacity = ds.device_capacity_bytes;
   int explicit_ = why[0] == '\0'; /* --backend or OFL_BACKEND named it */
   if (got == OFL_BACKEND_CUDA) {
+    /* the GPU ofl chose (device_index, OFL_DEVICE, the current device):
+     * the runs open it again and the kernels run on it */
+    o->gpu_ordinal = ofl_device_ordinal(dev);
     char kwhy[600];
     const kc_api_t *kc = load_kernels(kwhy, sizeof kwhy);
     ofl_device_close(dev);
@@ -1557,7 +1547,6 @@ static int choose_backend(opts_t *o, int rank, int leader, size_t *capacity) {
       return 0;
     }
     g_kc = kc;
-    o->gpu_ordinal = gpu_ordinal(rank);
     if (leader)
       printf("ofl pipeline demo: backend cuda (%s); the layer arithmetic "
              "runs as GPU kernels on the demo's own stream%s\n",
@@ -1706,7 +1695,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   size_t capacity = 0;
-  if (choose_backend(&o, rank, leader, &capacity) != 0) {
+  if (choose_backend(&o, leader, &capacity) != 0) {
     DEMO_FINALIZE();
     return 2;
   }
@@ -1929,10 +1918,21 @@ int main(int argc, char **argv) {
              "all of its users): %.2f MiB without offload, %.2f MiB with\n",
              (double)base.gpu_used_peak / 1048576,
              (double)off.gpu_used_peak / 1048576);
+    /* this process's state (its stage; rank 0's under MPI) */
+    if (no_compare)
+      printf("state checksum (losses, weights, gradients) of this stage: "
+             "offload %016llx\n",
+             (unsigned long long)off.checksum);
+    else
+      printf("state checksum (losses, weights, gradients) of this stage: "
+             "baseline %016llx, offload %016llx\n",
+             (unsigned long long)base.checksum,
+             (unsigned long long)off.checksum);
     if (no_compare)
       printf("bit-identical losses, weights and gradients with and without "
-             "offload: not checked (--preset oom on a GPU has no baseline "
-             "that fits; run without --preset oom for the comparison)\n");
+             "offload: not checked here (--preset oom on a GPU has no "
+             "baseline that fits; compare the checksum with a run of the "
+             "same model without --preset oom on a larger GPU)\n");
     else
       printf("bit-identical losses, weights and gradients with and without "
              "offload: %s (%lld differing bytes on %lld rank(s))\n",

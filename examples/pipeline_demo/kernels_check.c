@@ -239,7 +239,8 @@ int main(int argc, char **argv) {
   printf("# %s\n", kc->emulated ? "the stand-in runs the kernels' CPU "
                                   "emulation"
                                 : "the kernels run on the GPU");
-  if (kc->set_device(0) != 0 || kc->stream_create(&stream) != 0) {
+  if (kc->set_device(ofl_device_ordinal(dev)) != 0 ||
+      kc->stream_create(&stream) != 0) {
     printf("Bail out! no stream\n");
     return 1;
   }

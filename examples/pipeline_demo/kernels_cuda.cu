@@ -81,7 +81,10 @@ unsigned blocks_for(size_t n) {
 cudaStream_t as_stream(void *s) { return static_cast<cudaStream_t>(s); }
 
 /* The launch's error: a bad configuration or argument is reported at the
- * launch by cudaGetLastError (which also clears it). */
+ * launch by cudaGetLastError (which also clears it). Every launcher first
+ * clears an error an earlier call of the thread left (prelaunch), so that
+ * it is not taken for the launch's. */
+void prelaunch() { (void)cudaGetLastError(); }
 int launched() { return static_cast<int>(cudaGetLastError()); }
 
 int launch_matmul(float *c, const float *a, const float *b, int m, int k,
@@ -90,6 +93,7 @@ int launch_matmul(float *c, const float *a, const float *b, int m, int k,
   size_t total = static_cast<size_t>(m) * static_cast<size_t>(n);
   if (m <= 0 || n <= 0)
     return 0;
+  prelaunch();
   ofl_demo_k_matmul<<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(
       c, a, b, m, k, n, sai, sap, sbp, sbj, ldc, acc);
   return launched();
@@ -114,6 +118,7 @@ int kc_rmsnorm(float *y, const float *x, const float *g, int rows, int h,
                void *stream) {
   if (rows <= 0 || h <= 0)
     return 0;
+  prelaunch();
   ofl_demo_k_rmsnorm<<<blocks_for(static_cast<size_t>(rows)), kThreads, 0,
                        as_stream(stream)>>>(y, x, g, rows, h);
   return launched();
@@ -124,12 +129,14 @@ int kc_rmsnorm_backward(float *dx, float *dg, const float *x, const float *g,
                         void *stream) {
   if (rows <= 0 || h <= 0)
     return 0;
+  prelaunch();
   ofl_demo_k_rmsnorm_bw_rows<<<blocks_for(static_cast<size_t>(rows)), kThreads,
                                0, as_stream(stream)>>>(dx, scratch, x, g, dy,
                                                        rows, h);
   int e = launched();
   if (e != 0)
     return e;
+  prelaunch();
   ofl_demo_k_rmsnorm_bw_cols<<<blocks_for(static_cast<size_t>(h)), kThreads, 0,
                                as_stream(stream)>>>(dg, scratch, x, dy, rows,
                                                     h);
@@ -140,6 +147,7 @@ int kc_attention(float *out, float *probs, const float *qkv, int s, int h,
                  void *stream) {
   if (s <= 0 || h <= 0)
     return 0;
+  prelaunch();
   ofl_demo_k_attention<<<blocks_for(static_cast<size_t>(s)), kThreads, 0,
                          as_stream(stream)>>>(out, probs, qkv, s, h);
   return launched();
@@ -152,6 +160,7 @@ int kc_attention_backward(float *dqkv, const float *dout, const float *qkv,
     return 0;
   long long w = 3LL * h;
   float *ds = scratch; /* s x s */
+  prelaunch();
   ofl_demo_k_attention_ds<<<blocks_for(static_cast<size_t>(s)), kThreads, 0,
                             as_stream(stream)>>>(ds, dout, qkv, probs, s, h);
   int e = launched();
@@ -171,6 +180,7 @@ int kc_attention_backward(float *dqkv, const float *dout, const float *qkv,
 int kc_silu(float *act, const float *u, size_t n, void *stream) {
   if (n == 0)
     return 0;
+  prelaunch();
   ofl_demo_k_silu<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(act, u,
                                                                      n);
   return launched();
@@ -180,6 +190,7 @@ int kc_silu_backward(float *du, const float *dact, const float *u, size_t n,
                      void *stream) {
   if (n == 0)
     return 0;
+  prelaunch();
   ofl_demo_k_silu_bw<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(
       du, dact, u, n);
   return launched();
@@ -188,6 +199,7 @@ int kc_silu_backward(float *du, const float *dact, const float *u, size_t n,
 int kc_add(float *y, const float *x, size_t n, void *stream) {
   if (n == 0)
     return 0;
+  prelaunch();
   ofl_demo_k_add<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(y, x, n);
   return launched();
 }
@@ -195,6 +207,7 @@ int kc_add(float *y, const float *x, size_t n, void *stream) {
 int kc_sgd(float *w, float *dw, size_t n, float lr, void *stream) {
   if (n == 0)
     return 0;
+  prelaunch();
   ofl_demo_k_sgd<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(w, dw, n,
                                                                     lr);
   return launched();

@@ -74,7 +74,7 @@ typedef struct kc_api {
   const char *(*error_string)(int error);
 } kc_api_t;
 
-/* The table (NULL when the module's CUDA runtime is unusable). */
+/* The table (never NULL; its calls answer the CUDA runtime's errors). */
 const kc_api_t *ofl_demo_kernels_cuda_api(void);
 
 #ifdef __cplusplus

@@ -97,6 +97,11 @@ OFL_API ofl_status_t ofl_backend_probe(ofl_backend_t backend, int *count,
 
 OFL_API ofl_backend_t ofl_device_backend(const ofl_device_t *dev);
 OFL_API const char *ofl_backend_name(ofl_backend_t backend);
+/* The CUDA device ordinal of a cuda device (the GPU it opened, however it
+ * was chosen: device_index, OFL_DEVICE, the current device); -1 on the host
+ * backend and for NULL. A program launching its own kernels selects it
+ * (cudaSetDevice) on the threads that do. */
+OFL_API int ofl_device_ordinal(const ofl_device_t *dev);
 /* Why auto selection chose what it chose ("" when the backend was explicit). */
 OFL_API const char *ofl_device_selection_reason(const ofl_device_t *dev);
 OFL_API int ofl_device_is_strict(const ofl_device_t *dev);

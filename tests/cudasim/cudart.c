@@ -2014,13 +2014,19 @@ EXPORT void __cudaRegisterFunction(void **handle, const char *hostFun,
   pthread_mutex_unlock(&k_mu);
 }
 
-static kfunc_t *kfunc_by_host(const void *host) {
+/* Copies the device name of the kernel registered for host stub `host`
+ * (or whose handle is `handle`) into name; 0 when there is none. Under
+ * k_mu: a module may be unregistered (dlclose, exit) meanwhile. */
+static int kfunc_name(const void *host, const void *handle, char *name,
+                      size_t cap) {
   pthread_mutex_lock(&k_mu);
   kfunc_t *f = k_funcs;
-  while (f && f->host != host)
+  while (f && f->host != host && (void *)f != handle)
     f = f->next;
+  if (f)
+    snprintf(name, cap, "%s", f->name);
   pthread_mutex_unlock(&k_mu);
-  return f;
+  return f != NULL;
 }
 
 EXPORT int cudasim_register_kernel(const cudasim_kernel_emu_t *emu) {
@@ -2055,7 +2061,11 @@ static const cudasim_kernel_emu_t *kemu_find(const char *name) {
 
 EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *out, const void *hostFun) {
   ensure_init();
-  kfunc_t *f = kfunc_by_host(hostFun);
+  pthread_mutex_lock(&k_mu);
+  kfunc_t *f = k_funcs;
+  while (f && f->host != hostFun)
+    f = f->next;
+  pthread_mutex_unlock(&k_mu);
   if (!out || !f)
     return fail(cudaErrorInvalidDeviceFunction);
   *out = (cudaKernel_t)f;
@@ -2084,11 +2094,11 @@ EXPORT cudaError_t __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blockDim,
   return cudaSuccess;
 }
 
-static cudaError_t launch_common(kfunc_t *f, dim3 grid, dim3 block,
+static cudaError_t launch_common(const char *kname, dim3 grid, dim3 block,
                                  void **args, size_t shmem, cudaStream_t h,
                                  const char *api) {
   NEED_CTX();
-  if (!f)
+  if (!kname)
     return fail(cudaErrorInvalidDeviceFunction);
   unsigned long long threads =
       (unsigned long long)block.x * block.y * block.z;
@@ -2098,18 +2108,18 @@ static cudaError_t launch_common(kfunc_t *f, dim3 grid, dim3 block,
     return fail(cudaErrorInvalidConfiguration);
   if (shmem > 48 * 1024)
     return fail(cudaErrorInvalidValue);
-  const cudasim_kernel_emu_t *emu = kemu_find(f->name);
+  const cudasim_kernel_emu_t *emu = kemu_find(kname);
   if (!emu) {
     fprintf(stderr,
             "cudasim: %s(%s): no CPU emulation of this kernel is registered "
             "(cudasim_register_kernel); the stand-in cannot run device code\n",
-            api, f->name);
+            api, kname);
     return fail(cudaErrorNoKernelImageForDevice);
   }
   if (grid.y != 1 || grid.z != 1 || block.y != 1 || block.z != 1) {
     misuse("%s(%s): grid %ux%ux%u, block %ux%ux%u: the stand-in emulates 1-D "
            "launches only",
-           api, f->name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
+           api, kname, grid.x, grid.y, grid.z, block.x, block.y, block.z);
     return fail(cudaErrorNotSupported);
   }
   if (emu->nparams > 0 && !args)
@@ -2130,8 +2140,12 @@ static cudaError_t launch_common(kfunc_t *f, dim3 grid, dim3 block,
     copied[i] = op->kargs + op->koff[i];
   }
   int n = emu->spans(copied, op->kspans, CUDASIM_KERNEL_MAX_PARAMS);
-  if (n < 0 || n > CUDASIM_KERNEL_MAX_PARAMS)
-    n = 0;
+  if (n < 0 || n > CUDASIM_KERNEL_MAX_PARAMS) {
+    misuse("%s(%s): the emulation's spans() answered %d (0 to %d)", api,
+           kname, n, CUDASIM_KERNEL_MAX_PARAMS);
+    op_free(op);
+    return fail(cudaErrorInvalidValue);
+  }
   op->nkspans = n;
   pthread_mutex_lock(&g.mu);
   cstream_t *s;
@@ -2142,7 +2156,7 @@ static cudaError_t launch_common(kfunc_t *f, dim3 grid, dim3 block,
         emu->param_size[sp->param] != sizeof(void *)) {
       pthread_mutex_unlock(&g.mu);
       misuse("%s(%s): the emulation names parameter %d as a pointer", api,
-             f->name, sp->param);
+             kname, sp->param);
       op_free(op);
       return fail(cudaErrorInvalidValue);
     }
@@ -2157,7 +2171,7 @@ static cudaError_t launch_common(kfunc_t *f, dim3 grid, dim3 block,
       misuse("%s(%s): parameter %d, %p, does not hold the %zu bytes the "
              "kernel touches in one live allocation of the stream's device "
              "%d (%s); a GPU would fault (cudaErrorIllegalAddress)",
-             api, f->name, sp->param, p, sp->bytes, s->dev,
+             api, kname, sp->param, p, sp->bytes, s->dev,
              dev < 0 ? "not device memory, freed, or overrun"
                      : "memory of another device");
       op_free(op);
@@ -2179,21 +2193,19 @@ EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim,
                                       dim3 blockDim, void **args,
                                       size_t sharedMem, cudaStream_t stream) {
   ENTER("cudaLaunchKernel");
-  kfunc_t *f = NULL;
-  pthread_mutex_lock(&k_mu);
-  for (kfunc_t *k = k_funcs; k; k = k->next)
-    if ((void *)k == (void *)kernel)
-      f = k;
-  pthread_mutex_unlock(&k_mu);
-  return launch_common(f, gridDim, blockDim, args, sharedMem, stream,
-                       "cudaLaunchKernel");
+  char name[256];
+  int found = kernel != NULL && kfunc_name(NULL, kernel, name, sizeof name);
+  return launch_common(found ? name : NULL, gridDim, blockDim, args,
+                       sharedMem, stream, "cudaLaunchKernel");
 }
 
 EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim,
                                     dim3 blockDim, void **args,
                                     size_t sharedMem, cudaStream_t stream) {
   ENTER("cudaLaunchKernel");
-  return launch_common(kfunc_by_host(func), gridDim, blockDim, args,
+  char name[256];
+  int found = func != NULL && kfunc_name(func, NULL, name, sizeof name);
+  return launch_common(found ? name : NULL, gridDim, blockDim, args,
                        sharedMem, stream, "cudaLaunchKernel");
 }
 

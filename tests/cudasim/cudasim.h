@@ -93,7 +93,10 @@ int cudasim_is_device_memory(const void *ptr, int *device);
  * blockIdx.x * blockDim.x + threadIdx.x, in order, with the pointer
  * parameters replaced by the CPU-side addresses of their spans. Kernels that
  * use shared memory, synchronise threads or use atomics across threads
- * cannot be emulated this way. */
+ * cannot be emulated this way. What the spans do not declare is not
+ * checked: a body that touches more than its spans reads or writes the
+ * bytes of whatever lies there (spans are checked against allocations
+ * rounded up to 256 bytes, as the stand-in allocates them). */
 #define CUDASIM_KERNEL_MAX_PARAMS 16
 typedef struct cudasim_kernel_span {
   int param;    /* index of a pointer parameter */

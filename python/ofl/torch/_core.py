@@ -615,23 +615,28 @@ class _CoreMethods:
         (any backend: gloo on the CPU, NCCL on GPUs) every rank's row is
         gathered to rank 0 of the default group (gather_object, collective:
         every rank ends its warmup in the same iteration) and rank 0 gets the
-        table of all ranks; the other ranks get their own row. Without it,
-        this process's row as rank 0."""
+        table of all ranks; the other ranks get a table of their own row
+        (labelled Rank 0, as every one-rank table). Without it, this
+        process's row as rank 0. The gather is bounded by the process
+        group's timeout (init_process_group(timeout=...)): a rank that
+        failed its reset and never reaches it makes the others fail there."""
         s = L.ofl_manager_summary(self.m)
-        if not s:
-            return None
         local = {}
-        for g in range(L.ofl_summary_ngroups(s)):
+        for g in range(L.ofl_summary_ngroups(s) if s else 0):
             local[L.ofl_summary_group_name(s, g).decode()] = int(L.ofl_summary_bytes(s, 0, g))
         self.summary_rows = [local]
         dist = _dist()
         if dist is None:
-            return _render(s)
+            return _render(s) if s else None
+        # Every rank takes part, with or without a table of its own (a rank
+        # that offloaded nothing sends an empty row): a rank that skipped
+        # the gather would leave the others waiting for the process group's
+        # timeout.
         rank, world = dist.get_rank(), dist.get_world_size()
         rows = [None] * world if rank == 0 else None
         dist.gather_object(local, rows, dst=0)
         if rank != 0:
-            return _render(s)
+            return _render(s) if s else None
         self.summary_rows = rows
         return _render_rows(rows)
 

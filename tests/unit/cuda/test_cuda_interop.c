@@ -185,6 +185,7 @@ Test(cuda_interop, ofl_device_variable_names_the_gpu) {
   void *d = NULL;
   OK(ofl_device_malloc(dev, 256, &d));
   cr_assert(eq(int, sim_device_of(d), 1));
+  cr_assert(eq(int, ofl_device_ordinal(dev), 1)); /* what it chose */
   OK(ofl_device_free(dev, d));
   ofl_device_close(dev);
   setenv("OFL_DEVICE", "7", 1);

@@ -64,6 +64,8 @@ Test(backend_select, auto_falls_back_to_host_and_logs_why_once) {
   ofl_device_t *d1 = NULL, *d2 = NULL;
   cr_assert(eq(int, ofl_device_open(NULL, &d1), OFL_SUCCESS));
   cr_assert(eq(int, ofl_device_backend(d1), OFL_BACKEND_HOST));
+  cr_assert(eq(int, ofl_device_ordinal(d1), -1), "no GPU ordinal on host");
+  cr_assert(eq(int, ofl_device_ordinal(NULL), -1));
   cr_assert(
       ne(ptr, strstr(ofl_device_selection_reason(d1), "host backend"), NULL));
 #if OFL_HAVE_CUDA
