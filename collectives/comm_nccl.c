@@ -68,15 +68,15 @@ static ofl_status_t nccl_fail(ncclResult_t r, const char *what) {
                     what, ncclGetErrorString(r));
 }
 
-/* Polls until the work enqueued up to `done` completed or the deadline
- * passes. With a nonblocking communicator the collective may still be
+/* Polls until the work enqueued up to `done` completed or the deadline (of
+ * the whole gather: its rounds share one, so that a gather fails within the
+ * comm's timeout however its rounds split it) passes. With a nonblocking communicator the collective may still be
  * ncclInProgress (not yet on the stream): the event is recorded only once
  * NCCL reports ncclSuccess, so an idle stream is never taken for a finished
  * collective. Only the operation's own event is waited for, not the rest of
  * the caller's stream (other work may keep it busy). */
 static ofl_status_t wait_done(ofl_comm_t *c, nccl_impl_t *m, cudaEvent_t done,
-                              const char *what) {
-  uint64_t deadline = ofl__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+                              uint64_t deadline, const char *what) {
   unsigned round = 0;
   bool recorded = false;
   for (;;) {
@@ -109,7 +109,8 @@ static ofl_status_t wait_done(ofl_comm_t *c, nccl_impl_t *m, cudaEvent_t done,
       m->aborted = ar == ncclSuccess;
       c->native_aborted = m->aborted;
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
-                        "nccl comm: %s did not complete within %lld ms on "
+                        "nccl comm: %s did not complete within the gather's "
+                        "%lld ms on "
                         "rank %d of %d (a rank died, never called, or is "
                         "stuck); the NCCL communicator %s: destroy this comm "
                         "and create a new communicator",
@@ -168,7 +169,7 @@ static ofl_status_t reserve(nccl_impl_t *m, size_t dev_bytes,
  * receives every part. */
 static ofl_status_t allgather_bytes(ofl_comm_t *c, nccl_impl_t *m,
                                     unsigned char *host, size_t count,
-                                    const char *what) {
+                                    uint64_t deadline, const char *what) {
   size_t total = count * (size_t)c->size;
   unsigned char *own = m->dev + count * (size_t)c->rank;
   cudaError_t e = cudaMemcpyAsync(own, host + count * (size_t)c->rank, count,
@@ -183,7 +184,7 @@ static ofl_status_t allgather_bytes(ofl_comm_t *c, nccl_impl_t *m,
     c->broken = true;
     return nccl_fail(r, "ncclAllGather");
   }
-  ofl_status_t st = wait_done(c, m, m->done, what);
+  ofl_status_t st = wait_done(c, m, m->done, deadline, what);
   if (st != OFL_SUCCESS) {
     c->broken = true;
     return st;
@@ -195,7 +196,7 @@ static ofl_status_t allgather_bytes(ofl_comm_t *c, nccl_impl_t *m,
     c->broken = true;
     return cuda_fail(e, "copying the gathered tables to the host");
   }
-  st = wait_done(c, m, m->done, what); /* records done after the copy */
+  st = wait_done(c, m, m->done, deadline, what); /* done after the copy */
   if (st != OFL_SUCCESS)
     c->broken = true;
   return st;
@@ -211,13 +212,16 @@ static ofl_status_t gather_on_device(ofl_comm_t *c, nccl_impl_t *m,
                                      const void *mine, size_t len, bool to_all,
                                      ofl__blobs_t *out) {
   size_t n = (size_t)c->size;
+  /* one deadline for the whole gather (both all-gathers, their copies) */
+  uint64_t deadline = ofl__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
   OFL_CHECK(reserve(m, HDR_BYTES * n, HDR_BYTES * n));
   unsigned char *hdr = m->host;
   unsigned char *own = hdr + HDR_BYTES * (size_t)c->rank;
   ofl__put_u64(own, len);
   ofl__put_u32(own + 8, c->seq);
   ofl__put_u32(own + 12, to_all ? HDR_TO_ALL : 0);
-  OFL_CHECK(allgather_bytes(c, m, hdr, HDR_BYTES, "the size all-gather"));
+  OFL_CHECK(
+      allgather_bytes(c, m, hdr, HDR_BYTES, deadline, "the size all-gather"));
   for (size_t r = 0; r < n; r++) {
     const unsigned char *h = hdr + HDR_BYTES * r;
     uint32_t seq = ofl__get_u32(h + 8);
@@ -260,7 +264,8 @@ static ofl_status_t gather_on_device(ofl_comm_t *c, nccl_impl_t *m,
     OFL_CHECK_GOTO(reserve(m, max * n, max * n), st, done);
     if (len)
       memcpy(m->host + max * (size_t)c->rank, mine, len);
-    OFL_CHECK_GOTO(allgather_bytes(c, m, m->host, max, "the table all-gather"),
+    OFL_CHECK_GOTO(allgather_bytes(c, m, m->host, max, deadline,
+                                   "the table all-gather"),
                    st, done);
   }
   if (to_all || c->rank == 0) {

@@ -42,7 +42,7 @@ typedef struct ofl_comm_params {
   /* NCCL comms: 1 when the communicator was created nonblocking
    * (ncclConfig_t.blocking = 0), 0 when blocking, -1 unknown (taken as
    * blocking; NCCL has no call that tells). With a nonblocking communicator
-   * every wait of a gather is bounded by timeout_ms; with a blocking one the
+   * a gather (all its rounds together) is bounded by timeout_ms; with a blocking one the
    * NCCL call itself may block before ofl's deadline can act (while it
    * connects to its peers), so create it with blocking = 0 for bounded
    * waits. After a timeout ofl aborts the communicator (ncclCommAbort), so

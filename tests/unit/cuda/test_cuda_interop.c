@@ -9,7 +9,9 @@
 #include <nccl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <ofl/ofl.h>
@@ -573,6 +575,105 @@ Test(cuda_interop, nccl_timeout_aborts_the_communicator) {
             "the aborted collective still holds the stream");
   ofl_comm_destroy(r[0].oc);
   ofl_comm_destroy(r[1].oc);
+  ncclCommAbort(r[1].comm);
+  cudaStreamDestroy(r[0].stream);
+  cudaStreamDestroy(r[1].stream);
+}
+
+/* Rank 1 of the deadline test: not ofl, but the first round of ofl's gather
+ * done by hand (the 16-byte header all-gather: payload length, operation
+ * number 1, result on rank 0 only), `late_ms` late; it never makes the
+ * second round (the payloads). */
+typedef struct {
+  nccl_rank_t *r;
+  int late_ms;
+  ncclResult_t res;
+} half_rank_t;
+
+static void *half_rank_main(void *arg) {
+  half_rank_t *h = arg;
+  nccl_rank_t *r = h->r;
+  cudaSetDevice(r->rank);
+  cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclResult_t st = ncclCommInitRankConfig(&r->comm, 2, r->id, r->rank, &cfg);
+  while (st == ncclInProgress)
+    ncclCommGetAsyncError(r->comm, &st);
+  h->res = st;
+  if (st != ncclSuccess)
+    return NULL;
+  usleep((useconds_t)h->late_ms * 1000);
+  unsigned char hdr[32] = {0}, *own = hdr + 16 * r->rank;
+  own[0] = 64;  /* payload bytes (u64, little-endian) */
+  own[8] = 1;   /* operation 1 of the comm (u32) */
+  own[12] = 0;  /* root only */
+  void *dev = NULL;
+  cudaMalloc(&dev, sizeof hdr);
+  /* on the collective's stream: a pageable cudaMemcpy may return before
+   * its DMA is done, and the non-blocking stream does not wait for it */
+  cudaMemcpyAsync((char *)dev + 16 * r->rank, own, 16, cudaMemcpyHostToDevice,
+                  r->stream);
+  st = ncclAllGather((char *)dev + 16 * r->rank, dev, 16, ncclUint8, r->comm,
+                     r->stream);
+  while (st == ncclInProgress)
+    ncclCommGetAsyncError(r->comm, &st);
+  h->res = st;
+  cudaStreamSynchronize(r->stream);
+  cudaFree(dev);
+  return NULL;
+}
+
+Test(cuda_interop, nccl_gather_deadline_covers_all_its_rounds) {
+  sim();
+  nccl_rank_t r[2];
+  memset(r, 0, sizeof r);
+  cr_assert(eq(int, ncclGetUniqueId(&r[0].id), ncclSuccess));
+  r[1].id = r[0].id;
+  r[1].rank = 1;
+  /* Rank 0: a summary gather with a 500 ms timeout. Rank 1 answers the
+   * first round 350 ms late and never the second: the gather must fail
+   * about 500 ms after it began, not 500 ms after the first round ended. */
+  /* (times scaled by OFLTEST_SLOW under the sanitizer and valgrind setups) */
+  int k = getenv("OFLTEST_SLOW") ? atoi(getenv("OFLTEST_SLOW")) : 1;
+  k = k < 1 ? 1 : k;
+  half_rank_t h = {&r[1], 350 * k, ncclSuccess};
+  pthread_t t1;
+  pthread_create(&t1, NULL, half_rank_main, &h);
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaStreamCreateWithFlags(&r[0].stream, cudaStreamNonBlocking));
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclResult_t st = ncclCommInitRankConfig(&r[0].comm, 2, r[0].id, 0, &cfg);
+  while (st == ncclInProgress)
+    ncclCommGetAsyncError(r[0].comm, &st);
+  cr_assert(eq(int, st, ncclSuccess));
+  ofl_comm_params_t p = OFL_COMM_PARAMS_INIT;
+  p.timeout_ms = 500 * k;
+  p.nccl_nonblocking = 1;
+  OK(ofl_comm_create_nccl(r[0].comm, r[0].stream, &p, &r[0].oc));
+  ofl_byte_table_t *tb = NULL;
+  OK(ofl_byte_table_create(&tb));
+  OK(ofl_byte_table_add(tb, "core_attn", 1234));
+  ofl_summary_t *sum = NULL;
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  ofl_status_t gs = ofl_summary_gather(r[0].oc, tb, 1, &sum);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  pthread_join(t1, NULL);
+  double ms = (double)(b.tv_sec - a.tv_sec) * 1e3 +
+              (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+  cr_assert(eq(int, h.res, ncclSuccess), "rank 1's first round failed");
+  cr_assert(eq(int, gs, OFL_ERR_TIMEOUT), "%s", ofl_last_error());
+  cr_assert(strstr(ofl_last_error(), "table all-gather") != NULL,
+            "the second round is the one that times out: %s",
+            ofl_last_error());
+  cr_assert(ms >= 450.0 * k && ms < 800.0 * k,
+            "the gather failed after %.0f ms; its deadline is %d ms from "
+            "its start (%d would be a fresh deadline per round)",
+            ms, 500 * k, 850 * k);
+  ofl_byte_table_destroy(tb);
+  ofl_comm_destroy(r[0].oc); /* rank 0's communicator was aborted */
   ncclCommAbort(r[1].comm);
   cudaStreamDestroy(r[0].stream);
   cudaStreamDestroy(r[1].stream);
