@@ -258,6 +258,7 @@ ofl_status_t ofl_pool_create(ofl_device_t *dev, const ofl_pool_params_t *params,
     p->stats.reserve_bytes = prm.reserve_bytes;
     p->stats.backend_allocs = 1;
   }
+  ofl__device_pool_created(dev);
   OFL_INFO(OFL_SUBSYS_POOL, "pool %s created kind %s budget %zu reserve %zu",
            p->name, prm.kind == OFL_POOL_PINNED ? "pinned" : "device", budget,
            prm.reserve_bytes);
@@ -371,7 +372,9 @@ void ofl_pool_destroy(ofl_pool_t *pool) {
   }
   pthread_mutex_destroy(&p->order_stream_mu);
   pthread_mutex_destroy(&p->mu);
+  ofl_device_t *dev = p->dev;
   free(p);
+  ofl__device_pool_destroyed(dev); /* may run a deferred device close */
 }
 
 static void pool_finish(ofl_pool_t *p) {

@@ -197,9 +197,40 @@ static void forget_stream(ofl_stream_t *s) {
   pthread_mutex_unlock(&dev->streams_lock);
 }
 
+void ofl__device_pool_created(ofl_device_t *dev) {
+  pthread_mutex_lock(&dev->stats_lock);
+  dev->live_pools++;
+  pthread_mutex_unlock(&dev->stats_lock);
+}
+
+void ofl__device_pool_destroyed(ofl_device_t *dev) {
+  pthread_mutex_lock(&dev->stats_lock);
+  bool close_now = --dev->live_pools == 0 && dev->close_pending;
+  pthread_mutex_unlock(&dev->stats_lock);
+  if (close_now) {
+    OFL_INFO(OFL_SUBSYS_DEVICE, "device close: the last pool of the device "
+                                "was destroyed; the deferred close runs now");
+    ofl_device_close(dev);
+  }
+}
+
 void ofl_device_close(ofl_device_t *dev) {
   if (dev == NULL)
     return;
+  pthread_mutex_lock(&dev->stats_lock);
+  int pools = dev->live_pools;
+  if (pools > 0)
+    dev->close_pending = true;
+  pthread_mutex_unlock(&dev->stats_lock);
+  if (pools > 0) {
+    /* Misuse: closing would leave the pools on freed memory. */
+    OFL_WARN(OFL_SUBSYS_DEVICE,
+              "device close: %d pool(s) created on this device are still "
+              "alive; the close is deferred until the last one is destroyed "
+              "(destroy pools before their device: ofl_pool_destroy)",
+              pools);
+    return;
+  }
   if (tl.dev == dev)
     tl.s = NULL;
   /* Streams the application did not destroy: drain (bounded) and stop

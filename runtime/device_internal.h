@@ -57,7 +57,17 @@ struct ofl_device {
   bool drain_failed;
   /* Releases ordered after stream work (runtime/defer.c). */
   struct ofl__defer *defer;
+  /* Pools created on the device and not destroyed (stats_lock): a close
+   * while some live is deferred until the last one is destroyed
+   * (close_pending), so that no pool is left on a freed device. */
+  int live_pools;
+  bool close_pending;
 };
+
+/* Counts a pool created on dev / destroyed; the destroy of the last pool of
+ * a device whose close was deferred closes it. */
+void ofl__device_pool_created(ofl_device_t *dev);
+void ofl__device_pool_destroyed(ofl_device_t *dev);
 
 struct ofl_stream {
   ofl_device_t *dev;

@@ -83,7 +83,10 @@ typedef struct ofl_device_stats {
 OFL_API ofl_status_t ofl_device_open(const ofl_device_params_t *params,
                                      ofl_device_t **out);
 /* Waits for all streams (bounded), stops workers, writes the trace file if
- * any, releases everything. NULL is accepted. */
+ * any, releases everything. NULL is accepted. Pools created on the device
+ * must be destroyed first: while any is alive the close is deferred (with a
+ * warning) and runs when the last one is destroyed, so a pool never outlives
+ * its device's memory. */
 OFL_API void ofl_device_close(ofl_device_t *dev);
 
 /* Whether a backend can be used on this machine, without opening a device

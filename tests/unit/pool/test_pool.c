@@ -939,3 +939,31 @@ Test(pool, stale_handle_on_a_header_whose_next_block_failed) {
   cr_expect(eq(int, ofl_tensor_destroy(t), OFL_SUCCESS));
   ofl_pool_destroy(pool);
 }
+
+/* Misuse: the device closed before its pool. The close waits for the
+ * pool's destroy; the pool stays usable meanwhile (its bytes intact), and
+ * its destroy closes the device (nothing leaks: valgrind setup). */
+Test(pool, device_closed_before_its_pool_closes_after_it) {
+  ofl_device_params_t p = t_device_params(50, 0);
+  ofl_device_t *d2 = NULL;
+  cr_assert(eq(int, ofl_device_open(&p, &d2), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
+  pp.kind = OFL_POOL_DEVICE;
+  ofl_pool_t *pool = NULL;
+  cr_assert(eq(int, ofl_pool_create(d2, &pp, &pool), OFL_SUCCESS));
+  int64_t shape[1] = {4096};
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &t),
+               OFL_SUCCESS));
+  cr_assert(eq(int, t_fill(d2, ofl_tensor_data(t), 4096, 77), OFL_SUCCESS));
+  ofl_device_close(d2); /* misuse: deferred */
+  /* still usable: the bytes are there, another block can be had */
+  cr_assert(eq(sz, t_wrong(d2, ofl_tensor_data(t), 4096, 77), 0));
+  ofl_tensor_t *u = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(pool, shape, 1, OFL_DTYPE_U8, NULL, &u),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, u), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, t), OFL_SUCCESS));
+  ofl_pool_destroy(pool); /* the deferred close runs here */
+}
