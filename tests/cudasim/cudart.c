@@ -2189,24 +2189,30 @@ static cudaError_t launch_common(const char *kname, dim3 grid, dim3 block,
   return cudaSuccess;
 }
 
+/* The two launch entry points: by the handle __cudaGetKernel gave (what
+ * nvcc's <<<>>> calls in CUDA 13) or by the host stub. */
+static cudaError_t launch_by(const void *host, const void *handle, dim3 grid,
+                             dim3 block, void **args, size_t shmem,
+                             cudaStream_t stream) {
+  char name[256];
+  int found = (host != NULL || handle != NULL) &&
+              kfunc_name(host, handle, name, sizeof name);
+  return launch_common(found ? name : NULL, grid, block, args, shmem, stream,
+                       "cudaLaunchKernel");
+}
+
 EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim,
                                       dim3 blockDim, void **args,
                                       size_t sharedMem, cudaStream_t stream) {
   ENTER("cudaLaunchKernel");
-  char name[256];
-  int found = kernel != NULL && kfunc_name(NULL, kernel, name, sizeof name);
-  return launch_common(found ? name : NULL, gridDim, blockDim, args,
-                       sharedMem, stream, "cudaLaunchKernel");
+  return launch_by(NULL, kernel, gridDim, blockDim, args, sharedMem, stream);
 }
 
 EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim,
                                     dim3 blockDim, void **args,
                                     size_t sharedMem, cudaStream_t stream) {
   ENTER("cudaLaunchKernel");
-  char name[256];
-  int found = func != NULL && kfunc_name(func, NULL, name, sizeof name);
-  return launch_common(found ? name : NULL, gridDim, blockDim, args,
-                       sharedMem, stream, "cudaLaunchKernel");
+  return launch_by(func, NULL, gridDim, blockDim, args, sharedMem, stream);
 }
 
 /* ---- events

@@ -349,6 +349,11 @@ static void test_race_and_legacy(void) {
   for (int i = 0; i < 60 && !(stale && fresh); i++) {
     cudaMemset(d, 0, N);
     cudaDeviceSynchronize();
+    /* Nothing orders the two streams: holding one of them back (in turn)
+     * lets either order happen even on a loaded machine, where jitter alone
+     * might always give the same one. */
+    cudasim__enqueue(i % 2 ? b : a, op_sleep, (void *)(intptr_t)10,
+                     "hold one stream back");
     cudaMemsetAsync(d, 0xab, N, a);
     cudaMemcpyAsync(h, d, N, cudaMemcpyDeviceToHost, b); /* no wait: a race */
     cudaDeviceSynchronize();

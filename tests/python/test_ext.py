@@ -8,21 +8,15 @@ import sys
 import tracemalloc
 import unittest
 
-try:
-    import torch
-except Exception as e:  # pragma: no cover
-    print("SKIP: torch is not importable (%s); pip install torch numpy" % e)
-    sys.exit(77)
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("OFL_BACKEND", "host")
+import harness  # noqa: E402,F401  torch or skip; the host backend; which hooks
 
+import torch  # noqa: E402
 import ofl  # noqa: E402
 import ofl.torch as ot  # noqa: E402
 from ofl.torch import _core, megatron  # noqa: E402
 from model import TinyTransformer, make_data, one_f_one_b, train  # noqa: E402
 
-print("ofl.torch hooks: %s (%s)" % (_core.hooks_backend, _core.hooks_backend_reason))
 if _core.hooks_backend != "c":
     if os.environ.get("OFL_EXPECT_EXT") == "1":
         print("FAIL: the build made ofl._ext but the hooks are %s: %s"

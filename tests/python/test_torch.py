@@ -8,22 +8,15 @@ import tracemalloc
 import unittest
 import warnings
 
-try:
-    import torch
-except Exception as e:  # pragma: no cover
-    print("SKIP: torch is not importable (%s); pip install torch numpy" % e)
-    sys.exit(77)
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("OFL_BACKEND", "host")
+import harness  # noqa: E402,F401  torch or skip; the host backend; which hooks
 
+import torch  # noqa: E402
 import ofl  # noqa: E402
 import ofl.torch as ot  # noqa: E402
 from model import TinyTransformer, make_data, one_f_one_b, train  # noqa: E402
 
 from ofl.torch import _core as ofl_core  # noqa: E402
-
-print("ofl.torch hooks: %s (%s)" % (ofl_core.hooks_backend, ofl_core.hooks_backend_reason))
 torch.set_num_threads(1)
 VOCAB, SEQ = 64, 16
 

@@ -470,18 +470,23 @@ typedef struct {
   char msg[512];
 } nccl_rank_t;
 
-static void *nccl_rank_main(void *arg) {
-  nccl_rank_t *r = arg;
+/* On the calling thread: selects the rank's GPU, makes its non-blocking
+ * stream and its nonblocking communicator of 2 ranks (waited for). */
+static ncclResult_t nccl_rank_init(nccl_rank_t *r) {
   if (cudaSetDevice(r->rank) != cudaSuccess)
-    return NULL;
+    return ncclInvalidUsage;
   cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
-  ncclResult_t res = ncclCommInitRankConfig(&r->comm, 2, r->id, r->rank, &cfg);
-  ncclResult_t state = res;
-  while (state == ncclInProgress)
-    ncclCommGetAsyncError(r->comm, &state);
-  if (state != ncclSuccess)
+  ncclResult_t st = ncclCommInitRankConfig(&r->comm, 2, r->id, r->rank, &cfg);
+  while (st == ncclInProgress)
+    ncclCommGetAsyncError(r->comm, &st);
+  return st;
+}
+
+static void *nccl_rank_main(void *arg) {
+  nccl_rank_t *r = arg;
+  if (nccl_rank_init(r) != ncclSuccess)
     return NULL;
   ofl_comm_params_t p = OFL_COMM_PARAMS_INIT;
   p.timeout_ms = 500;
@@ -593,13 +598,7 @@ typedef struct {
 static void *half_rank_main(void *arg) {
   half_rank_t *h = arg;
   nccl_rank_t *r = h->r;
-  cudaSetDevice(r->rank);
-  cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
-  ncclResult_t st = ncclCommInitRankConfig(&r->comm, 2, r->id, r->rank, &cfg);
-  while (st == ncclInProgress)
-    ncclCommGetAsyncError(r->comm, &st);
+  ncclResult_t st = nccl_rank_init(r);
   h->res = st;
   if (st != ncclSuccess)
     return NULL;
@@ -640,14 +639,7 @@ Test(cuda_interop, nccl_gather_deadline_covers_all_its_rounds) {
   half_rank_t h = {&r[1], 350 * k, ncclSuccess};
   pthread_t t1;
   pthread_create(&t1, NULL, half_rank_main, &h);
-  CUDA_OK(cudaSetDevice(0));
-  CUDA_OK(cudaStreamCreateWithFlags(&r[0].stream, cudaStreamNonBlocking));
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
-  ncclResult_t st = ncclCommInitRankConfig(&r[0].comm, 2, r[0].id, 0, &cfg);
-  while (st == ncclInProgress)
-    ncclCommGetAsyncError(r[0].comm, &st);
-  cr_assert(eq(int, st, ncclSuccess));
+  cr_assert(eq(int, nccl_rank_init(&r[0]), ncclSuccess));
   ofl_comm_params_t p = OFL_COMM_PARAMS_INIT;
   p.timeout_ms = 500 * k;
   p.nccl_nonblocking = 1;
