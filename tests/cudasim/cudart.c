@@ -826,6 +826,9 @@ static char *exec_side(void *p, size_t bytes, int dev, int pinned,
   return r;
 }
 
+static int alloc_start_locked(const void *p, size_t *size);
+static int busy_other_locked(uintptr_t p, size_t size, const cstream_t *skip);
+
 /* Runs an emulated kernel: every span must still lie in one live allocation
  * of the stream's device; the emulation's thread function then runs once
  * per thread index, in order, on a copy of the arguments whose pointer
@@ -902,8 +905,21 @@ static void op_run(cstream_t *s, op_t *op) {
   case OP_KERNEL:
     kernel_run(s, op);
     break;
-  case OP_FREE:
+  case OP_FREE: {
     pthread_mutex_lock(&g.mu);
+    /* Work of other streams that still uses the memory (queued, or running
+     * as this free runs): nothing ordered it before the free. */
+    size_t size = 0;
+    int busy = alloc_start_locked(op->dst, &size) >= 0 &&
+               busy_other_locked((uintptr_t)op->dst, size, s);
+    if (busy) {
+      pthread_mutex_unlock(&g.mu);
+      misuse("cudaFreeAsync(%p): when the free ran, work queued on another "
+             "stream still used this memory (order the free after it: an "
+             "event, cudaStreamWaitEvent)",
+             op->dst);
+      pthread_mutex_lock(&g.mu);
+    }
     if (device_release(op->dst_dev, (uintptr_t)op->dst) != 0) {
       pthread_mutex_unlock(&g.mu);
       misuse("cudaFreeAsync: %p is no longer a live allocation when the free "
@@ -913,6 +929,7 @@ static void op_run(cstream_t *s, op_t *op) {
     }
     pthread_mutex_unlock(&g.mu);
     break;
+  }
   case OP_NOP:
     break;
   }
@@ -1124,7 +1141,14 @@ static int push_locked(cstream_t *s, op_t *op) {
 
 /* Whether queued (or running) work still uses [p, p+size). g.mu held. */
 static int busy_locked(uintptr_t p, size_t size) {
+  return busy_other_locked(p, size, NULL);
+}
+
+/* The same, leaving out the work of stream `skip` (NULL: none). */
+static int busy_other_locked(uintptr_t p, size_t size, const cstream_t *skip) {
   for (cstream_t *t = g.streams; t; t = t->next_all) {
+    if (t == skip)
+      continue;
     pthread_mutex_lock(&t->mu);
     int hit = 0;
     for (op_t *op = t->head; op && !hit; op = op->next) {

@@ -696,6 +696,28 @@ static void test_kernels(void) {
   EXPECT_MISUSE(cudaFree(tmp), cudaSuccess,
                 "cudaFree of memory a queued kernel uses is misuse");
   cudaStreamSynchronize(s);
+  /* cudaFreeAsync on stream b of memory a kernel queued on stream s still
+   * uses, nothing ordering the two: misuse when the free runs. */
+  cudaStream_t b;
+  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+  float *victim = NULL;
+  cudaMalloc((void **)&victim, n * sizeof(float));
+  release = 0;
+  cudasim__enqueue(s, op_block, &release, "gate");
+  launch_scale2(&scale2_stub, victim, x, n, 128, s);
+  uint64_t before = misuse_count();
+  cudaFreeAsync(victim, b);
+  cudaStreamSynchronize(b);
+  int seen = misuse_count() > before &&
+             strstr(cudasim_last_misuse(), "another stream still used") != NULL;
+  tap_ok(seen, "cudaFreeAsync of memory a kernel on another stream still "
+               "uses, unordered, is misuse when the free runs (\"%s\")",
+         cudasim_last_misuse());
+  __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+  cudaStreamSynchronize(s); /* the kernel then finds its memory freed */
+  cudasim_reset_misuse();
+  (void)cudaGetLastError();
+  cudaStreamDestroy(b);
   cudaStreamDestroy(s);
   cudaFree(x);
   cudaFree(y);
@@ -708,7 +730,7 @@ static void test_kernels(void) {
 }
 
 int main(void) {
-  tap_plan(50);
+  tap_plan(51);
   test_processes(); /* before the first call: the children start fresh */
   setenv("CUDASIM_DEVICE_MEMORY", "64M", 1);
   cudasim_set_misuse_abort(0);
