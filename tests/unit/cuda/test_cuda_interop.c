@@ -498,6 +498,15 @@ static void *nccl_rank_main(void *arg) {
   return NULL;
 }
 
+/* Two ranks' records, zeroed, sharing one fresh NCCL id. */
+static void two_ranks(nccl_rank_t r[2]) {
+  memset(r, 0, 2 * sizeof *r);
+  cr_assert(eq(int, ncclGetUniqueId(&r[0].id), ncclSuccess));
+  r[1].id = r[0].id;
+  r[0].rank = 0;
+  r[1].rank = 1;
+}
+
 static void *barrier_main(void *arg) {
   nccl_rank_t *r = arg;
   cudaSetDevice(r->rank); /* the rank's thread sits on its GPU */
@@ -509,12 +518,9 @@ static void *barrier_main(void *arg) {
 Test(cuda_interop, nccl_gather_keeps_its_buffers_between_operations) {
   sim();
   nccl_rank_t r[2];
-  memset(r, 0, sizeof r);
-  cr_assert(eq(int, ncclGetUniqueId(&r[0].id), ncclSuccess));
+  two_ranks(r);
   pthread_t t[2];
   for (int i = 0; i < 2; i++) {
-    r[i].id = r[0].id;
-    r[i].rank = i;
     r[i].barriers = 1;
     pthread_create(&t[i], NULL, nccl_rank_main, &r[i]);
   }
@@ -549,11 +555,7 @@ Test(cuda_interop, nccl_gather_keeps_its_buffers_between_operations) {
 Test(cuda_interop, nccl_timeout_aborts_the_communicator) {
   sim();
   nccl_rank_t r[2];
-  memset(r, 0, sizeof r);
-  cr_assert(eq(int, ncclGetUniqueId(&r[0].id), ncclSuccess));
-  r[1].id = r[0].id;
-  r[0].rank = 0;
-  r[1].rank = 1;
+  two_ranks(r);
   r[0].barriers = 1; /* rank 1 never calls */
   r[1].barriers = 0;
   pthread_t t[2];
@@ -626,10 +628,7 @@ static void *half_rank_main(void *arg) {
 Test(cuda_interop, nccl_gather_deadline_covers_all_its_rounds) {
   sim();
   nccl_rank_t r[2];
-  memset(r, 0, sizeof r);
-  cr_assert(eq(int, ncclGetUniqueId(&r[0].id), ncclSuccess));
-  r[1].id = r[0].id;
-  r[1].rank = 1;
+  two_ranks(r);
   /* Rank 0: a summary gather with a 500 ms timeout. Rank 1 answers the
    * first round 350 ms late and never the second: the gather must fail
    * about 500 ms after it began, not 500 ms after the first round ended. */
