@@ -1090,6 +1090,21 @@ static int stream_get(cudaStream_t h, cstream_t **out, const char *api) {
   return e;
 }
 
+/* The same for the calls a capture does not allow on its own stream (a
+ * query, a synchronisation, an allocation): while the stream captures, the
+ * capture is invalidated and cudaErrorStreamCaptureUnsupported returned. */
+static int stream_get_uncaptured(cudaStream_t h, cstream_t **out,
+                                 const char *api) {
+  pthread_mutex_lock(&g.mu);
+  int e = stream_get_locked(h, out, api);
+  if (!e && (*out)->cap) {
+    (*out)->cap->invalidated = 1;
+    e = cudaErrorStreamCaptureUnsupported;
+  }
+  pthread_mutex_unlock(&g.mu);
+  return e;
+}
+
 static void graph_append(cgraph_t *gr, op_t *op) {
   if (gr->n == gr->cap) {
     gr->cap = gr->cap ? gr->cap * 2 : 16;
@@ -1444,14 +1459,8 @@ EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size,
   NEED_CTX();
   if (!devPtr)
     return fail(cudaErrorInvalidValue);
-  cstream_t *s;
-  int e = stream_get(hStream, &s, "cudaMallocAsync");
-  if (e)
-    return fail(e);
-  pthread_mutex_lock(&g.mu);
-  if (s->cap) /* allocation nodes are not modelled */
-    s->cap->invalidated = 1, e = cudaErrorStreamCaptureUnsupported;
-  pthread_mutex_unlock(&g.mu);
+  cstream_t *s; /* (captured allocation nodes are not modelled) */
+  int e = stream_get_uncaptured(hStream, &s, "cudaMallocAsync");
   if (e)
     return fail(e);
   void *p = NULL;
@@ -1885,14 +1894,8 @@ EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream) {
   ENTER("cudaStreamQuery");
   NEED_CTX();
-  pthread_mutex_lock(&g.mu);
   cstream_t *s;
-  int e = stream_get_locked(stream, &s, "cudaStreamQuery");
-  if (!e && s->cap) {
-    s->cap->invalidated = 1;
-    e = cudaErrorStreamCaptureUnsupported;
-  }
-  pthread_mutex_unlock(&g.mu);
+  int e = stream_get_uncaptured(stream, &s, "cudaStreamQuery");
   if (e)
     return fail(e);
   if ((e = stream_error(s)) != 0)
@@ -1906,16 +1909,10 @@ EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream) {
 EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   ENTER("cudaStreamSynchronize");
   NEED_CTX();
-  pthread_mutex_lock(&g.mu);
   cstream_t *s;
-  int e = stream_get_locked(stream, &s, "cudaStreamSynchronize");
-  if (!e && s->cap) {
-    s->cap->invalidated = 1;
-    e = cudaErrorStreamCaptureUnsupported;
-  }
+  int e = stream_get_uncaptured(stream, &s, "cudaStreamSynchronize");
   if (!e)
-    e = capture_forbids_locked(cudaErrorStreamCaptureUnsupported);
-  pthread_mutex_unlock(&g.mu);
+    e = capture_forbids(cudaErrorStreamCaptureUnsupported);
   if (e)
     return fail(e);
   marker_t *m = stream_last(s);
