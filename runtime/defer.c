@@ -117,6 +117,16 @@ static void recycle(struct ofl__defer *d, entry_t *e) {
   d->free = e;
 }
 
+/* Runs a taken entry's release outside the lock (d->lock held on entry and
+ * on return), then recycles it and wakes the waiters for it. */
+static void run_entry(struct ofl__defer *d, entry_t *e) {
+  pthread_mutex_unlock(&d->lock);
+  e->fn(e->arg);
+  pthread_mutex_lock(&d->lock);
+  recycle(d, e);
+  pthread_cond_broadcast(&d->done_cv);
+}
+
 static void *defer_main(void *arg) {
   ofl_device_t *dev = arg;
   struct ofl__defer *d = dev->defer;
@@ -145,11 +155,7 @@ static void *defer_main(void *arg) {
       continue;
     }
     pause_ns = 20000;
-    pthread_mutex_unlock(&d->lock);
-    e->fn(e->arg);
-    pthread_mutex_lock(&d->lock);
-    recycle(d, e);
-    pthread_cond_broadcast(&d->done_cv);
+    run_entry(d, e);
   }
   pthread_mutex_unlock(&d->lock);
   return NULL;
@@ -224,11 +230,7 @@ void ofl__defer_run_stream(ofl_stream_t *stream) {
     entry_t *e = take_complete(d, stream->uid);
     if (e == NULL)
       break;
-    pthread_mutex_unlock(&d->lock);
-    e->fn(e->arg);
-    pthread_mutex_lock(&d->lock);
-    recycle(d, e);
-    pthread_cond_broadcast(&d->done_cv);
+    run_entry(d, e);
   }
   pthread_mutex_unlock(&d->lock);
 }

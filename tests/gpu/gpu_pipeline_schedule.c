@@ -11,45 +11,10 @@
 #include <unistd.h>
 
 #include "tests/gpu/gpu_common.h"
-
-static const char *const names[7] = {"attn_norm", "qkv_linear", "core_attn",
-                                     "attn_proj", "mlp_norm",   "expert_fc1",
-                                     "moe_act"};
+#include "tests/schedule.h"
 
 #define NT 2      /* tensors per group */
 #define LAYERS 2  /* layers per chunk */
-
-typedef struct {
-  int fwd, chunk, mb;
-} step_t;
-
-/* Megatron's 1F1B (vpp 1) and interleaved 1F1B (vpp > 1, microbatches a
- * multiple of pp) order of steps on pipeline rank `rank`. */
-static int schedule(int pp, int rank, int vpp, int mbs, step_t *out) {
-  int total = mbs * vpp, warm;
-  if (vpp == 1) {
-    warm = pp - rank - 1;
-  } else {
-    warm = (pp - rank - 1) * 2 + (vpp - 1) * pp;
-    if (mbs == pp)
-      warm = total;
-  }
-  if (warm > total)
-    warm = total;
-  int n = 0, f = 0, b = 0, group = pp * vpp;
-  for (; f < warm; f++)
-    out[n++] = (step_t){1, (f % group) / pp, (f / group) * pp + f % pp};
-  for (; f < total || b < total;) {
-    if (f < total) {
-      out[n++] = (step_t){1, (f % group) / pp, (f / group) * pp + f % pp};
-      f++;
-    }
-    out[n++] =
-        (step_t){0, vpp - 1 - (b % group) / pp, (b / group) * pp + b % pp};
-    b++;
-  }
-  return n;
-}
 
 typedef struct {
   const char *name;
@@ -104,7 +69,7 @@ static void run(const cfg_t *cfg, result_t *r) {
   ofl_manager_t *m = NULL;
   int total = cfg->vpp * cfg->mbs;
   rec_t *rec = calloc((size_t)total * LAYERS * 7, sizeof(*rec));
-  step_t *steps = calloc((size_t)2 * total, sizeof(*steps));
+  drv_step_t *steps = calloc((size_t)2 * total, sizeof(*steps));
   if (rec == NULL || steps == NULL) {
     r->failed = 1;
     snprintf(r->msg, sizeof(r->msg), "out of memory");
@@ -146,17 +111,17 @@ static void run(const cfg_t *cfg, result_t *r) {
   mp.rank = cfg->rank;
   TRY(ofl_manager_create(&mp, &m));
   ofl_stream_t *cs = ofl_device_compute_stream(dev);
-  int nsteps = schedule(cfg->pp, cfg->rank, cfg->vpp, cfg->mbs, steps);
+  int nsteps = drv_schedule(cfg->pp, cfg->rank, cfg->vpp, cfg->mbs, steps);
   for (int it = 0; it < 3; it++) {
     for (int si = 0; si < nsteps; si++) {
-      const step_t *st = &steps[si];
+      const drv_step_t *st = &steps[si];
       int c = st->chunk, mb = st->mb;
       if (st->fwd) {
         TRY(ofl_manager_chunk_begin(m, cfg->vpp, c));
         for (int l = 0; l < LAYERS; l++)
           for (int g = 0; g < 7; g++) {
             rec_t *q = &rec[(((size_t)c * cfg->mbs + mb) * LAYERS + l) * 7 + g];
-            TRY(ofl_manager_group_start(m, names[g]));
+            TRY(ofl_manager_group_start(m, drv_names[g]));
             for (int k = 0; k < NT; k++) {
               size_t bytes = size_of(c, l, g, k, mb);
               int64_t shape[1] = {(int64_t)bytes};
@@ -168,13 +133,13 @@ static void run(const cfg_t *cfg, result_t *r) {
               TRY(ofl_manager_tensor_push(m, t, &q->tag[k]));
               r->pushed++;
             }
-            TRY(ofl_manager_group_commit(m, names[g], NULL, 0, 0));
+            TRY(ofl_manager_group_commit(m, drv_names[g], NULL, 0, 0));
           }
       } else {
         for (int l = LAYERS - 1; l >= 0; l--)
           for (int g = 6; g >= 0; g--) {
             rec_t *q = &rec[(((size_t)c * cfg->mbs + mb) * LAYERS + l) * 7 + g];
-            TRY(ofl_manager_group_backward_begin(m, names[g]));
+            TRY(ofl_manager_group_backward_begin(m, drv_names[g]));
             for (int k = NT - 1; k >= 0; k--) {
               ofl_tensor_t *t = NULL;
               TRY(ofl_manager_tensor_pop(m, q->tag[k], &t));
@@ -189,7 +154,7 @@ static void run(const cfg_t *cfg, result_t *r) {
               r->checked++;
               TRY(ofl_tensor_destroy(t));
             }
-            TRY(ofl_manager_group_backward_end(m, names[g]));
+            TRY(ofl_manager_group_backward_end(m, drv_names[g]));
           }
       }
     }
