@@ -2038,12 +2038,17 @@ EXPORT void __cudaRegisterFunction(void **handle, const char *hostFun,
 /* Copies the device name of the kernel registered for host stub `host`
  * (or whose handle is `handle`) into name; 0 when there is none. Under
  * k_mu: a module may be unregistered (dlclose, exit) meanwhile. */
-static int kfunc_name(const void *host, const void *handle, char *name,
-                      size_t cap) {
-  pthread_mutex_lock(&k_mu);
+static kfunc_t *kfunc_find_locked(const void *host, const void *handle) {
   kfunc_t *f = k_funcs;
   while (f && f->host != host && (void *)f != handle)
     f = f->next;
+  return f;
+}
+
+static int kfunc_name(const void *host, const void *handle, char *name,
+                      size_t cap) {
+  pthread_mutex_lock(&k_mu);
+  kfunc_t *f = kfunc_find_locked(host, handle);
   if (f)
     snprintf(name, cap, "%s", f->name);
   pthread_mutex_unlock(&k_mu);
@@ -2083,9 +2088,7 @@ static const cudasim_kernel_emu_t *kemu_find(const char *name) {
 EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *out, const void *hostFun) {
   ensure_init();
   pthread_mutex_lock(&k_mu);
-  kfunc_t *f = k_funcs;
-  while (f && f->host != hostFun)
-    f = f->next;
+  kfunc_t *f = hostFun ? kfunc_find_locked(hostFun, NULL) : NULL;
   pthread_mutex_unlock(&k_mu);
   if (!out || !f)
     return fail(cudaErrorInvalidDeviceFunction);
