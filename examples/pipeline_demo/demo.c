@@ -311,6 +311,7 @@ typedef struct {
   float *hbuf[2];
   size_t hcap[2];
   size_t gpu_used_peak; /* cudaMemGetInfo: total - free, largest sample */
+  size_t pool_total_seen; /* the pool's bytes at the last GPU sample */
 } run_t;
 
 static double now_s(void) {
@@ -607,11 +608,17 @@ static void sample_memory(run_t *r) {
   r->mem_b[r->nmem] = (double)(r->weight_bytes + st.in_use_bytes);
   r->nmem++;
   /* The GPU's own figure: everything allocated on it (this process's pools
-   * and weights, ofl's buffers, the runtime's, other processes'). */
+   * and weights, ofl's buffers, the runtime's, other processes'). Asked
+   * only when the pool's memory changed since the last sample (it moves
+   * with allocations, and the pool is what allocates during a step), so
+   * that the step does not pay a driver call per group. */
   size_t fr = 0, tot = 0;
-  if (g_kc != NULL && g_kc->mem_info(&fr, &tot) == 0 &&
-      tot - fr > r->gpu_used_peak)
-    r->gpu_used_peak = tot - fr;
+  if (g_kc != NULL && st.total_bytes != r->pool_total_seen &&
+      g_kc->mem_info(&fr, &tot) == 0) {
+    r->pool_total_seen = st.total_bytes;
+    if (tot - fr > r->gpu_used_peak)
+      r->gpu_used_peak = tot - fr;
+  }
 }
 
 static void init_layers(run_t *r, int nlayers) {
@@ -1077,7 +1084,8 @@ static int run_iterations(run_t *r, const sched_step_t *steps, int nsteps,
  * program. */
 static void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
                 int expect_oom, result_t *res) {
-  run_t r = {.o = o, .rank = rank, .pp = pp, .iter = 0};
+  run_t r = {.o = o, .rank = rank, .pp = pp, .iter = 0,
+             .pool_total_seen = SIZE_MAX};
   r.d = (dims_t){o->seq, o->hidden, 2 * o->hidden};
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
   dp.backend = o->backend;
