@@ -734,13 +734,8 @@ def _dist():
 
 
 def _rank():
-    try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except Exception:
-        pass
-    return 0
+    dist = _dist()
+    return dist.get_rank() if dist is not None else 0
 
 
 __all__ = ["Runtime", "ManagerCore", "ManagerCorePy", "ManagerCoreC", "OflError", "ofl_dtype",
