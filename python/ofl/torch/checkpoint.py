@@ -20,7 +20,11 @@ reader) and a torch.distributed.checkpoint AsyncStager over ofl's stager.
   when the copies are done), so should_synchronize_after_execute is False.
   Non-tensor values pass through unchanged.
 """
+import copyreg
 import ctypes
+import re
+import types
+import weakref
 
 import torch
 
@@ -115,30 +119,211 @@ class _StagedSet:
             pass
 
 
-def _walk(obj, path, leaves):
-    if isinstance(obj, torch.Tensor):
-        leaves.append((path, obj))
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            _walk(v, path + (str(k),), leaves)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            _walk(v, path + (str(i),), leaves)
+# ---- stage(): a deep copy whose tensors ofl fills ----------------------------------
+
+_NIL = object()
+_Tensor = torch.Tensor
+_strided = torch.strided
+# Returned as they are (copy.deepcopy's and StateDictStager's atomic types).
+_ATOMIC = frozenset((type(None), int, float, bool, complex, bytes, str, types.CodeType, type,
+                     range, types.BuiltinFunctionType, types.FunctionType, weakref.ref,
+                     property, type(Ellipsis), type(NotImplemented)))
+_NAMES = []  # b"0", b"1", ...: ofl's name for the i-th distinct storage of a stage
 
 
-def _rebuild(obj, path, staged):
-    if isinstance(obj, torch.Tensor):
-        return staged[path]
-    if isinstance(obj, dict):
-        return type(obj)((k, _rebuild(v, path + (str(k),), staged)) for k, v in obj.items()) \
-            if type(obj) is not dict else {k: _rebuild(v, path + (str(k),), staged)
-                                           for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_rebuild(v, path + (str(i),), staged) for i, v in enumerate(obj)]
-    if isinstance(obj, tuple):
-        vals = [_rebuild(v, path + (str(i),), staged) for i, v in enumerate(obj)]
-        return type(obj)(*vals) if hasattr(obj, "_fields") else tuple(vals)
-    return obj
+def _names(n):
+    while len(_NAMES) < n:
+        _NAMES.append(str(len(_NAMES)).encode())
+    return _NAMES
+
+
+def _path_of(root, target):
+    """Where target sits under root, as Python would index it (for error
+    messages; a slow search)."""
+    seen = set()
+    todo = [(root, "state_dict")]
+    while todo:
+        obj, path = todo.pop()
+        if obj is target:
+            return path
+        if id(obj) in seen or isinstance(obj, (str, bytes, int, float)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            todo.extend((v, "%s[%r]" % (path, k)) for k, v in obj.items())
+        elif isinstance(obj, (list, tuple)):
+            todo.extend((v, "%s[%d]" % (path, i)) for i, v in enumerate(obj))
+        else:
+            attrs = getattr(obj, "__dict__", None)
+            if isinstance(attrs, dict):
+                todo.extend((v, "%s.%s" % (path, k)) for k, v in attrs.items())
+            for k in getattr(type(obj), "__slots__", ()):
+                if isinstance(k, str) and hasattr(obj, k):
+                    todo.append((getattr(obj, k), "%s.%s" % (path, k)))
+    return "a tensor of the state dict"
+
+
+class _DeepCopy:
+    """One stage(): the state dict copied the way torch's StateDictStager
+    copies it (a deepcopy memo keyed by id, so an object reached twice is
+    copied once and cycles close; tuples whose items did not change are
+    kept), every tensor replaced by a CPU tensor over a staged storage. The
+    tensors come out of the walk empty; fill() points them at ofl's copies."""
+
+    def __init__(self, device_ok):
+        self.memo = {}
+        self.keep = []  # the originals: their ids stay theirs while memo keys
+        self.index = {}  # source storage data_ptr -> index in sources
+        self.sources = []  # [data_ptr, nbytes, on cuda, first tensor, its index in fills]
+        # (staged tensor, source index, offset, size, stride, requires_grad, source tensor)
+        self.fills = []
+        self.device_ok = device_ok
+        self.dispatch = {dict: self._dict, list: self._list, tuple: self._tuple,
+                         types.MethodType: self._method}
+
+    def copy(self, x):
+        d = id(x)
+        y = self.memo.get(d, _NIL)
+        if y is not _NIL:
+            return y
+        cls = type(x)
+        if cls in _ATOMIC:
+            return x
+        if cls is _Tensor or isinstance(x, _Tensor):
+            y = self._tensor(x)
+        else:
+            f = self.dispatch.get(cls)
+            y = f(x) if f is not None else self._object(x, cls)
+        if y is not x:
+            self.memo[d] = y
+            self.keep.append(x)
+        return y
+
+    def _dict(self, x):
+        y = self.memo[id(x)] = {}
+        c = self.copy
+        for k, v in x.items():
+            y[c(k)] = c(v)
+        return y
+
+    def _list(self, x):
+        y = self.memo[id(x)] = []
+        c = self.copy
+        y.extend(c(v) for v in x)
+        return y
+
+    def _tuple(self, x):
+        c = self.copy
+        y = [c(v) for v in x]
+        # an item that refers back to x copied x meanwhile: that copy is x's
+        done = self.memo.get(id(x), _NIL)
+        if done is not _NIL:
+            return done
+        for a, b in zip(x, y):
+            if a is not b:
+                return tuple(y)
+        return x
+
+    def _method(self, x):
+        return type(x)(x.__func__, self.copy(x.__self__))
+
+    def _tensor(self, x):
+        plain = type(x) is _Tensor
+        if not plain and x.data_ptr() == 0:
+            # a wrapper subclass (no storage of its own): its attributes
+            # hold the tensors, as in StateDictStager
+            y = x.new_empty(x.size(), device="cpu")
+            self.memo[id(x)] = y
+        else:
+            if x.layout is not _strided or x.is_quantized or x.is_meta or not self.device_ok(x):
+                raise _Unstageable(x)
+            st = x.untyped_storage()
+            y = torch.empty(0, dtype=x.dtype) if plain else x.new_empty([], device="cpu")
+            self.memo[id(x)] = y
+            nbytes = st.nbytes()
+            if nbytes == 0:
+                y.set_(torch.UntypedStorage(0), 0, x.size(), x.stride())
+            else:
+                ptr = st.data_ptr()
+                i = self.index.get(ptr)
+                if i is None:
+                    i = self.index[ptr] = len(self.sources)
+                    self.sources.append([ptr, nbytes, x.is_cuda, x, len(self.fills)])
+                elif nbytes > self.sources[i][1]:  # two storages over one memory
+                    self.sources[i][1] = nbytes
+                self.fills.append((y, i, x.storage_offset(), x.size(), x.stride(),
+                                   x.requires_grad, x))
+        attrs = x.__dict__
+        if attrs:
+            c = self.copy
+            for k, v in attrs.items():
+                setattr(y, k, c(v))
+        slots = getattr(type(x), "__slots__", None) if not plain else None
+        if slots:
+            for k in (slots,) if isinstance(slots, str) else slots:
+                if hasattr(x, k):
+                    setattr(y, k, self.copy(getattr(x, k)))
+        return y
+
+    def _object(self, x, cls):
+        if issubclass(cls, type):
+            return x
+        f = getattr(x, "__deepcopy__", None)
+        if f is not None:
+            return f(self.memo)
+        reductor = copyreg.dispatch_table.get(cls)
+        if reductor is not None:
+            rv = reductor(x)
+        else:
+            reductor = getattr(x, "__reduce_ex__", None)
+            if reductor is not None:
+                rv = reductor(4)
+            else:
+                reductor = getattr(x, "__reduce__", None)
+                if reductor is None:
+                    raise TypeError("AsyncStager.stage: cannot copy an object of type %s"
+                                    % cls.__qualname__)
+                rv = reductor()
+        if isinstance(rv, str):
+            return x
+        return self._rebuild(x, *rv)
+
+    def _rebuild(self, x, func, args, state=None, listiter=None, dictiter=None):
+        c = self.copy
+        y = func(*(c(a) for a in args)) if args else func()
+        self.memo[id(x)] = y
+        if state is not None:
+            state = c(state)
+            if hasattr(y, "__setstate__"):
+                y.__setstate__(state)
+            else:
+                slotstate = None
+                if isinstance(state, tuple) and len(state) == 2:
+                    state, slotstate = state
+                if state:
+                    y.__dict__.update(state)
+                if slotstate:
+                    for k, v in slotstate.items():
+                        setattr(y, k, v)
+        if listiter is not None:
+            for v in listiter:
+                y.append(c(v))
+        if dictiter is not None:
+            for k, v in dictiter:
+                y[c(k)] = c(v)
+        return y
+
+    def fill(self, storages):
+        for y, i, offset, size, stride, grad, _ in self.fills:
+            y.set_(storages[i], offset, size, stride)
+            if grad:
+                y.requires_grad_(True)
+
+
+class _Unstageable(Exception):
+    def __init__(self, t):
+        super().__init__()
+        self.t = t
 
 
 class AsyncStager(_TorchAsyncStager):
@@ -155,88 +340,110 @@ class AsyncStager(_TorchAsyncStager):
         s = ctypes.c_void_p()
         check(L.ofl_stager_create(self._rt.dev, _byref(p), _byref(s)), "ofl_stager_create")
         self._s = s.value
+        self._arr = None  # the NamedTensor array of the last stage, reused at the same size
+        if self._rt.is_cuda:
+            self._device_ok = lambda t: t.is_cpu or t.is_cuda
+        else:
+            self._device_ok = lambda t: t.is_cpu
 
     @property
     def should_synchronize_after_execute(self):
+        if self._s is None:
+            return False
         return bool(L.ofl_stager_should_synchronize_after_execute(self._s))
 
     def stage(self, state_dict):
         if self._s is None:
-            raise RuntimeError("AsyncStager: stage after close")
-        leaves = []
-        _walk(state_dict, (), leaves)
-        staged = {}
-        todo = []  # (path, tensor) handed to ofl
-        for path, t in leaves:
-            t = t.detach()
-            if (t.device.type not in ("cpu", self._rt.device_type) or t.numel() == 0
-                    or t.layout is not torch.strided or type(t) is not torch.Tensor):
-                staged[path] = t.to("cpu", copy=True)  # outside ofl's device
-                continue
-            if not t.is_contiguous():
-                t = t.contiguous()
-            todo.append((path, t))
-        if todo:
-            self._stage_ofl(todo, staged)
-        return _rebuild(state_dict, (), staged)
+            raise RuntimeError("AsyncStager.stage: the stager is closed (stage after close); "
+                               "create a new AsyncStager")
+        walk = _DeepCopy(self._device_ok)
+        with torch.no_grad():
+            try:
+                out = walk.copy(state_dict)
+            except _Unstageable as e:
+                t = e.t
+                raise ValueError(
+                    "AsyncStager.stage: %s (a %s of shape %s, dtype %s, layout %s, on %s) "
+                    "cannot be staged by ofl, which copies strided, non-quantized tensors "
+                    "on the cpu%s" % (_path_of(state_dict, t), type(t).__name__,
+                                      list(t.shape), t.dtype, t.layout, t.device,
+                                      " or cuda" if self._rt.is_cuda else "")) from None
+            if walk.sources:
+                walk.fill(self._stage_storages(walk.sources, walk.fills, state_dict))
+        return out
 
-    def _stage_ofl(self, todo, staged):
-        bases = {}
-        handles = []
-        names = []
-        shape = (ctypes.c_int64 * 1)()
-        out = ctypes.c_void_p()
-        try:
-            for path, t in todo:
-                st = t.untyped_storage()
-                sptr = st.data_ptr()
-                base = bases.get(sptr)
-                if base is None:
-                    shape[0] = st.nbytes()
-                    # CPU memory is host memory for ofl (LOC_PINNED: copied host to
-                    # host, pageable memory included); cuda memory is device memory
-                    loc = _lib.LOC_DEVICE if t.device.type == "cuda" else _lib.LOC_PINNED
-                    check(L.ofl_tensor_wrap(sptr, shape, 1, _lib.DTYPE_U8, loc, None,
-                                            None, _byref(out)), "ofl_tensor_wrap")
-                    base = bases[sptr] = out.value
-                shape[0] = t.numel() * t.element_size()
-                check(L.ofl_tensor_view(base, t.data_ptr() - sptr, shape, 1, _lib.DTYPE_U8,
-                                        _byref(out)), "ofl_tensor_view")
-                handles.append(out.value)
-                names.append(("/".join(path) or "tensor").encode())
-            n = len(handles)
+    def _stage_storages(self, sources, fills, state_dict):
+        """One ofl stage of every distinct source storage, whole (views keep
+        their offsets); a torch storage over each staged copy. Each tensor is
+        one entry, over its whole storage: ofl copies a storage once and
+        counts the tensors that share it."""
+        n = len(fills)
+        arr = self._arr
+        if arr is None or len(arr) != n:
             arr = (_lib.NamedTensor * n)()
+            names = _names(n)
             for i in range(n):
                 arr[i].name = names[i]
-                arr[i].tensor = handles[i]
-            sset = ctypes.c_void_p()
-            check(L.ofl_stager_stage(self._s, arr, n, _byref(sset)), "ofl_stager_stage")
+            self._arr = arr
+        shape = (ctypes.c_int64 * 1)()
+        out = ctypes.c_void_p()
+        wrap = L.ofl_tensor_wrap
+        pinned, device, u8 = _lib.LOC_PINNED, _lib.LOC_DEVICE, _lib.DTYPE_U8
+        wrapped = []
+        sset = ctypes.c_void_p()
+        try:
+            for ptr, nbytes, cuda, _, _ in sources:
+                shape[0] = nbytes
+                # CPU memory is host memory for ofl (LOC_PINNED: copied host to
+                # host, pageable memory included); cuda memory is device memory
+                check(wrap(ptr, shape, 1, u8, device if cuda else pinned, None, None,
+                           _byref(out)), "AsyncStager.stage: ofl_tensor_wrap")
+                wrapped.append(out.value)
+            for i, f in enumerate(fills):
+                arr[i].tensor = wrapped[f[1]]
+            if self._rt.is_cuda:
+                self._rt.compute_stream()  # the copies follow torch's current stream
+            st = L.ofl_stager_stage(self._s, arr, n, _byref(sset))
+            if st != 0:
+                raise self._stage_error(st, fills, state_dict)
         finally:
-            for h in handles:
+            for h in wrapped:
                 L.ofl_tensor_destroy(h)
-            for b in bases.values():
-                L.ofl_tensor_destroy(b)
         holder = _StagedSet(sset.value)
         st = L.ofl_staged_status(sset.value)
         if st != 0:
-            raise error(st, "ofl_staged_status")
-        for i, (path, t) in enumerate(todo):
-            h = L.ofl_staged_tensor(sset.value, i)
-            nb = L.ofl_tensor_bytes(h)
-            buf = (ctypes.c_ubyte * nb).from_address(L.ofl_tensor_data(h))
+            raise error(st, "AsyncStager.stage: ofl_staged_status")
+        storages = []
+        tensor, data = L.ofl_staged_tensor, L.ofl_tensor_data
+        frombuffer, u8t, array = torch.frombuffer, torch.uint8, ctypes.c_ubyte
+        for src in sources:
+            buf = (array * src[1]).from_address(data(tensor(sset.value, src[4])))
             buf._ofl = holder
-            staged[path] = torch.frombuffer(buf, dtype=torch.uint8).view(t.dtype).view(t.shape)
+            storages.append(frombuffer(buf, dtype=u8t).untyped_storage())
+        return storages
+
+    def _stage_error(self, st, fills, state_dict):
+        e = error(st, "AsyncStager.stage: ofl_stager_stage")
+        # ofl names the tensors by their index: say which tensors they are
+        for i in sorted({int(m) for m in re.findall(r"'(\d+)'", e.message)}):
+            if i < len(fills):
+                e.args = (e.args[0] + "; tensor '%d' is %s" % (i, _path_of(state_dict, fills[i][6])),)
+        return e
 
     def synchronize_staging(self):
         if self._s is not None:
-            check(L.ofl_stager_synchronize(self._s, _lib.TIMEOUT_DEFAULT), "ofl_stager_synchronize")
+            check(L.ofl_stager_synchronize(self._s, _lib.TIMEOUT_DEFAULT),
+                  "AsyncStager.synchronize_staging: ofl_stager_synchronize")
 
     def close(self):
         if self._s is not None:
             s, self._s = self._s, None
-            check(L.ofl_stager_destroy(s), "ofl_stager_destroy")
+            self._arr = None
+            check(L.ofl_stager_destroy(s), "AsyncStager.close: ofl_stager_destroy")
 
     def stats(self):
+        if self._s is None:
+            raise RuntimeError("AsyncStager.stats: the stager is closed")
         s = _lib.StagerStats()
         L.ofl_stager_get_stats(self._s, _byref(s))
         return {n: getattr(s, n) for n, _ in _lib.StagerStats._fields_ if n != "_reserved"}
