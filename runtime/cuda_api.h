@@ -5,11 +5,16 @@
  * pointers each, so that `ldd libofl.so` names neither library and a
  * CPU-only node without them runs the host backend.
  *
- * Libraries tried, first found wins: OFL_CUDART_LIBRARY, else
- * libcudart.so.13 then libcudart.so.12; OFL_NCCL_LIBRARY, else libnccl.so.2.
- * They are opened RTLD_GLOBAL, as if linked: a library the application has
- * loaded already (same soname) is the one used, and the driver's helpers
- * that look symbols up in the global scope still find them.
+ * One CUDA runtime per process. The runtime used: OFL_CUDART_LIBRARY when
+ * set; else one the process has loaded already (libcudart.so.13, .so.12,
+ * .so.11.0, .so, or any loaded libcudart*.so* such as a wheel's renamed
+ * copy), never a second one beside it; else libcudart.so.13, or
+ * libcudart.so.12 when the driver refuses the .so.13
+ * (cudaErrorInsufficientDriver from its first call) and the .so.12 works.
+ * ofl__cudart_choice says which and why (ofl-info prints it). NCCL:
+ * OFL_NCCL_LIBRARY, else libnccl.so.2. The library used is made RTLD_GLOBAL,
+ * as if linked: the driver's helpers that look symbols up in the global
+ * scope find it.
  *
  * The source that includes this header calls cudaX(...) / ncclX(...) as
  * before: each name below is a function-like macro that goes through the
@@ -37,6 +42,8 @@
   X(cudaPeekAtLastError)                                                       \
   X(cudaGetErrorString)                                                        \
   X(cudaGetDeviceCount)                                                        \
+  X(cudaDriverGetVersion)                                                      \
+  X(cudaRuntimeGetVersion)                                                     \
   X(cudaGetDevice)                                                             \
   X(cudaSetDevice)                                                             \
   X(cudaMemGetInfo)                                                            \
@@ -80,11 +87,19 @@ typedef struct ofl__cudart_api {
 } ofl__cudart_api_t;
 extern ofl__cudart_api_t ofl__cu;
 
-/* Loads the CUDA runtime once per process (later calls answer at once).
- * OFL_SUCCESS, or OFL_ERR_NO_DEVICE with why (cap bytes) saying which
- * libraries were tried and what dlopen answered, or the missing symbol. No
- * error is recorded as the thread's last error: the caller decides. */
+/* Loads the CUDA runtime once per process (later calls answer at once) and
+ * makes its first call (cudaGetDeviceCount). OFL_SUCCESS, or
+ * OFL_ERR_NO_DEVICE with why (cap bytes) telling apart: the runtime not
+ * found (the libraries tried and what dlopen answered) or lacking an entry
+ * point; no GPU or no driver installed (libcuda.so.1 absent, no
+ * /dev/nvidia*); a driver too old for the runtime (with both versions); no
+ * device visible (CUDA_VISIBLE_DEVICES named when set). No error is recorded
+ * as the thread's last error: the caller decides. */
 ofl_status_t ofl__cudart_load(char *why, size_t cap);
+/* Which runtime the table uses and why, e.g. "libcudart.so.12
+ * (/path/libcudart.so.12), already loaded by the process"; "" before a load
+ * or when none was found. Also logged at INFO as "cuda runtime: ...". */
+void ofl__cudart_choice(char *buf, size_t cap);
 
 #if OFL_HAVE_NCCL
 typedef struct ofl__nccl_api {
@@ -102,6 +117,8 @@ ofl_status_t ofl__nccl_load(char *why, size_t cap);
 #define cudaPeekAtLastError(...) ofl__cu.cudaPeekAtLastError(__VA_ARGS__)
 #define cudaGetErrorString(...) ofl__cu.cudaGetErrorString(__VA_ARGS__)
 #define cudaGetDeviceCount(...) ofl__cu.cudaGetDeviceCount(__VA_ARGS__)
+#define cudaDriverGetVersion(...) ofl__cu.cudaDriverGetVersion(__VA_ARGS__)
+#define cudaRuntimeGetVersion(...) ofl__cu.cudaRuntimeGetVersion(__VA_ARGS__)
 #define cudaGetDevice(...) ofl__cu.cudaGetDevice(__VA_ARGS__)
 #define cudaSetDevice(...) ofl__cu.cudaSetDevice(__VA_ARGS__)
 #define cudaMemGetInfo(...) ofl__cu.cudaMemGetInfo(__VA_ARGS__)

@@ -55,6 +55,7 @@ typedef struct info {
   int ndevices;
   char default_backend[16];
   char default_reason[512];
+  char cudart[512]; /* which CUDA runtime ofl uses and why ("": none) */
   bool nccl_found;
   char nccl_why[512];
   struct rlimit memlock;
@@ -76,7 +77,34 @@ static void copy_str(char *dst, size_t cap, const char *src) {
   snprintf(dst, cap, "%s", src != NULL ? src : "");
 }
 
-static void probe_backends(info_t *in) {
+/* The library names the CUDA runtime it uses, and why that one, in its
+ * "cuda runtime: ..." INFO line at the first load: caught here while the
+ * backends are probed (at INFO for that moment); with -v the lines the
+ * level in force lets through are shown as usual. */
+typedef struct probe_log {
+  bool verbose;
+  ofl_log_level_t shown;
+  char *cudart;
+  size_t cudart_bytes;
+} probe_log_t;
+
+static void catch_cudart(ofl_log_level_t level, unsigned subsys,
+                         const char *message, void *user) {
+  (void)subsys;
+  probe_log_t *p = user;
+  static const char tag[] = "cuda runtime: ";
+  if (strncmp(message, tag, sizeof tag - 1) == 0)
+    copy_str(p->cudart, p->cudart_bytes, message + sizeof tag - 1);
+  if (p->verbose && level <= p->shown)
+    fprintf(stderr, "ofl %s: %s\n", level == OFL_LOG_WARN ? "WARN" : "INFO",
+            message);
+}
+
+static void probe_backends(info_t *in, bool verbose) {
+  probe_log_t pl = {verbose, ofl_log_get_level(), in->cudart,
+                    sizeof in->cudart};
+  ofl_log_handler_fn old = ofl_log_set_handler(catch_cudart, &pl);
+  ofl_log_set_level(OFL_LOG_INFO);
   backend_info_t *host = &in->backends[0];
   backend_info_t *cuda = &in->backends[1];
   host->name = "host";
@@ -87,6 +115,8 @@ static void probe_backends(info_t *in) {
   cuda->available = ofl_backend_probe(OFL_BACKEND_CUDA, &cuda->count,
                                       cuda->why, sizeof cuda->why) ==
                     OFL_SUCCESS;
+  ofl_log_set_level(pl.shown);
+  ofl_log_set_handler(old, NULL); /* quiet_log or the default sink */
 }
 
 /* One device per cuda ordinal, then the host backend's "device". */
@@ -269,6 +299,8 @@ static void print_text(const info_t *in, FILE *out) {
     else
       fprintf(out, "  %-5s not available: %s\n", b->name, b->why);
   }
+  if (in->cudart[0])
+    fprintf(out, "  cuda runtime: %s\n", in->cudart);
   fprintf(out, "  default: %s (%s)\n", in->default_backend,
           in->default_reason[0] ? in->default_reason : "OFL_BACKEND");
   fprintf(out, "  nccl: %s%s\n", in->nccl_found ? "found, " : "not found: ",
@@ -358,7 +390,9 @@ static void print_json(const info_t *in, FILE *out) {
     json_str(out, b->why);
     fprintf(out, "}");
   }
-  fprintf(out, "\n  },\n  \"default_backend\": ");
+  fprintf(out, "\n  },\n  \"cuda_runtime\": ");
+  json_str(out, in->cudart);
+  fprintf(out, ",\n  \"default_backend\": ");
   json_str(out, in->default_backend);
   fprintf(out, ",\n  \"default_reason\": ");
   json_str(out, in->default_reason);
@@ -439,7 +473,7 @@ int main(int argc, char **argv) {
   if (!verbose)
     ofl_log_set_handler(quiet_log, NULL);
   probe_config(&in);
-  probe_backends(&in);
+  probe_backends(&in, verbose);
   probe_devices(&in);
   probe_nccl(&in);
   in.memlock_ok = getrlimit(RLIMIT_MEMLOCK, &in.memlock) == 0;

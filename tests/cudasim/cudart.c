@@ -40,7 +40,13 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define ALIGN_DEV 256u
+/* The CUDA version this runtime plays (13000: libcudart.so.13; the
+ * libcudart.so.12 copy in cu12/ is built with 12080). */
+#ifdef CUDASIM_RUNTIME_VERSION
+#define RUNTIME_VERSION CUDASIM_RUNTIME_VERSION
+#else
 #define RUNTIME_VERSION 13000
+#endif
 
 /* ---- small helpers ------------------------------------------------------ */
 

@@ -58,6 +58,21 @@ if backend == "cuda":
            for i in range(2)), "both cuda devices report their memory",
        json.dumps(info.get("devices")))
     ok(info.get("default_backend") == "cuda", "default open picks cuda")
+    ok("libcudart.so.13" in info.get("cuda_runtime", "")
+       and "loaded by ofl" in info.get("cuda_runtime", ""),
+       "the cuda runtime used is named, and why", info.get("cuda_runtime"))
+    # A driver that refuses the stand-in's CUDA 13 runtime: ofl-info says
+    # that ofl fell back to the stand-in's libcudart.so.12 (tests/cudasim/cu12).
+    cu12 = os.path.join(os.path.dirname(exe), "..", "tests", "cudasim", "cu12")
+    if os.path.exists(os.path.join(cu12, "libcudart.so.12")):
+        env = dict(os.environ, CUDASIM_DRIVER_VERSION="12080",
+                   LD_LIBRARY_PATH=os.environ.get("LD_LIBRARY_PATH", "")
+                   + ":" + cu12)
+        old = subprocess.run([exe], capture_output=True, text=True, env=env)
+        ok(old.returncode == 0 and "cuda runtime: libcudart.so.12" in old.stdout
+           and "refused libcudart.so.13" in old.stdout,
+           "an old driver: ofl-info names the libcudart.so.12 fallback",
+           old.stdout[:1500])
 else:
     cu = be.get("cuda", {})
     ok(cu.get("available") is True or cu.get("reason", "") != "",
