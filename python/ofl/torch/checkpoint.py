@@ -128,6 +128,7 @@ _strided = torch.strided
 _ATOMIC = frozenset((type(None), int, float, bool, complex, bytes, str, types.CodeType, type,
                      range, types.BuiltinFunctionType, types.FunctionType, weakref.ref,
                      property, type(Ellipsis), type(NotImplemented)))
+_PROTOS = {}  # dtype -> an empty cpu tensor (Tensor.new() is the cheapest empty tensor)
 _NAMES = []  # b"0", b"1", ...: ofl's name for the i-th distinct storage of a stage
 
 
@@ -238,7 +239,13 @@ class _DeepCopy:
             if x.layout is not _strided or x.is_quantized or x.is_meta or not self.device_ok(x):
                 raise _Unstageable(x)
             st = x.untyped_storage()
-            y = torch.empty(0, dtype=x.dtype) if plain else x.new_empty([], device="cpu")
+            if plain:
+                proto = _PROTOS.get(x.dtype)
+                if proto is None:
+                    proto = _PROTOS[x.dtype] = torch.empty(0, dtype=x.dtype)
+                y = proto.new()  # empty, same dtype, on the cpu
+            else:
+                y = x.new_empty([], device="cpu")
             self.memo[id(x)] = y
             nbytes = st.nbytes()
             if nbytes == 0:
@@ -335,7 +342,9 @@ class AsyncStager(_TorchAsyncStager):
         self.cache_staged_state_dict = cache_staged_state_dict
         self.type_check = type_check
         self._rt = Runtime.get()
-        p = _lib.StagerParams(1 if cache_staged_state_dict else 0, 1, 1 if type_check else 0, 0,
+        # async_staging: stage() overlaps its own work with ofl's copies and
+        # joins them before it returns
+        p = _lib.StagerParams(1 if cache_staged_state_dict else 0, 1, 1 if type_check else 0, 1,
                               None, 0, 0)
         s = ctypes.c_void_p()
         check(L.ofl_stager_create(self._rt.dev, _byref(p), _byref(s)), "ofl_stager_create")
@@ -348,9 +357,7 @@ class AsyncStager(_TorchAsyncStager):
 
     @property
     def should_synchronize_after_execute(self):
-        if self._s is None:
-            return False
-        return bool(L.ofl_stager_should_synchronize_after_execute(self._s))
+        return False  # stage() joins ofl's copies before it returns
 
     def stage(self, state_dict):
         if self._s is None:
@@ -369,14 +376,17 @@ class AsyncStager(_TorchAsyncStager):
                                       list(t.shape), t.dtype, t.layout, t.device,
                                       " or cuda" if self._rt.is_cuda else "")) from None
             if walk.sources:
-                walk.fill(self._stage_storages(walk.sources, walk.fills, state_dict))
+                self._stage_storages(walk, state_dict)
         return out
 
-    def _stage_storages(self, sources, fills, state_dict):
+    def _stage_storages(self, walk, state_dict):
         """One ofl stage of every distinct source storage, whole (views keep
-        their offsets); a torch storage over each staged copy. Each tensor is
-        one entry, over its whole storage: ofl copies a storage once and
-        counts the tensors that share it."""
+        their offsets), and walk's tensors pointed at the staged copies. Each
+        tensor is one entry, over its whole storage: ofl copies a storage
+        once and counts the tensors that share it. ofl copies on its stream
+        while this thread builds the torch storages; stage() returns after
+        the join."""
+        sources, fills = walk.sources, walk.fills
         n = len(fills)
         arr = self._arr
         if arr is None or len(arr) != n:
@@ -406,21 +416,33 @@ class AsyncStager(_TorchAsyncStager):
             st = L.ofl_stager_stage(self._s, arr, n, _byref(sset))
             if st != 0:
                 raise self._stage_error(st, fills, state_dict)
+            holder = _StagedSet(sset.value)
+            try:
+                walk.fill(self._staged_storages(sset.value, sources, holder))
+            finally:
+                # the wrapped sources must outlive the copies (ofl reports a
+                # source let go of before the join)
+                st = L.ofl_stager_synchronize(self._s, _lib.TIMEOUT_DEFAULT)
+            if st != 0:
+                raise error(st, "AsyncStager.stage: ofl_stager_synchronize")
         finally:
             for h in wrapped:
                 L.ofl_tensor_destroy(h)
-        holder = _StagedSet(sset.value)
-        st = L.ofl_staged_status(sset.value)
-        if st != 0:
-            raise error(st, "AsyncStager.stage: ofl_staged_status")
-        storages = []
+
+    @staticmethod
+    def _staged_storages(sset, sources, holder):
+        """A torch storage over each source's staged copy: one buffer object
+        over the staged set's memory (it holds the set), a storage per copy
+        at its offset."""
         tensor, data = L.ofl_staged_tensor, L.ofl_tensor_data
-        frombuffer, u8t, array = torch.frombuffer, torch.uint8, ctypes.c_ubyte
-        for src in sources:
-            buf = (array * src[1]).from_address(data(tensor(sset.value, src[4])))
-            buf._ofl = holder
-            storages.append(frombuffer(buf, dtype=u8t).untyped_storage())
-        return storages
+        ptrs = [data(tensor(sset, src[4])) for src in sources]
+        lo = min(ptrs)
+        hi = max(p + src[1] for p, src in zip(ptrs, sources))
+        buf = (ctypes.c_ubyte * (hi - lo)).from_address(lo)
+        buf._ofl = holder
+        frombuffer, u8 = torch.frombuffer, torch.uint8
+        return [frombuffer(buf, dtype=u8, count=src[1], offset=p - lo).untyped_storage()
+                for p, src in zip(ptrs, sources)]
 
     def _stage_error(self, st, fills, state_dict):
         e = error(st, "AsyncStager.stage: ofl_stager_stage")
