@@ -24,7 +24,7 @@
 
 #include "_ext_abi.h"
 
-#define OFL_EXT_ABI_VERSION 1
+#define OFL_EXT_ABI_VERSION 2
 
 _Static_assert(sizeof(void *) <= sizeof(unsigned long long),
                "pointers are kept as unsigned long long");
@@ -43,7 +43,7 @@ static int api_ready;
 
 static PyObject *error_factory; /* ofl._errors.error(status, where) */
 static PyObject *torch_frombuffer, *torch_uint8, *torch_strided,
-    *torch_parameter;
+    *torch_parameter, *torch_tensor;
 static PyObject *kw_dtype; /* ("dtype",) */
 
 /* Interned attribute and method names. */
@@ -51,7 +51,9 @@ static PyObject *s_is_cpu, *s_is_cuda, *s_layout, *s_base, *s_numel,
     *s_element_size, *s_not_offloadable, *s_untyped_storage, *s_data_ptr,
     *s_nbytes, *s_is_contiguous, *s_stride, *s_storage_offset, *s_size,
     *s_dtype, *s_bases, *s_records, *s_view, *s_as_strided, *s_sync_compute,
-    *s_wrap_reloaded, *s_destroy_now;
+    *s_wrap_reloaded, *s_destroy_now, *s_version, *s_is_conj, *s_is_neg,
+    *s_is_quantized, *s_is_buffer, *s_version_error, *s_pop_error,
+    *s_group_start, *s_commit;
 
 static int intern_names(void) {
   struct {
@@ -80,6 +82,15 @@ static int intern_names(void) {
       {&s_sync_compute, "_sync_compute"},
       {&s_wrap_reloaded, "_wrap_reloaded"},
       {&s_destroy_now, "_destroy_now"},
+      {&s_version, "_version"},
+      {&s_is_conj, "is_conj"},
+      {&s_is_neg, "is_neg"},
+      {&s_is_quantized, "is_quantized"},
+      {&s_is_buffer, "_is_buffer"},
+      {&s_version_error, "_version_error"},
+      {&s_pop_error, "_pop_error"},
+      {&s_group_start, "group_start"},
+      {&s_commit, "commit"},
   };
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     *names[i].slot = PyUnicode_InternFromString(names[i].text);
@@ -156,20 +167,29 @@ static void *as_ptr(PyObject *o) {
 
 /* ---- Saved: what autograd stores for a tensor handed to the manager -------- */
 
+struct HooksObject;
+
 typedef struct {
   PyObject_HEAD
   unsigned long long tag;
   unsigned long long h;   /* ofl_tensor_t * pushed */
   unsigned long long ptr; /* address of the saved bytes in torch memory */
   long long nbytes;
-  long long offset; /* storage offset (whole storages) */
-  PyObject *tensor; /* the torch tensor, until its memory is let go */
+  long long offset;  /* storage offset (whole storages) */
+  long long version; /* the tensor's _version at the save */
+  PyObject *tensor;  /* the torch tensor, until its memory is let go */
   PyObject *dtype;
   PyObject *size;
   PyObject *stride; /* whole storages only */
   PyObject *group;
+  PyObject *vref;   /* weak reference to the tensor's root (itself or _base) */
+  PyObject *cached; /* the tensor the first unpack returned */
+  PyObject *core;   /* the Hooks while pushed and not popped (strong) */
+  PyObject *weakreflist;
   char whole; /* the whole storage, rebuilt with as_strided */
 } SavedObject;
+
+static void saved_forget_core(SavedObject *s);
 
 static int saved_traverse(PyObject *op, visitproc visit, void *arg) {
   SavedObject *s = (SavedObject *)op;
@@ -178,24 +198,43 @@ static int saved_traverse(PyObject *op, visitproc visit, void *arg) {
   Py_VISIT(s->size);
   Py_VISIT(s->stride);
   Py_VISIT(s->group);
+  Py_VISIT(s->vref);
+  Py_VISIT(s->cached);
+  Py_VISIT(s->core);
   return 0;
 }
 
 static int saved_clear(PyObject *op) {
   SavedObject *s = (SavedObject *)op;
+  saved_forget_core(s);
   Py_CLEAR(s->tensor);
   Py_CLEAR(s->dtype);
   Py_CLEAR(s->size);
   Py_CLEAR(s->stride);
   Py_CLEAR(s->group);
+  Py_CLEAR(s->vref);
+  Py_CLEAR(s->cached);
   return 0;
 }
 
 static void saved_dealloc(PyObject *op) {
   PyObject_GC_UnTrack(op);
+  if (((SavedObject *)op)->weakreflist != NULL) PyObject_ClearWeakRefs(op);
   saved_clear(op);
   Py_TYPE(op)->tp_free(op);
 }
+
+static PyObject *saved_get_core(PyObject *op, void *closure) {
+  (void)closure;
+  SavedObject *s = (SavedObject *)op;
+  return keep(s->core != NULL ? s->core : Py_None);
+}
+
+static PyGetSetDef saved_getset[] = {
+    {"core", saved_get_core, NULL, "the manager's hooks while pushed and not popped, else None",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static PyMemberDef saved_members[] = {
     {"tag", T_ULONGLONG, offsetof(SavedObject, tag), READONLY, "the manager's tag"},
@@ -203,12 +242,16 @@ static PyMemberDef saved_members[] = {
     {"ptr", T_ULONGLONG, offsetof(SavedObject, ptr), READONLY, "address of the bytes"},
     {"nbytes", T_LONGLONG, offsetof(SavedObject, nbytes), READONLY, "bytes pushed"},
     {"offset", T_LONGLONG, offsetof(SavedObject, offset), READONLY, "storage offset"},
+    {"version", T_LONGLONG, offsetof(SavedObject, version), READONLY, "_version at the save"},
     {"whole", T_BOOL, offsetof(SavedObject, whole), READONLY, "whole storage pushed"},
     {"tensor", T_OBJECT, offsetof(SavedObject, tensor), 0, "the torch tensor or None"},
     {"dtype", T_OBJECT, offsetof(SavedObject, dtype), READONLY, "torch dtype"},
     {"size", T_OBJECT, offsetof(SavedObject, size), READONLY, "torch size"},
     {"stride", T_OBJECT, offsetof(SavedObject, stride), READONLY, "stride (whole)"},
     {"group", T_OBJECT, offsetof(SavedObject, group), 0, "the group record"},
+    {"vref", T_OBJECT, offsetof(SavedObject, vref), READONLY, "weakref of the root tensor"},
+    {"cached", T_OBJECT, offsetof(SavedObject, cached), READONLY,
+     "the tensor of the first unpack, or None"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -221,11 +264,74 @@ static PyTypeObject SavedType = {
     .tp_clear = saved_clear,
     .tp_dealloc = saved_dealloc,
     .tp_members = saved_members,
+    .tp_getset = saved_getset,
+    .tp_weaklistoffset = offsetof(SavedObject, weakreflist),
 };
+
+/* ---- Kept: a saved tensor that stays where it is ------------------------- */
+
+typedef struct {
+  PyObject_HEAD
+  PyObject *t;
+  long long version;
+} KeptObject;
+
+static int kept_traverse(PyObject *op, visitproc visit, void *arg) {
+  Py_VISIT(((KeptObject *)op)->t);
+  return 0;
+}
+
+static int kept_clear(PyObject *op) {
+  Py_CLEAR(((KeptObject *)op)->t);
+  return 0;
+}
+
+static void kept_dealloc(PyObject *op) {
+  PyObject_GC_UnTrack(op);
+  kept_clear(op);
+  Py_TYPE(op)->tp_free(op);
+}
+
+static PyMemberDef kept_members[] = {
+    {"t", T_OBJECT, offsetof(KeptObject, t), READONLY, "the tensor"},
+    {"version", T_LONGLONG, offsetof(KeptObject, version), READONLY, "_version at the save"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject KeptType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ofl._ext.Kept",
+    .tp_basicsize = sizeof(KeptObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A saved tensor kept where it is, with its version at the save.",
+    .tp_traverse = kept_traverse,
+    .tp_clear = kept_clear,
+    .tp_dealloc = kept_dealloc,
+    .tp_members = kept_members,
+};
+
+/* t._version as a C integer; -1 with an exception on failure. */
+static int tensor_version(PyObject *t, long long *out) {
+  PyObject *v = PyObject_GetAttr(t, s_version);
+  if (v == NULL) return -1;
+  *out = PyLong_AsLongLong(v);
+  Py_DECREF(v);
+  return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *make_kept(PyObject *t) {
+  long long v;
+  if (tensor_version(t, &v) < 0) return NULL;
+  KeptObject *k = PyObject_GC_New(KeptObject, &KeptType);
+  if (k == NULL) return NULL;
+  k->t = keep(t);
+  k->version = v;
+  PyObject_GC_Track((PyObject *)k);
+  return (PyObject *)k;
+}
 
 /* ---- Hooks: the state the pack/unpack hooks read, and the hooks ------------ */
 
-typedef struct {
+typedef struct HooksObject {
   PyObject_HEAD
   PyObject *m;        /* ofl_manager_t * as an int, None once destroyed */
   PyObject *dev_pool; /* ofl_pool_t * as an int */
@@ -233,6 +339,7 @@ typedef struct {
   long long min_elems;
   long long min_bytes;
   Py_ssize_t live_blocks; /* reloaded tensors torch still uses */
+  Py_ssize_t unpopped;    /* records pushed, not popped, alive */
   char active;            /* offload enabled and not forward-only */
   char closing;           /* close() waits for live_blocks to drop to 0 */
   char copy_in;           /* host backend: copy into the device pool */
@@ -253,6 +360,13 @@ static int hooks_clear(PyObject *op) {
   Py_CLEAR(self->dev_pool);
   Py_CLEAR(self->open);
   return 0;
+}
+
+static void saved_forget_core(SavedObject *s) {
+  if (s->core != NULL) {
+    ((HooksObject *)s->core)->unpopped--;
+    Py_CLEAR(s->core);
+  }
 }
 
 static void hooks_dealloc(PyObject *op) {
@@ -314,41 +428,64 @@ static PyTypeObject BlockType = {
 
 /* ---- pack ------------------------------------------------------------------ */
 
-/* isinstance(o, torch.nn.Parameter); -1 on error. */
-static int is_parameter(PyObject *o) {
-  return PyObject_IsInstance(o, torch_parameter);
+/* Whether the tensor (or the base it views) carries a flag attribute that
+ * keeps it where it is (mark_not_offloadable, nn.Buffer): 1, 0, -1 error. */
+static int flagged(PyObject *t) {
+  PyObject *names[2] = {s_not_offloadable, s_is_buffer};
+  for (int i = 0; i < 2; i++) {
+    int found;
+    PyObject *flag = optional_attr(t, names[i], &found);
+    if (flag == NULL && PyErr_Occurred()) return -1;
+    if (found) {
+      int r = PyObject_IsTrue(flag);
+      Py_DECREF(flag);
+      if (r != 0) return r;
+    }
+  }
+  return 0;
 }
 
-/* Whether t may go to the manager (the checks of _PyHooks.pack, in its
- * order): 1 yes, 0 keep it in Python, -1 error. */
+/* Whether t may go to the manager (the checks of _PyHooks.pack): 1 yes,
+ * 0 keep it where it is, -1 error. *root: new reference to the tensor whose
+ * version counter t shares (its _base, else t). Parameters and other
+ * subclasses, views of them, buffers, lazy conjugates and negations (bits
+ * that are not in the bytes) and quantized tensors stay. */
 static int eligible(HooksObject *self, PyObject *t, long long *numel,
-                    long long *nb) {
+                    long long *nb, PyObject **root) {
+  *root = NULL;
+  if (Py_TYPE(t) != (PyTypeObject *)torch_tensor) return 0;
   int r = attr_true(t, self->is_cuda ? s_is_cuda : s_is_cpu, 0);
   if (r <= 0) return r;
-  if ((r = is_parameter(t)) != 0) return r < 0 ? -1 : 0;
   PyObject *layout = PyObject_GetAttr(t, s_layout);
   if (layout == NULL) return -1;
   r = layout == torch_strided;
   Py_DECREF(layout);
   if (!r) return 0;
-  PyObject *base = PyObject_GetAttr(t, s_base);
-  if (base == NULL) return -1;
-  r = base != Py_None ? is_parameter(base) : 0;
-  Py_DECREF(base);
-  if (r != 0) return r < 0 ? -1 : 0; /* a view of a parameter (weight.t()) */
   long long esize;
   if (call_ll(t, s_numel, numel) < 0 || call_ll(t, s_element_size, &esize) < 0)
     return -1;
   *nb = *numel * esize;
   if (*nb == 0 || *numel < self->min_elems || *nb < self->min_bytes) return 0;
-  int found;
-  PyObject *flag = optional_attr(t, s_not_offloadable, &found);
-  if (flag == NULL && PyErr_Occurred()) return -1;
-  if (found) {
-    r = PyObject_IsTrue(flag);
-    Py_DECREF(flag);
-    if (r != 0) return r < 0 ? -1 : 0;
+  PyObject *base = PyObject_GetAttr(t, s_base);
+  if (base == NULL) return -1;
+  if (base != Py_None) {
+    r = Py_TYPE(base) != (PyTypeObject *)torch_tensor ? 1 : flagged(base);
+    if (r != 0) {
+      Py_DECREF(base);
+      return r < 0 ? -1 : 0; /* a view of a parameter (weight.t()) or buffer */
+    }
   }
+  if ((r = flagged(t)) != 0 || (r = attr_true(t, s_is_conj, 1)) != 0 ||
+      (r = attr_true(t, s_is_neg, 1)) != 0 ||
+      (r = attr_true(t, s_is_quantized, 0)) != 0) {
+    Py_DECREF(base);
+    return r < 0 ? -1 : 0;
+  }
+  if (base == Py_None) {
+    Py_DECREF(base);
+    base = keep(t);
+  }
+  *root = base;
   return 1;
 }
 
@@ -422,15 +559,27 @@ static int describe(SavedObject *rec, PyObject *t, int whole) {
   return 0;
 }
 
+static PyObject *pack_eligible(HooksObject *self, PyObject *t, long long nb,
+                               PyObject *root);
+
 static PyObject *hooks_pack(PyObject *op, PyObject *t) {
   HooksObject *self = (HooksObject *)op;
   if (!self->active || self->open == NULL || !PyList_Check(self->open) ||
       PyList_GET_SIZE(self->open) == 0)
-    return keep(t);
+    return make_kept(t);
   long long numel = 0, nb = 0;
-  int r = eligible(self, t, &numel, &nb);
-  if (r <= 0) return r < 0 ? NULL : keep(t);
+  PyObject *root;
+  int r = eligible(self, t, &numel, &nb, &root);
+  if (r <= 0) return r < 0 ? NULL : make_kept(t);
+  PyObject *res = pack_eligible(self, t, nb, root);
+  Py_DECREF(root);
+  return res;
+}
 
+/* pack of a tensor that passed eligible(), into the innermost open group. */
+static PyObject *pack_eligible(HooksObject *self, PyObject *t, long long nb,
+                               PyObject *root) {
+  int r;
   PyObject *st = call0(t, s_untyped_storage);
   if (st == NULL) return NULL;
   uintptr_t sptr;
@@ -452,7 +601,7 @@ static PyObject *hooks_pack(PyObject *op, PyObject *t) {
     nb = snb;
     whole = 1;
   } else {
-    return keep(t); /* a small strided view of a large storage */
+    return make_kept(t); /* a small strided view of a large storage */
   }
   if (self->copy_in && !whole && 2 * nb < snb) {
     sptr += (uintptr_t)off; /* copy only the region: its own storage */
@@ -460,7 +609,11 @@ static PyObject *hooks_pack(PyObject *op, PyObject *t) {
     off = 0;
   }
   if (!PyList_Check(self->open) || PyList_GET_SIZE(self->open) == 0)
-    return keep(t); /* closed meanwhile (by code run from a check above) */
+    return make_kept(t); /* closed meanwhile (by code run from a check above) */
+  long long version;
+  if (tensor_version(t, &version) < 0) return NULL;
+  PyObject *vref = PyWeakref_NewRef(root, NULL);
+  if (vref == NULL) return NULL;
   PyObject *g = keep(PyList_GET_ITEM(self->open, PyList_GET_SIZE(self->open) - 1));
   PyObject *bases = NULL, *base = NULL, *records = NULL;
   SavedObject *rec = NULL;
@@ -482,7 +635,11 @@ static PyObject *hooks_pack(PyObject *op, PyObject *t) {
   if (rec == NULL) goto done;
   rec->tag = rec->h = rec->ptr = 0;
   rec->nbytes = rec->offset = 0;
+  rec->version = version;
   rec->tensor = rec->dtype = rec->size = rec->stride = rec->group = NULL;
+  rec->vref = vref;
+  vref = NULL;
+  rec->cached = rec->core = rec->weakreflist = NULL;
   rec->whole = 0;
   PyObject_GC_Track((PyObject *)rec);
   if (describe(rec, t, whole) < 0) goto done;
@@ -543,10 +700,13 @@ static PyObject *hooks_pack(PyObject *op, PyObject *t) {
   rec->ptr = (unsigned long long)(sptr + (uintptr_t)off);
   rec->nbytes = nb;
   rec->group = keep(g);
+  rec->core = keep((PyObject *)self);
+  self->unpopped++;
   if (PyList_Append(records, (PyObject *)rec) < 0) goto done;
   result = (PyObject *)rec;
   rec = NULL;
 done:
+  Py_XDECREF(vref);
   Py_XDECREF(rec);
   Py_XDECREF(base);
   Py_XDECREF(records);
@@ -592,10 +752,37 @@ static PyObject *wrap_block(HooksObject *self, ofl_tensor_t *h,
   return x;
 }
 
-static PyObject *hooks_unpack(PyObject *op, PyObject *r) {
-  HooksObject *self = (HooksObject *)op;
-  if (Py_TYPE(r) != &SavedType) return keep(r);
-  SavedObject *rec = (SavedObject *)r;
+/* Raises the exception that self.<method>(args...) returns. */
+static PyObject *raise_from(PyObject *self, PyObject *method, PyObject *const *args,
+                            size_t nargs) {
+  PyObject *full[5];
+  full[0] = self;
+  for (size_t i = 0; i < nargs && i < 4; i++) full[i + 1] = args[i];
+  PyObject *exc = PyObject_VectorcallMethod(method, full, nargs + 1, NULL);
+  if (exc != NULL) {
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+  }
+  return NULL;
+}
+
+/* The tensor of a record: popped from the manager on first use and kept in
+ * the record (later unpacks of a retained graph return it). */
+static PyObject *pop_record(HooksObject *self, SavedObject *rec) {
+  PyObject *op = (PyObject *)self;
+  if (rec->cached != NULL) return keep(rec->cached);
+  if (rec->core == NULL) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "ofl.torch: a saved tensor was used after its manager let go of it "
+                    "(the push failed, or its iteration was ended); run backward before "
+                    "reset() or close()");
+    return NULL;
+  }
+  if (rec->core != op) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "ofl.torch: a saved tensor was unpacked through another manager");
+    return NULL;
+  }
   if (self->is_cuda) {
     PyObject *v = call0(op, s_sync_compute);
     if (v == NULL) return NULL;
@@ -612,13 +799,22 @@ static PyObject *hooks_unpack(PyObject *op, PyObject *r) {
   Py_BEGIN_ALLOW_THREADS /* may wait for the reload */
   s = api.ofl_manager_tensor_pop(m, (ofl_tag_t)rec->tag, &h);
   Py_END_ALLOW_THREADS
-  if (s != EXT_SUCCESS) return raise_ofl(s, "ofl_manager_tensor_pop");
+  if (s != EXT_SUCCESS) {
+    PyObject *code = PyLong_FromLong((long)s);
+    if (code == NULL) return NULL;
+    raise_from(op, s_pop_error, &code, 1);
+    Py_DECREF(code);
+    return NULL;
+  }
+  saved_forget_core(rec);
 
+  PyObject *x;
   PyObject *t = rec->tensor; /* taken from the record */
   rec->tensor = NULL;
   if (t != NULL && t != Py_None &&
       (uintptr_t)api.ofl_tensor_data(h) == (uintptr_t)rec->ptr) {
     api.ofl_tensor_destroy(h); /* kept on the device: the tensor itself */
+    rec->cached = keep(t);
     return t;
   }
   Py_XDECREF(t);
@@ -628,35 +824,271 @@ static PyObject *hooks_unpack(PyObject *op, PyObject *r) {
       api.ofl_tensor_destroy(h);
       return NULL;
     }
-    PyObject *args[3] = {op, hv, r};
-    PyObject *x = PyObject_VectorcallMethod(s_wrap_reloaded, args, 3, NULL);
+    PyObject *args[3] = {op, hv, (PyObject *)rec};
+    x = PyObject_VectorcallMethod(s_wrap_reloaded, args, 3, NULL);
     Py_DECREF(hv);
-    return x;
-  }
-  PyObject *x = wrap_block(self, h, (Py_ssize_t)rec->nbytes,
-                           rec->whole ? torch_uint8 : rec->dtype);
-  if (x == NULL) return NULL;
-  PyObject *y;
-  if (rec->whole) {
-    PyObject *args[2] = {x, rec->dtype};
-    PyObject *v = PyObject_VectorcallMethod(s_view, args, 2, NULL);
-    Py_DECREF(x);
-    if (v == NULL) return NULL;
-    PyObject *off = PyLong_FromLongLong(rec->offset);
-    if (off == NULL) {
+  } else {
+    PyObject *b = wrap_block(self, h, (Py_ssize_t)rec->nbytes,
+                             rec->whole ? torch_uint8 : rec->dtype);
+    if (b == NULL) return NULL;
+    if (rec->whole) {
+      PyObject *args[2] = {b, rec->dtype};
+      PyObject *v = PyObject_VectorcallMethod(s_view, args, 2, NULL);
+      Py_DECREF(b);
+      if (v == NULL) return NULL;
+      PyObject *off = PyLong_FromLongLong(rec->offset);
+      if (off == NULL) {
+        Py_DECREF(v);
+        return NULL;
+      }
+      PyObject *sargs[4] = {v, rec->size, rec->stride, off};
+      x = PyObject_VectorcallMethod(s_as_strided, sargs, 4, NULL);
+      Py_DECREF(off);
       Py_DECREF(v);
-      return NULL;
+    } else if (PyTuple_Check(rec->size) && PyTuple_GET_SIZE(rec->size) == 1) {
+      x = b;
+    } else {
+      x = view_as(b, rec->size);
+      Py_DECREF(b);
     }
-    PyObject *sargs[4] = {v, rec->size, rec->stride, off};
-    y = PyObject_VectorcallMethod(s_as_strided, sargs, 4, NULL);
-    Py_DECREF(off);
-    Py_DECREF(v);
-    return y;
   }
-  if (PyTuple_Check(rec->size) && PyTuple_GET_SIZE(rec->size) == 1) return x;
-  y = view_as(x, rec->size);
-  Py_DECREF(x);
-  return y;
+  if (x == NULL) return NULL;
+  rec->cached = keep(x);
+  return x;
+}
+
+/* The version check of autograd: a saved tensor changed in place since the
+ * save is an error (0 ok, -1 raised). */
+static int check_version(HooksObject *self, PyObject *t, PyObject *size,
+                         long long saved) {
+  long long now;
+  if (tensor_version(t, &now) < 0) return -1;
+  if (now == saved) return 0;
+  PyObject *sz = size != NULL ? keep(size) : call0(t, s_size);
+  if (sz == NULL) return -1;
+  PyObject *a = PyLong_FromLongLong(saved), *b = PyLong_FromLongLong(now);
+  if (a != NULL && b != NULL) {
+    PyObject *args[4] = {t, sz, a, b};
+    raise_from((PyObject *)self, s_version_error, args, 4);
+  }
+  Py_XDECREF(a);
+  Py_XDECREF(b);
+  Py_DECREF(sz);
+  return -1;
+}
+
+static PyObject *hooks_unpack(PyObject *op, PyObject *r) {
+  HooksObject *self = (HooksObject *)op;
+  if (Py_TYPE(r) == &KeptType) {
+    KeptObject *k = (KeptObject *)r;
+    if (k->t == NULL) Py_RETURN_NONE;
+    return check_version(self, k->t, NULL, k->version) ? NULL : keep(k->t);
+  }
+  if (Py_TYPE(r) != &SavedType) return keep(r);
+  SavedObject *rec = (SavedObject *)r;
+  if (rec->cached != NULL) return keep(rec->cached);
+  if (rec->vref != NULL) {
+    PyObject *o = PyWeakref_GetObject(rec->vref); /* borrowed */
+    if (o == NULL) return NULL;
+    if (o != Py_None) {
+      Py_INCREF(o);
+      int bad = check_version(self, o, rec->size, rec->version);
+      Py_DECREF(o);
+      if (bad) return NULL;
+    }
+  }
+  return pop_record(self, rec);
+}
+
+/* ---- Mark: the group of one saved tensor (offload_activations) ------------- */
+
+typedef struct {
+  PyObject_HEAD
+  int index; /* -1 backward not begun, 0 begun, -2 ended */
+} MarkObject;
+
+static PyMemberDef mark_members[] = {
+    {"index", T_INT, offsetof(MarkObject, index), 0, "-1 not begun, 0 begun, -2 ended"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject MarkType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ofl._ext.Mark",
+    .tp_basicsize = sizeof(MarkObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The one-tensor group of a saved tensor (its backward state).",
+    .tp_members = mark_members,
+};
+
+/* pack_offload(t, name): t in a group of its own (offload_activations):
+ * group start, push, commit, in C on the host backend (the manager holds a
+ * copy at once, so the torch tensor is let go at the commit). On cuda the
+ * commit's release of torch memory is Python's (_CoreMethods.commit). */
+static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
+                                    Py_ssize_t nargs) {
+  HooksObject *self = (HooksObject *)op;
+  if (nargs != 2 || !PyBytes_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "pack_offload(tensor, name: bytes)");
+    return NULL;
+  }
+  PyObject *t = args[0];
+  const char *name = PyBytes_AS_STRING(args[1]);
+  if (!self->active) return make_kept(t);
+  long long numel = 0, nb = 0;
+  PyObject *root;
+  int r = eligible(self, t, &numel, &nb, &root);
+  if (r <= 0) return r < 0 ? NULL : make_kept(t);
+  ofl_manager_t *m = as_ptr(self->m);
+  if (m == NULL) {
+    Py_DECREF(root);
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_RuntimeError, "ofl: the manager was destroyed");
+    return NULL;
+  }
+  PyObject *res = NULL;
+  if (!self->copy_in) { /* cuda: the Python group around the C pack */
+    PyObject *g = PyObject_CallMethodOneArg(op, s_group_start, args[1]);
+    if (g == NULL) goto out;
+    res = pack_eligible(self, t, nb, root);
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *c = PyObject_CallMethodOneArg(op, s_commit, args[1]);
+    if (c == NULL) {
+      Py_CLEAR(res);
+      Py_XDECREF(et);
+      Py_XDECREF(ev);
+      Py_XDECREF(tb);
+    } else {
+      Py_DECREF(c);
+      PyErr_Restore(et, ev, tb);
+    }
+    if (res != NULL && Py_TYPE(res) == &SavedType) {
+      MarkObject *mk = PyObject_New(MarkObject, &MarkType);
+      if (mk == NULL) {
+        Py_CLEAR(res);
+      } else {
+        mk->index = -1;
+        Py_XSETREF(((SavedObject *)res)->group, (PyObject *)mk);
+      }
+    }
+    Py_DECREF(g);
+    goto out;
+  }
+  /* host backend: the bytes copied into a block of the device pool */
+  PyObject *st = call0(t, s_untyped_storage);
+  if (st == NULL) goto out;
+  uintptr_t sptr;
+  long long snb;
+  r = call_ptr(st, s_data_ptr, &sptr) < 0 || call_ll(st, s_nbytes, &snb) < 0;
+  Py_DECREF(st);
+  if (r) goto out;
+  int contiguous = attr_true(t, s_is_contiguous, 1);
+  if (contiguous < 0) goto out;
+  long long off = 0;
+  int whole = 0;
+  if (contiguous) {
+    uintptr_t p;
+    if (call_ptr(t, s_data_ptr, &p) < 0) goto out;
+    off = (long long)(p - sptr);
+    if (2 * nb < snb) { /* copy only the region */
+      sptr += (uintptr_t)off;
+      snb = nb;
+      off = 0;
+    }
+  } else if (2 * nb >= snb) {
+    whole = 1;
+    nb = snb;
+  } else {
+    res = make_kept(t); /* a small strided view of a large storage */
+    goto out;
+  }
+  long long version;
+  if (tensor_version(t, &version) < 0) goto out;
+  SavedObject *rec = PyObject_GC_New(SavedObject, &SavedType);
+  if (rec == NULL) goto out;
+  rec->tag = rec->h = rec->ptr = 0;
+  rec->nbytes = nb;
+  rec->offset = 0;
+  rec->version = version;
+  rec->tensor = rec->stride = rec->cached = rec->core = rec->weakreflist = NULL;
+  rec->whole = (char)whole;
+  rec->vref = PyWeakref_NewRef(root, NULL);
+  rec->dtype = PyObject_GetAttr(t, s_dtype);
+  rec->size = call0(t, s_size);
+  MarkObject *mk = PyObject_New(MarkObject, &MarkType);
+  rec->group = (PyObject *)mk;
+  if (mk != NULL) mk->index = -1;
+  PyObject_GC_Track((PyObject *)rec);
+  if (rec->vref == NULL || rec->dtype == NULL || rec->size == NULL || mk == NULL)
+    goto fail;
+  if (whole) {
+    rec->stride = call0(t, s_stride);
+    if (rec->stride == NULL || call_ll(t, s_storage_offset, &rec->offset) < 0)
+      goto fail;
+  }
+  ext_status_t s = api.ofl_manager_group_start(m, name);
+  if (s != EXT_SUCCESS) {
+    raise_ofl(s, "ofl_manager_group_start");
+    goto fail;
+  }
+  ofl_tensor_t *h = NULL;
+  int64_t shape[1] = {snb};
+  s = api.ofl_pool_alloc(as_ptr(self->dev_pool), shape, 1, EXT_DTYPE_U8, NULL, &h);
+  const char *where = "ofl_pool_alloc";
+  if (s == EXT_SUCCESS) {
+    void *dst = api.ofl_tensor_data(h);
+    if ((size_t)snb >= COPY_NOGIL_BYTES) {
+      Py_BEGIN_ALLOW_THREADS
+      memcpy(dst, (const void *)sptr, (size_t)snb);
+      Py_END_ALLOW_THREADS
+    } else {
+      memcpy(dst, (const void *)sptr, (size_t)snb);
+    }
+    ofl_tag_t tag = 0;
+    s = api.ofl_manager_tensor_push(m, h, &tag);
+    where = "ofl_manager_tensor_push";
+    if (s == EXT_SUCCESS) {
+      rec->tag = tag;
+      rec->h = (unsigned long long)(uintptr_t)h;
+      rec->ptr = 0; /* never torch memory: a pop always reloads */
+      rec->core = keep(op);
+      self->unpopped++;
+      h = NULL;
+    }
+  }
+  if (h != NULL) api.ofl_tensor_destroy(h);
+  ext_status_t c;
+  Py_BEGIN_ALLOW_THREADS /* may wait for the oldest copies (max_inflight) */
+  c = api.ofl_manager_group_commit(m, name, NULL, 0, 0);
+  Py_END_ALLOW_THREADS
+  if (s != EXT_SUCCESS) {
+    raise_ofl(s, where);
+    goto fail;
+  }
+  if (c != EXT_SUCCESS) {
+    raise_ofl(c, "ofl_manager_group_commit");
+    goto fail;
+  }
+  res = (PyObject *)rec;
+  goto out;
+fail:
+  Py_DECREF(rec);
+out:
+  Py_DECREF(root);
+  return res;
+}
+
+static PyObject *hooks_pop_record(PyObject *op, PyObject *r) {
+  if (Py_TYPE(r) != &SavedType) {
+    PyErr_SetString(PyExc_TypeError, "pop_record: not a Saved record");
+    return NULL;
+  }
+  return pop_record((HooksObject *)op, (SavedObject *)r);
+}
+
+static PyObject *hooks_keep(PyObject *op, PyObject *t) {
+  (void)op;
+  return make_kept(t);
 }
 
 /* ---- Hooks' attributes -------------------------------------------------------- */
@@ -699,6 +1131,8 @@ static PyMemberDef hooks_members[] = {
     {"min_bytes", T_LONGLONG, offsetof(HooksObject, min_bytes), 0, "size threshold (bytes)"},
     {"live_blocks", T_PYSSIZET, offsetof(HooksObject, live_blocks), 0,
      "reloaded tensors torch still uses"},
+    {"unpopped", T_PYSSIZET, offsetof(HooksObject, unpopped), 0,
+     "records pushed, not popped, alive"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -707,6 +1141,12 @@ static PyMethodDef hooks_methods[] = {
      "The saved-tensor pack hook: t itself, or a Saved record pushed to the manager."},
     {"unpack", hooks_unpack, METH_O,
      "The saved-tensor unpack hook: the tensor of a record (popped from the manager)."},
+    {"pack_offload", (PyCFunction)(void (*)(void))hooks_pack_offload, METH_FASTCALL,
+     "pack_offload(t, name): t in a group of its own (start, push, commit); a Kept "
+     "record when the manager would not take it."},
+    {"pop_record", hooks_pop_record, METH_O,
+     "The tensor of a Saved record, popped on first use (no version check)."},
+    {"keep", hooks_keep, METH_O, "A Kept record of t (stays where it is)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -764,6 +1204,7 @@ static PyObject *ext_setup(PyObject *mod, PyObject *args) {
   if (set_ref(&torch_frombuffer, PyObject_GetAttrString(torch, "frombuffer")) < 0 ||
       set_ref(&torch_uint8, PyObject_GetAttrString(torch, "uint8")) < 0 ||
       set_ref(&torch_strided, PyObject_GetAttrString(torch, "strided")) < 0 ||
+      set_ref(&torch_tensor, PyObject_GetAttrString(torch, "Tensor")) < 0 ||
       (nn = PyObject_GetAttrString(torch, "nn")) == NULL ||
       set_ref(&torch_parameter, PyObject_GetAttrString(nn, "Parameter")) < 0) {
     Py_XDECREF(nn);
@@ -803,7 +1244,8 @@ PyMODINIT_FUNC PyInit__ext(void) {
   kw_dtype = Py_BuildValue("(s)", "dtype");
   if (kw_dtype == NULL) return NULL;
   if (PyType_Ready(&SavedType) < 0 || PyType_Ready(&HooksType) < 0 ||
-      PyType_Ready(&BlockType) < 0)
+      PyType_Ready(&BlockType) < 0 || PyType_Ready(&KeptType) < 0 ||
+      PyType_Ready(&MarkType) < 0)
     return NULL;
   PyObject *m = PyModule_Create(&ext_module);
   if (m == NULL) return NULL;
@@ -836,6 +1278,16 @@ PyMODINIT_FUNC PyInit__ext(void) {
   Py_INCREF(&BlockType);
   if (PyModule_AddObject(m, "Block", (PyObject *)&BlockType) < 0) {
     Py_DECREF(&BlockType);
+    goto fail;
+  }
+  Py_INCREF(&KeptType);
+  if (PyModule_AddObject(m, "Kept", (PyObject *)&KeptType) < 0) {
+    Py_DECREF(&KeptType);
+    goto fail;
+  }
+  Py_INCREF(&MarkType);
+  if (PyModule_AddObject(m, "Mark", (PyObject *)&MarkType) < 0) {
+    Py_DECREF(&MarkType);
     goto fail;
   }
   return m;

@@ -59,7 +59,16 @@ typedef void (*ext_release_fn)(void *data, size_t bytes, void *user);
   X(ofl_manager_tensor_push, ext_status_t,                                     \
     (ofl_manager_t * m, ofl_tensor_t *t, ofl_tag_t *tag))                      \
   X(ofl_manager_tensor_pop, ext_status_t,                                      \
-    (ofl_manager_t * m, ofl_tag_t tag, ofl_tensor_t **out))
+    (ofl_manager_t * m, ofl_tag_t tag, ofl_tensor_t **out))                    \
+  X(ofl_manager_group_start, ext_status_t,                                     \
+    (ofl_manager_t * m, const char *name))                                     \
+  X(ofl_manager_group_commit, ext_status_t,                                    \
+    (ofl_manager_t * m, const char *name, ofl_tensor_t *const *forced_release, \
+     size_t n, int delay))                                                     \
+  X(ofl_manager_group_backward_begin, ext_status_t,                            \
+    (ofl_manager_t * m, const char *name))                                     \
+  X(ofl_manager_group_backward_end, ext_status_t,                              \
+    (ofl_manager_t * m, const char *name))
 
 #define OFL_EXT__FN_TYPE(name, ret, params) typedef ret(*ext_##name##_fn) params;
 OFL_EXT_FUNCTIONS(OFL_EXT__FN_TYPE)

@@ -44,6 +44,7 @@ import ctypes
 import os
 import threading
 import warnings
+import weakref
 
 import torch
 
@@ -52,6 +53,7 @@ from .._errors import OflError, check, error
 
 L = _lib.lib
 _byref = ctypes.byref
+_weakref = weakref.ref
 
 
 def _load_ext():
@@ -63,7 +65,7 @@ def _load_ext():
         from .. import _ext
     except ImportError as e:
         return None, "ofl._ext is not built (%s)" % e
-    if getattr(_ext, "ABI_VERSION", None) != 1:
+    if getattr(_ext, "ABI_VERSION", None) != 2:
         return None, "ofl._ext at %s is of another version of the package" % _ext.__file__
     _ext.setup(_lib.addresses(_ext.FUNCTIONS), error, torch)
     return _ext, None
@@ -223,10 +225,48 @@ def wrap_storage(core, h, nbytes, dtype, device_type, stream=None):
 
 
 class _Saved:
-    """What autograd stores for one saved tensor that went to the manager."""
+    """What autograd stores for one saved tensor that went to the manager.
+    ``vref``/``version``: a weak reference to the tensor's root (the tensor,
+    or its ``_base``; views share one version counter) and its ``_version``
+    at the save, checked at unpack as autograd checks saved tensors without
+    hooks. ``cached``: the tensor the first unpack returned (popped once from
+    the manager), returned again by later unpacks of a graph kept with
+    retain_graph=True; it lives as long as autograd keeps this record.
+    ``core``: the manager's state while the record is pushed and not popped
+    (its ``unpopped`` count drops when the record is popped or dies)."""
 
     __slots__ = ("tag", "h", "tensor", "ptr", "nbytes", "dtype", "size",
-                 "stride", "offset", "whole", "group")
+                 "stride", "offset", "whole", "group", "vref", "version", "cached",
+                 "core", "__weakref__")
+
+    def __del__(self):
+        c = self.core
+        if c is not None:
+            self.core = None
+            c.unpopped -= 1
+
+
+class _Kept:
+    """A saved tensor that stays where it is (not handed to the manager),
+    with its version at the save (checked at unpack)."""
+
+    __slots__ = ("t", "version")
+
+    def __init__(self, t, version):
+        self.t = t
+        self.version = version
+
+
+def _modified_error(t, size, version, now):
+    """The error autograd raises for a saved tensor changed in place."""
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an "
+        "inplace operation: [%s %s] is at version %d; expected version %d instead. Hint: "
+        "the tensor was changed in place after it was saved for backward (checked by "
+        "ofl.torch's saved-tensor hooks, as autograd checks it without hooks); enable "
+        "anomaly detection with torch.autograd.set_detect_anomaly(True) to find the "
+        "operation, and use an out-of-place operation (or .clone()) instead"
+        % (t.type(), list(size), now, version))
 
 
 class _Group:
@@ -246,22 +286,32 @@ class _PyHooks:
 
     Saved = _Saved
 
-    def pack(self, t):
-        """The saved-tensor pack hook: returns t itself (kept in Python) or a
-        _Saved record (pushed to the manager)."""
-        if (not self.active or not self.open or t.device.type != self.device_type
-                or isinstance(t, torch.nn.Parameter) or t.layout is not torch.strided):
-            return t
-        b = t._base
-        if b is not None and isinstance(b, torch.nn.Parameter):
-            return t  # a view of a parameter (leaf), as Linear saves weight.t()
+    def _eligible(self, t):
+        """Whether the manager may take t. Parameters and other subclasses,
+        views of them, buffers, lazy conjugates and negations (their bits
+        are not in the bytes) and quantized tensors stay where they are."""
+        if (t.device.type != self.device_type or type(t) is not torch.Tensor
+                or t.layout is not torch.strided):
+            return False
         numel = t.numel()
-        esize = t.element_size()
-        nb = numel * esize
+        nb = numel * t.element_size()
         if nb == 0 or numel < self.min_elems or nb < self.min_bytes:
-            return t
-        if getattr(t, "_ofl_not_offloadable", False):
-            return t
+            return False
+        b = t._base
+        if b is not None and (type(b) is not torch.Tensor
+                              or getattr(b, "_ofl_not_offloadable", False)
+                              or getattr(b, "_is_buffer", False)):
+            return False
+        return not (getattr(t, "_ofl_not_offloadable", False) or getattr(t, "_is_buffer", False)
+                    or t.is_conj() or t.is_neg() or t.is_quantized)
+
+    def pack(self, t):
+        """The saved-tensor pack hook: a _Kept record (the tensor stays in
+        Python) or a _Saved record (pushed to the manager)."""
+        if not self.active or not self.open or not self._eligible(t):
+            return _Kept(t, t._version)
+        b = t._base
+        nb = t.numel() * t.element_size()
         st = t.untyped_storage()
         sptr = st.data_ptr()
         snb = st.nbytes()
@@ -273,7 +323,7 @@ class _PyHooks:
             nb = snb
             whole = True
         else:
-            return t  # a small strided view of a large storage: not worth it
+            return _Kept(t, t._version)  # a small strided view of a large storage
         g = self.open[-1]
         h = self._href
         if self.copy_in and not whole and 2 * nb < snb:
@@ -325,27 +375,89 @@ class _PyHooks:
             r.stride = t.stride()
             r.offset = t.storage_offset()
         r.group = g
+        r.version = t._version
+        r.vref = _weakref(b if b is not None else t)
+        r.cached = None
+        r.core = self
+        self.unpopped += 1
         g.records.append(r)
         return r
 
-    def unpack(self, r):
-        if type(r) is not _Saved:
-            return r
+    def keep(self, t):
+        """The record of a tensor that stays where it is."""
+        return _Kept(t, t._version)
+
+    def pack_offload(self, t, name):
+        """One group of its own for t (offload_activations): the group
+        starts, t is packed into it, the group commits. A _Kept record
+        (and no group) for a tensor the manager would not take."""
+        if not self.active or not self._eligible(t):
+            return _Kept(t, t._version)
+        g = self.group_start(name)
+        try:
+            r = self.pack(t)
+        finally:
+            self.commit(name)
+        if type(r) is _Saved:
+            g.index = -1
+        return r
+
+    def pop_record(self, r):
+        """Pops r from the manager (no version check) and keeps the tensor
+        in it; returns the tensor."""
+        if r.cached is not None or r.core is None:
+            return r.cached
         if self.is_cuda:
             self._sync_compute()
         h = self._href
         st = L.ofl_manager_tensor_pop(self.m, r.tag, h)
         if st != 0:
-            raise error(st, "ofl_manager_tensor_pop")
+            raise self._pop_error(st)
+        r.core = None
+        self.unpopped -= 1
         h = self._h.value
         t = r.tensor
-        if t is not None and L.ofl_tensor_data(h) == r.ptr:
-            # kept on the device: the torch tensor itself
-            L.ofl_tensor_destroy(h)
-            r.tensor = None
-            return t
         r.tensor = None
-        return self._wrap_reloaded(h, r)
+        if t is not None and L.ofl_tensor_data(h) == r.ptr:
+            L.ofl_tensor_destroy(h)  # kept on the device: the torch tensor itself
+            r.cached = t
+            return t
+        x = r.cached = self._wrap_reloaded(h, r)
+        return x
+
+    def unpack(self, r):
+        tr = type(r)
+        if tr is _Kept:
+            t = r.t
+            if t._version != r.version:
+                raise _modified_error(t, t.size(), r.version, t._version)
+            return t
+        if tr is not _Saved:
+            return r
+        x = r.cached
+        if x is not None:
+            return x  # a graph used again (retain_graph=True)
+        o = r.vref()
+        if o is not None and o._version != r.version:
+            raise _modified_error(o, r.size, r.version, o._version)
+        return self.pop_record(r)
+
+
+def unpack_detached(r):
+    """Unpack of a record whose manager is gone from its context: kept
+    tensors and tensors already popped."""
+    if isinstance(r, (_Kept, _Saved)) or (_ext is not None and isinstance(r, (_ext.Kept,
+                                                                             _ext.Saved))):
+        if isinstance(r, _Saved) or (_ext is not None and isinstance(r, _ext.Saved)):
+            if r.cached is None:
+                raise RuntimeError("ofl.torch: a saved tensor was unpacked after its manager was "
+                                   "closed; run backward before close()")
+            return r.cached
+        t = r.t
+        if t._version != r.version:
+            raise _modified_error(t, t.size(), r.version, t._version)
+        return t
+    return r
 
 
 class _CoreMethods:
@@ -397,6 +509,7 @@ class _CoreMethods:
         self.pending = []  # (event, [tensors to drop], [tensors to resize_(0)])
         self.free_events = []
         self.live_blocks = 0
+        self.unpopped = 0  # records pushed, not popped, alive
         self.closing = False
         # reused out-parameters
         self._h = ctypes.c_void_p()
@@ -441,6 +554,19 @@ class _CoreMethods:
     def _check(self, st, where):
         if st != 0:
             raise error(st, where)
+
+    def _version_error(self, t, size, version, now):
+        return _modified_error(t, size, version, now)
+
+    def _pop_error(self, st):
+        e = error(st, "unpacking a saved tensor (ofl_manager_tensor_pop)")
+        if st == _lib.ERR_INVALID_ARG:
+            return RuntimeError(
+                "ofl.torch: backward used a saved tensor of an iteration that was already "
+                "ended (reset(), or a new forward of offload_activations after this one was "
+                "abandoned): its memory was released. Run the backward of every forward "
+                "before reset() (%s)" % e)
+        return e
 
     # -- switches
     def set_enabled(self, on):

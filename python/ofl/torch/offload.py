@@ -1,232 +1,209 @@
 """``offload_activations``: a torchtune-style context manager (and decorator)
-that offloads every saved activation, over an ofl manager of its own.
+that offloads every saved activation through an ofl manager.
 
 Mapping onto the manager (documented in python/README.md too):
   * one **chunk** per forward run under the context (``ofl_manager_chunk_begin
-    (1, 0)`` at ``__enter__`` when grad is enabled);
+    (1, 0)`` at the outermost ``__enter__`` when grad is enabled);
   * one **group per saved tensor**, named ``activations``: the pack hook
     starts it, pushes the tensor and commits it at once, so the D2H copy of
     each activation starts right after the op that produced it, as
-    torchtune's per-tensor offload does;
+    torchtune's per-tensor offload does (``ManagerCore.pack_offload``, in C
+    when ofl._ext is built);
   * ``max_fwd_stash_size`` is the manager's ``max_inflight``: at most that
-    many offloads of the name in flight before compute waits for the oldest
-    (the activations alive in forward only because they are being copied);
+    many offloads of the name in flight before compute waits for the oldest;
   * backward: autograd unpacks in its own order, which is not exactly the
     reverse of the saves; each unpack first runs the backward markers
     (``group_backward_begin`` / ``_end``) of the groups the manager expects
     up to and including the tensor's own, which keeps the manager's
     prefetch one group ahead; pop is correct in any order (a group not yet
     prefetched is reloaded inline, after its offload);
-  * the **iteration** ends at the next ``__enter__`` once every saved tensor
-    of the previous forwards is gone (backward done, or graph dropped):
-    ``ofl_manager_reset`` runs there, so gradient accumulation (several
-    forwards, then their backwards) is one iteration of several chunks.
-    The first iteration is the manager's warmup; a model whose saved-tensor
+  * the **iteration** ends when the backward has used every saved tensor of
+    the forwards so far (at that last unpack, outside a forward), or else at
+    the next forward that starts after a backward, or at the first forward
+    after one that raised: ``ofl_manager_reset`` runs there. Gradient
+    accumulation (several forwards, then their backwards) is one iteration
+    of several chunks. Saved tensors still held by a graph when an
+    iteration is ended that way (a partial backward, a graph kept alive)
+    are reloaded first, so a later backward through them still works. The
+    first iteration is the manager's warmup; a model whose saved-tensor
     structure changes from one iteration to the next (the manager answers
     OFL_ERR_MISMATCH) keeps its tensors in memory for the rest of that
-    forward and gets a fresh manager (a new warmup) at the next iteration.
-  * with ``model``, the activations saved inside its output head (the last
-    ``nn.Linear``, or a module called ``output``/``lm_head``) are not
-    offloaded: they are the first needed in backward. ``warn_if_no_head``
-    warns when no such module is found.
+    forward and gets a fresh manager (a new warmup) at the next iteration;
+  * **one manager per context object, shared across objects**: the manager
+    and its pools stay with a context that is entered step after step, and
+    a context made afresh every step (``with offload_activations(model):``
+    in the loop) takes over the manager of an earlier, dropped one with the
+    same settings, so neither pattern creates a manager per step. Nothing
+    stays registered on the model between steps: the head's hooks are added
+    at the outermost ``__enter__`` and removed at its ``__exit__``;
+  * **graphs used more than once** (``retain_graph=True``, ``create_graph=
+    True``, ``torch.autograd.functional.hvp``): the first unpack of a saved
+    tensor pops it from the manager, and the record that autograd keeps
+    holds the unpacked tensor for later unpacks; tensors saved while a
+    backward runs (double backward) stay in memory;
+  * a saved tensor changed in place after the save raises autograd's
+    "modified by an inplace operation" error at unpack (torch skips its own
+    check when saved-tensor hooks are set);
+  * tensors that stay where they are: parameters and other tensor
+    subclasses, views of parameters, buffers (``nn.Buffer``, and every
+    buffer of ``model``), lazy conjugates and negations, quantized and
+    non-strided tensors, tensors under ``min_offload_size`` bytes (or of
+    another device), and every tensor saved inside the output head;
+  * the **output head** (torchtune's rule): ``model.output``, or
+    ``model.output.linear`` when the output is tied (torchtune's
+    ``TiedLinear``), else ``model.lm_head`` (Hugging Face): the activations
+    saved inside it are not offloaded (they are the first needed in
+    backward). ``warn_if_no_head`` warns when there is none;
   * ``use_streams=False`` waits for each copy right after its commit;
     ``use_pin_memory`` is accepted for compatibility: ofl's host pool is
     always page-locked on cuda (and plain memory on the host backend).
-  * ``min_offload_size`` is in bytes; smaller tensors stay in memory and are
-    never handed to ofl.
 """
 import contextlib
+import threading
 import warnings
+import weakref
 
 import torch
 
 from .. import _lib
 from .._errors import OflError
-from ._core import ManagerCore
+from ._core import ManagerCore, unpack_detached
 
 __all__ = ["offload_activations", "OffloadActivations"]
 
 _NAME = b"activations"
+_current_node = getattr(torch._C, "_current_autograd_node", None)
 
 
-class _ChunkToken:
-    """Referenced by every record of one forward; its death (autograd let go
-    of all of them) tells the context the chunk is over."""
-
-    __slots__ = ("owner", "__weakref__")
-
-    def __init__(self, owner):
-        self.owner = owner
-        owner.live_chunks += 1
-
-    def __del__(self):
-        try:
-            self.owner.live_chunks -= 1
-        except Exception:
-            pass
+def _in_backward():
+    return _current_node is not None and _current_node() is not None
 
 
-class _G:
-    __slots__ = ("token", "begun", "ended")
-
-    def __init__(self, token):
-        self.token = token
-        self.begun = False
-        self.ended = False
-
-
-def _find_head(model):
-    for attr in ("output", "lm_head", "head"):
-        m = getattr(model, attr, None)
-        if isinstance(m, torch.nn.Linear):
-            return m
-    last = None
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            last = m
-    return last
+def find_head(model):
+    """The output head under torchtune's rule (model.output, its .linear
+    when tied), else model.lm_head; None when there is none."""
+    out = getattr(model, "output", None)
+    if isinstance(out, torch.nn.Module):
+        return out
+    lin = getattr(out, "linear", None)
+    if isinstance(lin, torch.nn.Module):
+        return lin
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, torch.nn.Module):
+        return head
+    return None
 
 
-class OffloadActivations(contextlib.ContextDecorator):
-    def __init__(self, model=None, use_pin_memory=True, use_streams=True,
-                 min_offload_size=1024, max_fwd_stash_size=5, warn_if_no_head=True):
-        if max_fwd_stash_size < 1:
-            raise ValueError("max_fwd_stash_size must be at least 1")
-        self.use_pin_memory = use_pin_memory
-        self.use_streams = use_streams
-        self.min_offload_size = int(min_offload_size)
-        self.max_fwd_stash_size = int(max_fwd_stash_size)
-        self.live_chunks = 0
-        self._core = None
+class _Session:
+    """One manager and the state of its current iteration, driven by one
+    context object at a time (owner)."""
+
+    def __init__(self, key):
+        self.key = key
+        self.core = None
+        self.owner = None  # weakref to the OffloadActivations using it
+        self.depth = 0  # forwards in progress (outermost contexts entered)
         self._new_core()
-        self._chunks = []  # [[_G, ...] per chunk of this iteration]
-        self._bwd = [0, 0]  # manager's backward position: chunk, groups done
-        self._cur = None  # group begun, not ended
-        self._broken = False
-        self._suspend = 0
-        self._token = None
-        self._hooks = None
-        self._handles = []
-        if model is not None:
-            head = _find_head(model)
-            if head is None:
-                if warn_if_no_head:
-                    warnings.warn("offload_activations: no output head (nn.Linear) found in "
-                                  "the model; every activation is offloaded, the last layer's "
-                                  "too", stacklevel=2)
-            else:
-                self._handles.append(head.register_forward_pre_hook(self._head_pre))
-                self._handles.append(head.register_forward_hook(self._head_post))
 
     def _new_core(self):
-        if self._core is not None:
-            self._core.close()
-        self._core = ManagerCore(groups=b"", fraction=1.0, rank_delta_bytes=0, pp_rank=0,
-                                 max_inflight=self.max_fwd_stash_size if self.use_streams else 0,
-                                 summary=False)
-        self._core.min_bytes = self.min_offload_size
-        self._chunks = []
-        self._bwd = [0, 0]
-        self._cur = None
+        old = self.core
+        max_inflight, = self.key
+        self.core = ManagerCore(groups=b"", fraction=1.0, rank_delta_bytes=0, pp_rank=0,
+                                max_inflight=max_inflight, summary=False)
+        self.chunks = []  # [[_Group, ...] per forward of this iteration]
+        self.live = []  # weakrefs of this iteration's records (forced end)
+        self.bwd = [0, 0]  # manager's backward position: chunk, groups done
+        self.cur = None  # group begun, not ended
+        self.broken = False  # the structure changed: rest of the forward kept
+        self.backward_seen = False
+        self.abandoned = False  # a forward raised
+        if old is not None:
+            old.close()
 
-    def _head_pre(self, module, args):
-        self._suspend += 1
-
-    def _head_post(self, module, args, output):
-        self._suspend -= 1
-
-    # -- context
-    def __enter__(self):
-        if not torch.is_grad_enabled():
-            self._hooks = None
-            return self
-        core = self._core
-        if self.live_chunks == 0:
-            self._end_iteration()
-        core = self._core
-        self._token = _ChunkToken(self)
-        try:
-            if not self._broken:
-                core.chunk_begin(1, 0)
-                self._chunks.append([])
-        except OflError as e:
-            if e.status != _lib.ERR_MISMATCH:
-                raise
-            self._broken = True
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._token = None
-        if self._hooks is not None:
-            h, self._hooks = self._hooks, None
-            return h.__exit__(*exc)
-        return False
-
-    def _end_iteration(self):
-        """All saved tensors of the previous forwards are gone: the
-        manager's iteration ends."""
-        if self._cur is not None:
+    # -- iteration
+    def end_iteration(self):
+        """Ends the manager's iteration: the saved tensors still held by a
+        graph are reloaded first (each record keeps its tensor), then the
+        manager resets. A warmup whose record is unusable (a forward that
+        raised, a changed structure) is thrown away: a new manager."""
+        core = self.core
+        if self.cur is not None:
             self._end_cur()
-        if self._chunks or self._broken:
+        if core.unpopped:
+            for ref in self.live:
+                r = ref()
+                if r is not None and r.cached is None and r.core is core:
+                    core.pop_record(r)
+        self.live = []
+        renew = self.broken or (self.abandoned and core.is_warmup())
+        if self.chunks and not renew:
             try:
-                self._core.reset()
+                core.reset()
             except OflError as e:
                 if e.status != _lib.ERR_MISMATCH:
                     raise
-                self._broken = True
-            if self._broken:
-                self._new_core()
-                self._broken = False
-        self._chunks = []
-        self._bwd = [0, 0]
-        self._cur = None
+                renew = core.is_warmup()
+        if renew:
+            self._new_core()
+        self.chunks = []
+        self.bwd = [0, 0]
+        self.cur = None
+        self.backward_seen = False
+        self.abandoned = False
 
-    def close(self):
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        if self._core is not None:
-            self._core.close()
-            self._core = None
+    def begin_forward(self):
+        core = self.core
+        if self.chunks and (self.backward_seen or self.abandoned or core.unpopped == 0):
+            self.end_iteration()
+            core = self.core
+        self.depth += 1
+        if not self.broken:
+            try:
+                core.chunk_begin(1, 0)
+            except OflError as e:
+                if e.status != _lib.ERR_MISMATCH:
+                    raise
+                self.broken = True
+                return
+            self.chunks.append([])
+
+    def end_forward(self, failed):
+        self.depth -= 1
+        if failed:
+            self.abandoned = True
+        elif self.depth == 0 and self.backward_seen and self.core.unpopped == 0:
+            self.end_iteration()
 
     # -- hooks
-    def _pack(self, t):
-        core = self._core
-        if (self._suspend or self._broken or t.device.type != core.device_type
-                or t.numel() * t.element_size() < self.min_offload_size
-                or isinstance(t, torch.nn.Parameter)):
-            return t
+    def pack(self, t, suspended):
+        core = self.core
+        if suspended or self.broken or (_current_node is not None and _current_node() is not None):
+            return core.keep(t)
         try:
-            core.group_start(_NAME)
+            r = core.pack_offload(t, _NAME)
         except OflError as e:
             if e.status != _lib.ERR_MISMATCH:
                 raise
-            self._broken = True
-            return t
-        r = core.pack(t)
-        core.commit(_NAME)
-        g = _G(self._token)
-        self._chunks[-1].append(g)
-        if not self.use_streams:
-            core.synchronize()
-        if r is not t:  # a record of the manager's (core.Saved)
-            r.group = g
+            self.broken = True
+            return core.keep(t)
+        if type(r) is core.Saved:
+            self.chunks[-1].append(r.group)
+            self.live.append(weakref.ref(r))
         return r
 
     def _end_cur(self):
-        g, self._cur = self._cur, None
-        g.ended = True
-        self._core.backward_end(_NAME)
+        g, self.cur = self.cur, None
+        self.core.backward_end(_NAME)
+        g.index = -2
 
     def _advance_to(self, g):
         """Runs the backward markers, in the manager's order (chunks first
-        in, first out; groups of a chunk in reverse), up to g."""
-        chunks = self._chunks
-        pos = self._bwd
-        while not g.begun:
-            if self._cur is not None:
+        in, first out; groups of a chunk in reverse), up to g (index -1: not
+        begun; -2: ended)."""
+        chunks = self.chunks
+        pos = self.bwd
+        while g.index == -1:
+            if self.cur is not None:
                 self._end_cur()
             ci, done = pos
             if ci >= len(chunks):
@@ -238,20 +215,225 @@ class OffloadActivations(contextlib.ContextDecorator):
                 continue
             nxt = groups[len(groups) - 1 - done]
             pos[1] += 1
-            self._core.backward_begin(_NAME)
-            nxt.begun = True
-            self._cur = nxt
+            self.core.backward_begin(_NAME)
+            nxt.index = 0
+            self.cur = nxt
 
-    def _unpack(self, r):
-        if type(r) is not self._core.Saved:
-            return r
+    def unpack(self, r):
+        core = self.core
+        if type(r) is not core.Saved:
+            return core.unpack(r)  # kept
+        if r.cached is not None or r.core is not core:
+            # used again (retain_graph), or of an earlier manager
+            return (r.core or core).unpack(r)
         g = r.group
-        if not g.begun:
+        if g.index == -1:
             self._advance_to(g)
-        t = self._core.unpack(r)
-        if self._cur is g:
+        x = core.unpack(r)
+        if self.cur is g:
             self._end_cur()
-        return t
+        self.backward_seen = True
+        if core.unpopped == 0 and self.depth == 0:
+            self.end_iteration()
+        return x
+
+
+class _Hooks:
+    """The pack and unpack hooks of one context object (without a reference
+    to it)."""
+
+    __slots__ = ("s", "suspend")
+
+    def __init__(self):
+        self.s = None
+        self.suspend = 0
+
+    def pack(self, t):
+        return self.s.pack(t, self.suspend)
+
+    def unpack(self, r):
+        s = self.s
+        if s is None:  # the context was closed: records it made still unpack
+            c = getattr(r, "core", None)
+            if c is None:
+                return unpack_detached(r)
+            return c.unpack(r)
+        return s.unpack(r)
+
+
+_sessions = {}  # key -> [_Session]
+_sessions_lock = threading.Lock()
+
+
+def _acquire(owner, key):
+    """A session for owner: one with the same settings whose owner is gone,
+    else a new one."""
+    with _sessions_lock:
+        lst = _sessions.setdefault(key, [])
+        for s in lst:
+            if s.owner is None or s.owner() is None:
+                s.owner = weakref.ref(owner)
+                break
+        else:
+            s = None
+    if s is None:
+        s = _Session(key)
+        s.owner = weakref.ref(owner)
+        with _sessions_lock:
+            _sessions[key].append(s)
+    return s
+
+
+class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.ContextDecorator):
+    """Offloads the activations saved for backward while it is entered
+    (torchtune's ``OffloadActivations``, same positional parameters), through
+    ofl's manager. ``model`` (keyword) names the model whose output head
+    and buffers are exempt; see the module doc."""
+
+    def __init__(self, use_pin_memory=True, use_streams=None, max_fwd_stash_size=5,
+                 min_offload_size=1024, *, model=None, warn_if_no_head=True):
+        if isinstance(use_pin_memory, torch.nn.Module):
+            raise TypeError("OffloadActivations: the model is a keyword argument "
+                            "(OffloadActivations(model=model) or offload_activations(model)); "
+                            "the first positional parameter is use_pin_memory, as in torchtune")
+        if int(max_fwd_stash_size) < 1:
+            raise ValueError("OffloadActivations: max_fwd_stash_size must be at least 1 (got %r)"
+                             % (max_fwd_stash_size,))
+        if int(min_offload_size) < 0:
+            raise ValueError("OffloadActivations: min_offload_size must be >= 0 bytes (got %r)"
+                             % (min_offload_size,))
+        self.use_pin_memory = bool(use_pin_memory)
+        self.use_streams = True if use_streams is None else bool(use_streams)
+        self.min_offload_size = int(min_offload_size)
+        self.max_fwd_stash_size = int(max_fwd_stash_size)
+        # the hooks hold no reference to this object (a context dropped
+        # after its `with` block is freed at once, and its manager goes to
+        # the next context)
+        self._hk = _Hooks()
+        super().__init__(self._hk.pack, self._hk.unpack)
+        self._s = None
+        self._depth = 0
+        self._thread = None
+        self._suspend = 0
+        self._handles = []
+        self._head = None
+        self._closed = False
+        if model is not None:
+            self._head = find_head(model)
+            if self._head is None and warn_if_no_head:
+                warnings.warn(
+                    "offload_activations: no output head was found on the model (model.output, "
+                    "model.output.linear when tied, or model.lm_head); the activations saved by "
+                    "the last layer are offloaded too, and brought back at once by backward. "
+                    "Pass warn_if_no_head=False to silence this", stacklevel=3)
+            for b in model.buffers():
+                b._ofl_not_offloadable = True
+
+    # -- the manager
+    def _session(self):
+        s = self._s
+        if s is None:
+            key = (self.max_fwd_stash_size if self.use_streams else 0,)
+            s = self._s = self._hk.s = _acquire(self, key)
+        return s
+
+    @property
+    def _core(self):
+        return self._session().core
+
+    # -- context
+    def __enter__(self):
+        me = threading.get_ident()
+        if self._depth > 0:
+            if self._thread != me:
+                raise RuntimeError(
+                    "offload_activations: this context is already entered in another thread; "
+                    "one context serves one thread at a time (make one per thread)")
+            self._depth += 1
+            return self
+        if not torch.is_grad_enabled():
+            self._depth = 1
+            self._thread = me
+            self._grad = False
+            return self
+        s = self._session()
+        s.begin_forward()
+        s.core.min_bytes = self.min_offload_size
+        self._grad = True
+        self._thread = me
+        self._depth = 1
+        self._hk.suspend = 0
+        head = self._head
+        if head is not None:
+            self._handles = [head.register_forward_pre_hook(self._head_pre),
+                             head.register_forward_hook(self._head_post, always_call=True)]
+        try:
+            super().__enter__()
+        except BaseException:
+            self._leave(True)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._depth == 0:
+            return False
+        self._depth -= 1
+        if self._depth > 0:
+            return False
+        if not self._grad:
+            self._thread = None
+            return False
+        try:
+            super().__exit__(exc_type, exc, tb)
+        finally:
+            self._leave(exc_type is not None)
+        return False
+
+    def _leave(self, failed):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._hk.suspend = 0
+        self._depth = 0
+        self._thread = None
+        s = self._s
+        if s is not None:
+            s.end_forward(failed)
+
+    def _head_pre(self, module, args):
+        self._hk.suspend += 1
+
+    def _head_post(self, module, args, output):
+        if self._hk.suspend > 0:
+            self._hk.suspend -= 1
+
+    def close(self):
+        """Ends the current iteration and lets go of the manager (kept for
+        the next context with the same settings). Idempotent. Raises while
+        saved tensors of a forward are still waiting for their backward."""
+        if self._depth > 0:
+            raise RuntimeError("offload_activations: close() inside the context; leave the "
+                               "`with` block first")
+        s = self._s
+        if s is None:
+            return
+        core = s.core
+        if core.unpopped:
+            raise RuntimeError(
+                "offload_activations: close() before backward: %d saved tensor(s) of the last "
+                "forward are still waiting for their backward (they are kept, nothing is lost); "
+                "run loss.backward() first, or drop the graph (del loss) before close()"
+                % core.unpopped)
+        if s.chunks:
+            s.end_iteration()
+        self._s = self._hk.s = None
+        s.owner = None
+
+    def __del__(self):
+        s = getattr(self, "_s", None)
+        if s is not None:
+            s.owner = None
+
 
     # -- observability
     def stats(self):
@@ -269,7 +451,7 @@ def offload_activations(model=None, use_pin_memory=True, use_streams=True, min_o
     """A context manager (and decorator) that offloads every saved activation
     of at least min_offload_size bytes through ofl. See the module doc for
     how it maps onto the manager."""
-    return OffloadActivations(model=model, use_pin_memory=use_pin_memory, use_streams=use_streams,
-                              min_offload_size=min_offload_size,
+    return OffloadActivations(use_pin_memory=use_pin_memory, use_streams=use_streams,
                               max_fwd_stash_size=max_fwd_stash_size,
-                              warn_if_no_head=warn_if_no_head)
+                              min_offload_size=min_offload_size, model=model,
+                              warn_if_no_head=warn_if_no_head and model is not None)
