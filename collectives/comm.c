@@ -7,6 +7,11 @@
 
 #include "collectives/comm_internal.h"
 
+/* nccl_abort_on_timeout took what was tail padding: programs built against
+ * the two-field struct pass the same size (LP64). */
+_Static_assert(sizeof(void *) != 8 || sizeof(ofl_comm_params_t) == 16,
+               "ofl_comm_params_t changed size");
+
 /* ---- blobs -----------------------------------------------------------------
  */
 

@@ -58,6 +58,16 @@ ofl_status_t ofl__comm_alloc(ofl_comm_kind_t kind,
 /* Formats up to a few rank numbers ("1, 3, 5 and 2 more") into buf. */
 void ofl__comm_format_ranks(const int *ranks, int n, char *buf, size_t cap);
 
+/* Deadline arithmetic saturates (a timeout of INT64_MAX ms means "wait",
+ * never a sum that wraps into the past): the deadline ms from now, and
+ * twice a timeout (what ranks other than 0 wait for rank 0). */
+static inline uint64_t ofl__comm_deadline(int64_t ms) {
+  return ofl__deadline_ns(ms < 0 ? 0 : ms);
+}
+static inline int64_t ofl__comm_twice_ms(int64_t ms) {
+  return ms > INT64_MAX / 2 ? INT64_MAX : 2 * ms;
+}
+
 /* Sleeps a little between polls: short at first, up to 1 ms. */
 void ofl__comm_poll_pause(unsigned *round);
 

@@ -99,9 +99,7 @@ static ofl_status_t mpi_fail(int rc, const char *what, int peer) {
                     what, text);
 }
 
-static uint64_t deadline_after(int64_t ms) {
-  return ofl__now_ns() + (uint64_t)ms * 1000000ull;
-}
+static uint64_t deadline_after(int64_t ms) { return ofl__comm_deadline(ms); }
 
 static bool past(uint64_t deadline) { return ofl__now_ns() >= deadline; }
 
@@ -387,7 +385,7 @@ static ofl_status_t root_check_gave_up(ofl_comm_t *c, mpi_impl_t *m) {
                     "operation %u (rank 0 called more than %lld ms after "
                     "them)",
                     n > 1 ? "s" : "", list, c->seq,
-                    (long long)(2 * c->timeout_ms));
+                    (long long)ofl__comm_twice_ms(c->timeout_ms));
   }
   free(who);
   return st;
@@ -486,7 +484,7 @@ static ofl_status_t peer_gather(ofl_comm_t *c, mpi_impl_t *m, const void *mine,
   wire_hdr_t r;
   /* Rank 0 may itself wait the full timeout for another rank before it
    * answers, so the others wait twice as long. */
-  uint64_t deadline = deadline_after(2 * c->timeout_ms);
+  uint64_t deadline = deadline_after(ofl__comm_twice_ms(c->timeout_ms));
   int rc = MPI_Isend(hdr, HDR_BYTES, MPI_BYTE, 0, TAG_HDR, m->comm, &sreq[0]);
   if (rc == MPI_SUCCESS && len)
     rc = MPI_Isend(data, (int)len, MPI_BYTE, 0, TAG_DATA, m->comm, &sreq[1]);
@@ -562,7 +560,7 @@ out:
     st = ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
                     "mpi comm: rank 0 did not answer rank %d within %lld ms "
                     "(died, never called, or stuck); check rank 0's log",
-                    c->rank, (long long)(2 * c->timeout_ms));
+                    c->rank, (long long)ofl__comm_twice_ms(c->timeout_ms));
   if (st != OFL_SUCCESS && !rank0_said) {
     unsigned char *note = malloc(4);
     MPI_Request nreq = MPI_REQUEST_NULL;

@@ -3,10 +3,13 @@
  * to the largest. The operation's own event is polled against the deadline
  * (and NCCL's asynchronous error checked) instead of synchronised, so a rank
  * that died or never calls becomes OFL_ERR_TIMEOUT here rather than a hang.
- * NCCL cannot say which rank is missing. After a timeout the communicator is
- * aborted (ncclCommAbort), so that the collective left on the stream ends
- * instead of blocking the application's later work; its buffers are then
- * leaked (a kernel may have been writing them). Buffers and the event are
+ * NCCL cannot say which rank is missing. After a timeout ofl aborts the
+ * communicator (ncclCommAbort, which ends the collective left on the stream)
+ * only when it created it or the application asked for it
+ * (ofl_comm_params_t.nccl_abort_on_timeout): the communicator is the
+ * application's and may be shared, so otherwise the message tells the
+ * application to abort it. The buffers of a failed gather are leaked (a
+ * kernel may still write them). Buffers and the event are
  * kept between gathers and grow only when a larger table comes: steady state
  * allocates nothing (docs/DESIGN.md section 3.1). */
 #include <ofl/version.h>
@@ -37,6 +40,7 @@ typedef struct nccl_impl {
   cudaStream_t stream;
   int device;
   bool nonblocking;
+  bool may_abort; /* after a timeout: ofl created comm, or was told to */
   bool aborted;
   cudaEvent_t done;   /* created at the first gather, kept */
   unsigned char *dev; /* device buffer, dev_cap bytes */
@@ -66,6 +70,31 @@ static ofl_status_t nccl_fail(ncclResult_t r, const char *what) {
                     "nccl comm: %s: %s; the NCCL communicator may be "
                     "unusable (ncclCommAbort it)",
                     what, ncclGetErrorString(r));
+}
+
+/* The collective stays on the stream until the communicator is aborted.
+ * ofl aborts it only when it may (a communicator it created, or the
+ * application asked for it): else the application, which may share it, is
+ * told to. */
+static ofl_status_t timed_out(ofl_comm_t *c, nccl_impl_t *m,
+                              const char *what) {
+  const char *fate = "was not aborted, since it is the application's: the "
+                     "all-gather may still be pending on the comm's stream; "
+                     "abort it (ncclCommAbort) before using that stream or "
+                     "the communicator again";
+  if (m->may_abort) {
+    ncclResult_t ar = ncclCommAbort(m->comm);
+    m->aborted = ar == ncclSuccess;
+    c->native_aborted = m->aborted;
+    fate = m->aborted ? "was aborted (ncclCommAbort), which freed it"
+                      : "could not be aborted";
+  }
+  return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
+                    "nccl comm: %s did not complete within the gather's %lld "
+                    "ms on rank %d of %d (a rank died, never called, or is "
+                    "stuck); the NCCL communicator %s; destroy this comm and "
+                    "create a new communicator",
+                    what, (long long)c->timeout_ms, c->rank, c->size, fate);
 }
 
 /* Polls until the work enqueued up to `done` completed or the deadline (of
@@ -102,22 +131,8 @@ static ofl_status_t wait_done(ofl_comm_t *c, nccl_impl_t *m, cudaEvent_t done,
       recorded = true;
       continue;
     }
-    if (ofl__now_ns() >= deadline) {
-      /* The collective stays on the stream until the communicator is
-       * aborted: abort it, so later work on the stream does not hang. */
-      ncclResult_t ar = ncclCommAbort(m->comm);
-      m->aborted = ar == ncclSuccess;
-      c->native_aborted = m->aborted;
-      return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_COLL,
-                        "nccl comm: %s did not complete within the gather's "
-                        "%lld ms on "
-                        "rank %d of %d (a rank died, never called, or is "
-                        "stuck); the NCCL communicator %s: destroy this comm "
-                        "and create a new communicator",
-                        what, (long long)c->timeout_ms, c->rank, c->size,
-                        ar == ncclSuccess ? "was aborted (ncclCommAbort)"
-                                          : "could not be aborted");
-    }
+    if (ofl__now_ns() >= deadline)
+      return timed_out(c, m, what);
     ofl__comm_poll_pause(&round);
   }
 }
@@ -213,7 +228,7 @@ static ofl_status_t gather_on_device(ofl_comm_t *c, nccl_impl_t *m,
                                      ofl__blobs_t *out) {
   size_t n = (size_t)c->size;
   /* one deadline for the whole gather (both all-gathers, their copies) */
-  uint64_t deadline = ofl__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+  uint64_t deadline = ofl__comm_deadline(c->timeout_ms);
   OFL_CHECK(reserve(m, HDR_BYTES * n, HDR_BYTES * n));
   unsigned char *hdr = m->host;
   unsigned char *own = hdr + HDR_BYTES * (size_t)c->rank;
@@ -375,6 +390,8 @@ ofl_status_t ofl_comm_create_nccl_handle(const void *nccl_comm,
   m->stream = (cudaStream_t)cuda_stream;
   m->device = device;
   m->nonblocking = params != NULL && params->nccl_nonblocking == 1;
+  /* The communicator is the application's: aborted only when it says so. */
+  m->may_abort = params != NULL && params->nccl_abort_on_timeout == 1;
   if (!m->nonblocking)
     OFL_INFO(OFL_SUBSYS_COLL,
              "nccl comm rank %d of %d: a blocking communicator (or one not "

@@ -14,7 +14,9 @@
  * deadline: a rank that died or never calls shows up as OFL_ERR_TIMEOUT (or
  * OFL_ERR_MPI / OFL_ERR_NCCL) on the others, with a message naming the ranks
  * that did not answer, never as a hang. After such a failure the comm refuses
- * further operations; destroy it and create a new one. */
+ * further operations; destroy it and create a new one. A timeout can leave
+ * the application's NCCL communicator with a collective pending on its
+ * stream: see nccl_abort_on_timeout for what the application must do. */
 #ifndef OFL_COMM_H
 #define OFL_COMM_H
 
@@ -37,7 +39,8 @@ typedef struct ofl_comm_params {
   /* Deadline of each collective operation (and of the creation of an MPI
    * comm), in ms; < 0: OFL_WAIT_TIMEOUT_MS. Ranks other than rank 0 wait up to
    * twice this long for rank 0's answer, so that rank 0 can tell them which
-   * rank was missing. */
+   * rank was missing. Any value up to INT64_MAX (no practical limit) is
+   * taken as is: deadlines saturate, they never wrap. */
   int64_t timeout_ms;
   /* NCCL comms: 1 when the communicator was created nonblocking
    * (ncclConfig_t.blocking = 0), 0 when blocking, -1 unknown (taken as
@@ -45,15 +48,27 @@ typedef struct ofl_comm_params {
    * a gather (all its rounds together) is bounded by timeout_ms; with a blocking one the
    * NCCL call itself may block before ofl's deadline can act (while it
    * connects to its peers), so create it with blocking = 0 for bounded
-   * waits. After a timeout ofl aborts the communicator (ncclCommAbort), so
-   * that the kernel left on the stream ends instead of hanging later work;
-   * ncclCommAbort frees it, so the application must not destroy it again
-   * (ofl_comm_nccl_aborted says so) and creates a new one. */
+   * waits. */
   int nccl_nonblocking;
+  /* NCCL comms: what happens to the application's communicator when an
+   * operation times out. ofl aborts only communicators it created (none
+   * today: it wraps the application's) or, with 1 here, the application's
+   * (ncclCommAbort, which frees it: the application must not destroy or use
+   * it again; ofl_comm_nccl_aborted says it happened). Otherwise (0, or -1:
+   * the default) ofl leaves it alone, since the application may share it:
+   * the timed-out all-gather may still be pending on the comm's stream, so
+   * the communicator and that stream may be unusable. The application then
+   * aborts the communicator itself (ncclCommAbort, on every rank that
+   * timed out) before it uses the stream or the communicator again, or
+   * waits for the missing ranks. Either way it destroys this ofl comm and,
+   * to go on, creates a new communicator. Appended after the others: it lies in
+   * what was the struct's tail padding (its size is unchanged on LP64), and
+   * only the value 1 turns it on. */
+  int nccl_abort_on_timeout;
 } ofl_comm_params_t;
 
 #define OFL_COMM_PARAMS_INIT                                                   \
-  { -1, -1 }
+  { -1, -1, -1 }
 
 /* A one-rank comm (rank 0 of 1). params may be NULL. */
 OFL_API ofl_status_t ofl_comm_create_self(const ofl_comm_params_t *params,
@@ -89,9 +104,11 @@ OFL_API int64_t ofl_comm_timeout_ms(const ofl_comm_t *comm);
  * the comm refuses further operations. */
 OFL_API int ofl_comm_is_broken(const ofl_comm_t *comm);
 /* NCCL comms: nonzero when an operation timed out and ofl aborted the
- * application's communicator (ncclCommAbort, which also frees it): the
- * application must not destroy or use that ncclComm_t again; it destroys
- * this ofl comm and creates a new communicator. 0 for other kinds. */
+ * application's communicator (ncclCommAbort, which also frees it; only with
+ * ofl_comm_params_t.nccl_abort_on_timeout = 1): the application must not
+ * destroy or use that ncclComm_t again; it destroys this ofl comm and
+ * creates a new communicator. 0 for other kinds, and after a timeout that
+ * left the communicator to the application (see nccl_abort_on_timeout). */
 OFL_API int ofl_comm_nccl_aborted(const ofl_comm_t *comm);
 
 /* Waits until every rank of the comm has called it (deadline as above). */

@@ -155,6 +155,7 @@ static int main_nccl(int wr, int wn, const char *mode, int nonblocking) {
   ofl_comm_params_t p = OFL_COMM_PARAMS_INIT;
   p.timeout_ms = TIMEOUT_MS;
   p.nccl_nonblocking = nonblocking;
+  p.nccl_abort_on_timeout = 1; /* the abort ends the pending all-gather */
   ofl_comm_t *comm = NULL;
   if (nccl_open(wr, wn, nonblocking) != 0 ||
       ofl_comm_create_nccl(g_nccl, g_stream, &p, &comm) != OFL_SUCCESS) {

@@ -1,7 +1,8 @@
 /* The cuda backend inside an application's GPU program: the caller's device
  * stays the caller's, the application's own streams are ordered, releases
  * never run inside host functions, commit never waits for copies, steady
- * state allocates nothing, NCCL timeouts abort the communicator. On the
+ * state allocates nothing, NCCL gathers are bounded (an unbounded timeout
+ * saturates) and abort only a communicator they may. On the
  * cudasim stand-in (the counters and the second device come from it). */
 #include <criterion/criterion.h>
 #include "tests/cr_assert.h"
@@ -456,8 +457,8 @@ Test(cuda_interop, steady_state_makes_no_allocation_free_or_registration) {
   env_close(&e);
 }
 
-/* ---- 6: NCCL gathers are bounded and abort after a timeout ----------------
- */
+/* ---- 6: NCCL gathers are bounded; a timeout aborts the communicator only
+ * when the application asked for it -------------------------------------- */
 
 typedef struct {
   ncclUniqueId id;
@@ -466,6 +467,8 @@ typedef struct {
   cudaStream_t stream;
   ofl_comm_t *oc;
   int barriers;
+  int64_t timeout_ms;    /* 0: 500 */
+  int abort_on_timeout;  /* ofl_comm_params_t.nccl_abort_on_timeout */
   ofl_status_t last;
   char msg[512];
 } nccl_rank_t;
@@ -489,8 +492,9 @@ static void *nccl_rank_main(void *arg) {
   if (nccl_rank_init(r) != ncclSuccess)
     return NULL;
   ofl_comm_params_t p = OFL_COMM_PARAMS_INIT;
-  p.timeout_ms = 500;
+  p.timeout_ms = r->timeout_ms ? r->timeout_ms : 500;
   p.nccl_nonblocking = 1;
+  p.nccl_abort_on_timeout = r->abort_on_timeout;
   r->last = ofl_comm_create_nccl(r->comm, r->stream, &p, &r->oc);
   for (int i = 0; i < r->barriers && r->last == OFL_SUCCESS; i++)
     r->last = ofl_comm_barrier(r->oc);
@@ -512,6 +516,37 @@ static void *barrier_main(void *arg) {
   cudaSetDevice(r->rank); /* the rank's thread sits on its GPU */
   r->last = ofl_comm_barrier(r->oc);
   snprintf(r->msg, sizeof r->msg, "%s", ofl_last_error());
+  return NULL;
+}
+
+/* A summary gather to every rank of a table whose bytes name the rank
+ * (group "g", 1000 + rank); r->last is the status, or OFL_ERR_CORRUPT when
+ * a rank's bytes are wrong. */
+static void *table_gather_main(void *arg) {
+  nccl_rank_t *r = arg;
+  cudaSetDevice(r->rank);
+  ofl_byte_table_t *tb = NULL;
+  ofl_summary_t *sum = NULL;
+  r->last = ofl_byte_table_create(&tb);
+  if (r->last == OFL_SUCCESS)
+    r->last = ofl_byte_table_add(tb, "g", 1000 + (uint64_t)r->rank);
+  if (r->last == OFL_SUCCESS)
+    r->last = ofl_summary_gather(r->oc, tb, 0, &sum);
+  snprintf(r->msg, sizeof r->msg, "%s", ofl_last_error());
+  if (r->last == OFL_SUCCESS) {
+    size_t g = 0;
+    long wrong = ofl_summary_nranks(sum) != 2 ||
+                 ofl_summary_find_group(sum, "g", &g) != OFL_SUCCESS;
+    for (int k = 0; k < 2 && !wrong; k++)
+      wrong += ofl_summary_bytes(sum, k, g) != 1000 + (uint64_t)k;
+    if (wrong) {
+      r->last = OFL_ERR_CORRUPT;
+      snprintf(r->msg, sizeof r->msg, "rank %d: wrong gathered bytes",
+               r->rank);
+    }
+  }
+  ofl_summary_destroy(sum);
+  ofl_byte_table_destroy(tb);
   return NULL;
 }
 
@@ -552,12 +587,25 @@ Test(cuda_interop, nccl_gather_keeps_its_buffers_between_operations) {
   }
 }
 
-Test(cuda_interop, nccl_timeout_aborts_the_communicator) {
+/* Waits (bounded) until the stream is idle; its last answer. */
+static cudaError_t stream_drained(cudaStream_t s) {
+  cudaError_t q = cudaErrorNotReady;
+  for (int i = 0; i < 2000 && q == cudaErrorNotReady; i++) {
+    q = cudaStreamQuery(s);
+    if (q == cudaErrorNotReady)
+      usleep(1000);
+  }
+  (void)cudaGetLastError();
+  return q;
+}
+
+Test(cuda_interop, nccl_timeout_aborts_the_communicator_when_asked) {
   sim();
   nccl_rank_t r[2];
   two_ranks(r);
   r[0].barriers = 1; /* rank 1 never calls */
   r[1].barriers = 0;
+  r[0].abort_on_timeout = 1;
   pthread_t t[2];
   for (int i = 0; i < 2; i++)
     pthread_create(&t[i], NULL, nccl_rank_main, &r[i]);
@@ -571,20 +619,88 @@ Test(cuda_interop, nccl_timeout_aborts_the_communicator) {
   cr_assert(eq(int, ofl_comm_nccl_aborted(r[1].oc), 0));
   /* The collective left on the stream ended: the stream drains. */
   CUDA_OK(cudaSetDevice(0));
-  cudaError_t q = cudaErrorNotReady;
-  for (int i = 0; i < 2000 && q == cudaErrorNotReady; i++) {
-    q = cudaStreamQuery(r[0].stream);
-    if (q == cudaErrorNotReady)
-      usleep(1000);
-  }
-  (void)cudaGetLastError();
-  cr_assert(ne(int, (int)q, (int)cudaErrorNotReady),
+  cr_assert(ne(int, (int)stream_drained(r[0].stream), (int)cudaErrorNotReady),
             "the aborted collective still holds the stream");
   ofl_comm_destroy(r[0].oc);
   ofl_comm_destroy(r[1].oc);
   ncclCommAbort(r[1].comm);
   cudaStreamDestroy(r[0].stream);
   cudaStreamDestroy(r[1].stream);
+}
+
+/* The communicator is the application's (it may share it): by default a
+ * timeout leaves it alone and says what to do; the application aborts it
+ * (on the stand-in, an abort of a communicator ofl had aborted already is
+ * misuse, a double free with NCCL). */
+Test(cuda_interop, nccl_timeout_leaves_the_applications_communicator_alone) {
+  sim();
+  nccl_rank_t r[2];
+  two_ranks(r);
+  r[0].barriers = 1; /* rank 1 never calls */
+  r[1].barriers = 0;
+  r[0].timeout_ms = 300;
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    pthread_create(&t[i], NULL, nccl_rank_main, &r[i]);
+  for (int i = 0; i < 2; i++)
+    pthread_join(t[i], NULL);
+  cr_assert(eq(int, r[0].last, OFL_ERR_TIMEOUT), "%s", r[0].msg);
+  cr_assert(strstr(r[0].msg, "was not aborted") != NULL, "%s", r[0].msg);
+  cr_assert(strstr(r[0].msg, "abort it (ncclCommAbort)") != NULL, "%s",
+            r[0].msg);
+  cr_assert(ofl_comm_is_broken(r[0].oc));
+  cr_assert(eq(int, ofl_comm_nccl_aborted(r[0].oc), 0));
+  /* not aborted: no asynchronous error (an aborted one says
+   * ncclSystemError), and the all-gather still holds the stream */
+  ncclResult_t async = ncclInternalError;
+  cr_assert(eq(int, ncclCommGetAsyncError(r[0].comm, &async), ncclSuccess));
+  cr_assert(eq(int, async, ncclSuccess), "async error %d", async);
+  CUDA_OK(cudaSetDevice(0));
+  cr_assert(eq(int, (int)cudaStreamQuery(r[0].stream),
+               (int)cudaErrorNotReady));
+  (void)cudaGetLastError();
+  /* what the application does: abort its communicator, and the stream
+   * drains */
+  cr_assert(eq(int, ncclCommAbort(r[0].comm), ncclSuccess));
+  cr_assert(ne(int, (int)stream_drained(r[0].stream), (int)cudaErrorNotReady),
+            "the collective still holds the stream after the abort");
+  ofl_comm_destroy(r[0].oc);
+  ofl_comm_destroy(r[1].oc);
+  ncclCommAbort(r[1].comm);
+  cudaStreamDestroy(r[0].stream);
+  cudaStreamDestroy(r[1].stream);
+}
+
+/* A timeout of INT64_MAX ms (no practical limit) is a deadline that never
+ * passes, not one that wraps into the past: gathers and barriers complete,
+ * with every rank's data. */
+Test(cuda_interop, nccl_gather_with_an_unbounded_timeout_completes) {
+  sim();
+  nccl_rank_t r[2];
+  two_ranks(r);
+  for (int i = 0; i < 2; i++) {
+    r[i].barriers = 3;
+    r[i].timeout_ms = INT64_MAX;
+  }
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    pthread_create(&t[i], NULL, nccl_rank_main, &r[i]);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(t[i], NULL);
+    cr_assert(eq(int, r[i].last, OFL_SUCCESS), "rank %d: %s", i, r[i].msg);
+    cr_assert(eq(i64, ofl_comm_timeout_ms(r[i].oc), INT64_MAX));
+  }
+  for (int i = 0; i < 2; i++)
+    pthread_create(&t[i], NULL, table_gather_main, &r[i]);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(t[i], NULL);
+    cr_assert(eq(int, r[i].last, OFL_SUCCESS), "rank %d: %s", i, r[i].msg);
+  }
+  for (int i = 0; i < 2; i++) {
+    ofl_comm_destroy(r[i].oc);
+    cr_assert(eq(int, ncclCommDestroy(r[i].comm), ncclSuccess));
+    cudaStreamDestroy(r[i].stream);
+  }
 }
 
 /* Rank 1 of the deadline test: not ofl, but the first round of ofl's gather
@@ -642,6 +758,7 @@ Test(cuda_interop, nccl_gather_deadline_covers_all_its_rounds) {
   ofl_comm_params_t p = OFL_COMM_PARAMS_INIT;
   p.timeout_ms = 500 * k;
   p.nccl_nonblocking = 1;
+  p.nccl_abort_on_timeout = 1; /* the abort ends rank 1's wait below */
   OK(ofl_comm_create_nccl(r[0].comm, r[0].stream, &p, &r[0].oc));
   ofl_byte_table_t *tb = NULL;
   OK(ofl_byte_table_create(&tb));
