@@ -56,6 +56,12 @@
  *   call inside a host function: ncclInvalidUsage there, and
  *   ncclUnhandledCudaError for an injected error), except ncclGetErrorString
  *   and ncclGetLastError, which cannot fail.
+ * - CUDASIM_NCCL_LAZY_CONNECT=1 models NCCL 2.22+'s lazy connection
+ *   (NCCL_RUNTIME_CONNECT): a blocking communicator's first collective
+ *   called outside a group waits in the call until every rank has called
+ *   its first one (or the communicator is aborted). A rank still waiting
+ *   after CUDASIM_NCCL_CONNECT_MS (default 10000) is reported as misuse
+ *   instead of hanging as NCCL would.
  * Not modelled: ncclCommSplit/Shrink, ncclReduce, ReduceScatter, AlltoAll,
  * Send/Recv, user buffer registration, fp16/bf16/fp8 reductions (gather and
  * broadcast move any type), NCCL_* environment variables. */
@@ -111,6 +117,7 @@ typedef struct {
   _Atomic uint64_t magic;
   _Atomic uint32_t nranks;
   _Atomic uint32_t joined;
+  _Atomic uint32_t connected; /* ranks that made their first collective */
   _Atomic uint32_t aborted_by; /* rank + 1 of the first rank that aborted */
   _Atomic uint32_t failed;     /* a rank gave up before every rank joined */
   _Atomic uint64_t aborted_ns; /* CLOCK_MONOTONIC of that abort */
@@ -167,6 +174,7 @@ struct ncclComm {
   _Atomic int async;   /* the asynchronous error (ncclSuccess, or sticky) */
   _Atomic int refs;    /* the user's + one per operation not yet finished */
   int blocking, finalized;
+  int connected; /* this rank made its first collective (lazy connection) */
   int nranks, rank, device;
   char name[64];
   mapping_t *map;
@@ -803,6 +811,47 @@ static uint64_t remote_delay_ns(void) {
   return (uint64_t)x * 1000000ull;
 }
 
+static int64_t env_ms(const char *name, int64_t def) {
+  const char *e = getenv(name);
+  int64_t x = e != NULL && *e != 0 ? (int64_t)strtoll(e, NULL, 10) : def;
+  return x < 0 ? 0 : x;
+}
+
+/* CUDASIM_NCCL_LAZY_CONNECT=1: a blocking communicator's first collective
+ * outside a group waits in the call for every rank's first one, as NCCL
+ * 2.22+ connects there; 0 when connected, else the error to return. */
+static ncclResult_t lazy_connect(struct ncclComm *c, const char *api) {
+  static _Atomic int on = -1;
+  if (atomic_load(&on) < 0)
+    atomic_store(&on, (int)env_ms("CUDASIM_NCCL_LAZY_CONNECT", 0) != 0);
+  if (!atomic_load(&on) || !c->blocking || c->connected || c->map == NULL)
+    return ncclSuccess;
+  shm_hdr_t *h = c->map->hdr;
+  atomic_fetch_add(&h->connected, 1);
+  c->connected = 1;
+  uint64_t limit = (uint64_t)env_ms("CUDASIM_NCCL_CONNECT_MS", 10000) *
+                   1000000ull;
+  uint64_t t0 = mono_ns();
+  unsigned round = 0;
+  while (atomic_load(&h->connected) < (uint32_t)c->nranks) {
+    if (atomic_load(&c->aborted) || atomic_load(&h->aborted_by))
+      return ncclRemoteError;
+    if (mono_ns() - t0 > limit) {
+      cudasim__misuse("%s: rank %d's first collective on a blocking "
+                      "communicator waited %llu ms in the call for the other "
+                      "ranks' first collectives (NCCL 2.22+ connects there: "
+                      "a rank that calls it alone hangs)",
+                      api, c->rank,
+                      (unsigned long long)((mono_ns() - t0) / 1000000ull));
+      return ncclInvalidUsage;
+    }
+    pause_round(&round);
+    if (round > 2000)
+      round = 1000;
+  }
+  return ncclSuccess;
+}
+
 static ncclResult_t op_stop(op_t *o, volatile int *abort) {
   struct ncclComm *c = o->comm;
   /* written by cudasim__abort_ops with an atomic store */
@@ -1037,6 +1086,8 @@ static ncclResult_t collective(uint32_t kind, const void *send, void *recv,
   }
   if (count == 0)
     return ncclSuccess; /* NCCL launches nothing for an empty collective */
+  if (t_group_depth == 0 && (r = lazy_connect(c, api)) != ncclSuccess)
+    return r;
   uint64_t slot = atomic_load(&c->map->hdr->slot_bytes);
   if (count > slot / ts) {
     say("%s: %zu elements of %zu bytes exceed the stand-in's %llu bytes per "
