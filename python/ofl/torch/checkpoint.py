@@ -9,16 +9,27 @@ reader) and a torch.distributed.checkpoint AsyncStager over ofl's stager.
 * ``load_safetensors(path, device="cpu")``: every tensor of the file, read
   with ofl_safetensors_open (strict header checks), as a dict name -> tensor.
 * ``AsyncStager(cache_staged_state_dict=False, type_check=False)``: stage()
-  copies every tensor of a (nested) state dict into host memory with
-  ofl_stager_stage (one copy per distinct storage; tensors sharing a storage
-  share it in the staged copy too) and returns the same structure with the
-  tensors replaced by CPU tensors over the staged memory (no second copy;
-  the staged set lives until the last of them is freed). With
-  cache_staged_state_dict the host copy is kept and reused by the next
-  stage (overwritten, as torch's BlockingAsyncStager does); type_check then
-  makes a different layout an error. Staging is blocking (stage returns
-  when the copies are done), so should_synchronize_after_execute is False.
-  Non-tensor values pass through unchanged.
+  returns a deep copy of the state dict with every tensor in host memory,
+  copied by ofl_stager_stage. It copies as torch's StateDictStager does:
+  through any container or object (dicts, lists, tuples, namedtuples,
+  dataclasses, objects with __dict__ or __slots__, through __reduce_ex__ like
+  copy.deepcopy, or their own __deepcopy__), with a memo, so an object
+  reached twice is copied once and cycles close; non-tensor values are
+  deep-copied (atomic ones and unchanged tuples kept). Each distinct tensor
+  storage is staged whole, once: views come back as views of one staged
+  storage, at the same offsets and strides, and a tensor's custom
+  attributes (its __dict__, deep-copied) and requires_grad come along. The
+  staged tensors are CPU tensors over ofl's staged set (no second copy; it
+  lives until the last of them is freed). ofl copies on its stream while
+  stage() builds the torch storages, and stage() returns once the copies are
+  complete, so should_synchronize_after_execute is False and
+  synchronize_staging has nothing to wait for. Tensors ofl cannot stage
+  (other devices, meta, sparse or quantized) raise ValueError naming where
+  they are in the state dict; stage after close raises RuntimeError. With
+  cache_staged_state_dict the host copy is kept and reused by the next stage
+  of the same layout (overwritten, as torch's BlockingAsyncStager does);
+  type_check then makes a different layout an error naming the tensor.
+  bench/bench_stager.py compares stage() with torch's stagers.
 """
 import copyreg
 import ctypes
