@@ -38,10 +38,14 @@ OFL_MIN_OFFLOAD_ELEMS, else 1048576); tensors below it are never handed to
 ofl (they stay in Python, uncounted by the C statistics).
 """
 import contextlib
+import functools
 import os
+import re
 
 import torch
 
+from .. import _lib
+from .._errors import OflError
 from ._core import ManagerCore, _env_int
 
 __all__ = [
@@ -51,6 +55,57 @@ __all__ = [
     "disable_offload", "enable_offload", "forward_record", "backward_record",
     "reset", "get_context",
 ]
+
+
+# The C calls behind the Python ones, as a Python user typed them.
+_PY_NAMES = [
+    (re.compile(r'ofl_manager_group_start\("([^"]*)"\)'),
+     r'fine_grained_offloading_group_start(tensor, "\1")'),
+    (re.compile(r'ofl_manager_group_commit\("([^"]*)"\)'),
+     r'fine_grained_offloading_group_commit(tensor, "\1")'),
+    (re.compile(r"ofl_manager_group_backward_begin"),
+     "the backward of fine_grained_offloading_group_commit"),
+    (re.compile(r"ofl_manager_group_backward_end"),
+     "the backward of fine_grained_offloading_group_start"),
+    (re.compile(r"ofl_manager_group_start"), "fine_grained_offloading_group_start"),
+    (re.compile(r"ofl_manager_group_commit"), "fine_grained_offloading_group_commit"),
+    (re.compile(r"ofl_manager_flush_delayed_groups"), "flush_delayed_groups()"),
+    (re.compile(r"ofl_manager_chunk_begin"), "init_chunk_handler"),
+    (re.compile(r"ofl_manager_reset"), "reset()"),
+    (re.compile(r"ofl_manager_tensor_push"), "saving a tensor for backward"),
+    (re.compile(r"ofl_manager_tensor_pop"), "unpacking a saved tensor"),
+]
+
+
+def _pythonize(text):
+    for rx, repl in _PY_NAMES:
+        text = rx.sub(repl, text)
+    return text
+
+
+def _py_errors(call):
+    """Decorator: ofl errors raised inside the Python call ``call`` name the
+    Python calls, not the C ones."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*a, **kw):
+            try:
+                return fn(*a, **kw)
+            except OflError as e:
+                raise OflError(e.status, _pythonize(e.message), call) from None
+        return inner
+    return wrap
+
+
+def _check_name(call, name):
+    if not isinstance(name, (str, bytes)) or not name:
+        raise TypeError("%s: name must be a non-empty str (a group name such as \"core_attn\"), "
+                        "got %r" % (call, name))
+
+
+def _check_tensor(call, arg, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s: %s must be a torch.Tensor, got %s" % (call, arg, type(t).__name__))
 
 
 class PipelineOffloadManager:
@@ -72,10 +127,15 @@ class PipelineOffloadManager:
         if unknown:
             raise TypeError("PipelineOffloadManager: unknown knob(s) %s" % sorted(unknown))
         knobs.setdefault("summary", True)
-        self._core = ManagerCore(groups=groups, **knobs)
-        self._core.min_elems = _env_int("OFL_MIN_OFFLOAD_ELEMS", 1 << 20)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._core.pack, self._core.unpack)
+        self._knobs = dict(knobs, groups=groups)
+        self._new_core()
         self._depth = 0
+
+    def _new_core(self, min_elems=None):
+        self._core = ManagerCore(**self._knobs)
+        self._core.min_elems = (_env_int("OFL_MIN_OFFLOAD_ELEMS", 1 << 20) if min_elems is None
+                                else min_elems)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._core.pack, self._core.unpack)
 
     # -- singleton
     @classmethod
@@ -111,6 +171,7 @@ class PipelineOffloadManager:
         return self._hooks.__exit__(*exc)
 
     # -- chunks and iterations
+    @_py_errors("init_chunk_handler")
     def init_model_chunk_offload_handler(self, vp_size=None, vp_stage=None,
                                          min_offloaded_tensor_size=None):
         core = self._core
@@ -119,14 +180,41 @@ class PipelineOffloadManager:
         core.set_forward_only(not torch.is_grad_enabled())
         core.chunk_begin(vp_size or 1, vp_stage or 0)
 
+    @_py_errors("reset()")
     def reset(self):
         """End of a schedule call (training or evaluation). The first one
-        after a training pass ends the warmup and prints the summary."""
+        after a training pass ends the warmup and prints the summary.
+
+        After a step abandoned by an exception (groups left open, backward
+        never run) it recovers: the open groups are closed, the saved
+        tensors of the step are dropped, and a warmup that the step cut
+        short starts again with the next step."""
         core = self._core
+        abandoned = bool(core.open)
+        if abandoned:
+            for g in reversed(list(core.open)):
+                try:
+                    core.commit(g.name)
+                except OflError:
+                    core.open.remove(g) if g in core.open else None
+        was_warmup = core.is_warmup()
         try:
             core.reset()
+        except OflError as e:
+            if not abandoned:
+                raise
+            if e.status != _lib.ERR_MISMATCH and core.open:
+                raise
+            abandoned = True
         finally:
             core.set_forward_only(False)
+        if abandoned and was_warmup:
+            # the warmup's record is of a cut step: a new manager records anew
+            min_elems = core.min_elems
+            enabled = core.enabled
+            core.close()
+            self._new_core(min_elems)
+            self._core.set_enabled(enabled)
 
     def disable_offload(self):
         self._core.set_enabled(False)
@@ -208,16 +296,31 @@ def _torch_stream(native):
 # ---- identity autograd markers ----------------------------------------------------
 
 
+def _once(ctx, call):
+    """A marker's backward runs once per forward (Megatron's interface)."""
+    if ctx.ran and ctx.core.enabled:
+        raise RuntimeError(
+            "ofl.torch: the backward of %s(tensor, %r) ran a second time (retain_graph=True, "
+            "or a second backward through the same graph). Megatron-style offloading supports "
+            "one backward per forward, as Megatron-Core does: use "
+            "ofl.torch.offload_activations() for graphs used more than once, or call "
+            "disable_offload() for such steps" % (call, ctx.name.decode()))
+    ctx.ran = True
+
+
 class _GroupStart(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, core, name):
         core.group_start(name)
         ctx.core = core
         ctx.name = name
+        ctx.ran = False
         return tensor
 
     @staticmethod
+    @_py_errors("backward of fine_grained_offloading_group_start")
     def backward(ctx, grad):
+        _once(ctx, "fine_grained_offloading_group_start")
         ctx.core.backward_end(ctx.name)
         return grad, None, None
 
@@ -228,10 +331,13 @@ class _GroupCommit(torch.autograd.Function):
         core.commit(name, forced or (), delay)
         ctx.core = core
         ctx.name = name
+        ctx.ran = False
         return tensor
 
     @staticmethod
+    @_py_errors("backward of fine_grained_offloading_group_commit")
     def backward(ctx, grad):
+        _once(ctx, "fine_grained_offloading_group_commit")
         ctx.core.backward_begin(ctx.name)
         return grad, None, None, None, None
 
@@ -254,24 +360,61 @@ def _bname(name):
     return name.encode() if isinstance(name, str) else name
 
 
+def _check_grad(call, t):
+    if torch.is_grad_enabled() and not t.requires_grad:
+        raise ValueError(
+            "%s: the tensor does not require grad, so the group's backward marker would never "
+            "run; pass the module input (or output) that autograd differentiates through, or "
+            "run a forward-only pass under torch.no_grad()" % call)
+
+
+@_py_errors("fine_grained_offloading_group_start")
 def fine_grained_offloading_group_start(tensor, name):
     """Marks the start of group ``name``; returns the tensor (identity) that
     must replace the module input."""
+    call = "fine_grained_offloading_group_start"
+    _check_tensor(call, "tensor", tensor)
+    _check_name(call, name)
     mgr = PipelineOffloadManager.get_instance()
     core = mgr._core
     if not torch.is_grad_enabled():
         core.set_forward_only(True)
+    else:
+        _check_grad(call, tensor)
     return _GroupStart.apply(tensor, core, _bname(name))
 
 
+@_py_errors("fine_grained_offloading_group_commit")
 def fine_grained_offloading_group_commit(tensor, name, forced_released_tensors=None,
                                          delay_offload=False):
     """Ends group ``name`` (it must be open: another name is an ofl error)
     and offloads its saved tensors after the compute so far;
     forced_released_tensors lose their storage once copied. ``tensor`` may be
     a tensor, a tuple or a list (the marker goes on element 0)."""
+    call = "fine_grained_offloading_group_commit"
+    _check_name(call, name)
+    if isinstance(tensor, (tuple, list)):
+        if not tensor:
+            raise TypeError("%s: tensor is an empty %s; pass the module output (a tensor, or a "
+                            "tuple whose first element is a tensor)" % (call, type(tensor).__name__))
+        _check_tensor(call, "tensor[0]", tensor[0])
+        first = tensor[0]
+    else:
+        _check_tensor(call, "tensor", tensor)
+        first = tensor
+    if forced_released_tensors is None:
+        forced = []
+    elif isinstance(forced_released_tensors, (list, tuple)):
+        forced = list(forced_released_tensors)
+        for i, f in enumerate(forced):
+            if f is not None:
+                _check_tensor(call, "forced_released_tensors[%d]" % i, f)
+    else:
+        raise TypeError("%s: forced_released_tensors must be a list of tensors, got %s"
+                        % (call, type(forced_released_tensors).__name__))
     core = PipelineOffloadManager.get_instance()._core
-    forced = list(forced_released_tensors or ())
+    if torch.is_grad_enabled():
+        _check_grad(call, first)
     bn = _bname(name)
     if isinstance(tensor, (tuple, list)):
         items = list(tensor)
@@ -280,11 +423,13 @@ def fine_grained_offloading_group_commit(tensor, name, forced_released_tensors=N
     return _GroupCommit.apply(tensor, core, bn, forced, bool(delay_offload))
 
 
+@_py_errors("init_chunk_handler")
 def init_chunk_handler(vp_size=None, vp_stage=None, min_offloaded_tensor_size=None):
     PipelineOffloadManager.get_instance().init_model_chunk_offload_handler(
         vp_size, vp_stage, min_offloaded_tensor_size)
 
 
+@_py_errors("flush_delayed_groups()")
 def flush_delayed_groups():
     PipelineOffloadManager.get_instance().flush_delayed_groups()
 
@@ -292,6 +437,7 @@ def flush_delayed_groups():
 def mark_not_offloadable(tensor):
     """The tensor is never offloaded (Megatron sets it on parameters)."""
     if tensor is not None:
+        _check_tensor("mark_not_offloadable", "tensor", tensor)
         tensor._ofl_not_offloadable = True
         tensor.offloading_activation = False
     return tensor
