@@ -148,8 +148,9 @@ def main():
     runs = int(os.environ.get("OFL_BENCH_RUNS", "7"))
     sd = make_state()
     mib = state_bytes(sd) / 2**20
-    print("== stage() of a %.1f MiB state dict, torch %s, %d threads, ofl backend %s, median of %d runs"
-          % (mib, torch.__version__, torch.get_num_threads(), os.environ["OFL_BACKEND"], runs))
+    print("== stage() of a %.1f MiB state dict, torch %s, %d threads, ofl backend %s, "
+          "%d runs" % (mib, torch.__version__, torch.get_num_threads(), os.environ["OFL_BACKEND"],
+                       runs))
     for fresh in (True, False):
         res = time_stages(stagers(fresh), sd, runs, fresh)
         ref = (res.get("torch DefaultStager (default)") or res["torch StateDictStager"])[0]

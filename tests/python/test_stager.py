@@ -345,6 +345,24 @@ class Node:
         self.peers = []
 
 
+class Rebuilt:
+    """Rebuilt by copy from a tensor it makes anew at each __reduce_ex__."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __reduce_ex__(self, protocol):
+        return (Rebuilt, (self.t * 1,))
+
+
+class OwnCopy:
+    def __init__(self, t):
+        self.t = t
+
+    def __deepcopy__(self, memo):
+        return OwnCopy(self.t.clone() + 1)
+
+
 class OflStagerCases(unittest.TestCase):
     def test_dataclass_leaf_updated_after_async_save(self):
         import torch.distributed.checkpoint as dcp
@@ -471,6 +489,20 @@ class OflStagerCases(unittest.TestCase):
         self.assertEqual(staged["opts"], {"betas": [0.9, 0.95], "names": {"a", "b"}})
         self.assertEqual(staged["pair"].second, {"k": [1]})
         self.assertEqual(staged["slotted"].tag, ["x"])
+        stager.close()
+
+    def test_objects_that_copy_themselves(self):
+        t = torch.randn(4)
+        sd = {"rebuilt": Rebuilt(t), "own": OwnCopy(t), "t": t}
+        stager = ot.AsyncStager()
+        staged = stager.stage(sd)
+        self.assertIs(type(staged["rebuilt"]), Rebuilt)
+        self.assertTrue(torch.equal(staged["rebuilt"].t, t))
+        self.assertNotEqual(storage_ptr(staged["rebuilt"].t), storage_ptr(t))
+        self.assertTrue(torch.equal(staged["own"].t, t + 1))  # its __deepcopy__ decides
+        self.assertTrue(torch.equal(staged["t"], t))
+        t.add_(1.0)
+        self.assertFalse(torch.equal(staged["rebuilt"].t, t))
         stager.close()
 
     def test_errors_name_the_call(self):

@@ -175,23 +175,104 @@ def _path_of(root, target):
     return "a tensor of the state dict"
 
 
+def _reduce(x, cls):
+    """What copy.deepcopy rebuilds x from (None when x cannot say)."""
+    reductor = copyreg.dispatch_table.get(cls)
+    if reductor is not None:
+        return reductor(x)
+    reductor = getattr(x, "__reduce_ex__", None)
+    if reductor is not None:
+        return reductor(4)
+    reductor = getattr(x, "__reduce__", None)
+    return reductor() if reductor is not None else None
+
+
+def _slots(cls):
+    slots = getattr(cls, "__slots__", ())
+    return (slots,) if isinstance(slots, str) else slots
+
+
 class _DeepCopy:
     """One stage(): the state dict copied the way torch's StateDictStager
     copies it (a deepcopy memo keyed by id, so an object reached twice is
     copied once and cycles close; tuples whose items did not change are
-    kept), every tensor replaced by a CPU tensor over a staged storage. The
-    tensors come out of the walk empty; fill() points them at ofl's copies."""
+    kept), every tensor replaced by a CPU tensor over a staged storage.
+
+    Two passes, so that ofl copies while the Python work runs: collect()
+    finds every tensor storage the copy will meet (containers, tensors'
+    attributes, objects through what __reduce_ex__ gives, as copy() goes),
+    ofl is handed them, then copy() builds the copy over the staged
+    storages."""
 
     def __init__(self, device_ok):
         self.memo = {}
         self.keep = []  # the originals: their ids stay theirs while memo keys
         self.index = {}  # source storage data_ptr -> index in sources
-        self.sources = []  # [data_ptr, nbytes, on cuda, first tensor, its index in fills]
-        # (staged tensor, source index, offset, size, stride, requires_grad, source tensor)
-        self.fills = []
+        self.sources = []  # [data_ptr, nbytes, on cuda, first tensor, its entry]
+        self.entries = []  # (tensor, source index) per distinct tensor: ofl's input
+        self.storage_of = {}  # id(tensor) -> source index
+        self.storages = []  # per source, a torch storage over its staged copy
+        self.late = {}  # data_ptr -> copy, for storages collect() did not meet
         self.device_ok = device_ok
         self.dispatch = {dict: self._dict, list: self._list, tuple: self._tuple,
                          types.MethodType: self._method}
+
+    def collect(self, root):
+        seen = set()
+        held = []  # what __reduce_ex__ made, alive while its id is in seen
+        todo = [root]
+        pop, push, extend = todo.pop, todo.append, todo.extend
+        while todo:
+            x = pop()
+            cls = type(x)
+            if cls in _ATOMIC or id(x) in seen:
+                continue
+            seen.add(id(x))
+            if cls is dict:
+                extend(x.values())
+            elif cls is list or cls is tuple:
+                extend(x)
+            elif cls is _Tensor or isinstance(x, _Tensor):
+                if cls is _Tensor or x.data_ptr() != 0:
+                    self._register(x)
+                attrs = x.__dict__
+                if attrs:
+                    extend(attrs.values())
+                if cls is not _Tensor:
+                    for k in _slots(cls):
+                        if hasattr(x, k):
+                            push(getattr(x, k))
+            elif isinstance(x, dict):
+                extend(x.keys())
+                extend(x.values())
+            elif isinstance(x, (list, tuple, set, frozenset)):
+                extend(x)
+            elif not issubclass(cls, type) and getattr(x, "__deepcopy__", None) is None:
+                rv = _reduce(x, cls)
+                if rv is not None and not isinstance(rv, str):
+                    rv = list(rv)
+                    for j in (3, 4):  # iterators: taken once, kept for the look
+                        if len(rv) > j and rv[j] is not None:
+                            rv[j] = list(rv[j])
+                    held.append(rv)
+                    push(rv)
+
+    def _register(self, x):
+        if x.layout is not _strided or x.is_quantized or x.is_meta or not self.device_ok(x):
+            raise _Unstageable(x)
+        st = x.untyped_storage()
+        nbytes = st.nbytes()
+        if nbytes == 0:
+            return
+        ptr = st.data_ptr()
+        i = self.index.get(ptr)
+        if i is None:
+            i = self.index[ptr] = len(self.sources)
+            self.sources.append([ptr, nbytes, x.is_cuda, x, len(self.entries)])
+        elif nbytes > self.sources[i][1]:  # two storages over one memory
+            self.sources[i][1] = nbytes
+        self.storage_of[id(x)] = i
+        self.entries.append((x, i))
 
     def copy(self, x):
         d = id(x)
@@ -245,11 +326,7 @@ class _DeepCopy:
             # a wrapper subclass (no storage of its own): its attributes
             # hold the tensors, as in StateDictStager
             y = x.new_empty(x.size(), device="cpu")
-            self.memo[id(x)] = y
         else:
-            if x.layout is not _strided or x.is_quantized or x.is_meta or not self.device_ok(x):
-                raise _Unstageable(x)
-            st = x.untyped_storage()
             if plain:
                 proto = _PROTOS.get(x.dtype)
                 if proto is None:
@@ -257,30 +334,35 @@ class _DeepCopy:
                 y = proto.new()  # empty, same dtype, on the cpu
             else:
                 y = x.new_empty([], device="cpu")
-            self.memo[id(x)] = y
-            nbytes = st.nbytes()
-            if nbytes == 0:
-                y.set_(torch.UntypedStorage(0), 0, x.size(), x.stride())
-            else:
-                ptr = st.data_ptr()
-                i = self.index.get(ptr)
-                if i is None:
-                    i = self.index[ptr] = len(self.sources)
-                    self.sources.append([ptr, nbytes, x.is_cuda, x, len(self.fills)])
-                elif nbytes > self.sources[i][1]:  # two storages over one memory
-                    self.sources[i][1] = nbytes
-                self.fills.append((y, i, x.storage_offset(), x.size(), x.stride(),
-                                   x.requires_grad, x))
+            i = self.storage_of.get(id(x))
+            y.set_(self.storages[i] if i is not None else self._late(x), x.storage_offset(),
+                   x.size(), x.stride())
+            if x.requires_grad:
+                y.requires_grad_(True)
+        self.memo[id(x)] = y
         attrs = x.__dict__
         if attrs:
             c = self.copy
             for k, v in attrs.items():
                 setattr(y, k, c(v))
-        slots = getattr(type(x), "__slots__", None) if not plain else None
-        if slots:
-            for k in (slots,) if isinstance(slots, str) else slots:
+        if not plain:
+            for k in _slots(type(x)):
                 if hasattr(x, k):
                     setattr(y, k, self.copy(getattr(x, k)))
+        return y
+
+    def _late(self, x):
+        """The copy of a storage collect() did not meet: empty, or one that
+        an object's __reduce_ex__ made anew for this pass (copied by torch:
+        ofl's stage is under way)."""
+        if x.layout is not _strided or x.is_quantized or x.is_meta or not self.device_ok(x):
+            raise _Unstageable(x)
+        st = x.untyped_storage()
+        if st.nbytes() == 0:
+            return torch.UntypedStorage(0)
+        y = self.late.get(st.data_ptr())
+        if y is None:
+            y = self.late[st.data_ptr()] = torch.UntypedStorage(st.nbytes()).copy_(st)
         return y
 
     def _object(self, x, cls):
@@ -289,19 +371,10 @@ class _DeepCopy:
         f = getattr(x, "__deepcopy__", None)
         if f is not None:
             return f(self.memo)
-        reductor = copyreg.dispatch_table.get(cls)
-        if reductor is not None:
-            rv = reductor(x)
-        else:
-            reductor = getattr(x, "__reduce_ex__", None)
-            if reductor is not None:
-                rv = reductor(4)
-            else:
-                reductor = getattr(x, "__reduce__", None)
-                if reductor is None:
-                    raise TypeError("AsyncStager.stage: cannot copy an object of type %s"
-                                    % cls.__qualname__)
-                rv = reductor()
+        rv = _reduce(x, cls)
+        if rv is None:
+            raise TypeError("AsyncStager.stage: cannot copy an object of type %s"
+                            % cls.__qualname__)
         if isinstance(rv, str):
             return x
         return self._rebuild(x, *rv)
@@ -330,12 +403,6 @@ class _DeepCopy:
             for k, v in dictiter:
                 y[c(k)] = c(v)
         return y
-
-    def fill(self, storages):
-        for y, i, offset, size, stride, grad, _ in self.fills:
-            y.set_(storages[i], offset, size, stride)
-            if grad:
-                y.requires_grad_(True)
 
 
 class _Unstageable(Exception):
@@ -377,7 +444,8 @@ class AsyncStager(_TorchAsyncStager):
         walk = _DeepCopy(self._device_ok)
         with torch.no_grad():
             try:
-                out = walk.copy(state_dict)
+                walk.collect(state_dict)
+                return self._stage_and_copy(walk, state_dict)
             except _Unstageable as e:
                 t = e.t
                 raise ValueError(
@@ -386,19 +454,17 @@ class AsyncStager(_TorchAsyncStager):
                     "on the cpu%s" % (_path_of(state_dict, t), type(t).__name__,
                                       list(t.shape), t.dtype, t.layout, t.device,
                                       " or cuda" if self._rt.is_cuda else "")) from None
-            if walk.sources:
-                self._stage_storages(walk, state_dict)
-        return out
 
-    def _stage_storages(self, walk, state_dict):
-        """One ofl stage of every distinct source storage, whole (views keep
-        their offsets), and walk's tensors pointed at the staged copies. Each
-        tensor is one entry, over its whole storage: ofl copies a storage
-        once and counts the tensors that share it. ofl copies on its stream
-        while this thread builds the torch storages; stage() returns after
-        the join."""
-        sources, fills = walk.sources, walk.fills
-        n = len(fills)
+    def _stage_and_copy(self, walk, state_dict):
+        """One ofl stage of every distinct source storage walk collected,
+        whole (views keep their offsets), then walk's copy over the staged
+        storages while ofl copies; returns after the join. Each tensor is one
+        entry, over its whole storage: ofl copies a storage once and counts
+        the tensors that share it."""
+        sources, entries = walk.sources, walk.entries
+        if not sources:
+            return walk.copy(state_dict)
+        n = len(entries)
         arr = self._arr
         if arr is None or len(arr) != n:
             arr = (_lib.NamedTensor * n)()
@@ -420,16 +486,17 @@ class AsyncStager(_TorchAsyncStager):
                 check(wrap(ptr, shape, 1, u8, device if cuda else pinned, None, None,
                            _byref(out)), "AsyncStager.stage: ofl_tensor_wrap")
                 wrapped.append(out.value)
-            for i, f in enumerate(fills):
-                arr[i].tensor = wrapped[f[1]]
+            for i, (_, j) in enumerate(entries):
+                arr[i].tensor = wrapped[j]
             if self._rt.is_cuda:
                 self._rt.compute_stream()  # the copies follow torch's current stream
             st = L.ofl_stager_stage(self._s, arr, n, _byref(sset))
             if st != 0:
-                raise self._stage_error(st, fills, state_dict)
+                raise self._stage_error(st, entries, state_dict)
             holder = _StagedSet(sset.value)
             try:
-                walk.fill(self._staged_storages(sset.value, sources, holder))
+                walk.storages = self._staged_storages(sset.value, sources, holder)
+                copied = walk.copy(state_dict)
             finally:
                 # the wrapped sources must outlive the copies (ofl reports a
                 # source let go of before the join)
@@ -439,6 +506,7 @@ class AsyncStager(_TorchAsyncStager):
         finally:
             for h in wrapped:
                 L.ofl_tensor_destroy(h)
+        return copied
 
     @staticmethod
     def _staged_storages(sset, sources, holder):
@@ -455,12 +523,13 @@ class AsyncStager(_TorchAsyncStager):
         return [frombuffer(buf, dtype=u8, count=src[1], offset=p - lo).untyped_storage()
                 for p, src in zip(ptrs, sources)]
 
-    def _stage_error(self, st, fills, state_dict):
+    def _stage_error(self, st, entries, state_dict):
         e = error(st, "AsyncStager.stage: ofl_stager_stage")
         # ofl names the tensors by their index: say which tensors they are
         for i in sorted({int(m) for m in re.findall(r"'(\d+)'", e.message)}):
-            if i < len(fills):
-                e.args = (e.args[0] + "; tensor '%d' is %s" % (i, _path_of(state_dict, fills[i][6])),)
+            if i < len(entries):
+                e.args = (e.args[0] + "; tensor '%d' is %s"
+                          % (i, _path_of(state_dict, entries[i][0])),)
         return e
 
     def synchronize_staging(self):
