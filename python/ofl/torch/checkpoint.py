@@ -20,9 +20,11 @@ reader) and a torch.distributed.checkpoint AsyncStager over ofl's stager.
   storage, at the same offsets and strides, and a tensor's custom
   attributes (its __dict__, deep-copied) and requires_grad come along. The
   staged tensors are CPU tensors over ofl's staged set (no second copy; it
-  lives until the last of them is freed). ofl copies on its stream while
-  stage() builds the torch storages, and stage() returns once the copies are
-  complete, so should_synchronize_after_execute is False and
+  lives until the last of them is freed). A first pass finds the storages
+  and hands them to ofl, which copies on its stream while stage() builds the
+  copy over them (a tensor only that second pass meets, made anew by an
+  object's __reduce_ex__, is copied by torch there); stage() returns once
+  the copies are complete, so should_synchronize_after_execute is False and
   synchronize_staging has nothing to wait for. Tensors ofl cannot stage
   (other devices, meta, sparse or quantized) raise ValueError naming where
   they are in the state dict; stage after close raises RuntimeError. With
