@@ -984,17 +984,12 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
   if (r) goto out;
   int contiguous = attr_true(t, s_is_contiguous, 1);
   if (contiguous < 0) goto out;
-  long long off = 0;
   int whole = 0;
   if (contiguous) {
     uintptr_t p;
     if (call_ptr(t, s_data_ptr, &p) < 0) goto out;
-    off = (long long)(p - sptr);
-    if (2 * nb < snb) { /* copy only the region */
-      sptr += (uintptr_t)off;
-      snb = nb;
-      off = 0;
-    }
+    sptr = p; /* copy only the tensor's bytes: a storage of its own */
+    snb = nb;
   } else if (2 * nb >= snb) {
     whole = 1;
     nb = snb;

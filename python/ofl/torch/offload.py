@@ -69,7 +69,7 @@ from .. import _lib
 from .._errors import OflError
 from ._core import ManagerCore, unpack_detached
 
-__all__ = ["offload_activations", "OffloadActivations"]
+__all__ = ["offload_activations", "OffloadActivations", "release_managers"]
 
 _NAME = b"activations"
 _current_node = getattr(torch._C, "_current_autograd_node", None)
@@ -153,7 +153,8 @@ class _Session:
 
     def begin_forward(self):
         core = self.core
-        if self.chunks and (self.backward_seen or self.abandoned or core.unpopped == 0):
+        if self.broken or self.abandoned or (self.chunks and (self.backward_seen
+                                                               or core.unpopped == 0)):
             self.end_iteration()
             core = self.core
         self.depth += 1
@@ -282,6 +283,26 @@ def _acquire(owner, key):
         with _sessions_lock:
             _sessions[key].append(s)
     return s
+
+
+def release_managers():
+    """Destroys the managers (and their pools) that no context uses now;
+    the next context makes a new one. Returns how many were released."""
+    n = 0
+    with _sessions_lock:
+        for key, lst in list(_sessions.items()):
+            keep = []
+            for s in lst:
+                if s.owner is None or s.owner() is None:
+                    s.core.close()
+                    n += 1
+                else:
+                    keep.append(s)
+            if keep:
+                _sessions[key] = keep
+            else:
+                del _sessions[key]
+    return n
 
 
 class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.ContextDecorator):
