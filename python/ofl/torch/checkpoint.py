@@ -142,7 +142,7 @@ _ATOMIC = frozenset((type(None), int, float, bool, complex, bytes, str, types.Co
                      range, types.BuiltinFunctionType, types.FunctionType, weakref.ref,
                      property, type(Ellipsis), type(NotImplemented)))
 _PROTOS = {}  # dtype -> an empty cpu tensor (Tensor.new() is the cheapest empty tensor)
-_NAMES = []  # b"0", b"1", ...: ofl's name for the i-th distinct storage of a stage
+_NAMES = []  # b"0", b"1", ...: ofl's name for the i-th tensor of a stage
 
 
 def _names(n):
