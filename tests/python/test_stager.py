@@ -505,6 +505,25 @@ class OflStagerCases(unittest.TestCase):
         self.assertFalse(torch.equal(staged["rebuilt"].t, t))
         stager.close()
 
+    def test_staged_memory_goes_with_the_staged_dict(self):
+        import gc
+        from ofl.torch.checkpoint import _StagedSet
+
+        def live():
+            return sum(1 for o in gc.get_objects() if type(o) is _StagedSet)
+        stager = ot.AsyncStager()
+        gc.collect()
+        before = live()
+        gc.disable()  # no cycle may hold the staged set: it goes when the dict does
+        try:
+            staged = stager.stage({"h": Holder(t=torch.randn(8)), "l": [torch.randn(4)]})
+            self.assertEqual(live(), before + 1)
+            del staged
+            self.assertEqual(live(), before)
+        finally:
+            gc.enable()
+        stager.close()
+
     def test_errors_name_the_call(self):
         stager = ot.AsyncStager()
         with self.assertRaisesRegex(ValueError, r"AsyncStager.stage: state_dict\['m'\]\['x'\]"):

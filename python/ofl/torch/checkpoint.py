@@ -216,8 +216,6 @@ class _DeepCopy:
         self.storages = []  # per source, a torch storage over its staged copy
         self.late = {}  # data_ptr -> copy, for storages collect() did not meet
         self.device_ok = device_ok
-        self.dispatch = {dict: self._dict, list: self._list, tuple: self._tuple,
-                         types.MethodType: self._method}
 
     def collect(self, root):
         seen = set()
@@ -287,8 +285,8 @@ class _DeepCopy:
         if cls is _Tensor or isinstance(x, _Tensor):
             y = self._tensor(x)
         else:
-            f = self.dispatch.get(cls)
-            y = f(x) if f is not None else self._object(x, cls)
+            f = _DISPATCH.get(cls)
+            y = f(self, x) if f is not None else self._object(x, cls)
         if y is not x:
             self.memo[d] = y
             self.keep.append(x)
@@ -405,6 +403,12 @@ class _DeepCopy:
             for k, v in dictiter:
                 y[c(k)] = c(v)
         return y
+
+
+# by type, as copy.deepcopy dispatches (unbound: a walk must not hold itself,
+# or its staged storages would wait for the cycle collector)
+_DISPATCH = {dict: _DeepCopy._dict, list: _DeepCopy._list, tuple: _DeepCopy._tuple,
+             types.MethodType: _DeepCopy._method}
 
 
 class _Unstageable(Exception):
