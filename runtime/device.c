@@ -280,6 +280,20 @@ int ofl_device_is_strict(const ofl_device_t *dev) {
   return dev && dev->backend == OFL_BACKEND_HOST && dev->cfg.strict;
 }
 
+ofl_status_t ofl_device_adopt_host_memory(ofl_device_t *dev, int on) {
+  if (dev == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_device_adopt_host_memory: device is NULL");
+  if (dev->backend != OFL_BACKEND_HOST)
+    return ofl__error(OFL_ERR_NOT_SUPPORTED, OFL_SUBSYS_DEVICE,
+                      "ofl_device_adopt_host_memory: the %s backend's device "
+                      "memory is the GPU's; only the host backend can take "
+                      "the application's memory as device memory",
+                      dev->ops->name);
+  ofl__host_adopt_memory(dev, on != 0);
+  return OFL_SUCCESS;
+}
+
 void ofl_device_get_stats(const ofl_device_t *dev, ofl_device_stats_t *out) {
   if (dev == NULL || out == NULL)
     return;

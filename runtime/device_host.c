@@ -52,6 +52,9 @@ typedef struct host_dev {
   hblock_t **blocks;       /* sorted by base */
   size_t nblocks, cap;
   atomic_int active_dir[2]; /* link model: copies running per direction */
+  /* ofl_device_adopt_host_memory: memory outside every block is device
+   * memory too (the application's, never freed by ofl). */
+  atomic_bool adopt;
   /* Device bytes allocated or being allocated: the capacity check and this
    * count are one atomic step, so concurrent allocations cannot together
    * pass the capacity. */
@@ -254,8 +257,14 @@ bool ofl__host_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes) {
   hblock_t *b = find_block(h, ptr);
   bool own = b != NULL && !b->pinned &&
              bytes <= (size_t)(b->base + b->bytes - (const char *)ptr);
+  if (b == NULL && atomic_load(&h->adopt))
+    own = true; /* the application's memory, adopted */
   pthread_mutex_unlock(&h->reg_lock);
   return own;
+}
+
+void ofl__host_adopt_memory(ofl_device_t *dev, bool on) {
+  atomic_store(&HD(dev)->adopt, on);
 }
 
 void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes) {
@@ -931,6 +940,12 @@ static ofl_status_t claim(ofl_stream_t *s, const void *p, size_t bytes,
   host_dev_t *h = HD(s->dev);
   hblock_t *b = find_block(h, p);
   bool is_device = b != NULL && !b->pinned;
+  /* adopted memory is the application's: device memory as well as host,
+   * the copy kind says which it plays */
+  if (b == NULL && want_device && atomic_load(&h->adopt)) {
+    *out = NULL;
+    return OFL_SUCCESS;
+  }
   if (want_device && !is_device)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
                       "stream '%s': %s %p is not device memory of this "

@@ -215,6 +215,8 @@ size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes);
  * cudaPointerGetAttributes (cuda). The pipeline checks pushes with it. */
 bool ofl__device_owns(ofl_device_t *dev, const void *ptr, size_t bytes);
 bool ofl__host_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes);
+/* ofl_device_adopt_host_memory on a host device. */
+void ofl__host_adopt_memory(ofl_device_t *dev, bool on);
 #if OFL_HAVE_CUDA
 bool ofl__cuda_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes);
 #endif

@@ -108,6 +108,17 @@ OFL_API int ofl_device_ordinal(const ofl_device_t *dev);
 /* Why auto selection chose what it chose ("" when the backend was explicit). */
 OFL_API const char *ofl_device_selection_reason(const ofl_device_t *dev);
 OFL_API int ofl_device_is_strict(const ofl_device_t *dev);
+/* Host backend: on != 0 makes memory outside ofl's own blocks (the
+ * application's malloc'd or framework-allocated memory) count as this
+ * device's memory, so that copies may read and write it as device memory
+ * and the manager offloads it without a copy into ofl's memory first: a
+ * CPU training program's tensors are its device's memory, as a GPU
+ * program's are the GPU's (ofl.torch turns it on for CPU tensors). ofl
+ * never frees such memory; the application keeps it alive until every
+ * copy queued on it completed (a wrap's release callback says when). ofl's
+ * pinned blocks stay host memory. cuda: OFL_ERR_NOT_SUPPORTED (the GPU's
+ * memory is told apart by the driver). */
+OFL_API ofl_status_t ofl_device_adopt_host_memory(ofl_device_t *dev, int on);
 OFL_API void ofl_device_get_stats(const ofl_device_t *dev,
                                   ofl_device_stats_t *out);
 /* Resets the peak to the bytes now in use. */

@@ -155,3 +155,80 @@ Test(strict, a_wait_that_never_completes_becomes_a_stream_error) {
   setenv("OFL_WAIT_TIMEOUT_MS", "120000", 1);
   ofl_config_reload();
 }
+
+static void count_release(void *data, size_t bytes, void *user) {
+  (void)data;
+  (void)bytes;
+  atomic_fetch_add((atomic_int *)user, 1);
+}
+
+/* ofl_device_adopt_host_memory: the application's memory (here malloc'd)
+ * is device memory for copies and for the manager's offload, which then
+ * reads it in place (no copy into ofl's memory first) and releases it
+ * through the wrap's callback after the D2H copy; refused again when off. */
+Test(strict, adopted_host_memory_is_device_memory) {
+  const size_t n = 3000;
+  unsigned char *app = malloc(n), *back = malloc(n);
+  for (size_t i = 0; i < n; i++)
+    app[i] = (unsigned char)(i * 7 + 3);
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "s", &s), OFL_SUCCESS));
+  void *pin = NULL;
+  cr_assert(eq(int, ofl_pinned_malloc(dev, n, &pin), OFL_SUCCESS));
+  /* not adopted: a D2H copy refuses host memory as its source */
+  cr_assert(eq(int, ofl_memcpy_async(pin, app, n, OFL_COPY_D2H, s),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_device_adopt_host_memory(NULL, 1), OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, ofl_device_adopt_host_memory(dev, 1), OFL_SUCCESS));
+  memset(pin, 0, n);
+  cr_assert(eq(int, ofl_memcpy_async(pin, app, n, OFL_COPY_D2H, s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(back, pin, n, OFL_COPY_H2D, s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, memcmp(back, app, n), 0));
+  /* ofl's pinned blocks stay host memory */
+  cr_assert(eq(int, ofl_memcpy_async(back, pin, n, OFL_COPY_D2H, s),
+               OFL_ERR_INVALID_ARG));
+
+  /* the manager offloads adopted memory in place and reloads it */
+  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
+  mp.device = dev;
+  mp.groups = "";
+  mp.min_offload_bytes = 1;
+  ofl_manager_t *m = NULL;
+  cr_assert(eq(int, ofl_manager_create(&mp, &m), OFL_SUCCESS));
+  atomic_int released = 0;
+  int64_t shape[1] = {(int64_t)n};
+  ofl_tensor_t *t = NULL, *r = NULL;
+  cr_assert(eq(int, ofl_tensor_wrap(app, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE,
+                                    count_release, &released, &t),
+               OFL_SUCCESS));
+  ofl_tag_t tag = 0;
+  cr_assert(eq(int, ofl_manager_chunk_begin(m, 1, 0), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_manager_group_start(m, "g"), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_manager_tensor_push(m, t, &tag), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_manager_group_commit(m, "g", NULL, 0, 0), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_manager_synchronize(m, 10000), OFL_SUCCESS));
+  ofl_manager_stats_t st;
+  ofl_manager_get_stats(m, &st);
+  cr_assert(eq(u64, st.offloaded_bytes, (uint64_t)n));
+  cr_assert(eq(int, atomic_load(&released), 1)); /* after the D2H copy */
+  cr_assert(eq(int, ofl_manager_group_backward_begin(m, "g"), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_manager_tensor_pop(m, tag, &r), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_manager_group_backward_end(m, "g"), OFL_SUCCESS));
+  cr_assert(ne(ptr, ofl_tensor_data(r), (void *)app)); /* reloaded */
+  cr_assert(eq(int, ofl_memcpy_async(back, ofl_tensor_data(r), n, OFL_COPY_D2H, s),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, memcmp(back, app, n), 0));
+  ofl_tensor_destroy(r);
+  cr_assert(eq(int, ofl_manager_reset(m), OFL_SUCCESS));
+  ofl_manager_destroy(m);
+
+  cr_assert(eq(int, ofl_device_adopt_host_memory(dev, 0), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_memcpy_async(pin, app, n, OFL_COPY_D2H, s),
+               OFL_ERR_INVALID_ARG));
+  ofl_pinned_free(dev, pin);
+  ofl_stream_destroy(s);
+  free(app);
+  free(back);
+}
