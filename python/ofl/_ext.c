@@ -19,6 +19,7 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -54,6 +55,8 @@ static PyObject *s_is_cpu, *s_is_cuda, *s_layout, *s_base, *s_numel,
     *s_wrap_reloaded, *s_destroy_now, *s_version, *s_is_conj, *s_is_neg,
     *s_is_quantized, *s_is_buffer, *s_version_error, *s_pop_error,
     *s_group_start, *s_commit;
+
+static void drain_released(void);
 
 static int intern_names(void) {
   struct {
@@ -879,6 +882,7 @@ static int check_version(HooksObject *self, PyObject *t, PyObject *size,
 
 static PyObject *hooks_unpack(PyObject *op, PyObject *r) {
   HooksObject *self = (HooksObject *)op;
+  drain_released();
   if (Py_TYPE(r) == &KeptType) {
     KeptObject *k = (KeptObject *)r;
     if (k->t == NULL) Py_RETURN_NONE;
@@ -920,10 +924,55 @@ static PyTypeObject MarkType = {
     .tp_members = mark_members,
 };
 
+/* ---- torch memory the manager reads in place -------------------------------- */
+
+/* A reference to a torch tensor whose memory an ofl handle wraps, dropped
+ * when ofl releases that memory: after the D2H copy of an offload (on an
+ * ofl thread, which only links it into released_list: no Python there), or
+ * when the handle is destroyed. The training thread drops the references
+ * (drain_released) at its next pack or unpack. */
+typedef struct held {
+  struct held *next;
+  PyObject *obj;
+} held_t;
+
+static _Atomic(held_t *) released_list;
+
+static void ext_release(void *data, size_t bytes, void *user) {
+  (void)data;
+  (void)bytes;
+  held_t *h = user;
+  held_t *head = atomic_load(&released_list);
+  do {
+    h->next = head;
+  } while (!atomic_compare_exchange_weak(&released_list, &head, h));
+}
+
+/* Drops the references ofl let go of; with the GIL. */
+static void drain_released(void) {
+  if (atomic_load_explicit(&released_list, memory_order_relaxed) == NULL) return;
+  held_t *h = atomic_exchange(&released_list, NULL);
+  while (h != NULL) {
+    held_t *n = h->next;
+    Py_DECREF(h->obj);
+    PyMem_RawFree(h);
+    h = n;
+  }
+}
+
+static PyObject *ext_drain(PyObject *mod, PyObject *unused) {
+  (void)mod;
+  (void)unused;
+  drain_released();
+  Py_RETURN_NONE;
+}
+
 /* pack_offload(t, name): t in a group of its own (offload_activations):
- * group start, push, commit, in C on the host backend (the manager holds a
- * copy at once, so the torch tensor is let go at the commit). On cuda the
- * commit's release of torch memory is Python's (_CoreMethods.commit). */
+ * its memory wrapped (the device's memory: torch's on cuda, adopted CPU
+ * memory on the host backend), group start, push, commit, all in C. The
+ * tensor is referenced until ofl releases the wrap (after the D2H copy);
+ * a group the policy keeps on the device keeps it in the record, and pop
+ * gives it back. */
 static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
                                     Py_ssize_t nargs) {
   HooksObject *self = (HooksObject *)op;
@@ -931,6 +980,7 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
     PyErr_SetString(PyExc_TypeError, "pack_offload(tensor, name: bytes)");
     return NULL;
   }
+  drain_released();
   PyObject *t = args[0];
   const char *name = PyBytes_AS_STRING(args[1]);
   if (!self->active) return make_kept(t);
@@ -938,46 +988,22 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
   PyObject *root;
   int r = eligible(self, t, &numel, &nb, &root);
   if (r <= 0) return r < 0 ? NULL : make_kept(t);
+  PyObject *res = NULL;
+  SavedObject *rec = NULL;
   ofl_manager_t *m = as_ptr(self->m);
   if (m == NULL) {
-    Py_DECREF(root);
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_RuntimeError, "ofl: the manager was destroyed");
-    return NULL;
-  }
-  PyObject *res = NULL;
-  if (!self->copy_in) { /* cuda: the Python group around the C pack */
-    PyObject *g = PyObject_CallMethodOneArg(op, s_group_start, args[1]);
-    if (g == NULL) goto out;
-    res = pack_eligible(self, t, nb, root);
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    PyObject *c = PyObject_CallMethodOneArg(op, s_commit, args[1]);
-    if (c == NULL) {
-      Py_CLEAR(res);
-      Py_XDECREF(et);
-      Py_XDECREF(ev);
-      Py_XDECREF(tb);
-    } else {
-      Py_DECREF(c);
-      PyErr_Restore(et, ev, tb);
-    }
-    if (res != NULL && Py_TYPE(res) == &SavedType) {
-      MarkObject *mk = PyObject_New(MarkObject, &MarkType);
-      if (mk == NULL) {
-        Py_CLEAR(res);
-      } else {
-        mk->index = -1;
-        Py_XSETREF(((SavedObject *)res)->group, (PyObject *)mk);
-      }
-    }
-    Py_DECREF(g);
     goto out;
   }
-  /* host backend: the bytes copied into a block of the device pool */
+  if (self->is_cuda) { /* ofl's compute stream: torch's current one */
+    PyObject *v = call0(op, s_sync_compute);
+    if (v == NULL) goto out;
+    Py_DECREF(v);
+  }
   PyObject *st = call0(t, s_untyped_storage);
   if (st == NULL) goto out;
-  uintptr_t sptr;
+  uintptr_t sptr, src;
   long long snb;
   r = call_ptr(st, s_data_ptr, &sptr) < 0 || call_ll(st, s_nbytes, &snb) < 0;
   Py_DECREF(st);
@@ -986,12 +1012,10 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
   if (contiguous < 0) goto out;
   int whole = 0;
   if (contiguous) {
-    uintptr_t p;
-    if (call_ptr(t, s_data_ptr, &p) < 0) goto out;
-    sptr = p; /* copy only the tensor's bytes: a storage of its own */
-    snb = nb;
+    if (call_ptr(t, s_data_ptr, &src) < 0) goto out; /* the tensor's bytes */
   } else if (2 * nb >= snb) {
-    whole = 1;
+    whole = 1; /* the whole storage, rebuilt with as_strided */
+    src = sptr;
     nb = snb;
   } else {
     res = make_kept(t); /* a small strided view of a large storage */
@@ -999,9 +1023,10 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
   }
   long long version;
   if (tensor_version(t, &version) < 0) goto out;
-  SavedObject *rec = PyObject_GC_New(SavedObject, &SavedType);
+  rec = PyObject_GC_New(SavedObject, &SavedType);
   if (rec == NULL) goto out;
-  rec->tag = rec->h = rec->ptr = 0;
+  rec->tag = rec->h = 0;
+  rec->ptr = (unsigned long long)src;
   rec->nbytes = nb;
   rec->offset = 0;
   rec->version = version;
@@ -1021,54 +1046,61 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
     if (rec->stride == NULL || call_ll(t, s_storage_offset, &rec->offset) < 0)
       goto fail;
   }
-  ext_status_t s = api.ofl_manager_group_start(m, name);
+  held_t *hold = PyMem_RawMalloc(sizeof *hold);
+  if (hold == NULL) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  hold->obj = keep(t);
+  hold->next = NULL;
+  ofl_tensor_t *h = NULL;
+  int64_t shape[1] = {nb};
+  ext_status_t s = api.ofl_tensor_wrap((void *)src, shape, 1, EXT_DTYPE_U8,
+                                       EXT_LOC_DEVICE, ext_release, hold, &h);
   if (s != EXT_SUCCESS) {
+    Py_DECREF(hold->obj);
+    PyMem_RawFree(hold);
+    raise_ofl(s, "ofl_tensor_wrap");
+    goto fail;
+  }
+  s = api.ofl_manager_group_start(m, name);
+  if (s != EXT_SUCCESS) {
+    api.ofl_tensor_destroy(h); /* releases the wrap: hold goes to the list */
     raise_ofl(s, "ofl_manager_group_start");
     goto fail;
   }
-  ofl_tensor_t *h = NULL;
-  int64_t shape[1] = {snb};
-  s = api.ofl_pool_alloc(as_ptr(self->dev_pool), shape, 1, EXT_DTYPE_U8, NULL, &h);
-  const char *where = "ofl_pool_alloc";
+  ofl_tag_t tag = 0;
+  s = api.ofl_manager_tensor_push(m, h, &tag);
   if (s == EXT_SUCCESS) {
-    void *dst = api.ofl_tensor_data(h);
-    if ((size_t)snb >= COPY_NOGIL_BYTES) {
-      Py_BEGIN_ALLOW_THREADS
-      memcpy(dst, (const void *)sptr, (size_t)snb);
-      Py_END_ALLOW_THREADS
-    } else {
-      memcpy(dst, (const void *)sptr, (size_t)snb);
-    }
-    ofl_tag_t tag = 0;
-    s = api.ofl_manager_tensor_push(m, h, &tag);
-    where = "ofl_manager_tensor_push";
-    if (s == EXT_SUCCESS) {
-      rec->tag = tag;
-      rec->h = (unsigned long long)(uintptr_t)h;
-      rec->ptr = 0; /* never torch memory: a pop always reloads */
-      rec->core = keep(op);
-      self->unpopped++;
-      h = NULL;
-    }
+    rec->tag = tag;
+    rec->h = (unsigned long long)(uintptr_t)h;
+    rec->core = keep(op);
+    self->unpopped++;
+  } else {
+    api.ofl_tensor_destroy(h);
   }
-  if (h != NULL) api.ofl_tensor_destroy(h);
   ext_status_t c;
   Py_BEGIN_ALLOW_THREADS /* may wait for the oldest copies (max_inflight) */
   c = api.ofl_manager_group_commit(m, name, NULL, 0, 0);
   Py_END_ALLOW_THREADS
   if (s != EXT_SUCCESS) {
-    raise_ofl(s, where);
+    raise_ofl(s, "ofl_manager_tensor_push");
     goto fail;
   }
   if (c != EXT_SUCCESS) {
     raise_ofl(c, "ofl_manager_group_commit");
     goto fail;
   }
+  /* kept on the device by the policy: the record holds the tensor (pop
+   * gives it back); offloaded: the wrap holds it until the copy is done */
+  if (api.ofl_tensor_has_storage(h)) rec->tensor = keep(t);
   res = (PyObject *)rec;
+  rec = NULL;
   goto out;
 fail:
-  Py_DECREF(rec);
+  Py_CLEAR(rec);
 out:
+  Py_XDECREF(rec);
   Py_DECREF(root);
   return res;
 }
@@ -1223,6 +1255,8 @@ static PyMethodDef ext_methods[] = {
      "setup(addresses, error, torch): the libofl functions, the error factory "
      "and torch; before any Hooks is used."},
     {"is_ready", ext_is_ready, METH_NOARGS, "Whether setup() ran."},
+    {"drain", ext_drain, METH_NOARGS,
+     "Drops the references to torch tensors whose memory ofl released."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -54,6 +54,7 @@ typedef void (*ext_release_fn)(void *data, size_t bytes, void *user);
     (const ofl_tensor_t *t, ofl_tensor_t **out))                               \
   X(ofl_tensor_destroy, ext_status_t, (ofl_tensor_t * t))                      \
   X(ofl_tensor_data, void *, (const ofl_tensor_t *t))                          \
+  X(ofl_tensor_has_storage, int, (const ofl_tensor_t *t))                      \
   X(ofl_tensor_release_storage_after, ext_status_t,                            \
     (ofl_tensor_t * t, ofl_stream_t *stream))                                  \
   X(ofl_manager_tensor_push, ext_status_t,                                     \

@@ -175,6 +175,40 @@ class Lifecycle(Fresh):
         self.assertLess(fresh - plain, 16 * 1024)
         del it0
 
+    @unittest.skipUnless(ot._core.hooks_backend == "c", "the in-place offload is the C hooks'")
+    def test_two_copies_per_tensor(self):
+        """Host backend: a saved CPU tensor is offloaded from torch's memory
+        in place (no copy into ofl's device pool first): the forward asks
+        the device pool for nothing, and the device copies are one D2H per
+        offloaded tensor and one H2D per reload."""
+        model = make_mlp()
+        x, y = data(1)[0]
+        ctx = ot.offload_activations(min_offload_size=64)
+        for _ in range(3):
+            with ctx:
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        core = ctx._core
+        p0, d0, m0 = ctx.pool_stats()["device_pool"], ctx.device_stats(), ctx.stats()
+        with ctx:
+            loss = F.cross_entropy(model(x), y)
+        core.synchronize()
+        p1, d1, m1 = ctx.pool_stats()["device_pool"], ctx.device_stats(), ctx.stats()
+        self.assertEqual(p1["requests"] - p0["requests"], 0)
+        self.assertGreater(m1["offloaded_bytes"] - m0["offloaded_bytes"], 0)
+        self.assertEqual(d1["copy_bytes"][1] - d0["copy_bytes"][1],
+                         m1["offloaded_bytes"] - m0["offloaded_bytes"])  # D2H
+        loss.backward()
+        p2, d2, m2 = ctx.pool_stats()["device_pool"], ctx.device_stats(), ctx.stats()
+        self.assertEqual(p2["requests"] - p1["requests"],
+                         m2["reloaded_tensors"] - m1["reloaded_tensors"])
+        self.assertEqual(d2["copy_bytes"][0] - d1["copy_bytes"][0],
+                         m2["reloaded_bytes"] - m1["reloaded_bytes"])  # H2D
+        self.assertEqual(d2["copies"] - d0["copies"],
+                         (m2["offloaded_tensors"] - m0["offloaded_tensors"])
+                         + (m2["reloaded_tensors"] - m0["reloaded_tensors"]))
+        ctx.close()
+
     def test_grad_accumulation_is_one_iteration(self):
         model = make_mlp()
         batches = data(4)

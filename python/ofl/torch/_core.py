@@ -132,6 +132,10 @@ class Runtime:
         self.dev = dev.value
         self.backend = L.ofl_device_backend(self.dev)
         self.is_cuda = self.backend == _lib.BACKEND_CUDA
+        if not self.is_cuda:
+            # CPU tensors are the host backend's device memory here: the
+            # manager offloads them in place (no copy into ofl's memory)
+            check(L.ofl_device_adopt_host_memory(self.dev, 1), "ofl_device_adopt_host_memory")
         self.device_type = "cuda" if self.is_cuda else "cpu"
         self._wrapped = {}  # cudaStream_t -> ofl stream
         self._tls = threading.local()
