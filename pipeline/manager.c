@@ -235,6 +235,9 @@ static ofl_status_t open_resources(ofl_manager_t *m,
     OFL_CHECK(ofl_device_open(NULL, &m->dev));
     m->own_dev = true;
   }
+  /* A device closed before this manager is destroyed closes after it. */
+  ofl__device_pool_created(m->dev);
+  m->holds_dev = true;
   m->compute_at_create = ofl_device_compute_stream(m->dev);
   OFL_CHECK(ofl_stream_create(m->dev, "offload-d2h", &m->d2h));
   OFL_CHECK(ofl_stream_create(m->dev, "offload-h2d", &m->h2d));
@@ -352,7 +355,12 @@ void ofl_manager_destroy(ofl_manager_t *m) {
   free(m->groups_cfg);
   free(m->dynamic_cfg);
   ofl_summary_destroy(m->summary);
+  /* Last: a close deferred until now (the application's, or ours above)
+   * runs here, after the streams and events on the device are gone. */
+  ofl_device_t *dev = m->holds_dev ? m->dev : NULL;
   free(m);
+  if (dev != NULL)
+    ofl__device_pool_destroyed(dev);
 }
 
 static pthread_mutex_t instance_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -149,6 +149,10 @@ enum {
 struct ofl_manager {
   ofl_device_t *dev;
   bool own_dev;
+  /* The manager counts as a pool of dev while it lives, so that a close of
+   * dev before the manager's destroy waits for it (its streams and events
+   * live on dev). */
+  bool holds_dev;
   ofl_stream_t *d2h, *h2d;
   ofl_stream_t *compute_at_create; /* only for the rule 3 test switch */
   ofl_event_t *ev_compute, *ev_d2h, *ev_h2d;
