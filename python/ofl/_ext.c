@@ -976,8 +976,10 @@ static PyObject *ext_drain(PyObject *mod, PyObject *unused) {
 static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
                                     Py_ssize_t nargs) {
   HooksObject *self = (HooksObject *)op;
-  if (nargs != 2 || !PyBytes_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "pack_offload(tensor, name: bytes)");
+  if ((nargs != 2 && nargs != 4) || !PyBytes_Check(args[1]) ||
+      (nargs == 4 && (!PyList_Check(args[2]) || !PyList_Check(args[3])))) {
+    PyErr_SetString(PyExc_TypeError,
+                    "pack_offload(tensor, name: bytes[, marks: list, live: list])");
     return NULL;
   }
   drain_released();
@@ -1094,6 +1096,13 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
   /* kept on the device by the policy: the record holds the tensor (pop
    * gives it back); offloaded: the wrap holds it until the copy is done */
   if (api.ofl_tensor_has_storage(h)) rec->tensor = keep(t);
+  if (nargs == 4) { /* the group in its chunk's list, a weak reference in live */
+    PyObject *w = PyWeakref_NewRef((PyObject *)rec, NULL);
+    if (w == NULL) goto fail;
+    r = PyList_Append(args[2], rec->group) < 0 || PyList_Append(args[3], w) < 0;
+    Py_DECREF(w);
+    if (r) goto fail;
+  }
   res = (PyObject *)rec;
   rec = NULL;
   goto out;
@@ -1103,6 +1112,119 @@ out:
   Py_XDECREF(rec);
   Py_DECREF(root);
   return res;
+}
+
+/* A backward marker of the manager (begin != 0: group_backward_begin). */
+static int marker(HooksObject *self, const char *name, int begin) {
+  ofl_manager_t *m = as_ptr(self->m);
+  if (m == NULL) {
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_RuntimeError, "ofl: the manager was destroyed");
+    return -1;
+  }
+  ext_status_t s;
+  Py_BEGIN_ALLOW_THREADS /* begin may wait for the group's reload */
+  s = begin ? api.ofl_manager_group_backward_begin(m, name)
+            : api.ofl_manager_group_backward_end(m, name);
+  Py_END_ALLOW_THREADS
+  if (s != EXT_SUCCESS) {
+    raise_ofl(s, begin ? "ofl_manager_group_backward_begin"
+                       : "ofl_manager_group_backward_end");
+    return -1;
+  }
+  return 0;
+}
+
+/* unpack_ordered(r, chunks, pos, name): the unpack hook of
+ * offload_activations. Before popping r, runs the backward markers of the
+ * groups the manager expects up to r's own, in its order (chunks first in,
+ * first out: chunks[pos[0]]; groups of a chunk in reverse: pos[1] done);
+ * groups passed over are begun and ended (their tensors reload inline when
+ * autograd gets to them). Mark.index: -1 not begun, 0 begun, -2 ended. */
+static PyObject *hooks_unpack_ordered(PyObject *op, PyObject *const *args,
+                                      Py_ssize_t nargs) {
+  HooksObject *self = (HooksObject *)op;
+  if (nargs != 4 || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
+      PyList_GET_SIZE(args[2]) != 2 || !PyBytes_Check(args[3])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "unpack_ordered(record, chunks: list, pos: [int, int], name: bytes)");
+    return NULL;
+  }
+  PyObject *r = args[0], *chunks = args[1], *pos = args[2];
+  const char *name = PyBytes_AS_STRING(args[3]);
+  if (Py_TYPE(r) != &SavedType) return hooks_unpack(op, r);
+  SavedObject *rec = (SavedObject *)r;
+  if (rec->cached != NULL) return keep(rec->cached);
+  if (rec->core != NULL && rec->core != op) return hooks_unpack(rec->core, r);
+  if (rec->group == NULL || Py_TYPE(rec->group) != &MarkType) return hooks_unpack(op, r);
+  drain_released();
+  if (rec->vref != NULL) {
+    PyObject *o = PyWeakref_GetObject(rec->vref); /* borrowed */
+    if (o == NULL) return NULL;
+    if (o != Py_None) {
+      Py_INCREF(o);
+      int bad = check_version(self, o, rec->size, rec->version);
+      Py_DECREF(o);
+      if (bad) return NULL;
+    }
+  }
+  if (self->is_cuda) {
+    PyObject *v = call0(op, s_sync_compute);
+    if (v == NULL) return NULL;
+    Py_DECREF(v);
+  }
+  MarkObject *g = (MarkObject *)rec->group;
+  Py_ssize_t ci = PyLong_AsSsize_t(PyList_GET_ITEM(pos, 0));
+  Py_ssize_t done = PyLong_AsSsize_t(PyList_GET_ITEM(pos, 1));
+  if (PyErr_Occurred()) return NULL;
+  int err = 0;
+  while (g->index == -1 && ci < PyList_GET_SIZE(chunks)) {
+    PyObject *groups = PyList_GET_ITEM(chunks, ci);
+    if (!PyList_Check(groups)) {
+      PyErr_SetString(PyExc_TypeError, "unpack_ordered: a chunk is not a list");
+      err = 1;
+      break;
+    }
+    if (done >= PyList_GET_SIZE(groups)) {
+      ci++;
+      done = 0;
+      continue;
+    }
+    PyObject *nxt = PyList_GET_ITEM(groups, PyList_GET_SIZE(groups) - 1 - done);
+    done++;
+    if (Py_TYPE(nxt) != &MarkType) {
+      PyErr_SetString(PyExc_TypeError, "unpack_ordered: a group is not a Mark");
+      err = 1;
+      break;
+    }
+    if (marker(self, name, 1) < 0) {
+      err = 1;
+      break;
+    }
+    ((MarkObject *)nxt)->index = 0;
+    if ((MarkObject *)nxt != g) { /* passed over: its backward ends at once */
+      if (marker(self, name, 0) < 0) {
+        err = 1;
+        break;
+      }
+      ((MarkObject *)nxt)->index = -2;
+    }
+  }
+  PyObject *a = PyLong_FromSsize_t(ci), *b = PyLong_FromSsize_t(done);
+  if (a == NULL || b == NULL) {
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return NULL;
+  }
+  PyList_SetItem(pos, 0, a);
+  PyList_SetItem(pos, 1, b);
+  if (err) return NULL;
+  PyObject *x = pop_record(self, rec);
+  if (g->index == 0) {
+    g->index = -2;
+    if (marker(self, name, 0) < 0) Py_CLEAR(x);
+  }
+  return x;
 }
 
 static PyObject *hooks_pop_record(PyObject *op, PyObject *r) {
@@ -1171,6 +1293,9 @@ static PyMethodDef hooks_methods[] = {
     {"pack_offload", (PyCFunction)(void (*)(void))hooks_pack_offload, METH_FASTCALL,
      "pack_offload(t, name): t in a group of its own (start, push, commit); a Kept "
      "record when the manager would not take it."},
+    {"unpack_ordered", (PyCFunction)(void (*)(void))hooks_unpack_ordered, METH_FASTCALL,
+     "unpack_ordered(r, chunks, pos, name): the backward markers up to r's group in the "
+     "manager's order, then the tensor of r (offload_activations)."},
     {"pop_record", hooks_pop_record, METH_O,
      "The tensor of a Saved record, popped on first use (no version check)."},
     {"keep", hooks_keep, METH_O, "A Kept record of t (stays where it is)."},

@@ -404,11 +404,11 @@ class Exceptions(Fresh):
         real = core.pack_offload
         calls = [0]
 
-        def interrupted(t, name):
+        def interrupted(t, name, *rest):
             calls[0] += 1
             if calls[0] == 2:
                 raise KeyboardInterrupt()
-            return real(t, name)
+            return real(t, name, *rest)
 
         core.pack_offload = interrupted
         with self.assertRaises(KeyboardInterrupt):

@@ -391,9 +391,10 @@ class _PyHooks:
         """The record of a tensor that stays where it is."""
         return _Kept(t, t._version)
 
-    def pack_offload(self, t, name):
+    def pack_offload(self, t, name, marks=None, live=None):
         """One group of its own for t (offload_activations): the group
-        starts, t is packed into it, the group commits. A _Kept record
+        starts, t is packed into it, the group commits; the group goes to
+        marks and a weak reference of the record to live. A _Kept record
         (and no group) for a tensor the manager would not take."""
         if not self.active or not self._eligible(t):
             return _Kept(t, t._version)
@@ -404,7 +405,45 @@ class _PyHooks:
             self.commit(name)
         if type(r) is _Saved:
             g.index = -1
+            if marks is not None:
+                marks.append(g)
+                live.append(_weakref(r))
         return r
+
+    def unpack_ordered(self, r, chunks, pos, name):
+        """The unpack of offload_activations: the backward markers of the
+        groups the manager expects up to r's own, in its order (chunks
+        first in, first out from chunks[pos[0]]; groups of a chunk in
+        reverse, pos[1] done), those passed over begun and ended at once;
+        then r's tensor. Group index: -1 not begun, 0 begun, -2 ended."""
+        if type(r) is not _Saved:
+            return self.unpack(r)
+        if r.cached is not None:
+            return r.cached
+        if r.core is not None and r.core is not self:
+            return r.core.unpack(r)
+        o = r.vref()
+        if o is not None and o._version != r.version:
+            raise _modified_error(o, r.size, r.version, o._version)
+        g = r.group
+        while g.index == -1 and pos[0] < len(chunks):
+            groups = chunks[pos[0]]
+            if pos[1] >= len(groups):
+                pos[0] += 1
+                pos[1] = 0
+                continue
+            nxt = groups[len(groups) - 1 - pos[1]]
+            pos[1] += 1
+            self.backward_begin(name)
+            nxt.index = 0
+            if nxt is not g:
+                self.backward_end(name)
+                nxt.index = -2
+        x = self.pop_record(r)
+        if g.index == 0:
+            g.index = -2
+            self.backward_end(name)
+        return x
 
     def pop_record(self, r):
         """Pops r from the manager (no version check) and keeps the tensor

@@ -67,7 +67,11 @@ import torch
 
 from .. import _lib
 from .._errors import OflError
+from . import _core
 from ._core import ManagerCore, unpack_detached
+
+# the records of tensors kept where they are (ctypes and C hooks)
+_KEPT = (_core._Kept, _core._ext.Kept if _core._ext is not None else _core._Kept)
 
 __all__ = ["offload_activations", "OffloadActivations", "release_managers"]
 
@@ -113,7 +117,6 @@ class _Session:
         self.chunks = []  # [[_Group, ...] per forward of this iteration]
         self.live = []  # weakrefs of this iteration's records (forced end)
         self.bwd = [0, 0]  # manager's backward position: chunk, groups done
-        self.cur = None  # group begun, not ended
         self.broken = False  # the structure changed: rest of the forward kept
         self.backward_seen = False
         self.abandoned = False  # a forward raised
@@ -127,8 +130,6 @@ class _Session:
         manager resets. A warmup whose record is unusable (a forward that
         raised, a changed structure) is thrown away: a new manager."""
         core = self.core
-        if self.cur is not None:
-            self._end_cur()
         if core.unpopped:
             for ref in self.live:
                 r = ref()
@@ -147,7 +148,6 @@ class _Session:
             self._new_core()
         self.chunks = []
         self.bwd = [0, 0]
-        self.cur = None
         self.backward_seen = False
         self.abandoned = False
 
@@ -175,73 +175,28 @@ class _Session:
         elif self.depth == 0 and self.backward_seen and self.core.unpopped == 0:
             self.end_iteration()
 
-    # -- hooks
-    def pack(self, t, suspended):
-        core = self.core
-        if suspended or self.broken or (_current_node is not None and _current_node() is not None):
-            return core.keep(t)
-        try:
-            r = core.pack_offload(t, _NAME)
-        except OflError as e:
-            if e.status != _lib.ERR_MISMATCH:
-                raise
-            self.broken = True
-            return core.keep(t)
-        if type(r) is core.Saved:
-            self.chunks[-1].append(r.group)
-            self.live.append(weakref.ref(r))
-        return r
+    # -- hooks (see _Hooks)
+    def keep_or_offload_failed(self, t, e):
+        """The structure no longer matches the warmup (another model, a cut
+        forward): the rest of this forward stays in memory."""
+        if e.status != _lib.ERR_MISMATCH:
+            raise e
+        self.broken = True
+        return self.core.keep(t)
 
-    def _end_cur(self):
-        g, self.cur = self.cur, None
-        self.core.backward_end(_NAME)
-        g.index = -2
-
-    def _advance_to(self, g):
-        """Runs the backward markers, in the manager's order (chunks first
-        in, first out; groups of a chunk in reverse), up to g (index -1: not
-        begun; -2: ended)."""
-        chunks = self.chunks
-        pos = self.bwd
-        while g.index == -1:
-            if self.cur is not None:
-                self._end_cur()
-            ci, done = pos
-            if ci >= len(chunks):
-                return
-            groups = chunks[ci]
-            if done >= len(groups):
-                pos[0] += 1
-                pos[1] = 0
-                continue
-            nxt = groups[len(groups) - 1 - done]
-            pos[1] += 1
-            self.core.backward_begin(_NAME)
-            nxt.index = 0
-            self.cur = nxt
-
-    def unpack(self, r):
-        core = self.core
-        if type(r) is not core.Saved:
-            return core.unpack(r)  # kept
-        if r.cached is not None or r.core is not core:
-            # used again (retain_graph), or of an earlier manager
-            return (r.core or core).unpack(r)
-        g = r.group
-        if g.index == -1:
-            self._advance_to(g)
-        x = core.unpack(r)
-        if self.cur is g:
-            self._end_cur()
+    def after_backward(self):
+        """An unpack ran: the iteration ends when it left nothing to pop,
+        outside a forward."""
         self.backward_seen = True
-        if core.unpopped == 0 and self.depth == 0:
+        if self.core.unpopped == 0 and self.depth == 0 and self.chunks:
             self.end_iteration()
-        return x
 
 
 class _Hooks:
     """The pack and unpack hooks of one context object (without a reference
-    to it)."""
+    to it). The work per tensor is the manager core's (in C with ofl._ext):
+    pack_offload (a group of its own: start, push, commit) and
+    unpack_ordered (the backward markers in the manager's order, then pop)."""
 
     __slots__ = ("s", "suspend")
 
@@ -250,7 +205,14 @@ class _Hooks:
         self.suspend = 0
 
     def pack(self, t):
-        return self.s.pack(t, self.suspend)
+        s = self.s
+        core = s.core
+        if self.suspend or s.broken or (_current_node is not None and _current_node() is not None):
+            return core.keep(t)
+        try:
+            return core.pack_offload(t, _NAME, s.chunks[-1], s.live)
+        except OflError as e:
+            return s.keep_or_offload_failed(t, e)
 
     def unpack(self, r):
         s = self.s
@@ -259,7 +221,10 @@ class _Hooks:
             if c is None:
                 return unpack_detached(r)
             return c.unpack(r)
-        return s.unpack(r)
+        x = s.core.unpack_ordered(r, s.chunks, s.bwd, _NAME)
+        if type(r) is not _KEPT[0] and type(r) is not _KEPT[1]:
+            s.after_backward()
+        return x
 
 
 _sessions = {}  # key -> [_Session]
