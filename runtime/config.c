@@ -203,11 +203,12 @@ static const entry_t table[] = {
      .kind = K_SIZE,
      .doc = "smallest tensor offloaded, in bytes (0: use "
             "OFL_MIN_OFFLOAD_ELEMS)"},
-    /* Its [0, 1] range is checked by the manager, which applies it to the
-     * params field too. */
+    /* The manager checks the params field against the same [0, 1]. */
     {.name = "OFL_OFFLOAD_FRACTION",
      .def = "1.0",
      .kind = K_DOUBLE,
+     .dlo = 0.0,
+     .dhi = 1.0,
      .doc = "fraction of groups of each name offloaded after warmup"},
     {.name = "OFL_RANK_DELTA_BYTES",
      .def = "0",
@@ -501,6 +502,91 @@ static void format_invalid(const entry_t *e, const char *s, char *msg,
            kind_hint(e, hint, sizeof hint), e->def);
 }
 
+/* OFL_* names that belong to the tools around the library, not to it:
+ * ofl.sh (OFL_BUILD_DIR, OFL_NO_TORCH_INSTALL), the Python package (which
+ * libofl it loads, whether its hooks run in C, the library it bundles at
+ * build time), its tests (OFL_EXPECT_EXT, OFL_TEST_*), the benches and the
+ * demo. */
+static bool foreign_name(const char *name) {
+  static const char *const names[] = {
+      "OFL_BUILD_DIR", "OFL_NO_TORCH_INSTALL", "OFL_LIBRARY",
+      "OFL_PYTHON_EXT", "OFL_BUNDLE_LIBRARY", "OFL_EXPECT_EXT"};
+  static const char *const prefixes[] = {"OFL_BENCH_", "OFL_DEMO_",
+                                         "OFL_TEST_"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strcmp(name, names[i]) == 0)
+      return true;
+  for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+    if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
+      return true;
+  return false;
+}
+
+/* The name of an environment entry ("NAME=value") when it is an OFL_*
+ * variable neither the library nor its tools know. */
+static bool unknown_name(const char *entry, char *name, size_t cap) {
+  if (strncmp(entry, "OFL_", 4) != 0)
+    return false;
+  size_t len = strcspn(entry, "=");
+  if (len >= cap)
+    len = cap - 1;
+  memcpy(name, entry, len);
+  name[len] = '\0';
+  return find(name, NULL) == NULL && !foreign_name(name);
+}
+
+/* Levenshtein distance, case-insensitive; names are under 64 characters
+ * (longer ones are cut: they are no near miss anyway). */
+static size_t edit_distance(const char *a, const char *b) {
+  enum { MAXLEN = 64 };
+  size_t la = strlen(a) < MAXLEN ? strlen(a) : MAXLEN;
+  size_t lb = strlen(b) < MAXLEN ? strlen(b) : MAXLEN;
+  size_t row[MAXLEN + 1];
+  for (size_t j = 0; j <= lb; j++)
+    row[j] = j;
+  for (size_t i = 1; i <= la; i++) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= lb; j++) {
+      size_t up = row[j];
+      size_t cost = toupper((unsigned char)a[i - 1]) ==
+                            toupper((unsigned char)b[j - 1])
+                        ? 0
+                        : 1;
+      size_t best = diag + cost;
+      if (row[j] + 1 < best)
+        best = row[j] + 1;
+      if (row[j - 1] + 1 < best)
+        best = row[j - 1] + 1;
+      row[j] = best;
+      diag = up;
+    }
+  }
+  return row[lb];
+}
+
+/* " (did you mean OFL_X?)" for the known name closest to an unknown one,
+ * when it is a near miss (a third of the name's length after OFL_ or less,
+ * at least 2 edits allowed); "" otherwise. */
+static const char *did_you_mean(const char *name, char *buf, size_t cap) {
+  size_t best = SIZE_MAX;
+  const char *closest = NULL;
+  for (size_t i = 0; i < N_ENTRIES; i++) {
+    size_t d = edit_distance(name, table[i].name);
+    if (d < best) {
+      best = d;
+      closest = table[i].name;
+    }
+  }
+  size_t allowed = (strlen(name) > 4 ? strlen(name) - 4 : 0) / 3;
+  if (allowed < 2)
+    allowed = 2;
+  if (closest == NULL || best > allowed)
+    return "";
+  snprintf(buf, cap, " (did you mean %s?)", closest);
+  return buf;
+}
+
 static ofl_status_t load_locked(void) {
   bad_entry = -1;
   bad_msg[0] = '\0';
@@ -534,29 +620,14 @@ static ofl_status_t load_locked(void) {
   if (!warned_unknown) {
     warned_unknown = true;
     for (char **e = environ; e != NULL && *e != NULL; e++) {
-      if (strncmp(*e, "OFL_", 4) != 0)
-        continue;
       char name[128];
-      size_t len = strcspn(*e, "=");
-      if (len >= sizeof name)
-        len = sizeof name - 1;
-      memcpy(name, *e, len);
-      name[len] = '\0';
-      /* OFL_BUILD_DIR and OFL_NO_TORCH_INSTALL belong to ofl.sh,
-       * OFL_LIBRARY and OFL_PYTHON_EXT to the Python package (which
-       * libofl it loads, whether its hooks run in C),
-       * OFL_BENCH_* and OFL_DEMO_* to the benches and the demo, not to the
-       * library. */
-      if (find(name, NULL) == NULL && strcmp(name, "OFL_BUILD_DIR") != 0 &&
-          strcmp(name, "OFL_NO_TORCH_INSTALL") != 0 &&
-          strcmp(name, "OFL_LIBRARY") != 0 &&
-          strcmp(name, "OFL_PYTHON_EXT") != 0 &&
-          strncmp(name, "OFL_BENCH_", 10) != 0 &&
-          strncmp(name, "OFL_DEMO_", 9) != 0)
-        OFL_WARN(OFL_SUBSYS_CONFIG,
-                 "unknown variable %s is ignored; ofl_config_print() lists "
-                 "the known ones",
-                 name);
+      if (!unknown_name(*e, name, sizeof name))
+        continue;
+      char hint[192];
+      OFL_WARN(OFL_SUBSYS_CONFIG,
+               "unknown variable %s is ignored%s; `ofl-info` lists the known "
+               "ones (and fails while one is unknown)",
+               name, did_you_mean(name, hint, sizeof hint));
     }
   }
   loaded = true;
@@ -694,6 +765,33 @@ ofl_status_t ofl__config_enum(const char *name, int *out) {
     return invalid(e, s);
   *out = idx;
   return OFL_SUCCESS;
+}
+
+size_t ofl_config_check(FILE *out) {
+  size_t problems = 0;
+  pthread_mutex_lock(&config_lock);
+  load_locked();
+  for (size_t i = 0; i < N_ENTRIES; i++) {
+    const char *env = getenv(table[i].name);
+    if (env == NULL || valid(&table[i], env))
+      continue;
+    char msg[1024];
+    format_invalid(&table[i], env, msg, sizeof msg);
+    if (out != NULL)
+      fprintf(out, "%s\n", msg);
+    problems++;
+  }
+  for (char **e = environ; e != NULL && *e != NULL; e++) {
+    char name[128], hint[192];
+    if (!unknown_name(*e, name, sizeof name))
+      continue;
+    if (out != NULL)
+      fprintf(out, "unknown variable %s%s\n", name,
+              did_you_mean(name, hint, sizeof hint));
+    problems++;
+  }
+  pthread_mutex_unlock(&config_lock);
+  return problems;
 }
 
 /* Each variable with the value in force for the library (the environment's

@@ -1,7 +1,9 @@
 /* ofl: logging. OFL_DEBUG=WARN|INFO|TRACE|NONE, OFL_DEBUG_SUBSYS=INIT,POOL,...
  * (ALL, or ^NAME to exclude), OFL_DEBUG_RANK=N (only that rank), and
  * OFL_DEBUG_FILE=path with %h host, %p pid, %r rank. */
+#include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,6 +26,7 @@ static int level_override = -1;
 static FILE *log_file;
 static char *file_pattern; /* OFL_DEBUG_FILE, whole (NULL: stderr) */
 static int file_rank = -2; /* rank the open file was named for */
+static bool file_failed;   /* the file for file_rank could not be opened */
 
 static const struct {
   const char *name;
@@ -114,6 +117,7 @@ static void close_file_locked(void) {
     fclose(log_file);
   log_file = NULL;
   file_rank = -2;
+  file_failed = false;
 }
 
 void ofl_log_reload(void) {
@@ -206,8 +210,15 @@ static void expand_pattern(char *out, size_t cap, int rank) {
   out[n] = '\0';
 }
 
+/* The file OFL_DEBUG_FILE names for the rank in force, else stderr. A file
+ * that cannot be opened is said once (per reload and rank) on stderr, with
+ * its errno, as OFL_TRACE_FILE's is: a log that silently went elsewhere
+ * looks like a run that logged nothing. The line is written here, under
+ * log_lock, in the format of ofl__log's lines. */
 static FILE *sink_locked(void) {
   if (file_pattern == NULL)
+    return stderr;
+  if (file_failed && file_rank == log_rank)
     return stderr;
   if (log_file == NULL || file_rank != log_rank) {
     close_file_locked();
@@ -215,8 +226,18 @@ static FILE *sink_locked(void) {
     expand_pattern(path, sizeof path, log_rank);
     log_file = fopen(path, "a");
     file_rank = log_rank;
-    if (log_file == NULL)
+    if (log_file == NULL) {
+      int err = errno;
+      char host[64];
+      gethostname(host, sizeof host);
+      host[sizeof host - 1] = '\0';
+      file_failed = true;
+      fprintf(stderr,
+              "%s:%ld:%d ofl WARN INIT cannot open log file %s: %s (errno "
+              "%d); logging to stderr: fix OFL_DEBUG_FILE or the directory\n",
+              host, (long)getpid(), log_rank, path, strerror(err), err);
       return stderr;
+    }
   }
   return log_file;
 }

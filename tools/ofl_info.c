@@ -6,18 +6,25 @@
  *
  *   ofl-info           text for people
  *   ofl-info --json    one JSON object for scripts
- *   ofl-info -v        also show the library's log lines while probing */
+ *   ofl-info -v        also show the library's log lines while probing
+ *
+ * It is a check too: it exits 1, after saying why on stderr before the
+ * report, when an OFL_* value is invalid (the library's own rules,
+ * ofl_config_check), an OFL_* variable is unknown (with the closest known
+ * name), or the backend OFL_BACKEND asks for cannot be used here. */
 #include <dlfcn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 
 #include <ofl/ofl.h>
 
 #define MAX_DEVICES 64
 #define MAX_VARS 128
+#define MAX_PROBLEMS 64
 
 typedef struct backend_info {
   const char *name;
@@ -47,6 +54,7 @@ typedef struct var_info {
   const char *value;
   char def[256];
   const char *source;
+  bool invalid; /* set in the environment and refused by the library */
 } var_info_t;
 
 typedef struct info {
@@ -63,6 +71,8 @@ typedef struct info {
   disk_info_t disk;
   var_info_t vars[MAX_VARS];
   int nvars;
+  char problems[MAX_PROBLEMS][768]; /* why the configuration is not usable */
+  int nproblems;
 } info_t;
 
 static void quiet_log(ofl_log_level_t level, unsigned subsys,
@@ -75,6 +85,54 @@ static void quiet_log(ofl_log_level_t level, unsigned subsys,
 
 static void copy_str(char *dst, size_t cap, const char *src) {
   snprintf(dst, cap, "%s", src != NULL ? src : "");
+}
+
+static void add_problem(info_t *in, const char *text) {
+  if (in->nproblems < MAX_PROBLEMS)
+    copy_str(in->problems[in->nproblems++], sizeof in->problems[0], text);
+}
+
+/* Invalid values and unknown names, in the library's words (one line
+ * each). */
+static void check_config(info_t *in) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (f == NULL) {
+    if (ofl_config_check(NULL) > 0)
+      add_problem(in, "the OFL_* configuration has errors");
+    return;
+  }
+  ofl_config_check(f);
+  fclose(f);
+  char *save = NULL;
+  for (char *line = strtok_r(text, "\n", &save); line != NULL;
+       line = strtok_r(NULL, "\n", &save))
+    add_problem(in, line);
+  free(text);
+}
+
+/* A backend asked for by name that cannot be used, and a default open
+ * that fails: what a program would meet at its first ofl_device_open. */
+static void check_backend(info_t *in) {
+  const char *want = getenv("OFL_BACKEND");
+  char msg[768];
+  for (int i = 0; i < 2; i++) {
+    const backend_info_t *b = &in->backends[i];
+    if (want != NULL && strcasecmp(want, b->name) == 0 && !b->available) {
+      snprintf(msg, sizeof msg,
+               "OFL_BACKEND=%s but the %s backend is not available: %s", want,
+               b->name, b->why[0] ? b->why : "no reason given");
+      add_problem(in, msg);
+      return;
+    }
+  }
+  /* An invalid value already said why the open fails. */
+  if (strcmp(in->default_backend, "none") == 0 && in->nproblems == 0) {
+    snprintf(msg, sizeof msg, "a device cannot be opened: %s",
+             in->default_reason);
+    add_problem(in, msg);
+  }
 }
 
 /* The library names the CUDA runtime it uses, and why that one, in its
@@ -248,6 +306,7 @@ static void probe_config(info_t *in) {
     if (v->value == NULL)
       v->value = "";
     v->source = getenv(name) != NULL ? "environment" : "default";
+    v->invalid = strstr(line, ", INVALID;") != NULL;
     /* "(default D; ...)" or "(SOURCE; default D; ...)" */
     const char *rest = line + strlen(name);
     const char *d = strstr(rest, "; default ");
@@ -337,9 +396,9 @@ static void print_text(const info_t *in, FILE *out) {
   fprintf(out, "\nconfiguration (value, default, source)\n");
   for (int i = 0; i < in->nvars; i++) {
     const var_info_t *v = &in->vars[i];
-    fprintf(out, "  %-26s = %-14s default %-10s %s\n", v->name,
+    fprintf(out, "  %-26s = %-14s default %-10s %s%s\n", v->name,
             v->value[0] ? v->value : "''", v->def[0] ? v->def : "''",
-            v->source);
+            v->source, v->invalid ? ", INVALID" : "");
   }
 }
 
@@ -437,16 +496,23 @@ static void print_json(const info_t *in, FILE *out) {
     json_str(out, v->def);
     fprintf(out, ", \"source\": ");
     json_str(out, v->source);
-    fprintf(out, "}");
+    fprintf(out, ", \"valid\": %s}", v->invalid ? "false" : "true");
   }
-  fprintf(out, "\n  ]\n}\n");
+  fprintf(out, "\n  ],\n  \"problems\": [");
+  for (int i = 0; i < in->nproblems; i++) {
+    fprintf(out, "%s\n    ", i ? "," : "");
+    json_str(out, in->problems[i]);
+  }
+  fprintf(out, "%s]\n}\n", in->nproblems ? "\n  " : "");
 }
 
 static void usage(FILE *out) {
   fprintf(out, "usage: ofl-info [--json] [-v|--verbose] [--version]\n"
                "  version, build features, backends, devices, pinned-memory "
                "limit,\n  disk tier and OFL_* settings of this ofl "
-               "installation\n");
+               "installation;\n  exits 1 when an OFL_* value is invalid, "
+               "an OFL_* variable unknown\n  or the backend OFL_BACKEND "
+               "names is not available\n");
 }
 
 int main(int argc, char **argv) {
@@ -472,17 +538,28 @@ int main(int argc, char **argv) {
    * the answers printed below, so the log stays quiet unless -v. */
   if (!verbose)
     ofl_log_set_handler(quiet_log, NULL);
+  check_config(&in);
   probe_config(&in);
   probe_backends(&in, verbose);
   probe_devices(&in);
   probe_nccl(&in);
   in.memlock_ok = getrlimit(RLIMIT_MEMLOCK, &in.memlock) == 0;
   probe_disk(&in);
+  check_backend(&in);
   if (!verbose)
     ofl_log_set_handler(NULL, NULL);
+  /* The verdict first, on stderr, so that a check reads it at the top. */
+  for (int i = 0; i < in.nproblems; i++)
+    fprintf(stderr, "ofl-info: error: %s\n", in.problems[i]);
+  if (in.nproblems > 0)
+    fprintf(stderr,
+            "ofl-info: %d problem(s) with this configuration (exit 1); the "
+            "report follows\n",
+            in.nproblems);
+  fflush(stderr);
   if (json)
     print_json(&in, stdout);
   else
     print_text(&in, stdout);
-  return ferror(stdout) ? 1 : 0;
+  return ferror(stdout) || in.nproblems > 0 ? 1 : 0;
 }

@@ -25,6 +25,14 @@ OFL_API ofl_status_t ofl_config_reload(void);
  * both; the manager's own printer shows those. */
 OFL_API void ofl_config_print(FILE *out);
 
+/* Checks the environment with the rules the library reads it by: every
+ * OFL_* value against its kind and range, every OFL_* name against the
+ * table (an unknown one with the closest known name: "did you mean").
+ * Writes one line per problem to out (NULL: count only) and returns how
+ * many there are; 0: the configuration is usable as it is. ofl-info fails
+ * on any. */
+OFL_API size_t ofl_config_check(FILE *out);
+
 /* The raw text of a variable as in force (environment or default); NULL for
  * a name that is not in the table. */
 OFL_API const char *ofl_config_get(const char *name);
