@@ -135,6 +135,43 @@ static void summarize(ofl_manager_t *m) {
   }
 }
 
+/* Tensors the size threshold kept on the device in the warmup: at INFO
+ * always, with the threshold that applied; a WARN when it kept every one,
+ * so that a first program with small tensors does not offload nothing in
+ * silence. */
+static void report_small_tensors(const ofl_manager_t *m) {
+  if (!m->offload || m->warm_small_tensors == 0)
+    return;
+  char threshold[160];
+  if (m->min_bytes > 0)
+    snprintf(threshold, sizeof threshold,
+             "min_offload_bytes %zu (OFL_MIN_OFFLOAD_BYTES)", m->min_bytes);
+  else
+    snprintf(threshold, sizeof threshold,
+             "min_offload_elems %llu (OFL_MIN_OFFLOAD_ELEMS; "
+             "OFL_MIN_OFFLOAD_BYTES unset)",
+             (unsigned long long)m->min_elems);
+  uint64_t offloaded = 0;
+  for (uint32_t i = 0; i < m->nfwd; i++)
+    for (uint32_t j = 0; j < m->fwd[i]->ngroups; j++)
+      offloaded += m->fwd[i]->groups[j]->warm_bytes;
+  if (offloaded == 0)
+    OFL_WARN(OFL_SUBSYS_PIPELINE,
+             "rank %d: warmup offloaded nothing: %llu tensors (%llu bytes) "
+             "stayed on the device, each under the size threshold %s; lower "
+             "it (params.%s or OFL_%s) to offload them",
+             m->rank, (unsigned long long)m->warm_small_tensors,
+             (unsigned long long)m->warm_small_bytes, threshold,
+             m->min_bytes > 0 ? "min_offload_bytes" : "min_offload_elems",
+             m->min_bytes > 0 ? "MIN_OFFLOAD_BYTES" : "MIN_OFFLOAD_ELEMS");
+  else
+    OFL_INFO(OFL_SUBSYS_PIPELINE,
+             "rank %d: warmup: %llu tensors (%llu bytes) stay on the device, "
+             "each under the size threshold %s",
+             m->rank, (unsigned long long)m->warm_small_tensors,
+             (unsigned long long)m->warm_small_bytes, threshold);
+}
+
 /* The configured names the warmup never started are likely misspelt (or
  * the model calls its modules otherwise): nothing of theirs is offloaded. */
 static void report_unseen_names(ofl_manager_t *m) {
@@ -155,14 +192,7 @@ static void report_unseen_names(ofl_manager_t *m) {
                  m->rank, name);
     }
   }
-  if (m->warm_small_tensors > 0)
-    OFL_INFO(OFL_SUBSYS_PIPELINE,
-             "rank %d: warmup: %llu tensors (%llu bytes) stay on the device "
-             "for their size (under %zu bytes, or %llu elements when no byte "
-             "threshold: OFL_MIN_OFFLOAD_BYTES / OFL_MIN_OFFLOAD_ELEMS)",
-             m->rank, (unsigned long long)m->warm_small_tensors,
-             (unsigned long long)m->warm_small_bytes, m->min_bytes,
-             (unsigned long long)m->min_elems);
+  report_small_tensors(m);
 }
 
 /* The group kept by should_offload in steady state: the last of its name in
