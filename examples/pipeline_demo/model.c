@@ -1,0 +1,442 @@
+/* ofl pipeline demo: the model and its arithmetic. A layer is the seven
+ * named groups of a transformer layer (RMSNorm, QKV projection, softmax
+ * attention, output projection, RMSNorm, MLP with SiLU), each one's saved
+ * tensors handed to ofl between the group's start and commit, forward and
+ * backward; the arithmetic runs on the CPU (kernels.c) or as GPU kernels
+ * (kernels_cuda.h). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "demo.h"
+#include "kernels.h"
+
+/* ---- where the arithmetic runs ---------------------------------------------
+ * On the host backend the layer arithmetic is kernels.c's, on the CPU, on
+ * the memory of ofl's host "device". On a cuda device it is kernels_cuda.h's
+ * GPU kernels (a module dlopened by choose_backend: g_kc), launched on the
+ * demo's own non-blocking stream, which ofl is given as the compute stream
+ * (ofl_stream_wrap_native + ofl_device_set_compute_stream), as a training
+ * program's stream would be. The x_* functions below run one or the other;
+ * what the host reads or writes of device memory (inputs, messages, the
+ * loss, the compared state) crosses through the run's host buffers, on the
+ * compute stream, synchronously. */
+const kc_api_t *g_kc;
+void *g_kc_module;
+ofl_stream_t *g_ocs; /* the running run's compute stream (cuda) */
+
+
+/* Host buffer i (0 or 1) of at least n floats. */
+static float *hbuf(run_t *r, int i, size_t n) {
+  if (r->hcap[i] < n) {
+    free(r->hbuf[i]);
+    r->hbuf[i] = malloc(n * sizeof(float));
+    if (r->hbuf[i] == NULL)
+      die(r, "out of host memory (%zu bytes)", n * sizeof(float));
+    r->hcap[i] = n;
+  }
+  return r->hbuf[i];
+}
+
+/* The n floats at device address src, readable by the host (src itself on
+ * the host backend; host buffer `i` after a copy on the cuda path). */
+const float *dev_read(run_t *r, const float *src, size_t n, int i) {
+  if (g_kc == NULL)
+    return src;
+  float *h = hbuf(r, i, n);
+  KC(r, g_kc->d2h(h, src, n * sizeof(float), r->cs));
+  return h;
+}
+
+/* Where the host writes n floats bound for dst: dst itself on the host
+ * backend, else host buffer `i`, which dev_commit then copies to dst. */
+float *dev_stage(run_t *r, float *dst, size_t n, int i) {
+  return g_kc == NULL ? dst : hbuf(r, i, n);
+}
+
+void dev_commit(run_t *r, float *dst, const float *staged, size_t n) {
+  if (g_kc != NULL)
+    KC(r, g_kc->h2d(dst, staged, n * sizeof(float), r->cs));
+}
+
+void x_fill(run_t *r, float *dst, size_t n, unsigned long long seed,
+                   float scale) {
+  float *h = dev_stage(r, dst, n, 0);
+  k_fill(h, n, seed, scale);
+  dev_commit(r, dst, h, n);
+}
+
+static void x_matmul(run_t *r, float *c, const float *a, const float *b,
+                     int m, int k, int n, int acc) {
+  if (g_kc != NULL)
+    KC(r, g_kc->matmul(c, a, b, m, k, n, acc, r->cs));
+  else
+    k_matmul(c, a, b, m, k, n, acc);
+}
+
+static void x_matmul_tn(run_t *r, float *c, const float *a, const float *b,
+                        int m, int k, int n, int acc) {
+  if (g_kc != NULL)
+    KC(r, g_kc->matmul_tn(c, a, b, m, k, n, acc, r->cs));
+  else
+    k_matmul_tn(c, a, b, m, k, n, acc);
+}
+
+static void x_matmul_nt(run_t *r, float *c, const float *a, const float *b,
+                        int m, int k, int n, int acc) {
+  if (g_kc != NULL)
+    KC(r, g_kc->matmul_nt(c, a, b, m, k, n, acc, r->cs));
+  else
+    k_matmul_nt(c, a, b, m, k, n, acc);
+}
+
+static void x_rmsnorm(run_t *r, float *y, const float *x, const float *g,
+                      int rows, int h) {
+  if (g_kc != NULL)
+    KC(r, g_kc->rmsnorm(y, x, g, rows, h, r->cs));
+  else
+    k_rmsnorm(y, x, g, rows, h);
+}
+
+static void x_attention(run_t *r, float *out, float *probs, const float *qkv,
+                        int s, int h) {
+  if (g_kc != NULL)
+    KC(r, g_kc->attention(out, probs, qkv, s, h, r->cs));
+  else
+    k_attention(out, probs, qkv, s, h);
+}
+
+static void x_silu(run_t *r, float *act, const float *u, size_t n) {
+  if (g_kc != NULL)
+    KC(r, g_kc->silu(act, u, n, r->cs));
+  else
+    k_silu(act, u, n);
+}
+
+static void x_silu_backward(run_t *r, float *du, const float *dact,
+                            const float *u, size_t n) {
+  if (g_kc != NULL)
+    KC(r, g_kc->silu_backward(du, dact, u, n, r->cs));
+  else
+    k_silu_backward(du, dact, u, n);
+}
+
+static void x_add(run_t *r, float *y, const float *x, size_t n) {
+  if (g_kc != NULL)
+    KC(r, g_kc->add(y, x, n, r->cs));
+  else
+    k_add(y, x, n);
+}
+
+/* The tensor handles the demo's code holds (not the manager's): after an
+ * out-of-memory in the middle of a step (--preset oom's baseline) they are
+ * destroyed before the run's manager, pool and device. */
+ofl_tensor_t **g_live;
+size_t g_nlive;
+static size_t g_caplive;
+
+static ofl_tensor_t *live_add(ofl_tensor_t *t) {
+  if (g_nlive == g_caplive) {
+    g_caplive = g_caplive ? 2 * g_caplive : 256;
+    ofl_tensor_t **n = realloc(g_live, g_caplive * sizeof *g_live);
+    if (n == NULL) {
+      fprintf(stderr, DEMO_NAME ": out of host memory\n");
+      exit(2);
+    }
+    g_live = n;
+  }
+  g_live[g_nlive++] = t;
+  return t;
+}
+
+static void live_remove(ofl_tensor_t *t) {
+  for (size_t i = g_nlive; i-- > 0;)
+    if (g_live[i] == t) {
+      g_live[i] = g_live[--g_nlive];
+      return;
+    }
+}
+
+/* Where an allocation that runs out of device memory jumps to when the run
+ * expects it (--preset oom's baseline); NULL: it is an error. */
+
+jmp_buf *g_oom_jump;
+char g_oom_msg[512];
+
+ofl_tensor_t *act(run_t *r, int rows, int cols) {
+  int64_t shape[2] = {rows, cols};
+  ofl_tensor_t *t = NULL;
+  /* cuda: a block whose last use is still queued is handed out at once,
+   * the compute stream made to wait for that use (ofl_pool_alloc). */
+  int st = ofl_pool_alloc(r->pool, shape, 2, OFL_DTYPE_F32,
+                          g_kc != NULL ? r->ocs : NULL, &t);
+  if (st == OFL_ERR_NO_MEMORY && g_oom_jump != NULL) {
+    snprintf(g_oom_msg, sizeof g_oom_msg, "%s: %s", ofl_status_str(st),
+             ofl_last_error());
+    longjmp(*g_oom_jump, 1);
+  }
+  OK(r, st);
+  return live_add(t);
+}
+
+static ofl_tensor_t *alias(run_t *r, ofl_tensor_t *t) {
+  ofl_tensor_t *a = NULL;
+  OK(r, ofl_tensor_alias(t, &a));
+  return live_add(a);
+}
+
+/* Ends a handle of the demo's. On the cuda path the storage is let go
+ * after the work queued on the compute stream (its last use: the kernels
+ * that read it may not have run yet), so the pool cannot hand the block to
+ * another stream's work before they did. ofl's own reloads into this pool
+ * are safe without it (the H2D stream waits for the compute stream before
+ * each reload, docs/DESIGN.md section 5), so no test can see it missing;
+ * it is what any other user of the pool on another stream relies on. */
+void drop(ofl_tensor_t *t) {
+  live_remove(t);
+  if (g_kc != NULL && g_ocs != NULL && ofl_tensor_data(t) != NULL)
+    (void)ofl_tensor_release_storage_after(t, g_ocs);
+  ofl_tensor_destroy(t);
+}
+
+/* Hands t to the manager: from here on it is the manager's handle. */
+static int save(glue_t *g, ofl_tensor_t *t, uint64_t *tag) {
+  live_remove(t);
+  return glue_save(g, t, tag);
+}
+
+void sample_memory(run_t *r) {
+  if (r->nmem == r->capmem) {
+    r->capmem = r->capmem ? r->capmem * 2 : 1024;
+    r->mem_t = realloc(r->mem_t, r->capmem * sizeof *r->mem_t);
+    r->mem_b = realloc(r->mem_b, r->capmem * sizeof *r->mem_b);
+  }
+  /* Device memory allocated (as torch's memory_allocated): weights plus the
+   * activation pool's blocks in use; free pool blocks are cache, not use. */
+  ofl_pool_stats_t st;
+  ofl_pool_get_stats(r->pool, &st);
+  r->mem_t[r->nmem] = now_s() - r->t0;
+  r->mem_b[r->nmem] = (double)(r->weight_bytes + st.in_use_bytes);
+  r->nmem++;
+  /* The GPU's own figure: everything allocated on it (this process's pools
+   * and weights, ofl's buffers, the runtime's, other processes'). Asked
+   * only when the pool's memory changed since the last sample (it moves
+   * with allocations, and the pool is what allocates during a step), so
+   * that the step does not pay a driver call per group. */
+  size_t fr = 0, tot = 0;
+  if (g_kc != NULL && st.total_bytes != r->pool_total_seen &&
+      g_kc->mem_info(&fr, &tot) == 0) {
+    r->pool_total_seen = st.total_bytes;
+    if (tot - fr > r->gpu_used_peak)
+      r->gpu_used_peak = tot - fr;
+  }
+}
+
+void init_layers(run_t *r, int nlayers) {
+  dims_t d = r->d;
+  for (int i = 0; i < nlayers; i++) {
+    layer_t *L = &r->layers[i];
+    size_t n[NW] = {(size_t)d.h, (size_t)d.h * 3 * d.h, (size_t)d.h * d.h,
+                    (size_t)d.h, (size_t)d.h * d.f,     (size_t)d.f * d.h};
+    for (int k = 0; k < NW; k++) {
+      L->n[k] = n[k];
+      OK(r, ofl_device_malloc(r->dev, n[k] * sizeof(float), (void **)&L->w[k]));
+      OK(r,
+         ofl_device_malloc(r->dev, n[k] * sizeof(float), (void **)&L->dw[k]));
+      r->weight_bytes += 2 * n[k] * sizeof(float);
+      unsigned long long seed = ((unsigned long long)r->rank << 32) ^
+                                ((unsigned long long)i << 8) ^ (unsigned)k;
+      if (k == W_G1 || k == W_G2) {
+        float *h = dev_stage(r, L->w[k], n[k], 0);
+        for (size_t j = 0; j < n[k]; j++)
+          h[j] = 1.0f;
+        dev_commit(r, L->w[k], h, n[k]);
+      } else {
+        x_fill(r, L->w[k], n[k], seed, 1.0f / sqrtf((float)d.h));
+      }
+      if (g_kc != NULL)
+        KC(r, g_kc->memset0(L->dw[k], n[k] * sizeof(float), r->cs));
+      else
+        memset(L->dw[k], 0, n[k] * sizeof(float));
+    }
+  }
+}
+
+static void x_rmsnorm_backward(run_t *r, float *dx, float *dg, const float *x,
+                               const float *g, const float *dy, int rows,
+                               int h) {
+  if (g_kc == NULL) {
+    k_rmsnorm_backward(dx, dg, x, g, dy, rows, h);
+    return;
+  }
+  ofl_tensor_t *scratch = act(r, rows, 1); /* the rows' 1/rms */
+  KC(r, g_kc->rmsnorm_backward(dx, dg, x, g, dy, F(scratch), rows, h, r->cs));
+  drop(scratch);
+}
+
+static void x_attention_backward(run_t *r, float *dqkv, const float *dout,
+                                 const float *qkv, const float *probs, int s,
+                                 int h) {
+  if (g_kc == NULL) {
+    k_attention_backward(dqkv, dout, qkv, probs, s, h);
+    return;
+  }
+  ofl_tensor_t *scratch = act(r, s, s); /* dS */
+  KC(r, g_kc->attention_backward(dqkv, dout, qkv, probs, F(scratch), s, h,
+                                 r->cs));
+  drop(scratch);
+}
+
+/* Forward of one layer; x is consumed (the caller's handle ends here). */
+ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
+                                   ofl_tensor_t *x) {
+  dims_t d = r->d;
+  glue_t *g = r->glue;
+  size_t sh = (size_t)d.s * d.h;
+
+  OK(r, glue_group_start(g, "attn_norm"));
+  ofl_tensor_t *y1 = act(r, d.s, d.h);
+  x_rmsnorm(r, F(y1), F(x), L->w[W_G1], d.s, d.h);
+  OK(r, save(g, alias(r, x), &sv->x));
+  OK(r, glue_group_commit(g, "attn_norm"));
+  sample_memory(r);
+
+  OK(r, glue_group_start(g, "qkv_linear"));
+  ofl_tensor_t *qkv = act(r, d.s, 3 * d.h);
+  x_matmul(r, F(qkv), F(y1), L->w[W_QKV], d.s, d.h, 3 * d.h, 0);
+  OK(r, save(g, y1, &sv->y1));
+  OK(r, glue_group_commit(g, "qkv_linear"));
+  sample_memory(r);
+
+  OK(r, glue_group_start(g, "core_attn"));
+  ofl_tensor_t *a = act(r, d.s, d.h);
+  ofl_tensor_t *probs = act(r, d.s, d.s);
+  x_attention(r, F(a), F(probs), F(qkv), d.s, d.h);
+  OK(r, save(g, qkv, &sv->qkv));
+  OK(r, save(g, probs, &sv->probs));
+  OK(r, glue_group_commit(g, "core_attn"));
+  sample_memory(r);
+
+  OK(r, glue_group_start(g, "attn_proj"));
+  ofl_tensor_t *x2 = act(r, d.s, d.h);
+  x_matmul(r, F(x2), F(a), L->w[W_O], d.s, d.h, d.h, 0);
+  x_add(r, F(x2), F(x), sh);
+  OK(r, save(g, a, &sv->a));
+  OK(r, glue_group_commit(g, "attn_proj"));
+  sample_memory(r);
+  drop(x);
+
+  OK(r, glue_group_start(g, "mlp_norm"));
+  ofl_tensor_t *y2 = act(r, d.s, d.h);
+  x_rmsnorm(r, F(y2), F(x2), L->w[W_G2], d.s, d.h);
+  OK(r, save(g, alias(r, x2), &sv->x2));
+  OK(r, glue_group_commit(g, "mlp_norm"));
+  sample_memory(r);
+
+  OK(r, glue_group_start(g, "expert_fc1"));
+  ofl_tensor_t *u = act(r, d.s, d.f);
+  x_matmul(r, F(u), F(y2), L->w[W_1], d.s, d.h, d.f, 0);
+  OK(r, save(g, y2, &sv->y2));
+  OK(r, glue_group_commit(g, "expert_fc1"));
+  sample_memory(r);
+
+  OK(r, glue_group_start(g, "moe_act"));
+  ofl_tensor_t *av = act(r, d.s, d.f);
+  ofl_tensor_t *out = act(r, d.s, d.h);
+  x_silu(r, F(av), F(u), (size_t)d.s * d.f);
+  x_matmul(r, F(out), F(av), L->w[W_2], d.s, d.f, d.h, 0);
+  x_add(r, F(out), F(x2), sh);
+  OK(r, save(g, u, &sv->u));
+  OK(r, glue_group_commit(g, "moe_act"));
+  sample_memory(r);
+  drop(av);
+  drop(x2);
+  return out;
+}
+
+static ofl_tensor_t *load(run_t *r, uint64_t tag) {
+  ofl_tensor_t *t = NULL;
+  OK(r, glue_load(r->glue, tag, &t));
+  return live_add(t);
+}
+
+static void backward_end(run_t *r, const char *name) {
+  OK(r, glue_backward_end(r->glue, name));
+  sample_memory(r);
+}
+
+/* Backward of the group `name` that computed y[rows,out] = x[rows,in] @ w:
+ * dw += x^T dy; returns dx = dy w^T (x is the tensor saved under tag). */
+static ofl_tensor_t *linear_backward(run_t *r, const char *name, uint64_t tag,
+                                     const float *w, float *dw,
+                                     const ofl_tensor_t *dy, int rows, int in,
+                                     int out) {
+  OK(r, glue_backward_begin(r->glue, name));
+  ofl_tensor_t *x = load(r, tag);
+  x_matmul_tn(r, dw, F(x), F(dy), in, rows, out, 1);
+  ofl_tensor_t *dx = act(r, rows, in);
+  x_matmul_nt(r, F(dx), F(dy), w, rows, out, in, 0);
+  drop(x);
+  backward_end(r, name);
+  return dx;
+}
+
+/* Backward of one layer; dout is consumed; returns d(input). */
+ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
+                                    ofl_tensor_t *dout) {
+  dims_t d = r->d;
+  glue_t *g = r->glue;
+
+  OK(r, glue_backward_begin(g, "moe_act"));
+  ofl_tensor_t *u = load(r, sv->u);
+  ofl_tensor_t *av = act(r, d.s, d.f), *dact = act(r, d.s, d.f);
+  x_silu(r, F(av), F(u), (size_t)d.s * d.f);
+  x_matmul_tn(r, L->dw[W_2], F(av), F(dout), d.f, d.s, d.h, 1);
+  x_matmul_nt(r, F(dact), F(dout), L->w[W_2], d.s, d.h, d.f, 0);
+  ofl_tensor_t *du = act(r, d.s, d.f);
+  x_silu_backward(r, F(du), F(dact), F(u), (size_t)d.s * d.f);
+  drop(av);
+  drop(dact);
+  drop(u);
+  backward_end(r, "moe_act");
+  ofl_tensor_t *dx2 = dout; /* the residual passes the gradient through */
+
+  ofl_tensor_t *dy2 = linear_backward(r, "expert_fc1", sv->y2, L->w[W_1],
+                                      L->dw[W_1], du, d.s, d.h, d.f);
+  drop(du);
+
+  OK(r, glue_backward_begin(g, "mlp_norm"));
+  ofl_tensor_t *x2 = load(r, sv->x2);
+  x_rmsnorm_backward(r, F(dx2), L->dw[W_G2], F(x2), L->w[W_G2], F(dy2), d.s, d.h);
+  drop(x2);
+  drop(dy2);
+  backward_end(r, "mlp_norm");
+
+  ofl_tensor_t *da = linear_backward(r, "attn_proj", sv->a, L->w[W_O],
+                                     L->dw[W_O], dx2, d.s, d.h, d.h);
+  ofl_tensor_t *dx = dx2;
+
+  OK(r, glue_backward_begin(g, "core_attn"));
+  ofl_tensor_t *probs = load(r, sv->probs);
+  ofl_tensor_t *qkv = load(r, sv->qkv);
+  ofl_tensor_t *dqkv = act(r, d.s, 3 * d.h);
+  x_attention_backward(r, F(dqkv), F(da), F(qkv), F(probs), d.s, d.h);
+  drop(qkv);
+  drop(probs);
+  drop(da);
+  backward_end(r, "core_attn");
+
+  ofl_tensor_t *dy1 = linear_backward(r, "qkv_linear", sv->y1, L->w[W_QKV],
+                                      L->dw[W_QKV], dqkv, d.s, d.h, 3 * d.h);
+  drop(dqkv);
+
+  OK(r, glue_backward_begin(g, "attn_norm"));
+  ofl_tensor_t *x = load(r, sv->x);
+  x_rmsnorm_backward(r, F(dx), L->dw[W_G1], F(x), L->w[W_G1], F(dy1), d.s, d.h);
+  drop(x);
+  drop(dy1);
+  backward_end(r, "attn_norm");
+  return dx;
+}

@@ -1,0 +1,197 @@
+/* ofl pipeline demo: the command line (--help's text and its parser). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "demo.h"
+
+static const char *usage_text =
+#ifdef OFL_DEMO_NO_MPI
+    "usage: ofl_pipeline_demo_single [--stage S] [--stages P] [options]\n"
+    "  One process runs stage S of a P-stage pipeline without MPI: the\n"
+    "  activations of stage S-1 and the gradients of stage S+1 are generated\n"
+    "  from a seed (the same in both runs).\n"
+    "  --stage S           the pipeline stage this process runs [0]\n"
+    "  --stages P          pipeline size [4]\n"
+#else
+    "usage: mpirun -n P ofl_pipeline_demo [options]\n"
+    "  One pipeline stage per MPI rank (P ranks = pipeline size P).\n"
+#endif
+    "  --vpp V             virtual stages per rank; V > 1 runs interleaved "
+    "1F1B\n"
+    "                      (microbatches must then be a multiple of P) [1]\n"
+    "  --microbatches M    microbatches per iteration [8]\n"
+    "  --layers L          layers per virtual stage [2]\n"
+    "  --hidden H          hidden size [128]\n"
+    "  --seq S             sequence length (rows per activation, <= 4096) "
+    "[128]\n"
+    "  --iters N           iterations per run; the first is the warmup [4]\n"
+    "  --offload LIST      group names to offload, comma-separated, from\n"
+    "                      attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,\n"
+    "                      expert_fc1,moe_act, or 'all' [all]\n"
+    "  --min-offload-bytes B  smallest tensor offloaded [4096]\n"
+    "  --link-gbps G       emulate a host link of G GB/s per direction (0: "
+    "off) [0]\n"
+    "  --disk-groups LIST  group names that go to the disk tier (one private\n"
+    "                      file per rank, io_uring, prefetch) [none]\n"
+    "  --disk-dir DIR      directory of the disk tier's file [OFL_DISK_DIR or "
+    "/tmp]\n"
+    "  --memory-csv FILE   write device memory over time, both runs (rank 0)\n"
+    "  --memory-png FILE   render the memory CSV to a PNG with gnuplot (rank\n"
+    "                      0); without --memory-csv the CSV goes next to it\n"
+    "  --trace FILE        Chrome trace of the offload run (%r: rank); "
+    "without\n"
+    "                      it OFL_TRACE_FILE traces both runs, as in any\n"
+    "                      program (the second run's file gets .1 before "
+    ".json)\n"
+    "  --check-memory      fail unless summary - prefetch bound <= device "
+    "bytes\n"
+    "                      saved <= summary on every rank (see the report)\n"
+    "  --mem-tolerance F   extra relative slack of --check-memory on both\n"
+    "                      sides [0]\n"
+    "  --timeout S         seconds a rank waits for a peer: its messages and\n"
+    "                      every collective (barriers, reductions) [60]\n"
+    "  --backend B         auto, host or cuda [auto]: the first line says\n"
+    "                      which one and why. host: the arithmetic runs on\n"
+    "                      the CPU (kernels.c). cuda: it runs as GPU kernels\n"
+    "                      (kernels_cuda.cu, built by nvcc into the module\n"
+    "                      libofl_demo_kernels_cuda.so next to the demo, or\n"
+    "                      OFL_DEMO_KERNELS_CUDA) on the demo's own stream;\n"
+    "                      the GPU is OFL_DEVICE's (an ordinal or local),\n"
+    "                      else 0. auto: cuda when a GPU and the module are\n"
+    "                      there, else host\n"
+    "  --preset oom        a model whose activations do not fit on the device\n"
+    "                      without offload, sized from its capacity (host:\n"
+    "                      OFL_DEVICE_CAPACITY; cuda: cudaMemGetInfo): sets\n"
+    "                      --hidden, --seq, --layers, --microbatches, --vpp 1\n"
+    "                      (after the other options). The baseline run must\n"
+    "                      run out of device memory (reported, not a crash),\n"
+    "                      the offload run must fit; it is compared bit for\n"
+    "                      bit with a baseline run without the capacity\n"
+    "  --quiet             no progress lines\n"
+    "  --help              this text\n";
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi)
+    return -1;
+  *out = (int)v;
+  return 0;
+}
+
+int parse_opts(int argc, char **argv, opts_t *o, int rank) {
+  *o = (opts_t){.vpp = 1,
+                .microbatches = 8,
+                .layers = 2,
+                .hidden = 128,
+                .seq = 128,
+                .iters = 4,
+                .min_offload_bytes = 4096,
+                .mem_tolerance = 0,
+                .timeout_s = 60,
+                .die_rank = -1,
+                .stage = 0,
+                .stages = 4};
+  snprintf(o->offload_groups, sizeof o->offload_groups, "all");
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    int bad = 0;
+#define INT_OPT(flag, field, lo, hi)                                           \
+  if (strcmp(a, flag) == 0) {                                                  \
+    bad = !v || parse_int(v, lo, hi, &o->field);                               \
+    i++;                                                                       \
+    goto next;                                                                 \
+  }
+    INT_OPT("--vpp", vpp, 1, 16)
+    INT_OPT("--microbatches", microbatches, 1, 4096)
+    INT_OPT("--layers", layers, 1, 64)
+    INT_OPT("--hidden", hidden, 8, 8192)
+    INT_OPT("--seq", seq, 1, 4096)
+    INT_OPT("--iters", iters, 1, 100000)
+    INT_OPT("--timeout", timeout_s, 1, 86400)
+    INT_OPT("--die-rank", die_rank, 0, 1 << 20)
+#ifdef OFL_DEMO_NO_MPI
+    INT_OPT("--stage", stage, 0, 4095)
+    if (strcmp(a, "--stages") == 0)
+      o->stages_given = 1;
+    INT_OPT("--stages", stages, 1, 4096)
+#endif
+#undef INT_OPT
+    if (strcmp(a, "--offload") == 0 && v) {
+      snprintf(o->offload_groups, sizeof o->offload_groups, "%s", v);
+      i++;
+    } else if (strcmp(a, "--min-offload-bytes") == 0 && v) {
+      o->min_offload_bytes = (size_t)strtoull(v, NULL, 10);
+      i++;
+    } else if (strcmp(a, "--link-gbps") == 0 && v) {
+      o->link_gbps = atof(v);
+      bad = o->link_gbps < 0;
+      i++;
+    } else if (strcmp(a, "--disk-groups") == 0 && v) {
+      o->disk_groups = v;
+      i++;
+    } else if (strcmp(a, "--disk-dir") == 0 && v) {
+      o->disk_dir = v;
+      i++;
+    } else if (strcmp(a, "--memory-csv") == 0 && v) {
+      o->csv = v;
+      i++;
+    } else if (strcmp(a, "--memory-png") == 0 && v) {
+      o->png = v;
+      i++;
+    } else if (strcmp(a, "--trace") == 0 && v) {
+      o->trace = v;
+      i++;
+    } else if (strcmp(a, "--mem-tolerance") == 0 && v) {
+      o->mem_tolerance = atof(v);
+      bad = !(o->mem_tolerance >= 0 && o->mem_tolerance < 1);
+      i++;
+    } else if (strcmp(a, "--die-at") == 0 && v) {
+      o->die_at = v;
+      bad = strcmp(v, "barrier") != 0 && strcmp(v, "reduce") != 0;
+      i++;
+    } else if (strcmp(a, "--backend") == 0 && v) {
+      if (strcmp(v, "auto") == 0)
+        o->backend = OFL_BACKEND_AUTO;
+      else if (strcmp(v, "host") == 0)
+        o->backend = OFL_BACKEND_HOST;
+      else if (strcmp(v, "cuda") == 0)
+        o->backend = OFL_BACKEND_CUDA;
+      else
+        bad = 1;
+      i++;
+    } else if (strcmp(a, "--preset") == 0 && v) {
+      bad = strcmp(v, "oom") != 0;
+      o->preset_oom = !bad;
+      i++;
+    } else if (strcmp(a, "--check-memory") == 0) {
+      o->check_memory = 1;
+    } else if (strcmp(a, "--no-compute-stream") == 0) {
+      o->no_compute_stream = 1;
+    } else if (strcmp(a, "--quiet") == 0) {
+      o->quiet = 1;
+    } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      if (rank == 0)
+        fputs(usage_text, stdout);
+      return 1;
+    } else {
+      bad = 1;
+    }
+  next:
+    if (bad) {
+      if (rank == 0)
+        fprintf(stderr, DEMO_NAME ": bad or incomplete option '%s'\n%s", a,
+                usage_text);
+      return -1;
+    }
+  }
+  if (strcmp(o->offload_groups, "all") == 0)
+    snprintf(o->offload_groups, sizeof o->offload_groups,
+             "attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,expert_fc1,"
+             "moe_act");
+  return 0;
+}

@@ -1,0 +1,347 @@
+/* ofl pipeline demo: the schedule. One iteration walks this stage's
+ * 1F1B or interleaved 1F1B steps (schedule.c), a forward or backward of
+ * one microbatch each, with the messages of comm.c between stages; a run
+ * opens a device, a pool and ofl's manager (glue.c), trains --iters
+ * iterations and keeps what the report and the comparison need. */
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "demo.h"
+
+char *g_env_trace;
+
+/* ---- one iteration --------------------------------------------------------
+ */
+
+static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
+  opts_t *o = r->o;
+  dims_t d = r->d;
+  int P = r->pp, V = o->vpp, nvs = P * V;
+  for (int i = 0; i < nsteps; i++) {
+    const sched_step_t *s = &steps[i];
+    int vs = s->chunk * P + r->rank; /* global virtual stage */
+    int mb = s->microbatch;
+    layer_t *L = &r->layers[s->chunk * o->layers];
+    saved_t *sv = &r->saved[((size_t)mb * V + s->chunk) * o->layers];
+    if (s->forward) {
+      ofl_tensor_t *x = act(r, d.s, d.h);
+      if (vs == 0)
+        x_fill(r, F(x), (size_t)d.s * d.h, 1000003ull * (unsigned)mb + 7,
+               1.0f);
+      else
+#ifdef OFL_DEMO_NO_MPI
+        synth_message(r, x, mb, vs - 1, 0);
+#else
+        recv_into(r, x, (r->rank + P - 1) % P, tag_of(mb, vs - 1, 0, nvs));
+#endif
+      OK(r, glue_chunk_begin(r->glue, V, s->chunk, mb));
+      for (int l = 0; l < o->layers; l++)
+        x = layer_forward(r, &L[l], &sv[l], x);
+      if (vs == nvs - 1) {
+        r->stage_out[mb] = x; /* loss = 0.5 * mean(y^2) at backward */
+      } else {
+#ifndef OFL_DEMO_NO_MPI
+        send_tensor(r, x, (r->rank + 1) % P, tag_of(mb, vs, 0, nvs));
+#endif
+        drop(x);
+      }
+    } else {
+      ofl_tensor_t *dy = act(r, d.s, d.h);
+      if (vs == nvs - 1) {
+        ofl_tensor_t *y = r->stage_out[mb];
+        size_t n = (size_t)d.s * d.h;
+        double loss = 0;
+        const float *yh = dev_read(r, F(y), n, 0);
+        float *dyh = dev_stage(r, F(dy), n, 1);
+        for (size_t k = 0; k < n; k++) {
+          loss += 0.5 * (double)yh[k] * (double)yh[k];
+          dyh[k] = yh[k] / (float)n;
+        }
+        dev_commit(r, F(dy), dyh, n);
+        r->losses[(size_t)r->iter * o->microbatches + mb] = loss / (double)n;
+        drop(y);
+        r->stage_out[mb] = NULL;
+      } else {
+#ifdef OFL_DEMO_NO_MPI
+        synth_message(r, dy, mb, vs + 1, 1);
+#else
+        recv_into(r, dy, (r->rank + 1) % P, tag_of(mb, vs + 1, 1, nvs));
+#endif
+      }
+      for (int l = o->layers - 1; l >= 0; l--)
+        dy = layer_backward(r, &L[l], &sv[l], dy);
+#ifndef OFL_DEMO_NO_MPI
+      if (vs > 0)
+        send_tensor(r, dy, (r->rank + P - 1) % P, tag_of(mb, vs, 1, nvs));
+#endif
+      drop(dy);
+    }
+    sample_memory(r);
+  }
+  complete_sends(r);
+  OK(r, glue_iteration_end(r->glue));
+  /* SGD step; gradients are kept for the comparison after the last step. */
+  int nl = o->vpp * o->layers;
+  for (int i = 0; i < nl; i++)
+    for (int k = 0; k < NW; k++) {
+      if (r->iter + 1 < o->iters) {
+        layer_t *L = &r->layers[i];
+        if (g_kc != NULL) {
+          KC(r, g_kc->sgd(L->w[k], L->dw[k], L->n[k], 1e-3f, r->cs));
+          continue;
+        }
+        for (size_t j = 0; j < L->n[k]; j++)
+          L->w[k][j] -= 1e-3f * L->dw[k][j];
+        memset(L->dw[k], 0, L->n[k] * sizeof(float));
+      }
+    }
+  /* The step ends when the GPU finished it (the step time is measured on
+   * the host). */
+  if (g_kc != NULL)
+    KC(r, g_kc->stream_sync(r->cs));
+}
+
+
+/* The iterations of a run; 1 when an allocation ran out of device memory
+ * and the run expected it (expect_oom), 0 when all of them ran. The
+ * setjmp is here so that run()'s own locals are not modified between it
+ * and the longjmp. */
+static int run_iterations(run_t *r, const sched_step_t *steps, int nsteps,
+                          int offload, int expect_oom, double *steady,
+                          int *nsteady) {
+  opts_t *o = r->o;
+  jmp_buf jb;
+  if (expect_oom) {
+    if (setjmp(jb) != 0) {
+      g_oom_jump = NULL;
+      return 1;
+    }
+    g_oom_jump = &jb;
+  }
+  for (r->iter = 0; r->iter < o->iters; r->iter++) {
+    if (r->iter == 1 || o->iters == 1)
+      ofl_pool_reset_peak(r->pool);
+    if (offload && r->iter == (o->iters > 1 ? 1 : 0))
+      maybe_die_at(o, r->rank, r->pp, "barrier");
+    barrier_bounded("the barrier before an iteration");
+    double t = now_s();
+    run_iteration(r, steps, nsteps);
+    barrier_bounded("the barrier after an iteration");
+    t = now_s() - t;
+    if (r->iter > 0 || o->iters == 1) {
+      *steady += t;
+      (*nsteady)++;
+    }
+#ifdef OFL_DEMO_NO_MPI
+    if (!o->quiet && r->rank != r->pp - 1) {
+      printf("[%s] iteration %d/%d%s  (stage %d: no loss)  step %.1f ms\n",
+             offload ? "offload" : "baseline", r->iter + 1, o->iters,
+             r->iter == 0 ? " (warmup)" : "", r->rank, t * 1e3);
+      fflush(stdout);
+    }
+#endif
+    if (!o->quiet && r->rank == r->pp - 1) {
+      double l = 0;
+      for (int m = 0; m < o->microbatches; m++)
+        l += r->losses[(size_t)r->iter * o->microbatches + m];
+      printf("[%s] iteration %d/%d%s  loss %.6f  step %.1f ms\n",
+             offload ? "offload" : "baseline", r->iter + 1, o->iters,
+             r->iter == 0 ? " (warmup)" : "", l / o->microbatches, t * 1e3);
+      fflush(stdout);
+    }
+  }
+  g_oom_jump = NULL;
+  return 0;
+}
+
+/* One run, without or with offload. capacity: the device's capacity
+ * (host backend; 0: OFL_DEVICE_CAPACITY). expect_oom: an allocation that
+ * runs out of device memory ends the run (res->oom) instead of the
+ * program. */
+void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
+                int expect_oom, result_t *res) {
+  run_t r = {.o = o, .rank = rank, .pp = pp, .iter = 0,
+             .pool_total_seen = SIZE_MAX};
+  r.d = (dims_t){o->seq, o->hidden, 2 * o->hidden};
+  ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
+  dp.backend = o->backend;
+  dp.device_capacity_bytes = capacity;
+  dp.link_h2d_gbps = o->link_gbps;
+  dp.link_d2h_gbps = o->link_gbps;
+  /* --trace traces the offload run; OFL_TRACE_FILE, as in any program,
+   * traces every device the process opens (both runs; the library gives
+   * the second one its own file). */
+  if (o->trace != NULL) {
+    if (offload)
+      setenv("OFL_TRACE_FILE", o->trace, 1);
+    else if (g_env_trace != NULL)
+      setenv("OFL_TRACE_FILE", g_env_trace, 1);
+    else
+      unsetenv("OFL_TRACE_FILE");
+  }
+  if (g_kc != NULL)
+    dp.device_index = o->gpu_ordinal;
+  OK(&r, ofl_config_reload());
+  OK(&r, ofl_device_open(&dp, &r.dev));
+  if (g_kc != NULL) {
+    /* The demo's own stream on the run's GPU, handed to ofl as this
+     * thread's compute stream: offloads wait for the kernels queued on it
+     * before copying, reloads are made visible to it. */
+    KC(&r, g_kc->set_device(o->gpu_ordinal));
+    KC(&r, g_kc->stream_create(&r.cs));
+    OK(&r, ofl_stream_wrap_native(r.dev, r.cs, "demo compute", &r.ocs));
+    if (!o->no_compute_stream)
+      ofl_device_set_compute_stream(r.dev, r.ocs);
+    g_ocs = r.ocs;
+  }
+  ofl_pool_params_t pp_ = OFL_POOL_PARAMS_INIT;
+  pp_.kind = OFL_POOL_DEVICE;
+  pp_.name = "activations";
+  pp_.budget_bytes = 0;
+  OK(&r, ofl_pool_create(r.dev, &pp_, &r.pool));
+  int nl = o->vpp * o->layers;
+  r.layers = calloc((size_t)nl, sizeof *r.layers);
+  r.saved = calloc((size_t)o->microbatches * nl, sizeof *r.saved);
+  r.stage_out = calloc((size_t)o->microbatches, sizeof *r.stage_out);
+  r.losses = calloc((size_t)o->iters * o->microbatches, sizeof *r.losses);
+  init_layers(&r, nl);
+
+  glue_params_t gp = {.dev = r.dev,
+                      .act_pool = r.pool,
+                      .offload = offload,
+                      .groups = o->offload_groups,
+                      .min_bytes = o->min_offload_bytes,
+                      .pp_rank = rank,
+                      .pp_size = pp,
+                      .mpi_comm = NULL,
+                      .disk_groups = offload ? o->disk_groups : NULL,
+                      .disk_dir = o->disk_dir};
+#ifndef OFL_DEMO_NO_MPI
+  MPI_Comm world = MPI_COMM_WORLD;
+  gp.mpi_comm = &world;
+#endif
+  OK(&r, glue_open(&gp, &r.glue));
+
+  sched_step_t *steps =
+      calloc((size_t)2 * o->microbatches * o->vpp, sizeof *steps);
+  int nsteps = sched_build(pp, rank, o->vpp, o->microbatches, steps);
+  if (nsteps < 0)
+    die(&r, "invalid schedule (vpp %d needs microbatches a multiple of %d)",
+        o->vpp, pp);
+
+  double steady = 0;
+  int nsteady = 0;
+  r.t0 = now_s();
+  if (run_iterations(&r, steps, nsteps, offload, expect_oom, &steady,
+                     &nsteady)) {
+    /* Out of device memory in the middle of a step: the handles the
+     * demo's code held go back to the pool; the manager destroys its own
+     * at close. */
+    res->oom = 1;
+    res->oom_iter = r.iter;
+    snprintf(res->oom_msg, sizeof res->oom_msg, "%s", g_oom_msg);
+    while (g_nlive > 0)
+      drop(g_live[g_nlive - 1]);
+    for (int m = 0; m < o->microbatches; m++)
+      r.stage_out[m] = NULL;
+  }
+  ofl_pool_stats_t ps;
+  ofl_pool_get_stats(r.pool, &ps);
+  res->peak_bytes = r.weight_bytes + ps.peak_in_use_bytes;
+  res->step_s = steady / (nsteady ? nsteady : 1);
+  res->summary_bytes = glue_summary_total_bytes(r.glue);
+  glue_get_stats(r.glue, &res->stats);
+  if (offload) {
+#ifdef OFL_DEMO_NO_MPI
+    /* The summary of this process's self comm has one row, "Rank 0": it is
+     * this stage's, so it is printed under the stage's number. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&text, &len);
+    if (mf != NULL) {
+      glue_print_summary(r.glue, mf);
+      fclose(mf);
+      char *row = text != NULL ? strstr(text, "\nRank 0 ") : NULL;
+      if (row != NULL) {
+        char label[32];
+        int n = snprintf(label, sizeof label, "Rank %d", rank);
+        char *p = row + 1 + 6; /* past "Rank 0" */
+        int spare = 0;
+        while (p[spare] == ' ')
+          spare++;
+        if (n - 6 < spare) {
+          memmove(row + 1 + n, p + (n - 6), strlen(p + (n - 6)) + 1);
+          memcpy(row + 1, label, (size_t)n);
+        }
+      }
+      if (text != NULL)
+        fputs(text, stdout);
+      fflush(stdout);
+      free(text);
+    }
+#else
+    glue_print_summary(r.glue, stdout);
+#endif
+  }
+
+  /* State for the comparison: losses, then every weight and gradient. */
+  size_t bytes = (size_t)o->iters * o->microbatches * sizeof(double);
+  for (int i = 0; i < nl; i++)
+    for (int k = 0; k < NW; k++)
+      bytes += 2 * r.layers[i].n[k] * sizeof(float);
+  res->state = malloc(bytes);
+  res->state_bytes = bytes;
+  size_t off = 0;
+  memcpy(res->state, r.losses,
+         (size_t)o->iters * o->microbatches * sizeof(double));
+  off += (size_t)o->iters * o->microbatches * sizeof(double);
+  for (int i = 0; i < nl; i++)
+    for (int k = 0; k < NW; k++) {
+      size_t n = r.layers[i].n[k];
+      memcpy(res->state + off, dev_read(&r, r.layers[i].w[k], n, 0),
+             n * sizeof(float));
+      off += n * sizeof(float);
+      memcpy(res->state + off, dev_read(&r, r.layers[i].dw[k], n, 0),
+             n * sizeof(float));
+      off += n * sizeof(float);
+    }
+  res->gpu_used_peak = r.gpu_used_peak;
+  /* FNV-1a of the state: what a comparison across invocations uses (the
+   * --preset oom run on a GPU, which has no baseline of its own). */
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; i++)
+    h = (h ^ res->state[i]) * 1099511628211ull;
+  res->checksum = h;
+  res->mem_t = r.mem_t;
+  res->mem_b = r.mem_b;
+  res->nmem = r.nmem;
+
+  glue_close(r.glue);
+  /* Everything queued on the demo's stream is done before its memory and
+   * the stream go. */
+  if (g_kc != NULL)
+    KC(&r, g_kc->stream_sync(r.cs));
+  for (int i = 0; i < nl; i++)
+    for (int k = 0; k < NW; k++) {
+      ofl_device_free(r.dev, r.layers[i].w[k]);
+      ofl_device_free(r.dev, r.layers[i].dw[k]);
+    }
+  ofl_pool_destroy(r.pool);
+  if (g_kc != NULL) {
+    ofl_device_set_compute_stream(r.dev, NULL);
+    ofl_stream_destroy(r.ocs);
+    g_ocs = NULL;
+    KC(&r, g_kc->stream_destroy(r.cs));
+  }
+  free(r.hbuf[0]);
+  free(r.hbuf[1]);
+  ofl_device_close(r.dev);
+  free(steps);
+  free(r.layers);
+  free(r.saved);
+  free(r.stage_out);
+  free(r.losses);
+}
+
