@@ -54,7 +54,7 @@ static PyObject *s_is_cpu, *s_is_cuda, *s_layout, *s_base, *s_numel,
     *s_dtype, *s_bases, *s_records, *s_view, *s_as_strided, *s_sync_compute,
     *s_wrap_reloaded, *s_destroy_now, *s_version, *s_is_conj, *s_is_neg,
     *s_is_quantized, *s_is_buffer, *s_version_error, *s_pop_error,
-    *s_group_start, *s_commit;
+    *s_group_start, *s_commit, *s_get_device;
 
 static void drain_released(void);
 
@@ -94,6 +94,7 @@ static int intern_names(void) {
       {&s_pop_error, "_pop_error"},
       {&s_group_start, "group_start"},
       {&s_commit, "commit"},
+      {&s_get_device, "get_device"},
   };
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     *names[i].slot = PyUnicode_InternFromString(names[i].text);
@@ -341,6 +342,7 @@ typedef struct HooksObject {
   PyObject *open;     /* list of open groups, innermost last */
   long long min_elems;
   long long min_bytes;
+  long long ordinal; /* cuda: the GPU ofl opened; its tensors only */
   Py_ssize_t live_blocks; /* reloaded tensors torch still uses */
   Py_ssize_t unpopped;    /* records pushed, not popped, alive */
   char active;            /* offload enabled and not forward-only */
@@ -459,6 +461,11 @@ static int eligible(HooksObject *self, PyObject *t, long long *numel,
   if (Py_TYPE(t) != (PyTypeObject *)torch_tensor) return 0;
   int r = attr_true(t, self->is_cuda ? s_is_cuda : s_is_cpu, 0);
   if (r <= 0) return r;
+  if (self->is_cuda) { /* a tensor of another GPU stays where it is */
+    long long dev;
+    if (call_ll(t, s_get_device, &dev) < 0) return -1;
+    if (dev != self->ordinal) return 0;
+  }
   PyObject *layout = PyObject_GetAttr(t, s_layout);
   if (layout == NULL) return -1;
   r = layout == torch_strided;
@@ -1278,6 +1285,8 @@ static PyMemberDef hooks_members[] = {
     {"open", T_OBJECT_EX, offsetof(HooksObject, open), 0, "open groups, innermost last"},
     {"min_elems", T_LONGLONG, offsetof(HooksObject, min_elems), 0, "size threshold (elements)"},
     {"min_bytes", T_LONGLONG, offsetof(HooksObject, min_bytes), 0, "size threshold (bytes)"},
+    {"ordinal", T_LONGLONG, offsetof(HooksObject, ordinal), 0,
+     "cuda: the GPU whose tensors the manager takes"},
     {"live_blocks", T_PYSSIZET, offsetof(HooksObject, live_blocks), 0,
      "reloaded tensors torch still uses"},
     {"unpopped", T_PYSSIZET, offsetof(HooksObject, unpopped), 0,

@@ -215,6 +215,7 @@ _PROTOS = {
     "ofl_device_close": (None, [_P]),
     "ofl_device_backend": (c_int, [_P]),
     "ofl_device_adopt_host_memory": (c_int, [_P, c_int]),
+    "ofl_device_ordinal": (c_int, [_P]),
     "ofl_device_get_stats": (None, [_P, POINTER(DeviceStats)]),
     "ofl_device_compute_stream": (_P, [_P]),
     "ofl_device_set_compute_stream": (None, [_P, _P]),

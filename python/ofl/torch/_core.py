@@ -137,6 +137,12 @@ class Runtime:
             # manager offloads them in place (no copy into ofl's memory)
             check(L.ofl_device_adopt_host_memory(self.dev, 1), "ofl_device_adopt_host_memory")
         self.device_type = "cuda" if self.is_cuda else "cpu"
+        # the GPU ofl opened (OFL_DEVICE, else the current device at the
+        # first use): its tensors, streams and memory are ofl's; a tensor
+        # of another GPU stays where it is
+        self.ordinal = L.ofl_device_ordinal(self.dev) if self.is_cuda else -1
+        self.torch_device = (torch.device("cuda", self.ordinal) if self.is_cuda
+                             else torch.device("cpu"))
         self._wrapped = {}  # cudaStream_t -> ofl stream
         self._tls = threading.local()
 
@@ -156,7 +162,7 @@ class Runtime:
         host backend."""
         if not self.is_cuda:
             return L.ofl_device_compute_stream(self.dev)
-        native = torch.cuda.current_stream().cuda_stream
+        native = torch.cuda.current_stream(self.torch_device).cuda_stream
         tls = self._tls
         if getattr(tls, "native", None) != native:
             s = self._wrapped.get(native)
@@ -222,7 +228,7 @@ def wrap_storage(core, h, nbytes, dtype, device_type, stream=None):
     a._ofl = blk
     a.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
                                   "data": (ptr, False), "version": 2}
-    return torch.as_tensor(a, device="cuda").view(dtype)
+    return torch.as_tensor(a, device=core.rt.torch_device).view(dtype)
 
 
 # ---- the engine ------------------------------------------------------------------
@@ -294,7 +300,7 @@ class _PyHooks:
         """Whether the manager may take t. Parameters and other subclasses,
         views of them, buffers, lazy conjugates and negations (their bits
         are not in the bytes) and quantized tensors stay where they are."""
-        if (t.device.type != self.device_type or type(t) is not torch.Tensor
+        if (t.device != self.torch_device or type(t) is not torch.Tensor
                 or t.layout is not torch.strided):
             return False
         numel = t.numel()
@@ -541,6 +547,8 @@ class _CoreMethods:
         self.summary_text = None
         self.summary_rows = None  # [{group: bytes}] per rank (rank 0), or this rank's
         self.device_type = self.rt.device_type
+        self.torch_device = self.rt.torch_device
+        self.ordinal = self.rt.ordinal
         self.is_cuda = self.rt.is_cuda
         self.enabled = True
         self.forward_only = False
