@@ -205,108 +205,11 @@ int main(int argc, char **argv) {
     die(NULL, "MPI_Igather of the per-rank figures failed");
   wait_bounded(&req, "the gather of the per-rank figures");
 #endif
-  int mem_fail = 0, mem_equal = 0, mem_short = 0;
-  if (leader) {
-    printf("\n%-6s %12s %12s %12s %12s %8s %12s %12s %8s %8s %10s %10s\n",
-           "rank", "peak_base", "peak_offl", "saved_MiB", "summary_MiB",
-           "saved/sum", "offl_MiB", "reload_MiB", "stalls", "stall_ms",
-           "step_base", "step_offl");
-    for (int i = 0; i < rep_n; i++) {
-      double *v = &all[NF * i];
-      double saved = v[0] - v[1];
-      double ratio = v[2] > 0 ? saved / v[2] : (saved == 0 ? 1.0 : 0.0);
-      printf("%-6d %10.2fMi %10.2fMi %12.2f %12.2f %8.3f %12.2f %12.2f %8.0f "
-             "%8.2f %8.1fms %8.1fms\n",
-             rep_first + i, v[0] / 1048576, v[1] / 1048576, saved / 1048576, v[2] / 1048576,
-             ratio, v[3] / 1048576, v[4] / 1048576, v[5], v[6], v[7] * 1e3,
-             v[8] * 1e3);
-    }
-    /* The check of the bound above largest_offloaded_group, saying for
-     * each rank whether and why the saving differs from the summary. */
-    printf("\n");
-    for (int i = 0; i < rep_n && !no_compare; i++) {
-      double *v = &all[NF * i];
-      double saved = v[0] - v[1], sum = v[2], bound = v[20];
-      double slack = o.mem_tolerance * sum;
-      if (saved == sum) {
-        mem_equal++;
-      } else if (saved < sum && saved >= sum - bound - slack) {
-        mem_short++;
-        printf("rank %d: saved %.2f MiB, %.2f MiB less than the summary's "
-               "%.2f MiB: at the peak the group(s) prefetched for the next "
-               "backward step are already back on the device (bound: %d x "
-               "%.2f MiB, the largest offloaded group)\n",
-               rep_first + i, saved / 1048576, (sum - saved) / 1048576,
-               sum / 1048576,
-               prefetch_groups_in_force(),
-               bound / 1048576 / prefetch_groups_in_force());
-      } else if (saved <= sum + slack && saved >= sum - bound - slack) {
-        mem_equal++; /* above the summary, within --mem-tolerance */
-      } else {
-        mem_fail++;
-        printf("rank %d: saved %.2f MiB is OUTSIDE [summary - prefetch "
-               "bound, summary] = [%.2f, %.2f] MiB\n",
-               rep_first + i, saved / 1048576, (sum - bound) / 1048576,
-               sum / 1048576);
-      }
-    }
-    if (all[12] > 0) {
-      printf("\ndisk tier (%s):\n%-6s %12s %12s %10s %10s %10s %10s %8s\n",
-             o.disk_groups, "rank", "written_MiB", "read_MiB", "write_GB/s",
-             "read_GB/s", "reloads", "from_kept", "faults");
-      for (int i = 0; i < rep_n; i++) {
-        double *v = &all[NF * i];
-        printf("%-6d %12.2f %12.2f %10.2f %10.2f %10.0f %10.0f %8.0f\n",
-               rep_first + i,
-               v[13] / 1048576, v[14] / 1048576, v[15], v[16], v[17], v[19],
-               v[18]);
-      }
-      printf("# from_kept: reloads served by bounce buffers kept after their "
-             "write (OFL_DISK_KEEP), without a read\n");
-    }
-    double sb = 0, so = 0;
-    for (int i = 0; i < rep_n; i++) {
-      sb += all[NF * i + 7];
-      so += all[NF * i + 8];
-    }
-    if (no_compare) {
-      printf("\nstep time and device memory saved: not compared (the "
-             "baseline ran out of memory before its steady state)\n");
-    } else {
-      printf("\nstep time with offload / without: %.3f (mean over ranks, "
-             "steady-state iterations)\n",
-             so / sb);
-      printf("device memory saved against the summary: equal on %d, short "
-             "by the prefetched group(s) on %d, outside the bound on %d of "
-             "%d rank(s)\n",
-             mem_equal, mem_short, mem_fail, rep_n);
-    }
-    if (g_kc != NULL)
-      printf("GPU memory in use at the peak (cudaMemGetInfo, rank 0's GPU, "
-             "all of its users): %.2f MiB without offload, %.2f MiB with\n",
-             (double)base.gpu_used_peak / 1048576,
-             (double)off.gpu_used_peak / 1048576);
-    /* this process's state (its stage; rank 0's under MPI) */
-    if (no_compare)
-      printf("state checksum (losses, weights, gradients) of this stage: "
-             "offload %016llx\n",
-             (unsigned long long)off.checksum);
-    else
-      printf("state checksum (losses, weights, gradients) of this stage: "
-             "baseline %016llx, offload %016llx\n",
-             (unsigned long long)base.checksum,
-             (unsigned long long)off.checksum);
-    if (no_compare)
-      printf("bit-identical losses, weights and gradients with and without "
-             "offload: not checked here (--preset oom on a GPU has no "
-             "baseline that fits; compare the checksum with a run of the "
-             "same model without --preset oom on a larger GPU)\n");
-    else
-      printf("bit-identical losses, weights and gradients with and without "
-             "offload: %s (%lld differing bytes on %lld rank(s))\n",
-             diff_all == 0 ? "yes" : "NO", diff_all, bad_ranks);
-    fflush(stdout);
-  }
+  /* What rank 0 prints: the table, the memory check, the verdict. */
+  int mem_fail = 0, nothing = 0;
+  if (leader)
+    report_print(&o, all, NF, rep_first, rep_n, &base, &off, no_compare,
+                 diff_all, bad_ranks, &mem_fail, &nothing);
   /* The PNG is drawn from the CSV: without --memory-csv, the CSV is
    * written next to the PNG (x.png -> x.csv). */
   char csv_path[1024];
@@ -319,13 +222,19 @@ int main(int argc, char **argv) {
     csv = csv_path;
   }
   if (csv != NULL) {
-    write_memory_csv(csv, rank, pp, &base, &off);
-    if (leader && o.png)
-      render_png(csv, o.png, rep_first, rep_n);
+    /* Where the files went, so that nobody has to guess. */
+    int wrote = write_memory_csv(csv, rank, pp, &base, &off) == 0;
+    if (leader && wrote)
+      printf("memory over time (CSV): %s\n", csv);
+    if (leader && wrote && o.png &&
+        render_png(csv, o.png, rep_first, rep_n, all, NF) == 0)
+      printf("memory over time (PNG): %s\n", o.png);
+    fflush(stdout);
   }
   int fail = 0;
   if (leader)
-    fail = diff_all != 0 || (o.check_memory && mem_fail > 0) || oom_fail;
+    fail = diff_all != 0 || (o.check_memory && mem_fail > 0) || oom_fail ||
+           nothing;
 #ifndef OFL_DEMO_NO_MPI
   if (MPI_Ibcast(&fail, 1, MPI_INT, 0, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
     die(NULL, "MPI_Ibcast of the verdict failed");

@@ -101,6 +101,7 @@ typedef struct {
   double *mem_b;
   size_t nmem, capmem;
   double t0;
+  double steady_s; /* when the steady state began, seconds after t0 */
   size_t weight_bytes; /* device bytes of weights and gradients */
   /* cuda path (g_kc non-NULL): the demo's own compute stream, as created
    * (cs) and as ofl knows it (ocs); host buffers for what crosses to and
@@ -123,6 +124,7 @@ typedef struct {
   size_t state_bytes;
   double *mem_t, *mem_b;
   size_t nmem;
+  double steady_s; /* mem_t of the steady state's start (iteration 2) */
   size_t gpu_used_peak; /* cuda: cudaMemGetInfo's largest total - free */
   uint64_t checksum;    /* FNV-1a of state (losses, weights, gradients) */
   int oom;            /* the run stopped: out of device memory (expected) */
@@ -210,9 +212,14 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
          int expect_oom, result_t *res);
 size_t largest_offloaded_group(const opts_t *o);
 int prefetch_groups_in_force(void);
-void write_memory_csv(const char *path, int rank, int pp, const result_t *base,
-                      const result_t *off);
-void render_png(const char *csv, const char *png, int first, int pp);
+int write_memory_csv(const char *path, int rank, int pp, const result_t *base,
+                     const result_t *off);
+int render_png(const char *csv, const char *png, int first, int pp,
+               const double *all, int NF);
+void report_print(const opts_t *o, const double *all, int NF, int rep_first,
+                  int rep_n, const result_t *base, const result_t *off,
+                  int no_compare, long long diff_all, long long bad_ranks,
+                  int *mem_fail, int *nothing);
 
 #ifdef OFL_DEMO_NO_MPI
 #define DEMO_FINALIZE() ((void)0)

@@ -72,6 +72,52 @@ static const char *usage_text =
     "  --quiet             no progress lines\n"
     "  --help              this text\n";
 
+const char *const demo_group_names[7] = {"attn_norm",  "qkv_linear",
+                                         "core_attn",  "attn_proj",
+                                         "mlp_norm",   "expert_fc1",
+                                         "moe_act"};
+
+/* A comma list of the layer's group names: a misspelt one would offload
+ * nothing of its group, and the run would still compare equal; refused
+ * here, naming the closest of the seven. what: the option. */
+static int check_groups(const char *what, const char *list, int rank) {
+  const char *p = list;
+  while (p != NULL && *p != '\0') {
+    size_t len = strcspn(p, ",");
+    int known = 0;
+    for (int g = 0; g < 7 && !known; g++)
+      known = strlen(demo_group_names[g]) == len &&
+              strncmp(p, demo_group_names[g], len) == 0;
+    if (!known) {
+      if (rank == 0) {
+        /* the closest name: most characters in common at the same place
+         * after '-' is read as '_' (core-attn) */
+        int best = 0, best_score = -1;
+        for (int g = 0; g < 7; g++) {
+          int score = 0;
+          for (size_t k = 0; k < len && demo_group_names[g][k]; k++)
+            score += (p[k] == '-' ? '_' : p[k]) == demo_group_names[g][k];
+          if (score > best_score) {
+            best = g;
+            best_score = score;
+          }
+        }
+        fprintf(stderr,
+                DEMO_NAME ": %s: unknown group '%.*s'%s%s%s; the groups are "
+                "attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,"
+                "expert_fc1,moe_act (or all)\n",
+                what, (int)len, p, best_score > 0 ? " (did you mean " : "",
+                best_score > 0 ? demo_group_names[best] : "",
+                best_score > 0 ? "?)" : "");
+      }
+      return -1;
+    }
+    p += len;
+    p = *p == ',' ? p + 1 : p;
+  }
+  return 0;
+}
+
 static int parse_int(const char *s, int lo, int hi, int *out) {
   char *end = NULL;
   errno = 0;
@@ -193,5 +239,9 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
     snprintf(o->offload_groups, sizeof o->offload_groups,
              "attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,expert_fc1,"
              "moe_act");
+  if (check_groups("--offload", o->offload_groups, rank) != 0 ||
+      (o->disk_groups != NULL &&
+       check_groups("--disk-groups", o->disk_groups, rank) != 0))
+    return -1;
   return 0;
 }

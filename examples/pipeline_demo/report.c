@@ -68,31 +68,56 @@ int prefetch_groups_in_force(void) {
   return n >= 1 ? n : 1;
 }
 
-/* ---- reports
- * ------------------------------------------------------------------ */
+/* ---- the memory curves ----------------------------------------------------
+ * CSV: rank,run,seconds,device_mib,steady_seconds: seconds since the run
+ * began, and since its steady state began (iteration 2; the warmup is
+ * negative), so that the two runs of a rank line up where their steady
+ * states start whatever their warmups took. */
+
+static void csv_row(FILE *f, int rank, int k, const double *s) {
+  fprintf(f, "%d,%s,%.6f,%.3f,%.6f\n", rank, k ? "offload" : "baseline", s[0],
+          s[1] / 1048576.0, s[2]);
+}
+
+/* Samples of one run as (t, bytes, t - steady start) triplets. */
+static double *samples(const result_t *res) {
+  double *buf = malloc(sizeof(double) * 3 * (res->nmem ? res->nmem : 1));
+  if (buf == NULL)
+    die(NULL, "out of host memory");
+  for (size_t i = 0; i < res->nmem; i++) {
+    buf[3 * i] = res->mem_t[i];
+    buf[3 * i + 1] = res->mem_b[i];
+    buf[3 * i + 2] = res->mem_t[i] - res->steady_s;
+  }
+  return buf;
+}
 
 #ifdef OFL_DEMO_NO_MPI
 /* This process's samples only, under its stage number. */
-void write_memory_csv(const char *path, int rank, int pp,
-                             const result_t *base, const result_t *off) {
+int write_memory_csv(const char *path, int rank, int pp, const result_t *base,
+                     const result_t *off) {
   (void)pp;
   FILE *f = fopen(path, "w");
   if (f == NULL) {
-    fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
-    return;
+    fprintf(stderr, DEMO_NAME ": cannot write %s: %s\n", path,
+            strerror(errno));
+    return -1;
   }
-  fprintf(f, "rank,run,seconds,device_mib\n");
+  fprintf(f, "rank,run,seconds,device_mib,steady_seconds\n");
   const result_t *runs[2] = {base, off};
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < 2; k++) {
+    double *buf = samples(runs[k]);
     for (size_t i = 0; i < runs[k]->nmem; i++)
-      fprintf(f, "%d,%s,%.6f,%.3f\n", rank, k ? "offload" : "baseline",
-              runs[k]->mem_t[i], runs[k]->mem_b[i] / 1048576.0);
-  fclose(f);
+      csv_row(f, rank, k, &buf[3 * i]);
+    free(buf);
+  }
+  return fclose(f) == 0 ? 0 : -1;
 }
 #else
-void write_memory_csv(const char *path, int rank, int pp,
-                             const result_t *base, const result_t *off) {
-  /* Every rank's samples are gathered on rank 0: rank, run, t, MiB. */
+/* Every rank's samples are gathered on rank 0, which writes the file;
+ * returns 0 on rank 0 when the file was written (and on the others). */
+int write_memory_csv(const char *path, int rank, int pp, const result_t *base,
+                     const result_t *off) {
   int counts[2] = {(int)base->nmem, (int)off->nmem};
   int *all = rank == 0 ? malloc(sizeof(int) * 2 * (size_t)pp) : NULL;
   MPI_Request req;
@@ -104,75 +129,244 @@ void write_memory_csv(const char *path, int rank, int pp,
   if (rank == 0) {
     f = fopen(path, "w");
     if (f == NULL)
-      fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
+      fprintf(stderr, DEMO_NAME ": cannot write %s: %s\n", path,
+              strerror(errno));
     else
-      fprintf(f, "rank,run,seconds,device_mib\n");
+      fprintf(f, "rank,run,seconds,device_mib,steady_seconds\n");
   }
   const result_t *runs[2] = {base, off};
   for (int k = 0; k < 2; k++) {
     int n = counts[k];
-    double *buf = malloc(sizeof(double) * 2 * (size_t)(n ? n : 1));
-    for (int i = 0; i < n; i++) {
-      buf[2 * i] = runs[k]->mem_t[i];
-      buf[2 * i + 1] = runs[k]->mem_b[i];
-    }
+    double *buf = samples(runs[k]);
     if (rank == 0) {
       for (int src = 0; src < pp; src++) {
         int m = all[2 * src + k];
         double *rb =
-            src == 0 ? buf : malloc(sizeof(double) * 2 * (size_t)(m ? m : 1));
+            src == 0 ? buf : malloc(sizeof(double) * 3 * (size_t)(m ? m : 1));
         if (src != 0) {
-          if (MPI_Irecv(rb, 2 * m, MPI_DOUBLE, src, 900 + k, MPI_COMM_WORLD,
+          if (MPI_Irecv(rb, 3 * m, MPI_DOUBLE, src, 900 + k, MPI_COMM_WORLD,
                         &req) != MPI_SUCCESS)
             die(NULL, "MPI_Irecv of rank %d's memory samples failed", src);
           wait_bounded(&req, "the receive of a rank's memory samples");
         }
         for (int i = 0; f && i < m; i++)
-          fprintf(f, "%d,%s,%.6f,%.3f\n", src, k ? "offload" : "baseline",
-                  rb[2 * i], rb[2 * i + 1] / 1048576.0);
+          csv_row(f, src, k, &rb[3 * i]);
         if (src != 0)
           free(rb);
       }
     } else {
-      if (MPI_Isend(buf, 2 * n, MPI_DOUBLE, 0, 900 + k, MPI_COMM_WORLD, &req) !=
-          MPI_SUCCESS)
+      if (MPI_Isend(buf, 3 * n, MPI_DOUBLE, 0, 900 + k, MPI_COMM_WORLD,
+                    &req) != MPI_SUCCESS)
         die(NULL, "MPI_Isend of the memory samples failed");
       wait_bounded(&req, "the send of the memory samples to rank 0");
     }
     free(buf);
   }
-  if (f)
-    fclose(f);
   free(all);
+  if (rank != 0)
+    return 0;
+  return f != NULL && fclose(f) == 0 ? 0 : -1;
 }
 #endif
 
-/* One plot per rank first .. first + pp - 1 of the CSV. */
-void render_png(const char *csv, const char *png, int first, int pp) {
-  char script[4096];
-  int n = snprintf(script, sizeof script,
-                   "set terminal pngcairo size 1100,%d font 'sans,10'\n"
-                   "set output '%s'\nset datafile separator ','\n"
-                   "set multiplot layout %d,1 title 'ofl demo: device memory "
-                   "per rank, without and with activation offload'\n",
-                   260 * pp + 60, png, pp);
-  for (int r = first; r < first + pp && n < (int)sizeof script - 400; r++)
+/* The largest device_mib of the CSV: one y scale for every rank. */
+static double csv_max_mib(const char *csv) {
+  FILE *f = fopen(csv, "r");
+  double best = 0;
+  char line[256];
+  while (f != NULL && fgets(line, sizeof line, f) != NULL) {
+    int rk;
+    char run[16];
+    double t, mib;
+    if (sscanf(line, "%d,%15[^,],%lf,%lf", &rk, run, &t, &mib) == 4 &&
+        mib > best)
+      best = mib;
+  }
+  if (f != NULL)
+    fclose(f);
+  return best;
+}
+
+/* One plot per rank first .. first + pp - 1 of the CSV: both runs on one
+ * time axis from their steady state's start, the same y scale on every
+ * rank (stated), each plot titled with the rank's step times (all: the
+ * report's figures, NF per rank), the legend outside the curves, and the
+ * offload run drawn thin over the baseline's wide band so that both show
+ * where they coincide. Returns 0 when the PNG was written. */
+int render_png(const char *csv, const char *png, int first, int pp,
+               const double *all, int NF) {
+  size_t cap = 2048 + 1024 * (size_t)pp;
+  char *script = malloc(cap);
+  if (script == NULL)
+    return -1;
+  double ymax = csv_max_mib(csv) * 1.08;
+  int n = snprintf(
+      script, cap,
+      "set terminal pngcairo size 1100,%d font 'sans,10'\n"
+      "set output '%s'\nset datafile separator ','\n"
+      "set key outside right top vertical\nset grid ytics\n"
+      "set yrange [0:%g]\nset ylabel 'MiB allocated'\n"
+      "set xlabel 'seconds from the steady state (iteration 2); the warmup "
+      "is left of 0'\nset xzeroaxis\nset arrow from 0, graph 0 to 0, graph 1 "
+      "nohead dt 3 lc rgb '#888888'\n"
+      "set multiplot layout %d,1 title 'ofl demo: device memory per rank "
+      "without and with activation offload (same MiB scale on every rank; "
+      "runs aligned at their steady state)'\n",
+      220 * pp + 80, png, ymax > 0 ? ymax : 1, pp);
+  for (int i = 0; i < pp && n > 0 && (size_t)n < cap; i++) {
+    int r = first + i;
+    const double *v = &all[NF * i];
     n += snprintf(
-        script + n, sizeof script - (size_t)n,
-        "set title 'rank %d'\nset yrange [0:*]\nset ylabel 'MiB "
-        "allocated'\nset xlabel 'seconds into the run'\n"
-        "plot '%s' using ($1==%d && strcol(2) eq 'baseline' ? $3 : 1/0):4 "
-        "with lines lw 2 title 'without offload', "
-        "'' using ($1==%d && strcol(2) eq 'offload' ? $3 : 1/0):4 "
-        "with lines lw 2 title 'with offload'\n",
-        r, csv, r, r);
-  snprintf(script + n, sizeof script - (size_t)n, "unset multiplot\n");
+        script + n, cap - (size_t)n,
+        "set title 'rank %d: step %.1f ms without offload, %.1f ms with "
+        "(steady-state mean)'\n"
+        "plot '%s' using ($1==%d && strcol(2) eq 'baseline' ? $5 : 1/0):4 "
+        "with lines lw 6 lc rgb '#9ecae1' title 'without offload', "
+        "'' using ($1==%d && strcol(2) eq 'offload' ? $5 : 1/0):4 "
+        "with lines lw 1.5 lc rgb '#c0392b' title 'with offload'\n",
+        r, v[7] * 1e3, v[8] * 1e3, csv, r, r);
+  }
+  if (n > 0 && (size_t)n < cap)
+    snprintf(script + n, cap - (size_t)n, "unset multiplot\n");
   FILE *g = popen("gnuplot 2>&1", "w");
   if (g == NULL) {
-    fprintf(stderr, "gnuplot not available; no PNG written\n");
-    return;
+    fprintf(stderr, DEMO_NAME ": gnuplot not available; no PNG written\n");
+    free(script);
+    return -1;
   }
   fputs(script, g);
-  if (pclose(g) != 0)
-    fprintf(stderr, "gnuplot failed; no PNG written (is gnuplot installed?)\n");
+  free(script);
+  if (pclose(g) != 0) {
+    fprintf(stderr, DEMO_NAME ": gnuplot failed; no PNG written (is gnuplot "
+                    "installed?)\n");
+    return -1;
+  }
+  return 0;
+}
+
+/* The per-rank table (all: NF figures per rank, rep_n ranks numbered from
+ * rep_first), the check of the memory saved against the summary, the step
+ * time ratio and the verdict. *mem_fail: ranks outside the bound;
+ * *nothing: 1 when no rank offloaded a byte (the comparison then shows
+ * nothing, and the run fails). */
+void report_print(const opts_t *o, const double *all, int NF, int rep_first,
+                  int rep_n, const result_t *base, const result_t *off,
+                  int no_compare, long long diff_all, long long bad_ranks,
+                  int *mem_fail_out, int *nothing_out) {
+  int mem_fail = 0, mem_equal = 0, mem_short = 0;
+  printf("\n%-6s %12s %12s %12s %12s %8s %12s %12s %8s %8s %10s %10s\n",
+         "rank", "peak_base", "peak_offl", "saved_MiB", "summary_MiB",
+         "saved/sum", "offl_MiB", "reload_MiB", "stalls", "stall_ms",
+         "step_base", "step_offl");
+  for (int i = 0; i < rep_n; i++) {
+    const double *v = &all[NF * i];
+    double saved = v[0] - v[1];
+    /* 0/0 is no ratio: a rank with nothing in its summary shows "-". */
+    char ratio[16];
+    if (v[2] > 0)
+      snprintf(ratio, sizeof ratio, "%.3f", saved / v[2]);
+    else
+      snprintf(ratio, sizeof ratio, "-");
+    printf("%-6d %10.2fMi %10.2fMi %12.2f %12.2f %8s %12.2f %12.2f %8.0f "
+           "%8.2f %8.1fms %8.1fms\n",
+           rep_first + i, v[0] / 1048576, v[1] / 1048576, saved / 1048576,
+           v[2] / 1048576, ratio, v[3] / 1048576, v[4] / 1048576, v[5], v[6],
+           v[7] * 1e3, v[8] * 1e3);
+  }
+  double offloaded = 0;
+  for (int i = 0; i < rep_n; i++)
+    offloaded += all[NF * i + 3];
+  int nothing = offloaded == 0;
+  if (nothing)
+    printf("\nNOTHING WAS OFFLOADED on any rank: groups %s, tensors >= %zu "
+           "bytes (--offload, --min-offload-bytes); the comparison below "
+           "shows nothing, and the run fails\n",
+           o->offload_groups, o->min_offload_bytes);
+  /* The check of the bound above largest_offloaded_group, saying for
+   * each rank whether and why the saving differs from the summary. */
+  printf("\n");
+  for (int i = 0; i < rep_n && !no_compare; i++) {
+    const double *v = &all[NF * i];
+    double saved = v[0] - v[1], sum = v[2], bound = v[20];
+    double slack = o->mem_tolerance * sum;
+    if (saved == sum) {
+      mem_equal++;
+    } else if (saved < sum && saved >= sum - bound - slack) {
+      mem_short++;
+      printf("rank %d: saved %.2f MiB, %.2f MiB less than the summary's "
+             "%.2f MiB: at the peak the group(s) prefetched for the next "
+             "backward step are already back on the device (bound: %d x "
+             "%.2f MiB, the largest offloaded group)\n",
+             rep_first + i, saved / 1048576, (sum - saved) / 1048576,
+             sum / 1048576,
+             prefetch_groups_in_force(),
+             bound / 1048576 / prefetch_groups_in_force());
+    } else if (saved <= sum + slack && saved >= sum - bound - slack) {
+      mem_equal++; /* above the summary, within --mem-tolerance */
+    } else {
+      mem_fail++;
+      printf("rank %d: saved %.2f MiB is OUTSIDE [summary - prefetch "
+             "bound, summary] = [%.2f, %.2f] MiB\n",
+             rep_first + i, saved / 1048576, (sum - bound) / 1048576,
+             sum / 1048576);
+    }
+  }
+  if (all[12] > 0) {
+    printf("\ndisk tier (%s):\n%-6s %12s %12s %10s %10s %10s %10s %8s\n",
+           o->disk_groups, "rank", "written_MiB", "read_MiB", "write_GB/s",
+           "read_GB/s", "reloads", "from_kept", "faults");
+    for (int i = 0; i < rep_n; i++) {
+      const double *v = &all[NF * i];
+      printf("%-6d %12.2f %12.2f %10.2f %10.2f %10.0f %10.0f %8.0f\n",
+             rep_first + i,
+             v[13] / 1048576, v[14] / 1048576, v[15], v[16], v[17], v[19],
+             v[18]);
+    }
+    printf("# from_kept: reloads served by bounce buffers kept after their "
+           "write (OFL_DISK_KEEP), without a read\n");
+  }
+  double sb = 0, so = 0;
+  for (int i = 0; i < rep_n; i++) {
+    sb += all[NF * i + 7];
+    so += all[NF * i + 8];
+  }
+  if (no_compare) {
+    printf("\nstep time and device memory saved: not compared (the "
+           "baseline ran out of memory before its steady state)\n");
+  } else {
+    printf("\nstep time with offload / without: %.3f (mean over ranks, "
+           "steady-state iterations)\n",
+           so / sb);
+    printf("device memory saved against the summary: equal on %d, short "
+           "by the prefetched group(s) on %d, outside the bound on %d of "
+           "%d rank(s)\n",
+           mem_equal, mem_short, mem_fail, rep_n);
+  }
+  if (g_kc != NULL)
+    printf("GPU memory in use at the peak (cudaMemGetInfo, rank 0's GPU, "
+           "all of its users): %.2f MiB without offload, %.2f MiB with\n",
+           (double)base->gpu_used_peak / 1048576,
+           (double)off->gpu_used_peak / 1048576);
+  /* this process's state (its stage; rank 0's under MPI) */
+  if (no_compare)
+    printf("state checksum (losses, weights, gradients) of this stage: "
+           "offload %016llx\n",
+           (unsigned long long)off->checksum);
+  else
+    printf("state checksum (losses, weights, gradients) of this stage: "
+           "baseline %016llx, offload %016llx\n",
+           (unsigned long long)base->checksum,
+           (unsigned long long)off->checksum);
+  if (no_compare)
+    printf("bit-identical losses, weights and gradients with and without "
+           "offload: not checked here (--preset oom on a GPU has no "
+           "baseline that fits; compare the checksum with a run of the "
+           "same model without --preset oom on a larger GPU)\n");
+  else
+    printf("bit-identical losses, weights and gradients with and without "
+           "offload: %s (%lld differing bytes on %lld rank(s))\n",
+           diff_all == 0 ? "yes" : "NO", diff_all, bad_ranks);
+  fflush(stdout);
+  *mem_fail_out = mem_fail;
+  *nothing_out = nothing;
 }

@@ -127,6 +127,8 @@ static int run_iterations(run_t *r, const sched_step_t *steps, int nsteps,
       maybe_die_at(o, r->rank, r->pp, "barrier");
     barrier_bounded("the barrier before an iteration");
     double t = now_s();
+    if (r->iter == 1 || o->iters == 1)
+      r->steady_s = t - r->t0;
     run_iteration(r, steps, nsteps);
     barrier_bounded("the barrier after an iteration");
     t = now_s() - t;
@@ -317,6 +319,7 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
   res->mem_t = r.mem_t;
   res->mem_b = r.mem_b;
   res->nmem = r.nmem;
+  res->steady_s = r.steady_s;
 
   glue_close(r.glue);
   /* Everything queued on the demo's stream is done before its memory and
