@@ -20,8 +20,11 @@ from ._core import Runtime  # noqa: F401
 from .megatron import (  # noqa: F401
     PipelineOffloadManager, FineGrainedActivationOffloadingInterface,
     fine_grained_offloading_group_start, fine_grained_offloading_group_commit,
-    init_chunk_handler, flush_delayed_groups, mark_not_offloadable, disable_offload,
-    enable_offload, forward_record, backward_record, reset, get_context)
+    fine_grained_offloading_group_offload, fine_grained_offloading_group_flush_delayed_groups,
+    fine_grained_offloading_disable_offload, fine_grained_offloading_enable_offload,
+    fine_grained_offloading_forward_record, fine_grained_offloading_backward_record,
+    init_chunk_handler, flush_delayed_groups, mark_not_offloadable, mark_not_offload,
+    disable_offload, enable_offload, forward_record, backward_record, reset, get_context)
 from .offload import offload_activations, OffloadActivations  # noqa: F401
 from .checkpoint import save_safetensors, load_safetensors, AsyncStager  # noqa: F401
 from .disk import disk_checkpoint, DiskStore  # noqa: F401

@@ -1,8 +1,14 @@
 """Megatron-Core's fine-grained activation offloading API, by the same names,
 over ofl's manager (megatron/core/pipeline_parallel/
-fine_grained_activation_offload.py, core_r0.17 names plus main's switches).
+fine_grained_activation_offload.py): the calls of the released wheel
+(0.16.1) and of the main branch both run unchanged.
 
-    init_chunk_handler(vp_size, vp_stage, min_offloaded_tensor_size)
+    init_chunk_handler(vp_size, vp_stage, min_offloaded_tensor_size)   0.16.1
+    init_chunk_handler(pp_rank=, vp_size=, vp_stage=,
+                       min_offloaded_tensor_size=,
+                       delta_offload_bytes_across_pp_ranks=,
+                       activation_offload_fraction=,
+                       max_inflight_offloads=)                          main
                                         -> ofl_manager_chunk_begin (every
                                            microbatch's forward, as Megatron's
                                            GPTModel.preprocess does)
@@ -13,29 +19,53 @@ fine_grained_activation_offload.py, core_r0.17 names plus main's switches).
     with get_context(True): y = module(x)   saved-tensor hooks:
                                            pack -> ofl_manager_tensor_push,
                                            unpack -> ofl_manager_tensor_pop
-    y = fine_grained_offloading_group_commit(y, "core_attn", [x])
+    y = fine_grained_offloading_group_commit(y, "core_attn", [x])      0.16.1
+    y = fine_grained_offloading_group_offload(y, "core_attn", [x])     main
                                         -> GroupCommit identity op:
                                            forward ofl_manager_group_commit,
                                            backward ofl_manager_group_backward_begin
-    PipelineOffloadManager.get_instance().reset()   end of each schedule call
+    with off_interface(flag, x, "core_attn") as x: y = module(x)
+    y = manager.group_offload(y, forced_released_tensors=[x])          main
+                                        (the interface object: start on
+                                           entry, hooks inside, commit after)
+    PipelineOffloadManager.get_instance().reset(process_group=None)
+                                        end of each schedule call; the
+                                           summary is gathered on process_group
+                                           (main passes tp_dp_cp) when given
+
+The two spellings that differ in meaning follow the version they are written
+against: ``delay_offload=True`` delays the offload until
+flush_delayed_groups() always through 0.16.1's ``group_commit`` names, and
+only between enter_replay() and exit_replay() (a CUDA graph replay) through
+main's ``group_offload`` names, as in each version. ``forward_record()`` and
+``backward_record(tensor)`` without an event (main) use the manager's
+cuda_graph_event; 0.16.1 passes its own event.
 
 A forward under torch.no_grad() is forward-only (ofl_manager_set_forward_only):
 it offloads nothing and neither consumes the warmup nor creates chunks; the
 reset after it turns training mode back on. The first reset after a training
 pass ends the warmup and prints the offload summary (rank 0 of
-torch.distributed's default group when it is initialized, with every rank's
-row gathered there; this process's row otherwise).
+``process_group``, else of torch.distributed's default group when it is
+initialized, with every rank's row gathered there; this process's row
+otherwise).
 
-Knobs (first creation only; later calls return the instance as it is):
-``fraction`` (activation_offload_fraction), ``rank_delta_bytes``
+Knobs: ``fraction`` (activation_offload_fraction), ``rank_delta_bytes``
 (delta_offload_bytes_across_pp_ranks), ``pp_rank``, ``max_inflight``
 (max_inflight_offloads; 0 here is unlimited), ``groups`` (offload_modules, a
 list or comma string; default every name), ``prefetch_groups``,
-``host_budget_bytes``. Unset ones come from OFL_* (OFL_OFFLOAD_FRACTION,
-OFL_RANK_DELTA_BYTES, OFL_MAX_INFLIGHT, OFL_OFFLOAD_GROUPS, ...).
-min_offloaded_tensor_size is in elements, as in Megatron (default
-OFL_MIN_OFFLOAD_ELEMS, else 1048576); tensors below it are never handed to
-ofl (they stay in Python, uncounted by the C statistics).
+``host_budget_bytes``, given at the first creation
+(``PipelineOffloadManager.get_instance(**knobs)``; later calls return the
+instance as it is). Main's init_chunk_handler passes the first four from
+Megatron's config: they apply when they reach a manager that has begun no
+chunk yet (the first microbatch), except those given to the constructor,
+which win; after the warmup they are ignored, as in Megatron, and a change
+during the warmup is an error. Megatron's max_inflight_offloads None is
+ofl's 0 (unlimited) and Megatron's 0 (compute waits for each offload at its
+commit) is ofl's 1 (the nearest: one offload in flight). Unset knobs come
+from OFL_* (OFL_OFFLOAD_FRACTION, OFL_RANK_DELTA_BYTES, OFL_MAX_INFLIGHT,
+OFL_OFFLOAD_GROUPS, ...). min_offloaded_tensor_size is in elements, as in
+Megatron (default OFL_MIN_OFFLOAD_ELEMS, else 1048576); tensors below it are
+never handed to ofl (they stay in Python, uncounted by the C statistics).
 """
 import contextlib
 import functools
@@ -46,15 +76,62 @@ import torch
 
 from .. import _lib
 from .._errors import OflError
+from . import _core
 from ._core import ManagerCore, _env_int
 
 __all__ = [
     "PipelineOffloadManager", "FineGrainedActivationOffloadingInterface",
     "fine_grained_offloading_group_start", "fine_grained_offloading_group_commit",
-    "init_chunk_handler", "flush_delayed_groups", "mark_not_offloadable",
+    "fine_grained_offloading_group_offload", "fine_grained_offloading_group_flush_delayed_groups",
+    "fine_grained_offloading_disable_offload", "fine_grained_offloading_enable_offload",
+    "fine_grained_offloading_forward_record", "fine_grained_offloading_backward_record",
+    "init_chunk_handler", "flush_delayed_groups", "mark_not_offloadable", "mark_not_offload",
     "disable_offload", "enable_offload", "forward_record", "backward_record",
     "reset", "get_context",
 ]
+
+# Megatron's config names of the knobs init_chunk_handler passes (main) and
+# ofl's names for them.
+_MAIN_KNOBS = (("pp_rank", "pp_rank"), ("delta_offload_bytes_across_pp_ranks", "rank_delta_bytes"),
+               ("activation_offload_fraction", "fraction"),
+               ("max_inflight_offloads", "max_inflight"))
+_CHUNK_016 = ("vp_size", "vp_stage", "min_offloaded_tensor_size")
+_CHUNK_MAIN = ("pp_rank", "vp_size", "vp_stage", "min_offloaded_tensor_size",
+               "delta_offload_bytes_across_pp_ranks", "activation_offload_fraction",
+               "max_inflight_offloads")
+
+
+def _chunk_args(call, args, kw):
+    """init_chunk_handler's arguments as a dict by Megatron's names: 0.16.1's
+    (vp_size, vp_stage, min_offloaded_tensor_size) or main's (pp_rank first,
+    then the knobs). Main's call is told apart by pp_rank or a knob."""
+    main = len(args) > 3 or any(k in kw for k, _ in _MAIN_KNOBS)
+    names = _CHUNK_MAIN if main else _CHUNK_016
+    if len(args) > len(names):
+        raise TypeError("%s takes at most %d positional arguments (%s), got %d"
+                        % (call, len(names), ", ".join(names), len(args)))
+    out = dict(zip(names, args))
+    for k, v in kw.items():
+        if k not in names:
+            raise TypeError("%s: unexpected keyword argument %r (Megatron-Core's are %s)"
+                            % (call, k, ", ".join(_CHUNK_MAIN)))
+        if k in out:
+            raise TypeError("%s: got multiple values for argument %r" % (call, k))
+        out[k] = v
+    return out
+
+
+def _ofl_max_inflight(v):
+    """Megatron's max_inflight_offloads as ofl's max_inflight: None (no cap)
+    is 0 (unlimited); Megatron's 0 (wait for each offload at its commit) is
+    1, the nearest ofl has."""
+    if v is None:
+        return 0
+    v = int(v)
+    if v < 0:
+        raise ValueError("init_chunk_handler: max_inflight_offloads must be None or >= 0, got %d"
+                         % v)
+    return v if v > 0 else 1
 
 
 # The C calls behind the Python ones, as a Python user typed them.
@@ -126,16 +203,46 @@ class PipelineOffloadManager:
                                 "prefetch_groups", "host_budget_bytes", "summary"}
         if unknown:
             raise TypeError("PipelineOffloadManager: unknown knob(s) %s" % sorted(unknown))
+        self._explicit = set(knobs)  # given by the user: Megatron's config does not override
         knobs.setdefault("summary", True)
         self._knobs = dict(knobs, groups=groups)
         self._new_core()
         self._depth = 0
+        self._in_replay = False
+        self._graph_stream = None
+        self._graph_event = None
 
     def _new_core(self, min_elems=None):
         self._core = ManagerCore(**self._knobs)
         self._core.min_elems = (_env_int("OFL_MIN_OFFLOAD_ELEMS", 1 << 20) if min_elems is None
                                 else min_elems)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._core.pack, self._core.unpack)
+        self._begun = False  # no chunk begun yet: knobs may still change
+
+    def _set_knobs(self, given):
+        """Main's init_chunk_handler knobs (ofl names -> values): applied to
+        a manager that has begun no chunk (a new one is made with them),
+        ignored after the warmup (as Megatron does), an error when they
+        change during it."""
+        want = {k: v for k, v in given.items()
+                if k not in self._explicit and self._knobs.get(k) != v}
+        if not want:
+            return
+        if self._begun:
+            if not self._core.is_warmup():
+                return
+            raise ValueError(
+                "init_chunk_handler: %s changed during the warmup (%s); Megatron-Core reads them "
+                "from the model config, which must be the same for every microbatch"
+                % (", ".join(sorted(want)),
+                   ", ".join("%s %r -> %r" % (k, self._knobs.get(k), v)
+                             for k, v in sorted(want.items()))))
+        core = self._core
+        min_elems, enabled = core.min_elems, core.enabled
+        self._knobs.update(want)
+        core.close()
+        self._new_core(min_elems)
+        self._core.set_enabled(enabled)
 
     # -- singleton
     @classmethod
@@ -172,24 +279,58 @@ class PipelineOffloadManager:
 
     # -- chunks and iterations
     @_py_errors("init_chunk_handler")
-    def init_model_chunk_offload_handler(self, vp_size=None, vp_stage=None,
-                                         min_offloaded_tensor_size=None):
+    def init_model_chunk_offload_handler(self, *args, **kw):
+        """(vp_size, vp_stage, min_offloaded_tensor_size) as 0.16.1, or
+        (pp_rank, vp_size, vp_stage, min_offloaded_tensor_size,
+        delta_offload_bytes_across_pp_ranks, activation_offload_fraction,
+        max_inflight_offloads=None) as main."""
+        a = _chunk_args("init_chunk_handler", args, kw)
+        given = {}
+        for mname, oname in _MAIN_KNOBS:
+            if mname in a:
+                v = a[mname]
+                if oname == "max_inflight":
+                    v = _ofl_max_inflight(v)
+                elif v is None:
+                    continue
+                elif oname == "fraction":
+                    v = float(v)
+                else:
+                    v = int(v)
+                given[oname] = v
+        if given:
+            self._set_knobs(given)
         core = self._core
-        if min_offloaded_tensor_size is not None:
-            core.min_elems = int(min_offloaded_tensor_size)
+        if a.get("min_offloaded_tensor_size") is not None:
+            core.min_elems = int(a["min_offloaded_tensor_size"])
         core.set_forward_only(not torch.is_grad_enabled())
-        core.chunk_begin(vp_size or 1, vp_stage or 0)
+        core.chunk_begin(a.get("vp_size") or 1, a.get("vp_stage") or 0)
+        self._begun = True
 
     @_py_errors("reset()")
-    def reset(self):
+    def reset(self, process_group=None):
         """End of a schedule call (training or evaluation). The first one
-        after a training pass ends the warmup and prints the summary.
+        after a training pass ends the warmup and prints the summary,
+        gathered on ``process_group`` (main's call passes the tp-dp-cp
+        group) or torch.distributed's default group.
 
         After a step abandoned by an exception (groups left open, backward
         never run) it recovers: the open groups are closed, the saved
         tensors of the step are dropped, and a warmup that the step cut
         short starts again with the next step."""
         core = self._core
+        if process_group is None:
+            return self._reset(core)
+        summary, core.summary = core.summary, False
+        was_warmup = core.is_warmup()
+        try:
+            self._reset(core)
+        finally:
+            core.summary = summary
+        if summary and was_warmup and self._core is core and not core.is_warmup():
+            core.summary_text = _group_summary(core, process_group)
+
+    def _reset(self, core):
         abandoned = bool(core.open)
         if abandoned:
             for g in reversed(list(core.open)):
@@ -224,6 +365,42 @@ class PipelineOffloadManager:
 
     def flush_delayed_groups(self):
         self._core.flush_delayed()
+
+    def mark_not_offload(self, tensor):
+        """Main's name: the tensor is never offloaded."""
+        mark_not_offloadable(tensor)
+
+    def mark_not_offloadable(self, tensor):
+        """0.16.1's name: the tensor is never offloaded."""
+        mark_not_offloadable(tensor)
+
+    # -- CUDA graphs (transformer/module.py hands these to TE's graph capture)
+    @property
+    def cuda_graph_stream(self):
+        """The stream of TE's graph capture and replay (cuda; None on the
+        host backend, which has no graphs)."""
+        if self._graph_stream is None and self._core.is_cuda:
+            self._graph_stream = torch.cuda.Stream()
+        return self._graph_stream
+
+    @property
+    def cuda_graph_event(self):
+        """The event that orders graph compute with the copy streams (cuda;
+        None on the host backend)."""
+        if self._graph_event is None and self._core.is_cuda:
+            try:
+                self._graph_event = torch.cuda.Event(external=True)
+            except TypeError:  # a torch without external events
+                self._graph_event = torch.cuda.Event()
+        return self._graph_event
+
+    def enter_replay(self):
+        """A CUDA graph replay begins: main's group_offload(...,
+        delay_offload=True) delays its offload until flush_delayed_groups()."""
+        self._in_replay = True
+
+    def exit_replay(self):
+        self._in_replay = False
 
     def synchronize(self):
         self._core.synchronize()
@@ -278,6 +455,35 @@ class PipelineOffloadManager:
     @property
     def h2d_stream(self):
         return _torch_stream(_lib_stream(self._core, "h2d"))
+
+
+def _group_summary(core, group):
+    """The summary table of every rank of ``group``, gathered to its rank 0
+    (gather_object: every rank of the group resets, as Megatron's
+    all_gather_object); printed there. Returns the table (this rank's row
+    on the other ranks)."""
+    import torch.distributed as dist
+    s = _lib.lib.ofl_manager_summary(core.m)
+    L = _lib.lib
+    local = {}
+    for g in range(L.ofl_summary_ngroups(s) if s else 0):
+        local[L.ofl_summary_group_name(s, g).decode()] = int(L.ofl_summary_bytes(s, 0, g))
+    core.summary_rows = [local]
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        text = _core._render(s) if s else None
+        rank = dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+    else:
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        rows = [None] * world if rank == 0 else None
+        dist.gather_object(local, rows, dst=dist.get_global_rank(group, 0), group=group)
+        if rank == 0:
+            core.summary_rows = rows
+            text = _core._render_rows(rows)
+        else:
+            text = _core._render(s) if s else None
+    if text and rank == 0:
+        print(text, end="" if text.endswith("\n") else "\n", flush=True)
+    return text
 
 
 def _lib_stream(core, which):
@@ -390,8 +596,25 @@ def fine_grained_offloading_group_commit(tensor, name, forced_released_tensors=N
     """Ends group ``name`` (it must be open: another name is an ofl error)
     and offloads its saved tensors after the compute so far;
     forced_released_tensors lose their storage once copied. ``tensor`` may be
-    a tensor, a tuple or a list (the marker goes on element 0)."""
-    call = "fine_grained_offloading_group_commit"
+    a tensor, a tuple or a list (the marker goes on element 0).
+    ``delay_offload``: the offload waits for flush_delayed_groups()
+    (0.16.1's meaning; main's group_offload delays only in a graph replay)."""
+    return _commit("fine_grained_offloading_group_commit", tensor, name,
+                   forced_released_tensors, bool(delay_offload))
+
+
+@_py_errors("fine_grained_offloading_group_offload")
+def fine_grained_offloading_group_offload(tensor, name, forced_released_tensors=None,
+                                          delay_offload=False):
+    """Main's name of fine_grained_offloading_group_commit. ``delay_offload``
+    delays the offload until flush_delayed_groups() only between
+    enter_replay() and exit_replay() (a CUDA graph replay), as in main."""
+    mgr = PipelineOffloadManager.get_instance()
+    return _commit("fine_grained_offloading_group_offload", tensor, name,
+                   forced_released_tensors, bool(delay_offload) and mgr._in_replay)
+
+
+def _commit(call, tensor, name, forced_released_tensors, delay):
     _check_name(call, name)
     if isinstance(tensor, (tuple, list)):
         if not tensor:
@@ -418,15 +641,19 @@ def fine_grained_offloading_group_commit(tensor, name, forced_released_tensors=N
     bn = _bname(name)
     if isinstance(tensor, (tuple, list)):
         items = list(tensor)
-        items[0] = _GroupCommit.apply(items[0], core, bn, forced, bool(delay_offload))
+        items[0] = _GroupCommit.apply(items[0], core, bn, forced, delay)
         return type(tensor)(items)
-    return _GroupCommit.apply(tensor, core, bn, forced, bool(delay_offload))
+    return _GroupCommit.apply(tensor, core, bn, forced, delay)
 
 
 @_py_errors("init_chunk_handler")
-def init_chunk_handler(vp_size=None, vp_stage=None, min_offloaded_tensor_size=None):
-    PipelineOffloadManager.get_instance().init_model_chunk_offload_handler(
-        vp_size, vp_stage, min_offloaded_tensor_size)
+def init_chunk_handler(*args, **kw):
+    """Begins a microbatch's forward: (vp_size, vp_stage,
+    min_offloaded_tensor_size) as Megatron-Core 0.16.1, or main's keywords
+    (pp_rank, vp_size, vp_stage, min_offloaded_tensor_size,
+    delta_offload_bytes_across_pp_ranks, activation_offload_fraction,
+    max_inflight_offloads)."""
+    PipelineOffloadManager.get_instance().init_model_chunk_offload_handler(*args, **kw)
 
 
 @_py_errors("flush_delayed_groups()")
@@ -440,7 +667,15 @@ def mark_not_offloadable(tensor):
         _check_tensor("mark_not_offloadable", "tensor", tensor)
         tensor._ofl_not_offloadable = True
         tensor.offloading_activation = False
+        tensor._do_not_offload = True  # main's flag, for code that reads it
     return tensor
+
+
+def mark_not_offload(tensor):
+    """Main's name of mark_not_offloadable."""
+    if tensor is not None:
+        _check_tensor("mark_not_offload", "tensor", tensor)
+    return mark_not_offloadable(tensor)
 
 
 def disable_offload():
@@ -451,27 +686,62 @@ def enable_offload():
     PipelineOffloadManager.get_instance().enable_offload()
 
 
-def forward_record(event):
-    """Graph-capture boundary (forward): records event on the current stream,
-    which then waits for the D2H stream. No-op on the host backend."""
+def forward_record(event=None):
+    """Graph-capture boundary (forward): records event (main: the manager's
+    cuda_graph_event) on the current stream, which then waits for the D2H
+    stream. No-op on the host backend."""
     mgr = PipelineOffloadManager.get_instance()
     if not mgr._core.is_cuda:
         return
-    event.record()
+    (event if event is not None else mgr.cuda_graph_event).record()
     torch.cuda.current_stream().wait_stream(mgr.d2h_stream)
 
 
-def backward_record(tensor, event):
-    """Identity whose backward records event and makes the current stream
-    wait for the H2D stream. No-op (returns tensor) on the host backend."""
+def backward_record(tensor, event=None):
+    """Identity whose backward records event (main: the manager's
+    cuda_graph_event) and makes the current stream wait for the H2D stream.
+    No-op (returns tensor) on the host backend."""
     mgr = PipelineOffloadManager.get_instance()
     if not mgr._core.is_cuda:
         return tensor
-    return _BackwardRecord.apply(tensor, event, mgr.h2d_stream)
+    return _BackwardRecord.apply(tensor, event if event is not None else mgr.cuda_graph_event,
+                                 mgr.h2d_stream)
 
 
-def reset():
-    PipelineOffloadManager.get_instance().reset()
+def reset(process_group=None):
+    PipelineOffloadManager.get_instance().reset(process_group=process_group)
+
+
+def cuda_graph_stream():
+    return PipelineOffloadManager.get_instance().cuda_graph_stream
+
+
+def cuda_graph_event():
+    return PipelineOffloadManager.get_instance().cuda_graph_event
+
+
+def enter_replay():
+    PipelineOffloadManager.get_instance().enter_replay()
+
+
+def exit_replay():
+    PipelineOffloadManager.get_instance().exit_replay()
+
+
+# Megatron-Core's module-level names (0.16.1 and main)
+fine_grained_offloading_disable_offload = disable_offload
+fine_grained_offloading_enable_offload = enable_offload
+fine_grained_offloading_group_flush_delayed_groups = flush_delayed_groups
+
+
+def fine_grained_offloading_forward_record(event):
+    """0.16.1's module-level forward_record(event)."""
+    forward_record(event)
+
+
+def fine_grained_offloading_backward_record(tensor, event):
+    """0.16.1's module-level backward_record(tensor, event)."""
+    return backward_record(tensor, event)
 
 
 def get_context(flag):
@@ -483,7 +753,9 @@ class FineGrainedActivationOffloadingInterface:
     """``with FineGrainedActivationOffloadingInterface(offload, x, name) as x:``
     starts group ``name`` on x (use the returned tensor as the module input)
     and installs the saved-tensor hooks for the block; commit afterwards
-    with group_commit (or fine_grained_offloading_group_commit)."""
+    with ``manager.group_offload(y, forced_released_tensors=...)`` (main) or
+    ``group_commit(y, name)`` / fine_grained_offloading_group_commit (0.16.1).
+    With ``offload`` false every one of them passes the tensor through."""
 
     def __init__(self, offload, tensor, name):
         self.offload = offload
@@ -505,17 +777,31 @@ class FineGrainedActivationOffloadingInterface:
             return ctx.__exit__(*exc)
         return False
 
-    # Megatron's static helpers
+    def group_offload(self, tensor, forced_released_tensors=None, delay_offload=False):
+        """Main: commits this object's group (see
+        fine_grained_offloading_group_offload); the tensor unchanged when
+        offload is off."""
+        if not self.offload:
+            return tensor
+        return fine_grained_offloading_group_offload(tensor, self.name, forced_released_tensors,
+                                                     delay_offload)
+
+    # Megatron's static helpers, 0.16.1's and main's spellings
     init_chunk_handler = staticmethod(init_chunk_handler)
     get_context = staticmethod(get_context)
     group_commit = staticmethod(fine_grained_offloading_group_commit)
     mark_not_offloadable = staticmethod(mark_not_offloadable)
+    mark_not_offload = staticmethod(mark_not_offload)
     forward_record = staticmethod(forward_record)
     backward_record = staticmethod(backward_record)
     reset = staticmethod(reset)
     flush_delayed_groups = staticmethod(flush_delayed_groups)
     disable_offload = staticmethod(disable_offload)
     enable_offload = staticmethod(enable_offload)
+    cuda_graph_stream = staticmethod(cuda_graph_stream)
+    cuda_graph_event = staticmethod(cuda_graph_event)
+    enter_replay = staticmethod(enter_replay)
+    exit_replay = staticmethod(exit_replay)
 
     @staticmethod
     def reset_instance():
