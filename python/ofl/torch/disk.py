@@ -18,6 +18,20 @@ recompute is local).
 * ``save_workers``: the disk store's queue depth (I/O requests in flight).
 * ``disk_dir``: the directory of the store's (unnamed, private) file;
   None: OFL_DISK_DIR, TMPDIR or /tmp. One store per directory per process.
+
+Axolotl's calling convention (its ``gradient_checkpointing: offload_disk``,
+axolotl/monkeypatch/gradient_checkpointing/offload_disk.py): ``Disco``, an
+autograd Function used as ``Disco.apply(decoder_layer, hidden_states,
+*args)``, with ``Disco.get_instance(prefetch_size=1, prefetch_to_gpu=True,
+save_workers=4)`` (``get_manager`` in older Axolotl) for the shared store,
+and ``hf_grad_checkpoint_disk_offload_wrapper(decoder_layer, *args,
+use_reentrant=None)``, the function Axolotl puts in place of
+transformers.modeling_utils.checkpoint. As in Axolotl only
+``hidden_states`` goes to disk and the other arguments stay in memory;
+unlike Axolotl the recompute restores the forward's RNG state (dropout
+gives the same mask) and arguments that require grad get their gradient
+(Axolotl returns None for them). ``prefetch_to_gpu`` is accepted: ofl
+reloads into the device the input came from.
 * A store that refuses an extent (budget or file system full, a degraded
   store after a write fault, no bounce buffer) leaves that input in memory:
   the step succeeds, ``DiskStore.stats()['kept_in_memory']`` counts it. A
@@ -36,7 +50,7 @@ from ._core import Runtime
 L = _lib.lib
 _byref = ctypes.byref
 
-__all__ = ["disk_checkpoint", "DiskStore"]
+__all__ = ["disk_checkpoint", "DiskStore", "Disco", "hf_grad_checkpoint_disk_offload_wrapper"]
 
 
 class DiskStore:
@@ -173,7 +187,9 @@ class _Saved:
 
 class _DiskCheckpoint(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, function, store, prefetch_size, nargs, *args):
+    def forward(ctx, function, store, prefetch_size, ndisk, *args):
+        """The first ``ndisk`` arguments that are tensors go to disk, the
+        others stay in memory until the recompute."""
         ctx.function = function
         ctx.prefetch_size = prefetch_size
         ctx.cpu_rng = torch.get_rng_state()
@@ -184,9 +200,9 @@ class _DiskCheckpoint(torch.autograd.Function):
             out = function(*args)
         saved = _Saved(store)
         ctx.args = []
-        for a in args:
+        for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
-                ext = store.put(a)
+                ext = store.put(a) if i < ndisk else None
                 saved.items.append((ext, None if ext is not None else a.detach(), a.dtype,
                                     a.shape, a.device, a.requires_grad))
                 ctx.args.append(len(saved.items) - 1)
@@ -244,3 +260,46 @@ def disk_checkpoint(function, *args, prefetch_size=1, save_workers=4, disk_dir=N
     if not torch.is_grad_enabled():
         return function(*args)
     return _DiskCheckpoint.apply(function, store, int(prefetch_size), len(args), *args)
+
+
+class _DiscoInstance:
+    """The store and prefetch depth of Disco (Axolotl's DiskOffloadManager)."""
+
+    def __init__(self, prefetch_size, prefetch_to_gpu, save_workers):
+        self.prefetch_size = int(prefetch_size)
+        self.prefetch_to_gpu = bool(prefetch_to_gpu)
+        self.store = DiskStore.get(None, save_workers)
+
+
+class Disco(torch.autograd.Function):
+    """Axolotl's disk checkpointer over ofl's disk tier:
+    ``Disco.apply(forward_function, hidden_states, *args)`` runs
+    ``forward_function(hidden_states, *args)`` without saving its
+    activations, keeps ``hidden_states`` on disk until backward and
+    recomputes there (see the module doc)."""
+
+    _instance = None
+
+    @staticmethod
+    def get_instance(prefetch_size=1, prefetch_to_gpu=True, save_workers=4):
+        """The shared store (made at the first call, with its arguments)."""
+        if Disco._instance is None:
+            Disco._instance = _DiscoInstance(prefetch_size, prefetch_to_gpu, save_workers)
+        return Disco._instance
+
+    get_manager = get_instance  # Axolotl before get_instance
+
+    @classmethod
+    def apply(cls, forward_function, hidden_states, *args):
+        inst = cls.get_instance()
+        if not torch.is_grad_enabled():
+            return forward_function(hidden_states, *args)
+        return _DiskCheckpoint.apply(forward_function, inst.store, inst.prefetch_size, 1,
+                                     hidden_states, *args)
+
+
+def hf_grad_checkpoint_disk_offload_wrapper(decoder_layer, *args, use_reentrant=None):
+    """Axolotl's stand-in for transformers.modeling_utils.checkpoint
+    (``gradient_checkpointing: offload_disk``): Disco over the layer call
+    transformers hands it (a partial carrying the keyword arguments)."""
+    return Disco.apply(decoder_layer, *args)
