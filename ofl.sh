@@ -74,9 +74,23 @@ build() {
 # this (the python suite then reports itself skipped).
 install_torch() {
   [ "${OFL_NO_TORCH_INSTALL:-0}" = 1 ] && return 0
-  python3 -c 'import torch, numpy' >/dev/null 2>&1 && return 0
-  log "installing torch and numpy for the python tests (pip)"
-  python3 -m pip install -q torch numpy || log "torch install failed: the python tests will be skipped"
+  if ! python3 -c 'import torch, numpy' >/dev/null 2>&1; then
+    log "installing torch and numpy for the python tests (pip)"
+    python3 -m pip install -q torch numpy || {
+      log "torch install failed: the python tests will be skipped"; return 0; }
+  fi
+  # the real clients of tests/python/test_client_*.py, each only when it is
+  # not importable (about 2 minutes for all of them beside an installed
+  # torch); torchtune 0.6.1 imports with torchao up to 0.15
+  local pkgs=""
+  python3 -c 'import megatron.core' >/dev/null 2>&1 || pkgs="$pkgs megatron-core"
+  python3 -c 'import torchtune.training' >/dev/null 2>&1 || pkgs="$pkgs torchtune torchao<0.16"
+  python3 -c 'import transformers' >/dev/null 2>&1 || pkgs="$pkgs transformers"
+  if [ -n "$pkgs" ]; then
+    log "installing$pkgs for the client tests (pip)"
+    # shellcheck disable=SC2086
+    python3 -m pip install -q $pkgs || log "client install failed: their tests will be skipped"
+  fi
 }
 
 # summarize DIR [SETUP]: one line "N passed, M failed" from meson's test log
