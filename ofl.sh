@@ -63,6 +63,35 @@ build() {
   ninja -C "$dir"
 }
 
+# build_quiet DIR LOG TARGET...: configures DIR and builds only TARGETs (and
+# what they need), meson's and ninja's output going to LOG; on failure the
+# end of LOG is shown. A TARGET may be A|B: the first of them that DIR
+# defines; targets DIR does not define are left out.
+build_quiet() {
+  local dir="$1" log="$2"; shift 2
+  install_packages
+  mkdir -p "$(dirname "$log")"
+  if ! configure "$dir" >"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    log "configuring $dir failed; the whole output is in $log"
+    return 1
+  fi
+  local known targets=()
+  known="$(ninja -C "$dir" -t targets all 2>/dev/null | cut -d: -f1)"
+  local alt t
+  for alt in "$@"; do
+    for t in ${alt//|/ }; do
+      if grep -qxF "$t" <<<"$known"; then targets+=("$t"); break; fi
+    done
+  done
+  log "building ${targets[*]} and what they need (output: $log)"
+  if ! ninja -C "$dir" "${targets[@]}" >>"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    log "building ${targets[*]} failed; the whole output is in $log"
+    return 1
+  fi
+}
+
 # The python suite (tests/python: ofl.torch) needs torch and numpy; installed
 # from PyPI only when not importable (the Linux wheel and its CUDA libraries
 # are large: about 2-3 minutes on a fast link). The tests use the build
@@ -120,18 +149,25 @@ case "$task" in
     ;;
   demo)
     # The main job: the pipeline demo on 4 ranks (OFL_DEMO_RANKS to change),
-    # writing the memory curves next to the build.
-    build "$BUILD"
+    # writing the memory curves next to the build. Only the demo, the
+    # library and the demo's GPU module (where nvcc is) are built, quietly:
+    # the tests, benches and the Python extension wait for `./ofl.sh test`.
+    demo_log="$BUILD/meson-logs/ofl-demo-build.log"
+    demo_target=examples/ofl_pipeline_demo_single
+    command -v mpirun >/dev/null 2>&1 && demo_target="examples/ofl_pipeline_demo|$demo_target"
+    build_quiet "$BUILD" "$demo_log" "$demo_target" examples/libofl_demo_kernels_cuda.so
+    out="$here/$BUILD"
+    case "$BUILD" in /*) out="$BUILD" ;; esac
     if command -v mpirun >/dev/null 2>&1 && [ -x "$BUILD/examples/ofl_pipeline_demo" ]; then
       exec mpirun -n "${OFL_DEMO_RANKS:-4}" --oversubscribe \
         "$BUILD/examples/ofl_pipeline_demo" \
-        --memory-csv "$BUILD/demo-memory.csv" --memory-png "$BUILD/demo-memory.png" "$@"
+        --memory-csv "$out/demo-memory.csv" --memory-png "$out/demo-memory.png" "$@"
     fi
     # Without MPI: one process runs the first stage's schedule of the same
     # pipeline, the other stages' messages generated (ofl_pipeline_demo_single).
     log "no MPI here: running stage 0 of ${OFL_DEMO_RANKS:-4} in one process (ofl_pipeline_demo_single)"
     exec "$BUILD/examples/ofl_pipeline_demo_single" --stages "${OFL_DEMO_RANKS:-4}" --stage 0 \
-      --memory-csv "$BUILD/demo-memory.csv" --memory-png "$BUILD/demo-memory.png" "$@"
+      --memory-csv "$out/demo-memory.csv" --memory-png "$out/demo-memory.png" "$@"
     ;;
   test)
     build "$BUILD"
