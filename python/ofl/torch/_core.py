@@ -580,6 +580,9 @@ class _CoreMethods:
             return
         self.closing = True
         self.release_pending(wait=True)
+        if _ext is not None:
+            L.ofl_manager_synchronize(self.m, _lib.TIMEOUT_DEFAULT)
+            _ext.drain()
         for g in self.open:
             self._drop_bases(g)
         self.open = []
@@ -773,6 +776,8 @@ class _CoreMethods:
             self.open = []
             self.delayed = []
         self.release_pending(wait=True)
+        if _ext is not None:
+            _ext.drain()  # torch tensors whose memory ofl released
         if st == 0 and was_warmup and not L.ofl_manager_is_warmup(self.m) and self.summary:
             self.summary_text = self.render_summary()
             if self.summary_text and _rank() == 0:
