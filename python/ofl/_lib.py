@@ -224,6 +224,8 @@ _PROTOS = {
     "ofl_stream_destroy": (c_int, [_P]),
     "ofl_stream_synchronize": (c_int, [_P, c_int64]),
     "ofl_event_create": (c_int, [_P, _PP]),
+    "ofl_manager_forward_record": (c_int, [_P, _P]),
+    "ofl_manager_backward_record": (c_int, [_P, _P]),
     "ofl_event_destroy": (None, [_P]),
     "ofl_event_record": (c_int, [_P, _P]),
     "ofl_event_query": (c_int, [_P]),

@@ -596,6 +596,10 @@ class _CoreMethods:
         for ev in self.free_events:
             L.ofl_event_destroy(ev)
         self.free_events = []
+        ev = getattr(self, "_boundary_ev", None)
+        if ev is not None:
+            L.ofl_event_destroy(ev)
+            self._boundary_ev = None
         self.m = None
 
     def _sync_compute(self):
@@ -742,6 +746,22 @@ class _CoreMethods:
                 f.untyped_storage().resize_(0)
             drop.clear()
             self.free_events.append(ev)
+
+    # -- graph-capture boundaries
+    def record_boundary(self, forward):
+        """ofl_manager_forward_record / _backward_record on torch's current
+        stream: compute waits for the D2H (forward) or H2D (backward)
+        stream; inside a CUDA graph capture the C call records the boundary
+        without waiting on a stream outside the capture (and refuses while
+        copies are in flight), so the capture stays valid."""
+        self._sync_compute()
+        ev = getattr(self, "_boundary_ev", None)
+        if ev is None:
+            out = ctypes.c_void_p()
+            check(L.ofl_event_create(self.rt.dev, _byref(out)), "ofl_event_create")
+            ev = self._boundary_ev = out.value
+        fn = L.ofl_manager_forward_record if forward else L.ofl_manager_backward_record
+        self._check(fn(self.m, ev), "forward_record" if forward else "backward_record")
 
     # -- backward
     def backward_begin(self, name):

@@ -496,7 +496,8 @@ def _torch_stream(native):
     """torch view of an ofl stream (cuda only; None on the host backend)."""
     if not native:
         return None
-    return torch.cuda.ExternalStream(native)
+    rt = _core.Runtime.get()
+    return torch.cuda.ExternalStream(native, device=rt.torch_device)
 
 
 # ---- identity autograd markers ----------------------------------------------------
@@ -550,15 +551,16 @@ class _GroupCommit(torch.autograd.Function):
 
 class _BackwardRecord(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, event, h2d):
+    def forward(ctx, tensor, event, core):
         ctx.event = event
-        ctx.h2d = h2d
+        ctx.core = core
         return tensor
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.event.record()
-        torch.cuda.current_stream().wait_stream(ctx.h2d)
+        core = ctx.core  # the H2D wait is ofl_manager_backward_record's
+        core.record_boundary(False)
+        ctx.event.record(torch.cuda.current_stream(core.torch_device))
         return grad, None, None
 
 
@@ -691,10 +693,15 @@ def forward_record(event=None):
     cuda_graph_event) on the current stream, which then waits for the D2H
     stream. No-op on the host backend."""
     mgr = PipelineOffloadManager.get_instance()
-    if not mgr._core.is_cuda:
+    core = mgr._core
+    if not core.is_cuda:
         return
-    (event if event is not None else mgr.cuda_graph_event).record()
-    torch.cuda.current_stream().wait_stream(mgr.d2h_stream)
+    # ofl's call, capture-safe: outside a capture compute waits for the D2H
+    # stream; inside one the boundary is recorded without a wait on a stream
+    # the capture does not contain (the capture stays valid)
+    core.record_boundary(True)
+    (event if event is not None else mgr.cuda_graph_event).record(
+        torch.cuda.current_stream(core.torch_device))
 
 
 def backward_record(tensor, event=None):
@@ -705,7 +712,7 @@ def backward_record(tensor, event=None):
     if not mgr._core.is_cuda:
         return tensor
     return _BackwardRecord.apply(tensor, event if event is not None else mgr.cuda_graph_event,
-                                 mgr.h2d_stream)
+                                 mgr._core)
 
 
 def reset(process_group=None):
