@@ -41,8 +41,9 @@ static bool wait_until(ofl_disk_t *d, uint64_t deadline_ns) {
   return true;
 }
 
+/* Saturating: a timeout too long for the clock means "wait". */
 static uint64_t deadline_of(int64_t timeout_ms) {
-  return ofl__now_ns() + (uint64_t)ofl__timeout_ms(timeout_ms) * 1000000ull;
+  return ofl__deadline_ns(timeout_ms);
 }
 
 /* A file-size limit (EFBIG) and a quota (EDQUOT) are no space too: same

@@ -161,6 +161,21 @@ Test(disk, buffered_io_when_direct_is_off) {
   ofl_disk_close(d);
 }
 
+/* A timeout of INT64_MAX ms (or any whose nanoseconds pass the clock's
+ * range) means "wait": before, the deadline wrapped into the past and the
+ * wait gave up at once with OFL_ERR_TIMEOUT. */
+Test(disk, an_unbounded_timeout_waits) {
+  ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_THREADS, 0);
+  ofl_disk_t *d = open_with(&p);
+  ofl_disk_extent_t *e = put(d, 1 << 20, 9);
+  void *data = NULL;
+  cr_assert(eq(int, ofl_disk_extent_wait(e, INT64_MAX), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_disk_extent_reload(e, INT64_MAX, &data), OFL_SUCCESS));
+  cr_expect(eq(sz, count_wrong(data, 1 << 20, 9), 0));
+  ofl_disk_extent_destroy(e);
+  ofl_disk_close(d);
+}
+
 Test(disk, direct_io_on_a_file_system_that_takes_it) {
   ofl_disk_params_t p = params_for(OFL_DISK_ENGINE_AUTO, 0);
   p.direct = OFL_DISK_DIRECT_ON; /* /tmp is ext4 on the project's machines */
