@@ -23,20 +23,18 @@
 
 enum { SETTLE = 12, COUNTED = 20, HIT_PAIRS = 200000, HIT_REPS = 5 };
 
-static size_t held_bytes(const ofl_pool_stats_t *s) {
-  return s->total_bytes + s->reserve_bytes;
-}
-
 static void print_pool(const char *name, const ofl_pool_stats_t *a,
                        const ofl_pool_stats_t *b) {
-  size_t held = held_bytes(b);
+  size_t held = b->held_bytes;
   double ratio =
       b->peak_in_use_bytes ? (double)held / (double)b->peak_in_use_bytes : 0;
   printf("  pool %-14s backend allocs %4llu frees %4llu  held %10zu  peak in "
-         "use %10zu  held/peak %.3f  misses %llu\n",
+         "use %10zu  held/peak %.3f  segments %llu (%zu bytes)  misses "
+         "%llu\n",
          name, (unsigned long long)(b->backend_allocs - a->backend_allocs),
          (unsigned long long)(b->backend_frees - a->backend_frees), held,
-         b->peak_in_use_bytes, ratio,
+         b->peak_in_use_bytes, ratio, (unsigned long long)b->segments,
+         b->segment_bytes,
          (unsigned long long)(b->misses - a->misses));
 }
 
@@ -71,6 +69,9 @@ static void run_moe(ofl_backend_t be) {
       exit(1);
     }
   ofl_pool_t *act = d.pool, *host = ofl_manager_host_pool(d.m);
+  ofl_pool_stats_t w0, w1;
+  ofl_pool_get_stats(act, &w0);
+  ofl_pool_get_stats(host, &w1);
   ofl_pool_reset_peak(act);
   ofl_pool_reset_peak(host);
   ofl_pool_stats_t a0, a1, h0, h1;
@@ -99,6 +100,9 @@ static void run_moe(ofl_backend_t be) {
          ms, d.wrong_bytes);
   print_pool("activations", &a0, &a1);
   print_pool("offload-host", &h0, &h1);
+  printf("  peak in use before the counted iterations (warmup included): "
+         "activations %zu, offload-host %zu\n",
+         w0.peak_in_use_bytes, w1.peak_in_use_bytes);
   printf("  device: device allocs %llu frees %llu, pinned allocs %llu frees "
          "%llu\n",
          (unsigned long long)(d1.device_allocs - d0.device_allocs),

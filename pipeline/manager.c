@@ -247,6 +247,9 @@ static ofl_status_t open_resources(ofl_manager_t *m,
   ofl_pool_params_t hp = OFL_POOL_PARAMS_INIT;
   hp.kind = OFL_POOL_PINNED;
   hp.name = "offload-host";
+  /* Every pinned block from registered segments: no registration per
+   * tensor, and changing sizes share the segments (DESIGN section 4). */
+  hp.segments = OFL_POOL_SEGMENTS_ALL;
   hp.budget_bytes = p->host_budget_bytes < 0 ? OFL_POOL_BUDGET_FROM_ENV
                                              : (size_t)p->host_budget_bytes;
   OFL_CHECK(ofl_pool_create(m->dev, &hp, &m->host_pool));

@@ -23,6 +23,23 @@
  *     (on the host backend a wait on the compute stream blocks the caller
  *     until the last use is over, so the host may touch it at once).
  *
+ * Memory (docs/DESIGN.md section 4): while the budget is unlimited, blocks
+ * are carved from segments, large regions each made by one backend call (one
+ * registration for pinned memory) and grown geometrically; a block's memory
+ * goes back to its segment, merged with free neighbours, when the pool
+ * releases idle cached blocks to make room, so sizes that change every
+ * microbatch reuse the same segments. Which blocks come from segments is
+ * params.segments (by default those of pools whose byte sizes change).
+ * With a budget, each block
+ * is one backend allocation and eviction makes room, as before.
+ *
+ * Out of memory: when the backend refuses, the pool releases its cached
+ * blocks and those of the device's other pools of the same kind (waiting,
+ * bounded, for last uses still queued, as PyTorch does), frees segments
+ * left empty, and tries again; only then
+ * OFL_ERR_NO_MEMORY, with a message giving the request and, per pool, the
+ * bytes held, in use and cached.
+ *
  * Counting: every request is a hit (a free block reused) or a miss (a block
  * created); backend_allocs counts calls that reached ofl_device_malloc /
  * ofl_pinned_malloc, so steady state can be checked to allocate nothing. */
@@ -51,6 +68,17 @@ typedef enum ofl_pool_kind {
  * OFL_HOST_BUDGET (pinned pools)"; 0 there means unlimited. */
 #define OFL_POOL_BUDGET_FROM_ENV OFL__SIZE_C(-1)
 
+/* Which blocks a pool with an unlimited budget carves from segments. AUTO:
+ * every new block once the pool has served byte-keyed blocks of two sizes
+ * (a pool for changing sizes: blocks cached for one microbatch's sizes make
+ * room for the next one's); a pool of fixed shapes or of one byte size
+ * keeps one backend call per block, reused by its key. */
+typedef enum ofl_pool_segments {
+  OFL_POOL_SEGMENTS_OFF = 0, /* none: one backend call per block */
+  OFL_POOL_SEGMENTS_AUTO = 1,
+  OFL_POOL_SEGMENTS_ALL = 2 /* every block */
+} ofl_pool_segments_t;
+
 typedef struct ofl_pool_params {
   ofl_pool_kind_t kind;
   const char *name;     /* for log lines; NULL: "device" or "pinned" */
@@ -63,10 +91,14 @@ typedef struct ofl_pool_params {
                            if that makes room; dynamic shapes otherwise fill
                            the budget with sizes never asked for again.
                            0: refuse */
+  ofl_pool_segments_t segments; /* while the budget is 0 (unlimited) */
 } ofl_pool_params_t;
 
 #define OFL_POOL_PARAMS_INIT                                                   \
-  { OFL_POOL_DEVICE, NULL, OFL_POOL_BUDGET_FROM_ENV, 0, 1 }
+  {                                                                            \
+    OFL_POOL_DEVICE, NULL, OFL_POOL_BUDGET_FROM_ENV, 0, 1,                     \
+        OFL_POOL_SEGMENTS_AUTO                                                 \
+  }
 
 /* Global counters of a pool. Bytes are block bytes (a byte-keyed block is
  * rounded to the page). */
@@ -88,6 +120,14 @@ typedef struct ofl_pool_stats {
   uint64_t backend_allocs;  /* calls to ofl_device_malloc/ofl_pinned_malloc */
   uint64_t backend_frees;
   uint64_t evictions; /* free blocks released to make room in the budget */
+  size_t held_bytes;    /* memory the pool holds from the backend: blocks
+                           of their own, segments and the reserve */
+  size_t cached_bytes;  /* bytes of free blocks (total - in use) */
+  size_t segment_bytes; /* bytes of segments */
+  uint64_t segments;
+  uint64_t releases; /* idle cached blocks given back to their segment or
+                        the backend to make room (not budget evictions) */
+  uint64_t oom_retries; /* backend refusals retried after releasing */
 } ofl_pool_stats_t;
 
 /* Status of one key (the reference pool's get_pool_status(shape, dtype)). */

@@ -1,0 +1,172 @@
+/* ofl: the bookkeeping the keyed pool (pool/pool.c) and its memory
+ * (pool/arena.c, pool/reclaim.c) share: blocks, keys with their free lists,
+ * the pool itself, block headers and the events of stream-ordered reuse.
+ * Not installed.
+ *
+ * Locking: one mutex per pool guards keys, free lists, counters, the arena
+ * and the handle cache. Device calls that may block (stream waits, event
+ * synchronisation, backend allocation) run outside it; event queries (a leaf
+ * lock in the device layer) run inside it. A block's order_mu serialises the
+ * event records of handles that share the block. */
+#ifndef OFL_POOL_BLOCK_H
+#define OFL_POOL_BLOCK_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "pool/arena.h"
+#include "pool/pool_internal.h"
+
+#define OFL__POOL_NBUCKETS 256u
+
+typedef struct pool_key pool_key_t;
+
+typedef struct pool_block {
+  ofl__storage_t st; /* first: a handle's storage pointer is the block */
+  ofl_pool_t *pool;
+  pool_key_t *key;
+  struct pool_block *next;     /* key's free list */
+  struct pool_block *key_next; /* key's blocks in creation order */
+  bool held;
+  bool carved;         /* from the reserve */
+  ofl__range_t *range; /* from a segment of the arena; NULL: its own */
+  /* Stream-ordered reuse: the pool's own event for the block's last use. */
+  pthread_mutex_t order_mu;
+  ofl_event_t *ev;
+  atomic_bool pending; /* ev recorded and not yet known complete */
+} pool_block_t;
+
+struct pool_key {
+  pool_key_t *hnext; /* hash chain */
+  pool_key_t *lnext; /* list of all keys */
+  uint64_t hash;
+  bool dynamic;
+  ofl_dtype_t dtype;
+  int ndim;
+  int64_t shape[OFL_MAX_DIMS];
+  size_t block_bytes;
+  pool_block_t *free_head, *free_tail;
+  pool_block_t *all_head, *all_tail;
+  uint64_t total, allocated, nfree;
+  int creating; /* blocks being created outside the lock */
+};
+
+struct ofl_pool {
+  pthread_mutex_t mu;
+  ofl_device_t *dev;
+  ofl_pool_kind_t kind;
+  ofl_location_t loc;
+  bool strict;
+  bool evict;
+  ofl_pool_segments_t segments;
+  uint64_t byte_keys_made; /* byte-size keys ever created */
+  char name[32];
+  pool_key_t *buckets[OFL__POOL_NBUCKETS];
+  pool_key_t *keys;
+  ofl_pool_stats_t stats;
+  size_t creating_bytes; /* budget held by blocks being created */
+  size_t carved_bytes;   /* bytes of blocks in (or being carved from) the
+                            reserve: the reserve already counts them */
+  size_t own_bytes;      /* bytes of blocks of their own (not carved from
+                            the reserve or a segment) */
+  /* The reserve: one backend allocation carved by a bump pointer. */
+  void *reserve;
+  size_t reserve_bytes, reserve_used;
+  uint64_t reserve_live;
+  /* Segments for the blocks params.segments names (pool/arena.h). */
+  ofl__arena_t arena;
+  size_t growing_bytes; /* segments being allocated outside the lock */
+  /* Ended handles, reused first in, first out and only once more than
+   * OFL__HANDLE_QUARANTINE wait: a handle freed twice with allocations
+   * between is still found ended rather than taken for its next owner's. */
+  ofl_tensor_t *handle_cache, *handle_cache_tail;
+  size_t handle_cache_n;
+  ofl_tensor_t *handles_all; /* every handle made */
+  /* Headers of destroyed blocks, kept for new blocks until the pool is
+   * destroyed: a stale handle (its block reclaimed by reset, then freed by
+   * clear or eviction) still points at its header and finds another
+   * generation there, never freed memory. */
+  pool_block_t *spare_headers;
+  /* Stream that turns a caller's event into a block event (lazy). */
+  pthread_mutex_t order_stream_mu;
+  ofl_stream_t *order_stream;
+  /* ofl__pool_destroy_when_idle: destroyed (then `then` runs) when the
+   * last held block comes back, since handles outside still use them. */
+  bool doomed;
+  void (*then)(void *);
+  void *then_arg;
+  ofl_pool_t *reg_next; /* the pools of the process (pool/reclaim.c) */
+};
+
+#define OFL__HANDLE_QUARANTINE ((size_t)32) /* ended handles before reuse */
+
+/* ---- keys and free lists (lock held) ------------------------------------ */
+pool_key_t *ofl__key_find(const ofl_pool_t *p, bool dynamic,
+                          const int64_t *shape, int ndim, ofl_dtype_t dtype,
+                          size_t bytes);
+/* Allocates only on a key's first use; NULL when that fails. */
+pool_key_t *ofl__key_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
+                         int ndim, ofl_dtype_t dtype, size_t bytes);
+void ofl__key_unlink(ofl_pool_t *p, pool_key_t *k);
+/* Frees the records of keys with no block left. */
+void ofl__keys_prune(ofl_pool_t *p);
+void ofl__free_push(pool_key_t *k, pool_block_t *b);
+void ofl__free_unlink(pool_key_t *k, pool_block_t *prev, pool_block_t *b);
+/* Removes b (free, off its free list) from its key's blocks and the
+ * counters. */
+void ofl__key_forget(ofl_pool_t *p, pool_block_t *b);
+/* A free block whose memory may go: its last use is over, and it lies
+ * outside the reserve (a block there gives no memory back). */
+bool ofl__block_idle(pool_block_t *b);
+
+/* ---- headers and memory (lock not held) --------------------------------- */
+pool_block_t *ofl__header_take(ofl_pool_t *p);
+void ofl__header_retire(ofl_pool_t *p, pool_block_t *b);
+/* Gives a block's memory back (to its segment, or the backend) and retires
+ * its header. The block is unlinked already and its last use is over. */
+void ofl__block_destroy(ofl_pool_t *p, pool_block_t *b);
+/* Waits for a block's last use; false when it did not complete in time. */
+bool ofl__block_quiesce(pool_block_t *b);
+/* Records the block's last use on stream (section 5 rule 2); chains a
+ * record of another handle on the same block first; poisons in strict
+ * mode. */
+ofl_status_t ofl__block_order(ofl_pool_t *p, pool_block_t *b,
+                              ofl_stream_t *stream, bool last);
+
+/* ---- the pool (pool/pool.c) -------------------------------------------- */
+/* Lock held: an ended handle goes to p's cache. */
+void ofl__handle_cache_push(ofl_pool_t *p, ofl_tensor_t *t);
+/* Destroys p and runs its ofl__pool_destroy_when_idle continuation. */
+void ofl__pool_finish(ofl_pool_t *p);
+
+/* ---- memory of the pool (pool/reclaim.c) -------------------------------- */
+/* Registers a new pool / forgets a destroyed one. */
+void ofl__pool_register(ofl_pool_t *p);
+void ofl__pool_unregister(ofl_pool_t *p);
+/* Lock held: takes the idle cached blocks of p off their keys into
+ * *victims (only those carved from segments when segs_only: releasing a
+ * block of its own gives the arena nothing); returns their bytes. */
+size_t ofl__pool_take_idle(ofl_pool_t *p, bool segs_only,
+                           pool_block_t **victims);
+/* Lock not held: destroys the blocks ofl__pool_take_idle took. */
+void ofl__pool_destroy_victims(ofl_pool_t *p, pool_block_t *victims);
+/* Memory for a block of bytes: a range of a segment (*range) when seg is
+ * true, else memory of its own (*mem); grows the arena as needed. With a
+ * stream, before growing it may hand back *reuse instead: a free block of
+ * another key, carved from a segment, whose last use is still queued; its
+ * range is large enough and stream waits for that use (as a same-key block
+ * is handed out, pool.h), and it is off its key. On a backend refusal
+ * releases the cached blocks of p and of the device's other pools of its
+ * kind (waiting for their queued last uses) and their empty segments, and
+ * tries once more; then OFL_ERR_NO_MEMORY with the pools' figures.
+ * Lock not held. */
+ofl_status_t ofl__pool_memory(ofl_pool_t *p, size_t bytes, bool seg,
+                              ofl_stream_t *stream, ofl__range_t **range,
+                              void **mem, pool_block_t **reuse);
+/* Lock not held: a free block taken off its key goes back to it. */
+void ofl__block_relink(ofl_pool_t *p, pool_block_t *b);
+/* Lock held: memory the pool holds from the backend. */
+size_t ofl__pool_held(const ofl_pool_t *p);
+
+#endif /* OFL_POOL_BLOCK_H */

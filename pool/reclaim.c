@@ -1,0 +1,345 @@
+/* ofl: where a pool's memory comes from and how it is given back
+ * (docs/DESIGN.md section 4): segments grown for new blocks, idle cached
+ * blocks released to make room, and the out-of-memory retry: when the
+ * backend refuses, the cached memory of every pool of the device's kind
+ * goes back before the request is tried again (as PyTorch's caching
+ * allocator frees its cache before it reports out of memory). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "pool/block.h"
+#include "runtime/device_internal.h"
+#include "runtime/internal.h"
+
+/* The pools of the process, so that an allocation that ran out can release
+ * the idle cache of its device's other pools. Never taken while a pool's
+ * lock is held. */
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static ofl_pool_t *registry;
+
+void ofl__pool_register(ofl_pool_t *p) {
+  pthread_mutex_lock(&registry_mu);
+  p->reg_next = registry;
+  registry = p;
+  pthread_mutex_unlock(&registry_mu);
+}
+
+void ofl__pool_unregister(ofl_pool_t *p) {
+  pthread_mutex_lock(&registry_mu);
+  for (ofl_pool_t **pp = &registry; *pp != NULL; pp = &(*pp)->reg_next)
+    if (*pp == p) {
+      *pp = p->reg_next;
+      break;
+    }
+  pthread_mutex_unlock(&registry_mu);
+}
+
+size_t ofl__pool_held(const ofl_pool_t *p) {
+  return p->reserve_bytes + p->own_bytes + p->arena.held_bytes;
+}
+
+/* ---- idle cached blocks -------------------------------------------------- */
+
+size_t ofl__pool_take_idle(ofl_pool_t *p, bool segs_only,
+                           pool_block_t **victims) {
+  size_t got = 0;
+  for (pool_key_t *k = p->keys; k != NULL; k = k->lnext) {
+    pool_block_t *prev = NULL, *b = k->free_head;
+    while (b != NULL) {
+      pool_block_t *next = b->next;
+      if ((!segs_only || b->range != NULL) && ofl__block_idle(b)) {
+        ofl__free_unlink(k, prev, b);
+        ofl__key_forget(p, b);
+        got += b->st.bytes;
+        b->next = *victims;
+        *victims = b;
+      } else {
+        prev = b;
+      }
+      b = next;
+    }
+  }
+  return got;
+}
+
+void ofl__pool_destroy_victims(ofl_pool_t *p, pool_block_t *victims) {
+  while (victims != NULL) { /* their last uses are over */
+    pool_block_t *v = victims;
+    victims = v->next;
+    ofl__block_destroy(p, v);
+  }
+}
+
+/* Releases p's cached blocks outside the reserve, waiting (bounded) for
+ * the last uses still queued, as PyTorch synchronises its events before it
+ * frees its cache, and frees the segments left empty; returns the bytes
+ * given back to the backend. Lock not held. */
+static size_t release_cached(ofl_pool_t *p) {
+  pool_block_t *victims = NULL;
+  pthread_mutex_lock(&p->mu);
+  for (pool_key_t *k = p->keys; k != NULL; k = k->lnext) {
+    pool_block_t *prev = NULL, *b = k->free_head;
+    while (b != NULL) {
+      pool_block_t *next = b->next;
+      if (!b->carved) {
+        ofl__free_unlink(k, prev, b);
+        ofl__key_forget(p, b);
+        b->next = victims;
+        victims = b;
+      } else {
+        prev = b;
+      }
+      b = next;
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  size_t own = 0;
+  while (victims != NULL) {
+    pool_block_t *b = victims;
+    victims = b->next;
+    if (!ofl__block_quiesce(b)) { /* still queued: it stays cached */
+      ofl__block_relink(p, b);
+      continue;
+    }
+    own += b->range == NULL ? b->st.bytes : 0;
+    pthread_mutex_lock(&p->mu);
+    p->stats.releases++;
+    pthread_mutex_unlock(&p->mu);
+    ofl__block_destroy(p, b);
+  }
+  size_t seg_bytes = 0;
+  pthread_mutex_lock(&p->mu);
+  ofl__segment_t *segs = ofl__arena_take_idle(&p->arena, &seg_bytes);
+  pthread_mutex_unlock(&p->mu);
+  uint64_t n = ofl__arena_free_segments(&p->arena, segs);
+  pthread_mutex_lock(&p->mu);
+  p->stats.backend_frees += n;
+  pthread_mutex_unlock(&p->mu);
+  return own + seg_bytes;
+}
+
+/* Releases the idle cache of p and of the device's other pools of p's kind;
+ * returns the bytes given back to the backend. */
+static size_t release_device(ofl_pool_t *p) {
+  size_t got = release_cached(p);
+  pthread_mutex_lock(&registry_mu);
+  for (ofl_pool_t *q = registry; q != NULL; q = q->reg_next)
+    if (q != p && q->dev == p->dev && q->kind == p->kind)
+      got += release_cached(q);
+  pthread_mutex_unlock(&registry_mu);
+  return got;
+}
+
+/* The figures of every pool of the device for an out-of-memory message. */
+static void describe_device(const ofl_pool_t *p, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  pthread_mutex_lock(&registry_mu);
+  for (ofl_pool_t *q = registry; q != NULL && n < cap; q = q->reg_next) {
+    if (q->dev != p->dev)
+      continue;
+    pthread_mutex_lock(&q->mu);
+    size_t held = ofl__pool_held(q), used = q->stats.in_use_bytes;
+    size_t cached = q->stats.total_bytes - used;
+    pthread_mutex_unlock(&q->mu);
+    int w = snprintf(buf + n, cap - n,
+                     "%spool %s (%s) held %zu in use %zu cached %zu",
+                     n ? "; " : "", q->name,
+                     q->kind == OFL_POOL_PINNED ? "pinned" : "device", held,
+                     used, cached);
+    if (w < 0)
+      break;
+    n += (size_t)w;
+  }
+  pthread_mutex_unlock(&registry_mu);
+}
+
+static ofl_status_t out_of_memory(ofl_pool_t *p, size_t bytes,
+                                  size_t released) {
+  char figures[768];
+  describe_device(p, figures, sizeof figures);
+  return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_POOL,
+                    "pool %s: out of %s memory: %zu bytes requested, refused "
+                    "again after releasing %zu cached bytes of the device's "
+                    "pools; %s. Free tensors, offload more or lower the batch",
+                    p->name, p->kind == OFL_POOL_PINNED ? "pinned" : "device",
+                    bytes, released, figures);
+}
+
+/* ---- memory for a new block ---------------------------------------------- */
+
+static ofl_status_t backend_alloc(ofl_pool_t *p, size_t bytes, void **out) {
+  ofl_status_t s = ofl__arena_backend_alloc(&p->arena, bytes, out);
+  pthread_mutex_lock(&p->mu);
+  p->stats.backend_allocs++; /* a call reached the backend */
+  pthread_mutex_unlock(&p->mu);
+  return s;
+}
+
+/* A new segment of seg_bytes; the memory is freed again when its records
+ * cannot be made. */
+static ofl_status_t grow(ofl_pool_t *p, size_t seg_bytes) {
+  void *mem = NULL;
+  OFL_CHECK(backend_alloc(p, seg_bytes, &mem));
+  pthread_mutex_lock(&p->mu);
+  bool ok = ofl__arena_add(&p->arena, mem, seg_bytes);
+  pthread_mutex_unlock(&p->mu);
+  if (!ok) {
+    if (ofl__arena_backend_free(&p->arena, mem)) {
+      pthread_mutex_lock(&p->mu);
+      p->stats.backend_frees++;
+      pthread_mutex_unlock(&p->mu);
+    }
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_POOL,
+                      "pool %s: cannot allocate the records of a segment",
+                      p->name);
+  }
+  OFL_INFO(OFL_SUBSYS_POOL,
+           "pool %s: segment of %zu bytes added: %zu held in %llu segments, "
+           "%zu in use, %zu in free ranges",
+           p->name, seg_bytes, p->arena.held_bytes,
+           (unsigned long long)p->arena.nsegs, p->stats.in_use_bytes,
+           p->arena.free_bytes);
+  return OFL_SUCCESS;
+}
+
+/* A range of bytes from the arena; the pool's idle cached blocks go back to
+ * their segments first when no free range fits. Lock not held. */
+static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
+  pthread_mutex_lock(&p->mu);
+  ofl__range_t *r = ofl__arena_take(&p->arena, bytes);
+  if (r != NULL || p->arena.nsegs == 0) {
+    pthread_mutex_unlock(&p->mu);
+    return r;
+  }
+  pool_block_t *victims = NULL;
+  (void)ofl__pool_take_idle(p, true, &victims);
+  for (pool_block_t *v = victims; v != NULL; v = v->next)
+    p->stats.releases++;
+  pthread_mutex_unlock(&p->mu);
+  if (victims == NULL)
+    return NULL;
+  ofl__pool_destroy_victims(p, victims);
+  pthread_mutex_lock(&p->mu);
+  r = ofl__arena_take(&p->arena, bytes);
+  pthread_mutex_unlock(&p->mu);
+  return r;
+}
+
+/* Lock held: the free block carved from a segment whose range fits bytes
+ * best among those whose last use is still queued; NULL when none. */
+static pool_block_t *pending_fit(ofl_pool_t *p, size_t bytes,
+                                 pool_key_t **key, pool_block_t **prev_out) {
+  pool_block_t *best = NULL;
+  for (pool_key_t *k = p->keys; k != NULL; k = k->lnext) {
+    pool_block_t *prev = NULL;
+    for (pool_block_t *b = k->free_head; b != NULL; prev = b, b = b->next)
+      if (b->range != NULL && b->range->bytes >= bytes &&
+          (best == NULL || b->range->bytes < best->range->bytes)) {
+        best = b;
+        *key = k;
+        *prev_out = prev;
+      }
+  }
+  return best;
+}
+
+/* A queued block of another key for a request on stream (section 5 rule
+ * 2: stream waits for its last use; its whole range goes with it, so no
+ * other request gets part of it early). NULL when none fits. */
+static pool_block_t *reuse_pending(ofl_pool_t *p, size_t bytes,
+                                   ofl_stream_t *stream) {
+  pool_key_t *k = NULL;
+  pool_block_t *prev = NULL;
+  pthread_mutex_lock(&p->mu);
+  pool_block_t *b = pending_fit(p, bytes, &k, &prev);
+  if (b != NULL) {
+    ofl__free_unlink(k, prev, b);
+    ofl__key_forget(p, b);
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (b == NULL)
+    return NULL;
+  if (ofl_stream_wait_event(stream, b->ev) != OFL_SUCCESS) {
+    ofl__block_relink(p, b);
+    return NULL;
+  }
+  pthread_mutex_lock(&p->mu);
+  p->stats.stream_waits++;
+  pthread_mutex_unlock(&p->mu);
+  return b;
+}
+
+static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
+                                   ofl_stream_t *stream, ofl__range_t **range,
+                                   pool_block_t **reuse) {
+  size_t released = 0;
+  for (int attempt = 0; attempt < 4; attempt++) {
+    ofl__range_t *r = take_range(p, bytes);
+    if (r != NULL) {
+      *range = r;
+      return OFL_SUCCESS;
+    }
+    pool_block_t *b = stream != NULL ? reuse_pending(p, bytes, stream) : NULL;
+    if (b != NULL) {
+      *reuse = b;
+      return OFL_SUCCESS;
+    }
+    pthread_mutex_lock(&p->mu);
+    size_t want = ofl__arena_grow_bytes(&p->arena, bytes, 0);
+    pthread_mutex_unlock(&p->mu);
+    /* After a refusal, no more than the request (whole granules). */
+    size_t g = p->arena.granule, least = (bytes + g - 1) / g * g;
+    if (want == 0)
+      return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_POOL,
+                        "pool %s: %zu bytes cannot be rounded to a segment",
+                        p->name, bytes);
+    ofl_status_t s = grow(p, want);
+    if (s == OFL_ERR_NO_MEMORY && want > least)
+      s = grow(p, least); /* a smaller segment may still fit */
+    if (s == OFL_ERR_NO_MEMORY) {
+      released = release_device(p);
+      pthread_mutex_lock(&p->mu);
+      p->stats.oom_retries++;
+      pthread_mutex_unlock(&p->mu);
+      OFL_INFO(OFL_SUBSYS_POOL,
+               "pool %s: out of memory for %zu bytes; %zu cached bytes "
+               "released, trying again",
+               p->name, bytes, released);
+      r = take_range(p, bytes);
+      if (r != NULL) {
+        *range = r;
+        return OFL_SUCCESS;
+      }
+      s = grow(p, least);
+      if (s == OFL_ERR_NO_MEMORY)
+        return out_of_memory(p, bytes, released);
+    }
+    if (s != OFL_SUCCESS)
+      return s;
+    /* Another thread may take the new segment first: try again. */
+  }
+  return out_of_memory(p, bytes, released);
+}
+
+ofl_status_t ofl__pool_memory(ofl_pool_t *p, size_t bytes, bool seg,
+                              ofl_stream_t *stream, ofl__range_t **range,
+                              void **mem, pool_block_t **reuse) {
+  if (seg)
+    return segment_memory(p, bytes, stream, range, reuse);
+  ofl_status_t s = backend_alloc(p, bytes, mem);
+  if (s != OFL_ERR_NO_MEMORY)
+    return s;
+  size_t released = release_device(p);
+  pthread_mutex_lock(&p->mu);
+  p->stats.oom_retries++;
+  pthread_mutex_unlock(&p->mu);
+  OFL_INFO(OFL_SUBSYS_POOL,
+           "pool %s: out of memory for %zu bytes; %zu cached bytes released, "
+           "trying again",
+           p->name, bytes, released);
+  s = backend_alloc(p, bytes, mem);
+  if (s == OFL_ERR_NO_MEMORY)
+    return out_of_memory(p, bytes, released);
+  return s;
+}
