@@ -8,18 +8,21 @@ Where the library comes from (first found wins):
 
 1. ``OFL_LIBRARY``: a path to ``libofl.so`` (tests and ``ofl.sh`` set it to
    the build tree's copy);
-2. a copy bundled in the package (``ofl/_libs/libofl.so*``, present when the
-   package was installed with ``OFL_BUNDLE_LIBRARY=path pip install ./python``);
+2. the copy in the package (``ofl/_libs/libofl.so.0``): ``pip install
+   ./python`` builds it from the repository's sources (or copies the one
+   ``OFL_BUNDLE_LIBRARY=path`` names);
 3. the build tree next to this source tree (``<repo>/build*/libofl.so``),
    when the package runs from a checkout;
-4. the system loader (``libofl.so`` installed by ``meson install``,
-   ``ldconfig`` or ``LD_LIBRARY_PATH``).
+4. the lib directory of a ``meson install`` prefix whose ``bin`` (with
+   ``ofl-info``) is on ``PATH``;
+5. the system loader (``ldconfig``, ``LD_LIBRARY_PATH``).
 """
 import ctypes
 import ctypes.util
 import glob
 import importlib.util
 import os
+import shutil
 import sys
 
 c_int = ctypes.c_int
@@ -341,6 +344,14 @@ def _candidates():
                 p = os.path.join(repo, d, name)
                 if os.path.exists(p):
                     yield p
+    # A `meson install` prefix whose bin is on PATH: its lib directory
+    # (lib, lib64 or lib/<multiarch>), next to the ofl-info found there.
+    info = shutil.which("ofl-info")
+    if info is not None:
+        prefix = os.path.dirname(os.path.dirname(os.path.realpath(info)))
+        for pattern in ("lib*/libofl.so.0", "lib*/*/libofl.so.0"):
+            for p in sorted(glob.glob(os.path.join(prefix, pattern))):
+                yield p
     found = ctypes.util.find_library("ofl")
     yield found or "libofl.so.0"
     yield "libofl.so"
@@ -361,9 +372,11 @@ def _load():
         except OSError as e:
             errors.append("%s: %s" % (path, e))
     raise ImportError(
-        "ofl: cannot load libofl (%s). Build it (meson setup build && ninja -C "
-        "build) and set OFL_LIBRARY=/path/to/libofl.so, or install it with "
-        "`meson install`" % "; ".join(errors))
+        "ofl: cannot load libofl (%s). `pip install ./python` from a checkout "
+        "of the repository builds it into the package; or build it (meson "
+        "setup build && ninja -C build) and set OFL_LIBRARY=/path/to/"
+        "libofl.so.0, or put the lib directory of a `meson install` prefix "
+        "on LD_LIBRARY_PATH" % "; ".join(errors))
 
 
 lib, path = _load()
