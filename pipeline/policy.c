@@ -166,8 +166,8 @@ static void report_small_tensors(const ofl_manager_t *m) {
              m->min_bytes > 0 ? "MIN_OFFLOAD_BYTES" : "MIN_OFFLOAD_ELEMS");
   else
     OFL_INFO(OFL_SUBSYS_PIPELINE,
-             "rank %d: warmup: %llu tensors (%llu bytes) stay on the device, "
-             "each under the size threshold %s",
+             "rank %d: warmup: %llu tensors (%llu bytes) stay on the device "
+             "for their size, each under the size threshold %s",
              m->rank, (unsigned long long)m->warm_small_tensors,
              (unsigned long long)m->warm_small_bytes, threshold);
 }
