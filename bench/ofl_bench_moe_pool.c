@@ -34,8 +34,7 @@ static void print_pool(const char *name, const ofl_pool_stats_t *a,
          name, (unsigned long long)(b->backend_allocs - a->backend_allocs),
          (unsigned long long)(b->backend_frees - a->backend_frees), held,
          b->peak_in_use_bytes, ratio, (unsigned long long)b->segments,
-         b->segment_bytes,
-         (unsigned long long)(b->misses - a->misses));
+         b->segment_bytes, (unsigned long long)(b->misses - a->misses));
 }
 
 static void run_moe(ofl_backend_t be) {
@@ -143,8 +142,7 @@ static double hit_ns(ofl_device_t *dev, ofl_pool_kind_t kind, int dynamic) {
           CHECK(ofl_pool_alloc_dynamic(pool, &shape[j], 1, OFL_DTYPE_U8, NULL,
                                        &t[j]));
         else
-          CHECK(
-              ofl_pool_alloc(pool, &shape[j], 1, OFL_DTYPE_U8, NULL, &t[j]));
+          CHECK(ofl_pool_alloc(pool, &shape[j], 1, OFL_DTYPE_U8, NULL, &t[j]));
       }
       for (int j = 0; j < NSIZES; j++)
         CHECK(ofl_pool_free(pool, t[j]));

@@ -284,8 +284,8 @@ typedef enum pick {
 } pick_t;
 
 /* Lock held. Chooses a free block of k following the rules at the top of
- * pool.h (docs/DESIGN.md section 5 rule 2: a block is reused only after the copy
- * that used it has completed). */
+ * pool.h (docs/DESIGN.md section 5 rule 2: a block is reused only after the
+ * copy that used it has completed). */
 static pick_t block_pick(ofl_pool_t *p, pool_key_t *k, ofl_stream_t *stream,
                          pool_block_t **prev_out, pool_block_t **out) {
   pool_block_t *prev = NULL, *oldest = NULL, *oldest_prev = NULL;

@@ -142,11 +142,10 @@ static void describe_device(const ofl_pool_t *p, char *buf, size_t cap) {
     size_t held = ofl__pool_held(q), used = q->stats.in_use_bytes;
     size_t cached = q->stats.total_bytes - used;
     pthread_mutex_unlock(&q->mu);
-    int w = snprintf(buf + n, cap - n,
-                     "%spool %s (%s) held %zu in use %zu cached %zu",
-                     n ? "; " : "", q->name,
-                     q->kind == OFL_POOL_PINNED ? "pinned" : "device", held,
-                     used, cached);
+    int w = snprintf(
+        buf + n, cap - n, "%spool %s (%s) held %zu in use %zu cached %zu",
+        n ? "; " : "", q->name,
+        q->kind == OFL_POOL_PINNED ? "pinned" : "device", held, used, cached);
     if (w < 0)
       break;
     n += (size_t)w;
@@ -228,8 +227,8 @@ static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
 
 /* Lock held: the free block carved from a segment whose range fits bytes
  * best among those whose last use is still queued; NULL when none. */
-static pool_block_t *pending_fit(ofl_pool_t *p, size_t bytes,
-                                 pool_key_t **key, pool_block_t **prev_out) {
+static pool_block_t *pending_fit(ofl_pool_t *p, size_t bytes, pool_key_t **key,
+                                 pool_block_t **prev_out) {
   pool_block_t *best = NULL;
   for (pool_key_t *k = p->keys; k != NULL; k = k->lnext) {
     pool_block_t *prev = NULL;

@@ -5,11 +5,11 @@
  * in host memory. Pools are thread-safe (one mutex per pool; the hit path
  * takes it once and allocates nothing).
  *
- * Stream-ordered reuse (docs/DESIGN.md section 4, section 5 rule 2): a block freed
- * with ofl_pool_free_after / ofl_pool_free_after_event carries the pool's own
- * event for its last use. Allocation then hands it out only when that use is
- * complete, or, when the caller names a stream, at once with that stream made
- * to wait on the event:
+ * Stream-ordered reuse (docs/DESIGN.md section 4, section 5 rule 2): a block
+ * freed with ofl_pool_free_after / ofl_pool_free_after_event carries the pool's
+ * own event for its last use. Allocation then hands it out only when that use
+ * is complete, or, when the caller names a stream, at once with that stream
+ * made to wait on the event:
  *   - stream == NULL: free blocks of the key whose last use is still queued
  *     are skipped (the next free block is taken, or a block is created). If
  *     creating is refused by the budget and a skipped block exists, the
@@ -119,14 +119,14 @@ typedef struct ofl_pool_stats {
   uint64_t stream_waits;    /* blocks handed out with a stream wait */
   uint64_t backend_allocs;  /* calls to ofl_device_malloc/ofl_pinned_malloc */
   uint64_t backend_frees;
-  uint64_t evictions; /* free blocks released to make room in the budget */
+  uint64_t evictions;   /* free blocks released to make room in the budget */
   size_t held_bytes;    /* memory the pool holds from the backend: blocks
                            of their own, segments and the reserve */
   size_t cached_bytes;  /* bytes of free blocks (total - in use) */
   size_t segment_bytes; /* bytes of segments */
   uint64_t segments;
-  uint64_t releases; /* idle cached blocks given back to their segment or
-                        the backend to make room (not budget evictions) */
+  uint64_t releases;    /* idle cached blocks given back to their segment or
+                           the backend to make room (not budget evictions) */
   uint64_t oom_retries; /* backend refusals retried after releasing */
 } ofl_pool_stats_t;
 

@@ -75,8 +75,9 @@ Test(pool_memory, pinned_blocks_of_many_sizes_share_a_few_registrations) {
     t_pattern(ofl_tensor_data(t[i]), ofl_tensor_bytes(t[i]), (uint64_t)i);
   }
   for (int i = 0; i < 100; i++) {
-    cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(t[i]),
-                                     ofl_tensor_bytes(t[i]), (uint64_t)i),
+    cr_assert(eq(sz,
+                 t_pattern_wrong(ofl_tensor_data(t[i]), ofl_tensor_bytes(t[i]),
+                                 (uint64_t)i),
                  0));
     cr_assert(eq(int, ofl_pool_free(pool, t[i]), OFL_SUCCESS));
   }
@@ -124,8 +125,8 @@ Test(pool_memory, out_of_memory_releases_the_pools_cache_and_retries) {
   for (int i = 0; i < 6; i++)
     cr_assert(eq(int, ofl_pool_free(pool, t[i]), OFL_SUCCESS));
   ofl_tensor_t *big = alloc_bytes(pool, 3 * MIB, 0);
-  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(big), 3 * MIB, 4),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, t_fill(dev, ofl_tensor_data(big), 3 * MIB, 4), OFL_SUCCESS));
   cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(big), 3 * MIB, 4), 0));
   ofl_pool_stats_t s = stats_of(pool);
   cr_assert(eq(u64, s.oom_retries, 1));
@@ -170,8 +171,9 @@ Test(pool_memory, out_of_memory_message_gives_request_and_pool_figures) {
   cr_assert(eq(ptr, x, (ofl_tensor_t *)0x1));
   const char *m = ofl_last_error();
   cr_assert(ne(ptr, strstr(m, "4194304 bytes requested"), NULL), "%s", m);
-  cr_assert(ne(ptr, strstr(m, "pool acts (device) held 5242880 in use "
-                              "5242880 cached 0"),
+  cr_assert(ne(ptr,
+               strstr(m, "pool acts (device) held 5242880 in use "
+                         "5242880 cached 0"),
                NULL),
             "%s", m);
   ofl_pool_stats_t s = stats_of(pool);
@@ -198,16 +200,16 @@ Test(pool_memory, reload_succeeds_after_releasing_cached_blocks) {
   cr_assert(eq(int, ofl_manager_create(&mp, &m), OFL_SUCCESS), "%s",
             ofl_last_error());
   ofl_tensor_t *t = alloc_bytes(pool, 2 * MIB, 0);
-  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(t), 2 * MIB, 21),
-               OFL_SUCCESS));
+  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(t), 2 * MIB, 21), OFL_SUCCESS));
   ofl_tag_t tag;
   cr_assert(eq(int, ofl_manager_chunk_begin(m, 1, 0), OFL_SUCCESS));
   cr_assert(eq(int, ofl_manager_group_start(m, "mlp_norm"), OFL_SUCCESS));
   cr_assert(eq(int, ofl_manager_tensor_push(m, t, &tag), OFL_SUCCESS));
   cr_assert(eq(int, ofl_manager_group_commit(m, "mlp_norm", NULL, 0, 0),
                OFL_SUCCESS));
-  cr_assert(eq(int, ofl_stream_synchronize(ofl_device_compute_stream(dev),
-                                           OFL_TIMEOUT_DEFAULT),
+  cr_assert(eq(int,
+               ofl_stream_synchronize(ofl_device_compute_stream(dev),
+                                      OFL_TIMEOUT_DEFAULT),
                OFL_SUCCESS));
   /* The offload released t's block to the pool's cache. Six blocks of
    * another size fill the device (the sixth after t's cached block is
@@ -218,19 +220,18 @@ Test(pool_memory, reload_succeeds_after_releasing_cached_blocks) {
   cr_assert(eq(u64, stats_of(pool).oom_retries, 1));
   for (int i = 0; i < 6; i++)
     cr_assert(eq(int, ofl_pool_free(pool, f[i]), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_manager_group_backward_begin(m, "mlp_norm"),
-               OFL_SUCCESS),
-            "%s", ofl_last_error());
+  cr_assert(
+      eq(int, ofl_manager_group_backward_begin(m, "mlp_norm"), OFL_SUCCESS),
+      "%s", ofl_last_error());
   ofl_tensor_t *back = NULL;
   cr_assert(eq(int, ofl_manager_tensor_pop(m, tag, &back), OFL_SUCCESS), "%s",
             ofl_last_error());
   cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(back), 2 * MIB, 21), 0));
   cr_assert(eq(u64, stats_of(pool).oom_retries, 2));
   cr_assert(eq(int, ofl_tensor_destroy(back), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_manager_group_backward_end(m, "mlp_norm"),
-               OFL_SUCCESS));
-  cr_assert(eq(int, ofl_manager_reset(m), OFL_SUCCESS), "%s",
-            ofl_last_error());
+  cr_assert(
+      eq(int, ofl_manager_group_backward_end(m, "mlp_norm"), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_manager_reset(m), OFL_SUCCESS), "%s", ofl_last_error());
   ofl_manager_destroy(m);
   ofl_pool_destroy(pool);
 }
@@ -279,8 +280,8 @@ Test(pool_memory, moe_workload_registers_nothing_in_steady_state,
   cr_assert(eq(u64, d1.pinned_frees, d0.pinned_frees));
   cr_assert(gt(u64, h1.misses, h0.misses)); /* sizes did change */
   double ratio = (double)h1.held_bytes / (double)h1.peak_in_use_bytes;
-  cr_log_info("offload-host held %zu peak in use %zu ratio %.3f",
-              h1.held_bytes, h1.peak_in_use_bytes, ratio);
+  cr_log_info("offload-host held %zu peak in use %zu ratio %.3f", h1.held_bytes,
+              h1.peak_in_use_bytes, ratio);
   cr_assert(le(dbl, ratio, 1.3), "held %zu peak in use %zu", h1.held_bytes,
             h1.peak_in_use_bytes);
   if (sim) {

@@ -50,23 +50,23 @@ static void open_env(env_t *e, int own_pool) {
   ofl_stream_t *cs = ofl_device_compute_stream(e->dev);
   cr_assert(eq(int, ofl_pool_alloc(src, shape, 1, OFL_DTYPE_U8, cs, &t),
                OFL_SUCCESS));
-  cr_assert(eq(int, t_fill(e->dev, ofl_tensor_data(t), 64 * 1024, 5),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, t_fill(e->dev, ofl_tensor_data(t), 64 * 1024, 5), OFL_SUCCESS));
   ofl_tag_t tag;
   cr_assert(eq(int, ofl_manager_chunk_begin(e->m, 1, 0), OFL_SUCCESS));
   cr_assert(eq(int, ofl_manager_group_start(e->m, "mlp_norm"), OFL_SUCCESS));
   cr_assert(eq(int, ofl_manager_tensor_push(e->m, t, &tag), OFL_SUCCESS));
   cr_assert(eq(int, ofl_manager_group_commit(e->m, "mlp_norm", NULL, 0, 0),
                OFL_SUCCESS));
-  cr_assert(eq(int, ofl_manager_group_backward_begin(e->m, "mlp_norm"),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_manager_group_backward_begin(e->m, "mlp_norm"), OFL_SUCCESS));
   ofl_tensor_t *back = NULL;
   cr_assert(eq(int, ofl_manager_tensor_pop(e->m, tag, &back), OFL_SUCCESS),
             "%s", ofl_last_error());
   cr_assert(eq(sz, t_wrong(e->dev, ofl_tensor_data(back), 64 * 1024, 5), 0));
   cr_assert(eq(int, ofl_tensor_destroy(back), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_manager_group_backward_end(e->m, "mlp_norm"),
-               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_manager_group_backward_end(e->m, "mlp_norm"), OFL_SUCCESS));
   cr_assert(eq(int, ofl_manager_reset(e->m), OFL_SUCCESS), "%s",
             ofl_last_error());
 }
