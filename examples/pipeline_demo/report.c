@@ -169,27 +169,34 @@ int write_memory_csv(const char *path, int rank, int pp, const result_t *base,
 }
 #endif
 
-/* The largest device_mib of the CSV: one y scale for every rank. */
-static double csv_max_mib(const char *csv) {
+/* The CSV's extent: the largest device_mib and the range of steady_seconds,
+ * so that every rank's plot has the same scales. */
+typedef struct {
+  double ymax, xmin, xmax;
+} extent_t;
+
+static extent_t csv_extent(const char *csv) {
+  extent_t e = {0, 0, 0};
   FILE *f = fopen(csv, "r");
-  double best = 0;
   char line[256];
   while (f != NULL && fgets(line, sizeof line, f) != NULL) {
     int rk;
     char run[16];
-    double t, mib;
-    if (sscanf(line, "%d,%15[^,],%lf,%lf", &rk, run, &t, &mib) == 4 &&
-        mib > best)
-      best = mib;
+    double t, mib, ts;
+    if (sscanf(line, "%d,%15[^,],%lf,%lf,%lf", &rk, run, &t, &mib, &ts) != 5)
+      continue;
+    e.ymax = mib > e.ymax ? mib : e.ymax;
+    e.xmin = ts < e.xmin ? ts : e.xmin;
+    e.xmax = ts > e.xmax ? ts : e.xmax;
   }
   if (f != NULL)
     fclose(f);
-  return best;
+  return e;
 }
 
 /* One plot per rank first .. first + pp - 1 of the CSV: both runs on one
- * time axis from their steady state's start, the same y scale on every
- * rank (stated), each plot titled with the rank's step times (all: the
+ * time axis from their steady state's start, the same scales on every
+ * rank (the y one stated), each plot titled with the rank's step times (all: the
  * report's figures, NF per rank), the legend outside the curves, and the
  * offload run drawn thin over the baseline's wide band so that both show
  * where they coincide. Returns 0 when the PNG was written. */
@@ -199,20 +206,22 @@ int render_png(const char *csv, const char *png, int first, int pp,
   char *script = malloc(cap);
   if (script == NULL)
     return -1;
-  double ymax = csv_max_mib(csv) * 1.08;
+  extent_t ext = csv_extent(csv);
+  double ymax = ext.ymax * 1.08;
   int n = snprintf(
       script, cap,
       "set terminal pngcairo size 1100,%d font 'sans,10'\n"
       "set output '%s'\nset datafile separator ','\n"
       "set key outside right top vertical\nset grid ytics\n"
-      "set yrange [0:%g]\nset ylabel 'MiB allocated'\n"
+      "set yrange [0:%g]\nset xrange [%g:%g]\nset ylabel 'MiB allocated'\n"
       "set xlabel 'seconds from the steady state (iteration 2); the warmup "
       "is left of 0'\nset xzeroaxis\nset arrow from 0, graph 0 to 0, graph 1 "
       "nohead dt 3 lc rgb '#888888'\n"
       "set multiplot layout %d,1 title 'ofl demo: device memory per rank "
       "without and with activation offload (same MiB scale on every rank; "
       "runs aligned at their steady state)'\n",
-      220 * pp + 80, png, ymax > 0 ? ymax : 1, pp);
+      220 * pp + 80, png, ymax > 0 ? ymax : 1, ext.xmin,
+      ext.xmax > ext.xmin ? ext.xmax : ext.xmin + 1, pp);
   for (int i = 0; i < pp && n > 0 && (size_t)n < cap; i++) {
     int r = first + i;
     const double *v = &all[NF * i];
