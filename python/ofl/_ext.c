@@ -21,6 +21,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "_ext_abi.h"
@@ -57,6 +58,7 @@ static PyObject *s_is_cpu, *s_is_cuda, *s_layout, *s_base, *s_numel,
     *s_group_start, *s_commit, *s_get_device;
 
 static void drain_released(void);
+static void drain_freed(void);
 
 static int intern_names(void) {
   struct {
@@ -955,8 +957,10 @@ static void ext_release(void *data, size_t bytes, void *user) {
   } while (!atomic_compare_exchange_weak(&released_list, &head, h));
 }
 
-/* Drops the references ofl let go of; with the GIL. */
+/* Drops the references ofl let go of, and hands the blocks its pools freed
+ * to the allocator's free; with the GIL. */
 static void drain_released(void) {
+  drain_freed();
   if (atomic_load_explicit(&released_list, memory_order_relaxed) == NULL) return;
   held_t *h = atomic_exchange(&released_list, NULL);
   while (h != NULL) {
@@ -965,6 +969,98 @@ static void drain_released(void) {
     PyMem_RawFree(h);
     h = n;
   }
+}
+
+/* ---- the pool allocator: torch's memory for ofl's device pool ------------- */
+
+/* ofl_allocator_t's callbacks (include/ofl/pool.h) over two Python
+ * callables set by set_allocator: alloc(bytes, stream) -> address (torch's
+ * caching allocator on cuda, torch.empty on the host backend) and
+ * free(address). ofl may call free on one of its own threads once the
+ * block's queued uses completed: the address is only linked into
+ * freed_list there (no Python); the training thread hands it to the
+ * Python free at its next hook, reset or close (drain). alloc runs on the
+ * thread that allocates (the training thread: pops and prefetches) and
+ * takes the GIL. */
+typedef struct freed {
+  struct freed *next;
+  void *ptr;
+} freed_t;
+
+static _Atomic(freed_t *) freed_list;
+static PyObject *py_alloc, *py_free;
+
+static ext_status_t ext_alloc(void *ctx, size_t bytes, ofl_stream_t *stream, void **ptr) {
+  (void)ctx;
+  ext_status_t st = EXT_ERR_NO_MEMORY;
+  PyGILState_STATE g = PyGILState_Ensure();
+  if (py_alloc != NULL) {
+    PyObject *r = PyObject_CallFunction(py_alloc, "nK", (Py_ssize_t)bytes,
+                                        (unsigned long long)(uintptr_t)stream);
+    if (r != NULL) {
+      void *p = PyLong_AsVoidPtr(r);
+      Py_DECREF(r);
+      if (p != NULL && !PyErr_Occurred()) {
+        *ptr = p;
+        st = EXT_SUCCESS;
+      }
+    }
+    if (PyErr_Occurred()) PyErr_Clear(); /* an allocation that failed: ofl retries */
+  }
+  PyGILState_Release(g);
+  return st;
+}
+
+static void ext_free(void *ctx, void *ptr, size_t bytes, ofl_stream_t *stream) {
+  (void)ctx;
+  (void)bytes;
+  (void)stream;
+  freed_t *f = malloc(sizeof *f);
+  if (f == NULL) return; /* leaks the block rather than touch Python here */
+  f->ptr = ptr;
+  freed_t *head = atomic_load(&freed_list);
+  do {
+    f->next = head;
+  } while (!atomic_compare_exchange_weak(&freed_list, &head, f));
+}
+
+static void drain_freed(void) {
+  if (atomic_load_explicit(&freed_list, memory_order_relaxed) == NULL) return;
+  freed_t *f = atomic_exchange(&freed_list, NULL);
+  while (f != NULL) {
+    freed_t *n = f->next;
+    if (py_free != NULL) {
+      PyObject *r = PyObject_CallFunction(py_free, "K", (unsigned long long)(uintptr_t)f->ptr);
+      if (r == NULL)
+        PyErr_WriteUnraisable(py_free);
+      else
+        Py_DECREF(r);
+    }
+    free(f);
+    f = n;
+  }
+}
+
+/* set_allocator(alloc, free): the Python side of the allocator; returns
+ * (address of ext_alloc, address of ext_free) for an ofl_allocator_t. */
+static PyObject *ext_set_allocator(PyObject *mod, PyObject *args) {
+  (void)mod;
+  PyObject *a, *f;
+  if (!PyArg_ParseTuple(args, "OO:set_allocator", &a, &f)) return NULL;
+  if (!PyCallable_Check(a) || !PyCallable_Check(f)) {
+    PyErr_SetString(PyExc_TypeError, "set_allocator(alloc, free): two callables");
+    return NULL;
+  }
+  Py_INCREF(a);
+  Py_INCREF(f);
+  Py_XSETREF(py_alloc, a);
+  Py_XSETREF(py_free, f);
+  ext_status_t (*pa)(void *, size_t, ofl_stream_t *, void **) = ext_alloc;
+  void (*pf)(void *, void *, size_t, ofl_stream_t *) = ext_free;
+  void *va, *vf;
+  memcpy(&va, &pa, sizeof va);
+  memcpy(&vf, &pf, sizeof vf);
+  return Py_BuildValue("(NN)", PyLong_FromVoidPtr(va), PyLong_FromVoidPtr(vf));
 }
 
 static PyObject *ext_drain(PyObject *mod, PyObject *unused) {
@@ -1390,7 +1486,11 @@ static PyMethodDef ext_methods[] = {
      "and torch; before any Hooks is used."},
     {"is_ready", ext_is_ready, METH_NOARGS, "Whether setup() ran."},
     {"drain", ext_drain, METH_NOARGS,
-     "Drops the references to torch tensors whose memory ofl released."},
+     "Drops the references to torch tensors whose memory ofl released, and hands "
+     "the blocks ofl's pools freed to the allocator's free."},
+    {"set_allocator", ext_set_allocator, METH_VARARGS,
+     "set_allocator(alloc, free): Python callables behind an ofl_allocator_t; "
+     "returns the addresses of its alloc and free callbacks."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,6 +35,7 @@ typedef void (*ext_release_fn)(void *data, size_t bytes, void *user);
 #endif
 
 #define EXT_SUCCESS 0
+#define EXT_ERR_NO_MEMORY 4
 #define EXT_DTYPE_U8 9
 #define EXT_LOC_DEVICE 1
 

@@ -23,6 +23,7 @@ _Static_assert(sizeof(ofl_status_t) == sizeof(int), "ofl_status_t is not int-siz
 _Static_assert(sizeof(ofl_dtype_t) == sizeof(int), "ofl_dtype_t is not int-sized");
 _Static_assert(sizeof(ofl_location_t) == sizeof(int), "ofl_location_t is not int-sized");
 _Static_assert(EXT_SUCCESS == OFL_SUCCESS, "OFL_SUCCESS");
+_Static_assert(EXT_ERR_NO_MEMORY == OFL_ERR_NO_MEMORY, "OFL_ERR_NO_MEMORY");
 _Static_assert(EXT_DTYPE_U8 == OFL_DTYPE_U8, "OFL_DTYPE_U8");
 _Static_assert(EXT_LOC_DEVICE == OFL_LOC_DEVICE, "OFL_LOC_DEVICE");
 
