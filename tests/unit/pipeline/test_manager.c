@@ -1037,6 +1037,18 @@ static void disk_read_fault_run(ofl__disk_fault_t fault) {
   }
   H_OK(ofl_stream_synchronize(ofl_manager_d2h_stream(e.m), -1));
   cr_assert(eq(u64, stats(&e).disk_tensors, 2));
+  /* the disk writes run after the D2H copies, on the store's threads: a
+   * reload asked for while its write is still in flight is served from the
+   * write's buffer, without a read, and a fault on reads would go unseen
+   * (it did on a loaded machine): wait for both writes (bounded) */
+  ofl_disk_stats_t ws;
+  for (int i = 0; i < 10000; i++) {
+    ofl_disk_get_stats(disk, &ws);
+    if (ws.writes >= 2)
+      break;
+    usleep(1000);
+  }
+  cr_assert(eq(u64, ws.writes, 2), "the disk writes did not complete in 10 s");
   ofl__disk_inject_fault(disk, fault, 0, 1);
   int failures = 0;
   for (int l = 1; l >= 0; l--) {
