@@ -11,6 +11,9 @@ Mapping onto the manager (documented in python/README.md too):
     when ofl._ext is built);
   * ``max_fwd_stash_size`` is the manager's ``max_inflight``: at most that
     many offloads of the name in flight before compute waits for the oldest;
+    and its ``prefetch_groups``: backward issues the reloads of that many
+    saved tensors ahead (with a group per tensor, a reload only one group
+    ahead has one op's backward to land in);
   * backward: autograd unpacks in its own order, which is not exactly the
     reverse of the saves; each unpack first runs the backward markers
     (``group_backward_begin`` / ``_end``) of the groups the manager expects
@@ -111,9 +114,10 @@ class _Session:
 
     def _new_core(self):
         old = self.core
-        max_inflight, = self.key
+        max_inflight, prefetch = self.key
         self.core = ManagerCore(groups=b"", fraction=1.0, rank_delta_bytes=0, pp_rank=0,
-                                max_inflight=max_inflight, summary=False)
+                                max_inflight=max_inflight, summary=False,
+                                prefetch_groups=prefetch)
         self.chunks = []  # [[_Group, ...] per forward of this iteration]
         self.live = []  # weakrefs of this iteration's records (forced end)
         self.bwd = [0, 0]  # manager's backward position: chunk, groups done
@@ -319,7 +323,10 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
     def _session(self):
         s = self._s
         if s is None:
-            key = (self.max_fwd_stash_size if self.use_streams else 0,)
+            # max_fwd_stash_size offloads in flight in forward, and as many
+            # reloads issued ahead in backward (one-tensor groups: a reload
+            # one group ahead has one op's backward to land in, and stalled)
+            key = (self.max_fwd_stash_size if self.use_streams else 0, self.max_fwd_stash_size)
             s = self._s = self._hk.s = _acquire(self, key)
         return s
 
