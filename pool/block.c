@@ -159,6 +159,7 @@ pool_block_t *ofl__header_take(ofl_pool_t *p) {
     b->key = NULL;
     b->held = b->carved = false;
     b->range = NULL;
+    b->alloc_stream = NULL;
   }
   pthread_mutex_unlock(&p->mu);
   if (b == NULL && (b = calloc(1, sizeof *b)) != NULL) {
@@ -185,6 +186,14 @@ void ofl__block_destroy(ofl_pool_t *p, pool_block_t *b) {
     pthread_mutex_lock(&p->mu);
     ofl__arena_give(&p->arena, b->range);
     b->range = NULL;
+    pthread_mutex_unlock(&p->mu);
+  } else if (!b->carved && b->st.base != NULL && p->has_allocator) {
+    /* Every caller waited for the block's last use first (section 5 rule
+     * 2), so the application may reuse the memory at once. */
+    p->allocator.free(p->allocator.ctx, b->st.base, b->st.bytes,
+                      b->alloc_stream);
+    pthread_mutex_lock(&p->mu);
+    p->stats.backend_frees++;
     pthread_mutex_unlock(&p->mu);
   } else if (!b->carved && b->st.base != NULL) {
     ofl_status_t s = p->kind == OFL_POOL_PINNED

@@ -29,8 +29,9 @@ typedef struct pool_block {
   struct pool_block *next;     /* key's free list */
   struct pool_block *key_next; /* key's blocks in creation order */
   bool held;
-  bool carved;         /* from the reserve */
-  ofl__range_t *range; /* from a segment of the arena; NULL: its own */
+  bool carved;                /* from the reserve */
+  ofl__range_t *range;        /* from a segment of the arena; NULL: its own */
+  ofl_stream_t *alloc_stream; /* the stream its allocator call named */
   /* Stream-ordered reuse: the pool's own event for the block's last use. */
   pthread_mutex_t order_mu;
   ofl_event_t *ev;
@@ -60,6 +61,9 @@ struct ofl_pool {
   bool strict;
   bool evict;
   ofl_pool_segments_t segments;
+  /* params.allocator (copied): blocks come from it, not the backend. */
+  bool has_allocator;
+  ofl_allocator_t allocator;
   uint64_t byte_keys_made; /* byte-size keys ever created */
   char name[32];
   pool_key_t *buckets[OFL__POOL_NBUCKETS];

@@ -24,6 +24,40 @@ static ofl_status_t budget_from_env(ofl_pool_kind_t kind, size_t *out) {
                           out);
 }
 
+/* params.allocator (pool.h): complete, without a reserve or forced
+ * segments, and on the host backend a device pool needs the device to take
+ * the application's memory as its own. */
+static ofl_status_t check_allocator(ofl_device_t *dev,
+                                    const ofl_pool_params_t *prm) {
+  const ofl_allocator_t *a = prm->allocator;
+  if (a == NULL)
+    return OFL_SUCCESS;
+  if (a->alloc == NULL || a->free == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
+                      "ofl_pool_create: the allocator's alloc and free must "
+                      "not be NULL");
+  if (prm->reserve_bytes != 0 || prm->segments == OFL_POOL_SEGMENTS_ALL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
+                      "ofl_pool_create: a pool with an allocator takes one "
+                      "block per allocator call: reserve_bytes must be 0 and "
+                      "segments not OFL_POOL_SEGMENTS_ALL");
+  /* A fresh heap address lies in no block of ofl's: the device owns it
+   * only when it adopts the application's memory. */
+  if (prm->kind != OFL_POOL_DEVICE ||
+      ofl_device_backend(dev) != OFL_BACKEND_HOST)
+    return OFL_SUCCESS;
+  void *probe = malloc(1);
+  bool adopted = probe != NULL && ofl__device_owns(dev, probe, 1);
+  free(probe);
+  if (!adopted)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
+                      "ofl_pool_create: a device pool with an allocator on "
+                      "the host backend needs the device to take the "
+                      "application's memory as device memory: call "
+                      "ofl_device_adopt_host_memory(dev, 1) first");
+  return OFL_SUCCESS;
+}
+
 ofl_status_t ofl_pool_create(ofl_device_t *dev, const ofl_pool_params_t *params,
                              ofl_pool_t **out) {
   ofl_pool_params_t prm = OFL_POOL_PARAMS_INIT;
@@ -43,6 +77,7 @@ ofl_status_t ofl_pool_create(ofl_device_t *dev, const ofl_pool_params_t *params,
                       "ofl_pool_create: kind %d is not OFL_POOL_DEVICE or "
                       "OFL_POOL_PINNED",
                       (int)prm.kind);
+  OFL_CHECK(check_allocator(dev, &prm));
   size_t budget = prm.budget_bytes;
   if (budget == OFL_POOL_BUDGET_FROM_ENV)
     OFL_CHECK(budget_from_env(prm.kind, &budget));
@@ -63,6 +98,11 @@ ofl_status_t ofl_pool_create(ofl_device_t *dev, const ofl_pool_params_t *params,
   p->strict = ofl_device_is_strict(dev) != 0;
   p->evict = prm.evict != 0;
   p->segments = prm.segments;
+  if (prm.allocator != NULL) { /* one allocator call per block */
+    p->has_allocator = true;
+    p->allocator = *prm.allocator;
+    p->segments = OFL_POOL_SEGMENTS_OFF;
+  }
   snprintf(p->name, sizeof p->name, "%s",
            prm.name != NULL
                ? prm.name
@@ -110,11 +150,20 @@ void ofl_pool_destroy(ofl_pool_t *pool) {
     pool_block_t *b = k->all_head;
     while (b != NULL) {
       pool_block_t *bn = b->key_next;
-      if (!ofl__block_quiesce(b))
+      bool over = ofl__block_quiesce(b);
+      if (!over && p->has_allocator) {
+        /* The allocator's free promises the use is over: leave it. */
+        OFL_WARN(OFL_SUBSYS_POOL,
+                 "pool %s: last use of block %p did not complete; not "
+                 "given back to the allocator at destroy",
+                 p->name, b->st.base);
+        b->st.base = NULL;
+      } else if (!over) {
         OFL_WARN(OFL_SUBSYS_POOL,
                  "pool %s: last use of block %p did not complete; freeing "
                  "it anyway at destroy",
                  p->name, b->st.base);
+      }
       ofl__block_destroy(p, b);
       b = bn;
     }
@@ -425,7 +474,12 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
     if (range != NULL)
       ofl__arena_give(&p->arena, range);
     pthread_mutex_unlock(&p->mu);
-    if (range == NULL && mem != NULL && carved == NULL)
+    if (range == NULL && mem != NULL && carved == NULL && p->has_allocator) {
+      p->allocator.free(p->allocator.ctx, mem, bytes > 0 ? bytes : 1, stream);
+      pthread_mutex_lock(&p->mu);
+      p->stats.backend_frees++;
+      pthread_mutex_unlock(&p->mu);
+    } else if (range == NULL && mem != NULL && carved == NULL)
       (void)ofl__arena_backend_free(&p->arena, mem);
   }
   if (range != NULL)
@@ -456,6 +510,7 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
   b->key = k;
   b->carved = carved != NULL;
   b->range = range;
+  b->alloc_stream = stream;
   b->held = true;
   if (own)
     p->own_bytes += bytes;

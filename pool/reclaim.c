@@ -167,12 +167,51 @@ static ofl_status_t out_of_memory(ofl_pool_t *p, size_t bytes,
 
 /* ---- memory for a new block ---------------------------------------------- */
 
+/* A block from the application's allocator (pool.h). Any refusal is out
+ * of memory for the retry; memory the device does not take as its own is
+ * given back and refused with what to do. */
+static ofl_status_t allocator_alloc(ofl_pool_t *p, size_t bytes,
+                                    ofl_stream_t *stream, void **out) {
+  void *mem = NULL;
+  ofl_status_t s = p->allocator.alloc(p->allocator.ctx, bytes, stream, &mem);
+  pthread_mutex_lock(&p->mu);
+  p->stats.backend_allocs++; /* a call reached the allocator */
+  pthread_mutex_unlock(&p->mu);
+  if (s != OFL_SUCCESS || mem == NULL) {
+    OFL_INFO(OFL_SUBSYS_POOL, "pool %s: allocator refused %zu bytes (%s)",
+             p->name, bytes,
+             s != OFL_SUCCESS ? ofl_status_str(s) : "NULL pointer");
+    return OFL_ERR_NO_MEMORY; /* quiet: the retry or out_of_memory says */
+  }
+  if (p->kind == OFL_POOL_DEVICE && !ofl__device_owns(p->dev, mem, bytes)) {
+    p->allocator.free(p->allocator.ctx, mem, bytes, stream);
+    pthread_mutex_lock(&p->mu);
+    p->stats.backend_frees++;
+    pthread_mutex_unlock(&p->mu);
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
+                      "pool %s: the allocator's block %p (%zu bytes) is not "
+                      "memory of the pool's device (host backend: call "
+                      "ofl_device_adopt_host_memory(dev, 1) first)",
+                      p->name, mem, bytes);
+  }
+  *out = mem;
+  return OFL_SUCCESS;
+}
+
 static ofl_status_t backend_alloc(ofl_pool_t *p, size_t bytes, void **out) {
   ofl_status_t s = ofl__arena_backend_alloc(&p->arena, bytes, out);
   pthread_mutex_lock(&p->mu);
   p->stats.backend_allocs++; /* a call reached the backend */
   pthread_mutex_unlock(&p->mu);
   return s;
+}
+
+/* A block's own memory: the allocator's, else the backend's. */
+static ofl_status_t own_alloc(ofl_pool_t *p, size_t bytes, ofl_stream_t *stream,
+                              void **out) {
+  if (p->has_allocator)
+    return allocator_alloc(p, bytes, stream, out);
+  return backend_alloc(p, bytes, out);
 }
 
 /* A new segment of seg_bytes; the memory is freed again when its records
@@ -326,7 +365,7 @@ ofl_status_t ofl__pool_memory(ofl_pool_t *p, size_t bytes, bool seg,
                               void **mem, pool_block_t **reuse) {
   if (seg)
     return segment_memory(p, bytes, stream, range, reuse);
-  ofl_status_t s = backend_alloc(p, bytes, mem);
+  ofl_status_t s = own_alloc(p, bytes, stream, mem);
   if (s != OFL_ERR_NO_MEMORY)
     return s;
   size_t released = release_device(p);
@@ -337,7 +376,7 @@ ofl_status_t ofl__pool_memory(ofl_pool_t *p, size_t bytes, bool seg,
            "pool %s: out of memory for %zu bytes; %zu cached bytes released, "
            "trying again",
            p->name, bytes, released);
-  s = backend_alloc(p, bytes, mem);
+  s = own_alloc(p, bytes, stream, mem);
   if (s == OFL_ERR_NO_MEMORY)
     return out_of_memory(p, bytes, released);
   return s;

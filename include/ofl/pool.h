@@ -42,7 +42,25 @@
  *
  * Counting: every request is a hit (a free block reused) or a miss (a block
  * created); backend_allocs counts calls that reached ofl_device_malloc /
- * ofl_pinned_malloc, so steady state can be checked to allocate nothing. */
+ * ofl_pinned_malloc (or the pool's allocator), so steady state can be
+ * checked to allocate nothing.
+ *
+ * Application memory (params.allocator): a program that owns its GPU memory
+ * (PyTorch's caching allocator, a C++ engine's own) gives the pool an
+ * allocator, and the pool takes its blocks from it instead of the backend:
+ * one alloc call per block (no reserve, no segments: the application's
+ * allocator does its own caching), cached and reused by key as any block,
+ * and one free call when the pool releases the block (clear, destroy,
+ * eviction, the out-of-memory release), only once every use queued on it
+ * with ofl_pool_free_after[_event] has completed (the pool waits for the
+ * block's event first, as it does before it frees its own memory). A
+ * refused alloc takes the out-of-memory retry above. The memory must be
+ * the device's memory for a device pool (cuda: the GPU's; the host
+ * backend: only when the device adopts memory outside ofl's blocks,
+ * ofl_device_adopt_host_memory(dev, 1), which ofl_pool_create checks) and
+ * page-locked host memory for a pinned pool on cuda. The offload manager
+ * reloads into such memory when it is given the pool as
+ * ofl_manager_params_t.device_pool. */
 #ifndef OFL_POOL_H
 #define OFL_POOL_H
 
@@ -79,6 +97,23 @@ typedef enum ofl_pool_segments {
   OFL_POOL_SEGMENTS_ALL = 2 /* every block */
 } ofl_pool_segments_t;
 
+/* Where a pool's blocks come from when the application owns the memory.
+ * alloc: bytes for one block on stream (the stream the block is first used
+ * on: the one passed to the allocation, NULL when none); anything but
+ * OFL_SUCCESS (or a NULL *ptr) is a refusal. free: gives a block back, with
+ * the bytes and stream of its alloc; called only after every queued use of
+ * the block completed, never from a copy thread. Both are called without
+ * the pool's lock, possibly from several threads; ctx and the functions
+ * must stay valid until ofl_pool_destroy returns (the pool copies the
+ * struct). A stream given to an allocation must outlive the blocks made
+ * for it (ofl_pool_clear releases them). */
+typedef struct ofl_allocator {
+  void *ctx;
+  ofl_status_t (*alloc)(void *ctx, size_t bytes, ofl_stream_t *stream,
+                        void **ptr);
+  void (*free)(void *ctx, void *ptr, size_t bytes, ofl_stream_t *stream);
+} ofl_allocator_t;
+
 typedef struct ofl_pool_params {
   ofl_pool_kind_t kind;
   const char *name;     /* for log lines; NULL: "device" or "pinned" */
@@ -92,12 +127,16 @@ typedef struct ofl_pool_params {
                            the budget with sizes never asked for again.
                            0: refuse */
   ofl_pool_segments_t segments; /* while the budget is 0 (unlimited) */
+  /* The application's allocator for every block (top of this file); NULL:
+   * the backend's. With one, reserve_bytes must be 0 and segments is
+   * treated as OFL_POOL_SEGMENTS_OFF (OFL_POOL_SEGMENTS_ALL is refused). */
+  const ofl_allocator_t *allocator;
 } ofl_pool_params_t;
 
 #define OFL_POOL_PARAMS_INIT                                                   \
   {                                                                            \
     OFL_POOL_DEVICE, NULL, OFL_POOL_BUDGET_FROM_ENV, 0, 1,                     \
-        OFL_POOL_SEGMENTS_AUTO                                                 \
+        OFL_POOL_SEGMENTS_AUTO, NULL                                           \
   }
 
 /* Global counters of a pool. Bytes are block bytes (a byte-keyed block is
@@ -117,8 +156,9 @@ typedef struct ofl_pool_stats {
   uint64_t budget_refusals; /* requests refused with OFL_ERR_NO_MEMORY */
   uint64_t pending_skips;   /* free blocks skipped: last use still queued */
   uint64_t stream_waits;    /* blocks handed out with a stream wait */
-  uint64_t backend_allocs;  /* calls to ofl_device_malloc/ofl_pinned_malloc */
-  uint64_t backend_frees;
+  uint64_t backend_allocs;  /* calls to ofl_device_malloc/ofl_pinned_malloc,
+                               or to params.allocator's alloc */
+  uint64_t backend_frees;   /* and to their free */
   uint64_t evictions;   /* free blocks released to make room in the budget */
   size_t held_bytes;    /* memory the pool holds from the backend: blocks
                            of their own, segments and the reserve */
