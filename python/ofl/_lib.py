@@ -116,6 +116,26 @@ class ManagerParams(ctypes.Structure):
                 ("disk", c_void_p), ("prefetch_groups", c_int)]
 
 
+class Allocator(ctypes.Structure):
+    """ofl_allocator_t: the application's memory for a pool's blocks."""
+    _fields_ = [("ctx", c_void_p), ("alloc", c_void_p), ("free", c_void_p)]
+
+
+class PoolParams(ctypes.Structure):
+    _fields_ = [("kind", c_int), ("name", c_char_p), ("budget_bytes", c_size_t),
+                ("reserve_bytes", c_size_t), ("evict", c_int), ("segments", c_int),
+                ("allocator", ctypes.POINTER(Allocator))]
+
+
+POOL_DEVICE = 0
+POOL_BUDGET_FROM_ENV = (1 << (8 * ctypes.sizeof(c_size_t))) - 1
+
+
+def pool_params_init():
+    """OFL_POOL_PARAMS_INIT."""
+    return PoolParams(POOL_DEVICE, None, POOL_BUDGET_FROM_ENV, 0, 1, 1, None)
+
+
 def manager_params_init():
     return ManagerParams(None, None, -1, None, -1, -1, -1.0, -1, -1, -1, 0,
                          -1, None, None, None, None, 0)
@@ -252,6 +272,8 @@ _PROTOS = {
     # pool
     "ofl_pool_get_stats": (None, [_P, POINTER(PoolStats)]),
     "ofl_pool_alloc": (c_int, [_P, _I64P, c_int, c_int, _P, _PP]),
+    "ofl_pool_create": (c_int, [_P, _P, _PP]),
+    "ofl_pool_destroy": (None, [_P]),
     # manager
     "ofl_manager_create": (c_int, [POINTER(ManagerParams), _PP]),
     "ofl_manager_destroy": (None, [_P]),

@@ -209,6 +209,33 @@ class Lifecycle(Fresh):
                          + (m2["reloaded_tensors"] - m0["reloaded_tensors"]))
         ctx.close()
 
+    @unittest.skipUnless(ot._core.hooks_backend == "c", "torch's allocator needs ofl._ext")
+    def test_reloads_live_in_torchs_memory(self):
+        """The manager's reload pool takes its blocks from torch's allocator
+        (torch.empty on the host backend, the caching allocator on cuda):
+        ofl allocates no device memory of its own for them."""
+        model = make_mlp()
+        batches = data(3)
+        rt = ot._core.Runtime.get()
+        d0 = rt.stats()["device_allocs"]
+        rt.allocator()
+        h0 = len(rt._blocks)  # blocks of other managers still alive
+        ctx = ot.offload_activations(min_offload_size=64)
+        train(model, batches, lambda: ctx, steps=6)
+        core = ctx._core
+        self.assertIsNotNone(core.torch_pool)
+        pool = ctx.pool_stats()["device_pool"]
+        self.assertGreater(ctx.stats()["reloaded_bytes"], 0)
+        self.assertGreater(pool["backend_allocs"], 0)  # the allocator's calls
+        self.assertEqual(ctx.device_stats()["device_allocs"], d0)
+        held = core.rt._blocks
+        self.assertEqual(len(held) - h0, pool["backend_allocs"] - pool["backend_frees"])
+        del core
+        ctx.close()
+        gc.collect()
+        off.release_managers()
+        self.assertEqual(len(held), h0)  # every block went back to torch
+
     def test_grad_accumulation_is_one_iteration(self):
         model = make_mlp()
         batches = data(4)

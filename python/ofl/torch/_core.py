@@ -177,6 +177,39 @@ class Runtime:
             tls.stream = s
         return tls.stream
 
+    def allocator(self):
+        """The ofl_allocator_t over torch's allocator (None without ofl._ext,
+        whose C callbacks it needs): the blocks of ofl.torch's device pools
+        are torch's memory, so one allocator serves the GPU (torch's cuda
+        caching allocator: torch.cuda.memory_allocated counts reloaded
+        activations, and either side's cache is the other's to use) and, on
+        the host backend, CPU tensors (the device adopts them)."""
+        if _ext is None:
+            return None
+        a = getattr(self, "_allocator", None)
+        if a is None:
+            self._blocks = {}  # host backend: address -> the torch tensor
+            fa, ff = _ext.set_allocator(self._alloc, self._free)
+            a = self._allocator = _lib.Allocator(None, fa, ff)
+        return a
+
+    def _alloc(self, nbytes, stream):
+        if self.is_cuda:
+            native = L.ofl_stream_native(stream) if stream else None
+            return torch.cuda.caching_allocator_alloc(
+                nbytes, device=self.ordinal,
+                stream=native if native else torch.cuda.current_stream(self.torch_device))
+        t = torch.empty(nbytes, dtype=torch.uint8)
+        p = t.data_ptr()
+        self._blocks[p] = t
+        return p
+
+    def _free(self, ptr):
+        if self.is_cuda:
+            torch.cuda.caching_allocator_delete(ptr)
+        else:
+            self._blocks.pop(ptr, None)
+
     def stats(self):
         s = _lib.DeviceStats()
         L.ofl_device_get_stats(self.dev, _byref(s))
@@ -533,8 +566,25 @@ class _CoreMethods:
         p.prefetch_groups = int(prefetch_groups)
         if disk is not None:
             p.disk = disk
+        # reloaded activations in torch's memory: a device pool over torch's
+        # allocator, given to the manager (its own would cudaMalloc beside
+        # torch's caching allocator)
+        self.torch_pool = None
+        alloc = self.rt.allocator()
+        if alloc is not None:
+            pp = _lib.pool_params_init()
+            pp.name = b"torch"
+            pp.allocator = ctypes.pointer(alloc)
+            tp = ctypes.c_void_p()
+            check(L.ofl_pool_create(self.rt.dev, _byref(pp), _byref(tp)), "ofl_pool_create")
+            self.torch_pool = tp.value
+            p.device_pool = tp.value
         m = ctypes.c_void_p()
-        check(L.ofl_manager_create(_byref(p), _byref(m)), "ofl_manager_create")
+        st = L.ofl_manager_create(_byref(p), _byref(m))
+        if st != 0:
+            if self.torch_pool is not None:
+                L.ofl_pool_destroy(self.torch_pool)
+            raise error(st, "ofl_manager_create")
         self.m = m.value
         self.d2h = L.ofl_manager_d2h_stream(self.m)
         # The host backend copies only from its own device memory (blocks of
@@ -593,6 +643,10 @@ class _CoreMethods:
         if self.m is None:
             return
         L.ofl_manager_destroy(self.m)
+        if self.torch_pool is not None:  # after the manager: its reload pool
+            L.ofl_pool_destroy(self.torch_pool)
+            self.torch_pool = None
+            _ext.drain()  # the blocks it freed go back to torch
         for ev in self.free_events:
             L.ofl_event_destroy(ev)
         self.free_events = []
