@@ -63,23 +63,23 @@ def assert_bitwise(tc, a, b, what=""):
         tc.assertTrue(torch.equal(a[n], b[n]), "%s: %s differs" % (what, n))
 
 
+def sgd_step(model, opt, batch, ctx):
+    """One step, the forward under ctx (None: no hooks); the loss."""
+    x, y = batch
+    opt.zero_grad(set_to_none=True)
+    with ctx if ctx is not None else torch.enable_grad():
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
 def train(model, batches, ctx_factory, steps=None):
     """SGD steps; ctx_factory() -> the context of each step's forward
     (None: no hooks). Returns the losses and the final parameters."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    losses = []
-    for i in range(steps or len(batches)):
-        x, y = batches[i % len(batches)]
-        opt.zero_grad(set_to_none=True)
-        ctx = ctx_factory()
-        if ctx is None:
-            loss = F.cross_entropy(model(x), y)
-        else:
-            with ctx:
-                loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
+    losses = [sgd_step(model, opt, batches[i % len(batches)], ctx_factory())
+              for i in range(steps or len(batches))]
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
@@ -117,16 +117,7 @@ class Lifecycle(Fresh):
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
         def step(i):
-            x, y = batches[i % 4]
-            opt.zero_grad(set_to_none=True)
-            ctx = make_ctx()
-            if ctx is None:
-                loss = F.cross_entropy(model(x), y)
-            else:
-                with ctx:
-                    loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
+            sgd_step(model, opt, batches[i % 4], make_ctx())
 
         for i in range(50):
             step(i)
