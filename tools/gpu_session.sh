@@ -96,7 +96,7 @@ gpu_tests() {
   names=$(meson test -C "$build" --list --suite gpu --no-rebuild 2>/dev/null |
     sed -n 's/^ofl:gpu \/ //p' | grep -v '^cudasim_' | grep -v '^gpu_torch_cuda$')
   # shellcheck disable=SC2086
-  meson test -C "$build" --no-rebuild --print-errorlogs $names
+  meson test -C "$build" --no-rebuild --print-errorlogs --logbase gpu-session $names
 }
 export -f gpu_tests
 step gpu_tests 150 bash -c gpu_tests
