@@ -300,6 +300,14 @@ class _Kept:
         self.version = version
 
 
+def _kept_tensor(r):
+    """The tensor of a _Kept record, unchanged since the save."""
+    t = r.t
+    if t._version != r.version:
+        raise _modified_error(t, t.size(), r.version, t._version)
+    return t
+
+
 def _modified_error(t, size, version, now):
     """The error autograd raises for a saved tensor changed in place."""
     return RuntimeError(
@@ -510,10 +518,7 @@ class _PyHooks:
     def unpack(self, r):
         tr = type(r)
         if tr is _Kept:
-            t = r.t
-            if t._version != r.version:
-                raise _modified_error(t, t.size(), r.version, t._version)
-            return t
+            return _kept_tensor(r)
         if tr is not _Saved:
             return r
         x = r.cached
@@ -528,17 +533,14 @@ class _PyHooks:
 def unpack_detached(r):
     """Unpack of a record whose manager is gone from its context: kept
     tensors and tensors already popped."""
-    if isinstance(r, (_Kept, _Saved)) or (_ext is not None and isinstance(r, (_ext.Kept,
-                                                                             _ext.Saved))):
-        if isinstance(r, _Saved) or (_ext is not None and isinstance(r, _ext.Saved)):
-            if r.cached is None:
-                raise RuntimeError("ofl.torch: a saved tensor was unpacked after its manager was "
-                                   "closed; run backward before close()")
-            return r.cached
-        t = r.t
-        if t._version != r.version:
-            raise _modified_error(t, t.size(), r.version, t._version)
-        return t
+    tr = type(r)
+    if tr is _Kept or (_ext is not None and tr is _ext.Kept):
+        return _kept_tensor(r)
+    if tr is _Saved or (_ext is not None and tr is _ext.Saved):
+        if r.cached is None:
+            raise RuntimeError("ofl.torch: a saved tensor was unpacked after its manager was "
+                               "closed; run backward before close()")
+        return r.cached
     return r
 
 

@@ -82,10 +82,6 @@ _NAME = b"activations"
 _current_node = getattr(torch._C, "_current_autograd_node", None)
 
 
-def _in_backward():
-    return _current_node is not None and _current_node() is not None
-
-
 def find_head(model):
     """The output head under torchtune's rule (model.output, its .linear
     when tied), else model.lm_head; None when there is none."""
@@ -118,14 +114,17 @@ class _Session:
         self.core = ManagerCore(groups=b"", fraction=1.0, rank_delta_bytes=0, pp_rank=0,
                                 max_inflight=max_inflight, summary=False,
                                 prefetch_groups=prefetch)
-        self.chunks = []  # [[_Group, ...] per forward of this iteration]
-        self.live = []  # weakrefs of this iteration's records (forced end)
-        self.bwd = [0, 0]  # manager's backward position: chunk, groups done
         self.broken = False  # the structure changed: rest of the forward kept
-        self.backward_seen = False
-        self.abandoned = False  # a forward raised
+        self._new_iteration()
         if old is not None:
             old.close()
+
+    def _new_iteration(self):
+        self.chunks = []  # [[group mark, ...] per forward of this iteration]
+        self.live = []  # weakrefs of this iteration's records (forced end)
+        self.bwd = [0, 0]  # manager's backward position: chunk, groups done
+        self.backward_seen = False
+        self.abandoned = False  # a forward raised
 
     # -- iteration
     def end_iteration(self):
@@ -139,7 +138,6 @@ class _Session:
                 r = ref()
                 if r is not None and r.cached is None and r.core is core:
                     core.pop_record(r)
-        self.live = []
         renew = self.broken or (self.abandoned and core.is_warmup())
         if self.chunks and not renew:
             try:
@@ -150,10 +148,8 @@ class _Session:
                 renew = core.is_warmup()
         if renew:
             self._new_core()
-        self.chunks = []
-        self.bwd = [0, 0]
-        self.backward_seen = False
-        self.abandoned = False
+        else:
+            self._new_iteration()
 
     def begin_forward(self):
         core = self.core
@@ -226,7 +222,7 @@ class _Hooks:
                 return unpack_detached(r)
             return c.unpack(r)
         x = s.core.unpack_ordered(r, s.chunks, s.bwd, _NAME)
-        if type(r) is not _KEPT[0] and type(r) is not _KEPT[1]:
+        if type(r) not in _KEPT:
             s.after_backward()
         return x
 
