@@ -571,6 +571,29 @@ static int describe(SavedObject *rec, PyObject *t, int whole) {
   return 0;
 }
 
+/* A new record of t (GC-tracked): its version at the save, a weak
+ * reference to root and t's description (describe); NULL with an exception
+ * on failure. Tag, handle, address and group are the caller's to fill. */
+static SavedObject *new_record(PyObject *t, PyObject *root, int whole) {
+  long long version;
+  if (tensor_version(t, &version) < 0) return NULL;
+  SavedObject *rec = PyObject_GC_New(SavedObject, &SavedType);
+  if (rec == NULL) return NULL;
+  rec->tag = rec->h = rec->ptr = 0;
+  rec->nbytes = rec->offset = 0;
+  rec->version = version;
+  rec->tensor = rec->dtype = rec->size = rec->stride = rec->group = NULL;
+  rec->cached = rec->core = rec->weakreflist = NULL;
+  rec->whole = 0;
+  PyObject_GC_Track((PyObject *)rec);
+  rec->vref = PyWeakref_NewRef(root, NULL);
+  if (rec->vref == NULL || describe(rec, t, whole) < 0) {
+    Py_DECREF(rec);
+    return NULL;
+  }
+  return rec;
+}
+
 static PyObject *pack_eligible(HooksObject *self, PyObject *t, long long nb,
                                PyObject *root);
 
@@ -622,10 +645,6 @@ static PyObject *pack_eligible(HooksObject *self, PyObject *t, long long nb,
   }
   if (!PyList_Check(self->open) || PyList_GET_SIZE(self->open) == 0)
     return make_kept(t); /* closed meanwhile (by code run from a check above) */
-  long long version;
-  if (tensor_version(t, &version) < 0) return NULL;
-  PyObject *vref = PyWeakref_NewRef(root, NULL);
-  if (vref == NULL) return NULL;
   PyObject *g = keep(PyList_GET_ITEM(self->open, PyList_GET_SIZE(self->open) - 1));
   PyObject *bases = NULL, *base = NULL, *records = NULL;
   SavedObject *rec = NULL;
@@ -643,18 +662,8 @@ static PyObject *pack_eligible(HooksObject *self, PyObject *t, long long nb,
     PyErr_SetString(PyExc_TypeError, "ofl: group.records is not a list");
     goto done;
   }
-  rec = PyObject_GC_New(SavedObject, &SavedType);
+  rec = new_record(t, root, whole);
   if (rec == NULL) goto done;
-  rec->tag = rec->h = rec->ptr = 0;
-  rec->nbytes = rec->offset = 0;
-  rec->version = version;
-  rec->tensor = rec->dtype = rec->size = rec->stride = rec->group = NULL;
-  rec->vref = vref;
-  vref = NULL;
-  rec->cached = rec->core = rec->weakreflist = NULL;
-  rec->whole = 0;
-  PyObject_GC_Track((PyObject *)rec);
-  if (describe(rec, t, whole) < 0) goto done;
 
   base = group_base(self, bases, sptr, snb);
   if (base == NULL) goto done;
@@ -718,7 +727,6 @@ static PyObject *pack_eligible(HooksObject *self, PyObject *t, long long nb,
   result = (PyObject *)rec;
   rec = NULL;
 done:
-  Py_XDECREF(vref);
   Py_XDECREF(rec);
   Py_XDECREF(base);
   Py_XDECREF(records);
@@ -889,6 +897,19 @@ static int check_version(HooksObject *self, PyObject *t, PyObject *size,
   return -1;
 }
 
+/* check_version on the root of a Saved record, when it is still alive (a
+ * tensor nobody references cannot have changed). */
+static int check_saved_version(HooksObject *self, SavedObject *rec) {
+  if (rec->vref == NULL) return 0;
+  PyObject *o = PyWeakref_GetObject(rec->vref); /* borrowed */
+  if (o == NULL) return -1;
+  if (o == Py_None) return 0;
+  Py_INCREF(o);
+  int bad = check_version(self, o, rec->size, rec->version);
+  Py_DECREF(o);
+  return bad;
+}
+
 static PyObject *hooks_unpack(PyObject *op, PyObject *r) {
   HooksObject *self = (HooksObject *)op;
   drain_released();
@@ -900,17 +921,7 @@ static PyObject *hooks_unpack(PyObject *op, PyObject *r) {
   if (Py_TYPE(r) != &SavedType) return keep(r);
   SavedObject *rec = (SavedObject *)r;
   if (rec->cached != NULL) return keep(rec->cached);
-  if (rec->vref != NULL) {
-    PyObject *o = PyWeakref_GetObject(rec->vref); /* borrowed */
-    if (o == NULL) return NULL;
-    if (o != Py_None) {
-      Py_INCREF(o);
-      int bad = check_version(self, o, rec->size, rec->version);
-      Py_DECREF(o);
-      if (bad) return NULL;
-    }
-  }
-  return pop_record(self, rec);
+  return check_saved_version(self, rec) ? NULL : pop_record(self, rec);
 }
 
 /* ---- Mark: the group of one saved tensor (offload_activations) ------------- */
@@ -1126,31 +1137,14 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
     res = make_kept(t); /* a small strided view of a large storage */
     goto out;
   }
-  long long version;
-  if (tensor_version(t, &version) < 0) goto out;
-  rec = PyObject_GC_New(SavedObject, &SavedType);
+  rec = new_record(t, root, whole);
   if (rec == NULL) goto out;
-  rec->tag = rec->h = 0;
   rec->ptr = (unsigned long long)src;
   rec->nbytes = nb;
-  rec->offset = 0;
-  rec->version = version;
-  rec->tensor = rec->stride = rec->cached = rec->core = rec->weakreflist = NULL;
-  rec->whole = (char)whole;
-  rec->vref = PyWeakref_NewRef(root, NULL);
-  rec->dtype = PyObject_GetAttr(t, s_dtype);
-  rec->size = call0(t, s_size);
   MarkObject *mk = PyObject_New(MarkObject, &MarkType);
+  if (mk == NULL) goto fail;
+  mk->index = -1;
   rec->group = (PyObject *)mk;
-  if (mk != NULL) mk->index = -1;
-  PyObject_GC_Track((PyObject *)rec);
-  if (rec->vref == NULL || rec->dtype == NULL || rec->size == NULL || mk == NULL)
-    goto fail;
-  if (whole) {
-    rec->stride = call0(t, s_stride);
-    if (rec->stride == NULL || call_ll(t, s_storage_offset, &rec->offset) < 0)
-      goto fail;
-  }
   held_t *hold = PyMem_RawMalloc(sizeof *hold);
   if (hold == NULL) {
     PyErr_NoMemory();
@@ -1261,16 +1255,7 @@ static PyObject *hooks_unpack_ordered(PyObject *op, PyObject *const *args,
   if (rec->core != NULL && rec->core != op) return hooks_unpack(rec->core, r);
   if (rec->group == NULL || Py_TYPE(rec->group) != &MarkType) return hooks_unpack(op, r);
   drain_released();
-  if (rec->vref != NULL) {
-    PyObject *o = PyWeakref_GetObject(rec->vref); /* borrowed */
-    if (o == NULL) return NULL;
-    if (o != Py_None) {
-      Py_INCREF(o);
-      int bad = check_version(self, o, rec->size, rec->version);
-      Py_DECREF(o);
-      if (bad) return NULL;
-    }
-  }
+  if (check_saved_version(self, rec)) return NULL;
   if (self->is_cuda) {
     PyObject *v = call0(op, s_sync_compute);
     if (v == NULL) return NULL;
