@@ -611,6 +611,7 @@ class _CoreMethods:
         self.delayed = []
         self.pending = []  # (event, [tensors to drop], [tensors to resize_(0)])
         self.free_events = []
+        self._boundary_ev = None  # forward/backward_record's event
         self.live_blocks = 0
         self.unpopped = 0  # records pushed, not popped, alive
         self.closing = False
@@ -652,7 +653,7 @@ class _CoreMethods:
         for ev in self.free_events:
             L.ofl_event_destroy(ev)
         self.free_events = []
-        ev = getattr(self, "_boundary_ev", None)
+        ev = self._boundary_ev
         if ev is not None:
             L.ofl_event_destroy(ev)
             self._boundary_ev = None
@@ -811,7 +812,7 @@ class _CoreMethods:
         without waiting on a stream outside the capture (and refuses while
         copies are in flight), so the capture stays valid."""
         self._sync_compute()
-        ev = getattr(self, "_boundary_ev", None)
+        ev = self._boundary_ev
         if ev is None:
             out = ctypes.c_void_p()
             check(L.ofl_event_create(self.rt.dev, _byref(out)), "ofl_event_create")

@@ -337,16 +337,15 @@ class PipelineOffloadManager:
                 try:
                     core.commit(g.name)
                 except OflError:
-                    core.open.remove(g) if g in core.open else None
+                    if g in core.open:
+                        core.open.remove(g)
         was_warmup = core.is_warmup()
         try:
             core.reset()
         except OflError as e:
-            if not abandoned:
+            # after an abandoned step the structure may not match: reset ran
+            if not abandoned or (e.status != _lib.ERR_MISMATCH and core.open):
                 raise
-            if e.status != _lib.ERR_MISMATCH and core.open:
-                raise
-            abandoned = True
         finally:
             core.set_forward_only(False)
         if abandoned and was_warmup:
