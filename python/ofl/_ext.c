@@ -57,8 +57,7 @@ static PyObject *s_is_cpu, *s_is_cuda, *s_layout, *s_base, *s_numel,
     *s_is_quantized, *s_is_buffer, *s_version_error, *s_pop_error,
     *s_group_start, *s_commit, *s_get_device;
 
-static void drain_released(void);
-static void drain_freed(void);
+static void drain_handback(void);
 
 static int intern_names(void) {
   struct {
@@ -912,7 +911,7 @@ static int check_saved_version(HooksObject *self, SavedObject *rec) {
 
 static PyObject *hooks_unpack(PyObject *op, PyObject *r) {
   HooksObject *self = (HooksObject *)op;
-  drain_released();
+  drain_handback();
   if (Py_TYPE(r) == &KeptType) {
     KeptObject *k = (KeptObject *)r;
     if (k->t == NULL) Py_RETURN_NONE;
@@ -944,39 +943,54 @@ static PyTypeObject MarkType = {
     .tp_members = mark_members,
 };
 
-/* ---- torch memory the manager reads in place -------------------------------- */
+/* ---- what ofl hands back on its own threads ---------------------------------- */
 
-/* A reference to a torch tensor whose memory an ofl handle wraps, dropped
- * when ofl releases that memory: after the D2H copy of an offload (on an
- * ofl thread, which only links it into released_list: no Python there), or
- * when the handle is destroyed. The training thread drops the references
- * (drain_released) at its next pack or unpack. */
-typedef struct held {
-  struct held *next;
-  PyObject *obj;
-} held_t;
+/* ofl releases torch memory it read in place (a wrap's release callback,
+ * after the D2H copy of an offload, or when the handle is destroyed) and
+ * frees blocks of torch's allocator (ofl_allocator_t.free) possibly on one
+ * of its own threads, where no Python may run: each is only linked into
+ * handback_list there (lock-free), and the training thread finishes it with
+ * the GIL at its next hook, reset or close (drain_handback): the reference
+ * to the torch tensor is dropped, or the address goes to the allocator's
+ * Python free. */
+typedef struct handback {
+  struct handback *next;
+  PyObject *obj; /* a torch tensor whose memory ofl let go of, or NULL */
+  void *ptr;     /* else: a block freed by one of ofl's pools */
+} handback_t;
 
-static _Atomic(held_t *) released_list;
+static _Atomic(handback_t *) handback_list;
+static PyObject *py_alloc, *py_free; /* set_allocator */
 
+static void push_handback(handback_t *h) {
+  handback_t *head = atomic_load(&handback_list);
+  do {
+    h->next = head;
+  } while (!atomic_compare_exchange_weak(&handback_list, &head, h));
+}
+
+/* The wrap's release callback (user: the handback holding the tensor). */
 static void ext_release(void *data, size_t bytes, void *user) {
   (void)data;
   (void)bytes;
-  held_t *h = user;
-  held_t *head = atomic_load(&released_list);
-  do {
-    h->next = head;
-  } while (!atomic_compare_exchange_weak(&released_list, &head, h));
+  push_handback(user);
 }
 
-/* Drops the references ofl let go of, and hands the blocks its pools freed
- * to the allocator's free; with the GIL. */
-static void drain_released(void) {
-  drain_freed();
-  if (atomic_load_explicit(&released_list, memory_order_relaxed) == NULL) return;
-  held_t *h = atomic_exchange(&released_list, NULL);
+/* With the GIL. */
+static void drain_handback(void) {
+  if (atomic_load_explicit(&handback_list, memory_order_relaxed) == NULL) return;
+  handback_t *h = atomic_exchange(&handback_list, NULL);
   while (h != NULL) {
-    held_t *n = h->next;
-    Py_DECREF(h->obj);
+    handback_t *n = h->next;
+    if (h->obj != NULL) {
+      Py_DECREF(h->obj);
+    } else if (py_free != NULL) {
+      PyObject *r = PyObject_CallFunction(py_free, "K", (unsigned long long)(uintptr_t)h->ptr);
+      if (r == NULL)
+        PyErr_WriteUnraisable(py_free);
+      else
+        Py_DECREF(r);
+    }
     PyMem_RawFree(h);
     h = n;
   }
@@ -987,20 +1001,9 @@ static void drain_released(void) {
 /* ofl_allocator_t's callbacks (include/ofl/pool.h) over two Python
  * callables set by set_allocator: alloc(bytes, stream) -> address (torch's
  * caching allocator on cuda, torch.empty on the host backend) and
- * free(address). ofl may call free on one of its own threads once the
- * block's queued uses completed: the address is only linked into
- * freed_list there (no Python); the training thread hands it to the
- * Python free at its next hook, reset or close (drain). alloc runs on the
- * thread that allocates (the training thread: pops and prefetches) and
- * takes the GIL. */
-typedef struct freed {
-  struct freed *next;
-  void *ptr;
-} freed_t;
-
-static _Atomic(freed_t *) freed_list;
-static PyObject *py_alloc, *py_free;
-
+ * free(address), reached through handback_list. alloc runs on the thread
+ * that allocates (the training thread: pops and prefetches) and takes the
+ * GIL. */
 static ext_status_t ext_alloc(void *ctx, size_t bytes, ofl_stream_t *stream, void **ptr) {
   (void)ctx;
   ext_status_t st = EXT_ERR_NO_MEMORY;
@@ -1026,30 +1029,11 @@ static void ext_free(void *ctx, void *ptr, size_t bytes, ofl_stream_t *stream) {
   (void)ctx;
   (void)bytes;
   (void)stream;
-  freed_t *f = malloc(sizeof *f);
-  if (f == NULL) return; /* leaks the block rather than touch Python here */
-  f->ptr = ptr;
-  freed_t *head = atomic_load(&freed_list);
-  do {
-    f->next = head;
-  } while (!atomic_compare_exchange_weak(&freed_list, &head, f));
-}
-
-static void drain_freed(void) {
-  if (atomic_load_explicit(&freed_list, memory_order_relaxed) == NULL) return;
-  freed_t *f = atomic_exchange(&freed_list, NULL);
-  while (f != NULL) {
-    freed_t *n = f->next;
-    if (py_free != NULL) {
-      PyObject *r = PyObject_CallFunction(py_free, "K", (unsigned long long)(uintptr_t)f->ptr);
-      if (r == NULL)
-        PyErr_WriteUnraisable(py_free);
-      else
-        Py_DECREF(r);
-    }
-    free(f);
-    f = n;
-  }
+  handback_t *h = PyMem_RawMalloc(sizeof *h);
+  if (h == NULL) return; /* leaks the block rather than touch Python here */
+  h->obj = NULL;
+  h->ptr = ptr;
+  push_handback(h);
 }
 
 /* set_allocator(alloc, free): the Python side of the allocator; returns
@@ -1077,7 +1061,7 @@ static PyObject *ext_set_allocator(PyObject *mod, PyObject *args) {
 static PyObject *ext_drain(PyObject *mod, PyObject *unused) {
   (void)mod;
   (void)unused;
-  drain_released();
+  drain_handback();
   Py_RETURN_NONE;
 }
 
@@ -1096,7 +1080,7 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
                     "pack_offload(tensor, name: bytes[, marks: list, live: list])");
     return NULL;
   }
-  drain_released();
+  drain_handback();
   PyObject *t = args[0];
   const char *name = PyBytes_AS_STRING(args[1]);
   if (!self->active) return make_kept(t);
@@ -1145,12 +1129,13 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
   if (mk == NULL) goto fail;
   mk->index = -1;
   rec->group = (PyObject *)mk;
-  held_t *hold = PyMem_RawMalloc(sizeof *hold);
+  handback_t *hold = PyMem_RawMalloc(sizeof *hold);
   if (hold == NULL) {
     PyErr_NoMemory();
     goto fail;
   }
   hold->obj = keep(t);
+  hold->ptr = NULL;
   hold->next = NULL;
   ofl_tensor_t *h = NULL;
   int64_t shape[1] = {nb};
@@ -1254,7 +1239,7 @@ static PyObject *hooks_unpack_ordered(PyObject *op, PyObject *const *args,
   if (rec->cached != NULL) return keep(rec->cached);
   if (rec->core != NULL && rec->core != op) return hooks_unpack(rec->core, r);
   if (rec->group == NULL || Py_TYPE(rec->group) != &MarkType) return hooks_unpack(op, r);
-  drain_released();
+  drain_handback();
   if (check_saved_version(self, rec)) return NULL;
   if (self->is_cuda) {
     PyObject *v = call0(op, s_sync_compute);
