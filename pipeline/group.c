@@ -494,6 +494,7 @@ static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
   g->committed = true;
   if (m->warmup) /* for the plan: should_offload's view at this commit */
     g->warm_bwd_cursor = m->bwd_cursor;
+  ofl__plan_on_commit(m, g, 0);
   uint32_t eligible = build_clusters(m, g);
   if (!should_offload(m, g) || eligible == 0) {
     if (eligible > 0) {
@@ -501,6 +502,7 @@ static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
       ni->st.kept_groups++;
     }
     keep_all(m, g);
+    ofl__plan_on_commit(m, g, 3);
     OFL__PLOG(OFL_LOG_TRACE, m, c, ofl__gname(m, g),
               "commit: kept on device (%u tensors)", g->n);
     return OFL_SUCCESS;
@@ -509,6 +511,7 @@ static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
   ofl_stream_t *compute = ofl__compute(m);
   OFL_CHECK(ofl_event_record(m->ev_compute, compute));
   OFL_CHECK(ofl_stream_wait_event(m->d2h, m->ev_compute));
+  ofl__plan_on_commit(m, g, 1);
   uint32_t copied = 0;
   for (uint32_t i = 0; i < g->n; i++) {
     entry_t *l = &g->entries[i];
@@ -552,6 +555,7 @@ static ofl_status_t commit_group(ofl_manager_t *m, group_t *g,
       m->st.kept_tensors++;
     }
   }
+  ofl__plan_on_commit(m, g, 2);
   if (copied > 0) {
     g->offloaded = true;
     c->stack[c->nstack++] = g;
@@ -737,6 +741,7 @@ static ofl_status_t reload_group(ofl_manager_t *m, group_t *g) {
   /* Rule 1: the H2D reads the pinned copy only after the D2H filled it. */
   if (!(m->rules_off & OFL__RULE1_OFF))
     OFL_CHECK(ofl_stream_wait_event(m->h2d, g->offload_ev));
+  ofl__plan_on_reload(m, g, 0);
   ofl_status_t s = OFL_SUCCESS;
   uint32_t queued = 0;
   for (uint32_t i = 0; i < g->n && s == OFL_SUCCESS; i++) {
@@ -754,6 +759,7 @@ static ofl_status_t reload_group(ofl_manager_t *m, group_t *g) {
   if (r == OFL_SUCCESS) {
     g->reload_issued = true;
     g->reload_joined = false;
+    ofl__plan_on_reload(m, g, 1);
   } else if (queued > 0) {
     /* No event to join: wait here (bounded) for the queued copies. */
     ofl_status_t w = ofl_stream_synchronize(m->h2d, OFL_TIMEOUT_DEFAULT);
@@ -803,7 +809,7 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
   ofl_status_t timed =
       g->reload_joined
           ? OFL_ERR_NOT_SUPPORTED
-          : ofl__stall_timed_wait(m, g->nid, compute, g->reload_ev);
+          : ofl__stall_timed_wait(m, g, compute, g->reload_ev);
   if (timed != OFL_SUCCESS && timed != OFL_ERR_NOT_SUPPORTED)
     return timed;
   bool late = timed == OFL_ERR_NOT_SUPPORTED && !g->reload_joined &&
@@ -821,6 +827,7 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
     m->st.stall_ns += dt;
     ni->st.stalls++;
     ni->st.stall_ns += dt;
+    g->stalled = true;
   }
   g->reload_joined = true;
   return OFL_SUCCESS;
@@ -906,6 +913,7 @@ ofl_status_t ofl_manager_group_backward_begin(ofl_manager_t *m,
     g->inline_reload = true;
   }
   OFL_CHECK(join_reload(m, g));
+  ofl__plan_on_backward(m, g, 0);
   OFL__PLOG(OFL_LOG_TRACE, m, g->chunk, name, "backward begins%s",
             g->inline_reload ? " (inline reload)" : "");
   return OFL_SUCCESS;
@@ -967,7 +975,7 @@ static ofl_status_t prefetch_next(ofl_manager_t *m, chunk_t *c) {
   for (;;) {
     chunk_t *next = ofl__front_backward_chunk(m, -1);
     uint32_t ahead = issued_ahead(c) + (next != c ? issued_ahead(next) : 0);
-    if (ahead >= m->prefetch_groups)
+    if (ahead >= ofl__plan_prefetch_depth(m, c, next))
       return OFL_SUCCESS;
     uint32_t before = c->nstack, next_before = next ? next->nstack : 0;
     OFL_CHECK(prefetch_one(m, c));
@@ -1003,6 +1011,7 @@ ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
                      "current backward chunk%s",
                      "");
   g->bwd = 2;
+  ofl__plan_on_backward(m, g, 1);
   /* The prefetch's device blocks may be ones compute just let go of: the
    * H2D stream starts after compute's work so far. */
   ofl_status_t s = ofl_event_record(m->ev_compute, ofl__compute(m));

@@ -165,7 +165,9 @@ static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
   const char *dyn = p->dynamic_groups != NULL
                         ? p->dynamic_groups
                         : "expert_fc1,moe_act,fused_group_mlp";
-  m->groups_cfg = strdup(groups ? groups : "");
+  /* "auto": every name is offloaded in the warmup, the plan chooses. */
+  m->auto_plan = groups != NULL && strcmp(groups, "auto") == 0;
+  m->groups_cfg = strdup(groups && !m->auto_plan ? groups : "");
   m->dynamic_cfg = strdup(dyn);
   if (m->groups_cfg == NULL || m->dynamic_cfg == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
@@ -219,6 +221,28 @@ static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
                       "range",
                       (long long)v);
   m->prefetch_groups = (uint32_t)v;
+  if (p->memory_target_bytes >= 0) {
+    m->mem_target = (uint64_t)p->memory_target_bytes;
+    m->from_params |= OFL__SRC_TARGET;
+  } else {
+    size_t t;
+    OFL_CHECK(ofl__config_size("OFL_MEMORY_TARGET", &t));
+    m->mem_target = t;
+  }
+  if (m->mem_target > 0 && !m->auto_plan)
+    OFL_WARN(OFL_SUBSYS_PIPELINE,
+             "a memory target of %llu bytes is set (OFL_MEMORY_TARGET / "
+             "params.memory_target_bytes) but the offloaded groups are "
+             "configured ('%s'): the target is ignored; set "
+             "OFL_OFFLOAD_GROUPS=auto (params.groups \"auto\") for a plan "
+             "that meets it",
+             (unsigned long long)m->mem_target, m->groups_cfg);
+  if (m->auto_plan && (m->fraction < 1.0 || m->rank_delta_bytes > 0))
+    OFL_WARN(OFL_SUBSYS_PIPELINE,
+             "groups \"auto\": the offload fraction (%g) and the rank delta "
+             "(%llu bytes) are ignored; the plan decides from the memory "
+             "target and the warmup's measurements",
+             m->fraction, (unsigned long long)m->rank_delta_bytes);
   m->pp_rank = p->pp_rank < 0 ? 0 : p->pp_rank;
   m->rank = p->rank >= 0 ? p->rank : ofl_log_get_rank();
   m->comm = p->comm;
@@ -324,6 +348,7 @@ void ofl_manager_destroy(ofl_manager_t *m) {
     ofl_stream_destroy(m->h2d);
   ofl__stall_harvest(m, true);
   ofl__stall_free(m);
+  ofl__plan_free(m);
   ofl_event_destroy(m->ev_compute);
   ofl_event_destroy(m->ev_d2h);
   ofl_event_destroy(m->ev_h2d);
@@ -472,6 +497,8 @@ ofl_status_t ofl_manager_reset(ofl_manager_t *m) {
   }
   ofl_status_t s = check_structure(m);
   ofl__stall_harvest(m, false);
+  if (!m->warmup)
+    ofl__plan_end_iteration(m);
   /* A rank whose offload is switched off records nothing, but ends its
    * warmup where the others do, at the first reset after a training chunk
    * (not forward-only, offload not disabled), with a summary of zero
@@ -580,7 +607,10 @@ void ofl_manager_config_print(const ofl_manager_t *m, FILE *f) {
           m->rank, m->pp_rank, ofl_backend_name(ofl_device_backend(m->dev)));
   print_value(f, m, OFL__SRC_OFFLOAD, "OFL_OFFLOAD", m->offload ? "1" : "0");
   print_value(f, m, OFL__SRC_GROUPS, "OFL_OFFLOAD_GROUPS",
-              m->groups_cfg[0] ? m->groups_cfg : "(all)");
+              m->auto_plan ? "auto" : m->groups_cfg[0] ? m->groups_cfg : "(all)");
+  snprintf(v, sizeof v, "%llu%s", (unsigned long long)m->mem_target,
+           m->auto_plan ? "" : " (ignored: groups not auto)");
+  print_value(f, m, OFL__SRC_TARGET, "OFL_MEMORY_TARGET", v);
   snprintf(v, sizeof v, "%llu", (unsigned long long)m->min_elems);
   print_value(f, m, OFL__SRC_MIN_ELEMS, "OFL_MIN_OFFLOAD_ELEMS", v);
   snprintf(v, sizeof v, "%zu", m->min_bytes);

@@ -61,6 +61,13 @@ typedef struct group {
   bool policy_offload;        /* steady-state switch (policy.c) */
   uint8_t keep_why;           /* ofl_group_keep_reason_t of the policy */
   bool last_of_name;          /* no later group of the same name in the chunk */
+  /* groups "auto" (plan.c). */
+  uint32_t pidx;     /* index in the plan's measurements (warmup order) */
+  uint8_t lead;      /* learned prefetch lead (reloads issued this many
+                        groups ahead of its backward) */
+  uint8_t calm;      /* steady iterations in a row without a stall */
+  bool stalled;      /* its reload stalled compute in this iteration */
+  uint64_t dev_bytes; /* bytes on the device at its commit (ledger) */
   /* Per iteration. */
   bool open, delayed, committed, offloaded, reload_issued, reload_joined;
   bool inline_reload;
@@ -131,6 +138,7 @@ enum {
 };
 
 typedef struct ofl__stall_probes ofl__stall_probes_t;
+typedef struct ofl__plan ofl__plan_t;
 
 /* Which configured values the application set in ofl_manager_params_t
  * (ofl_manager_config_print says where each value came from). */
@@ -143,7 +151,8 @@ enum {
   OFL__SRC_DELTA = 1u << 5,
   OFL__SRC_INFLIGHT = 1u << 6,
   OFL__SRC_PREFETCH = 1u << 7,
-  OFL__SRC_HOST_BUDGET = 1u << 8
+  OFL__SRC_HOST_BUDGET = 1u << 8,
+  OFL__SRC_TARGET = 1u << 9
 };
 
 struct ofl_manager {
@@ -215,6 +224,11 @@ struct ofl_manager {
 
   ofl_manager_stats_t st;
   ofl__stall_probes_t *probes; /* cuda: stalls timed on the GPU (stall.c) */
+
+  /* groups "auto" (plan.c). */
+  bool auto_plan;
+  uint64_t mem_target;     /* bytes; 0: none */
+  ofl__plan_t *ap;         /* measurements, the plan, the ledger */
 };
 
 /* manager.c */
@@ -246,7 +260,7 @@ void ofl__group_end_iteration(ofl_manager_t *m, group_t *g);
  * timed on the device (events before and after the wait, read later). */
 /* Makes compute wait for ev and times the wait: OFL_ERR_NOT_SUPPORTED
  * where the backend cannot time (the caller measures on the CPU). */
-ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, int nid,
+ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, group_t *g,
                                    ofl_stream_t *compute, ofl_event_t *ev);
 /* Adds the completed measurements to the stall counters (all of them,
  * waiting boundedly, when wait). */
@@ -255,6 +269,26 @@ void ofl__stall_free(ofl_manager_t *m);
 
 /* policy.c */
 ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m);
+bool ofl__policy_next_in_backward(const ofl_manager_t *m, const group_t *g);
+
+/* plan.c: groups "auto". Every hook returns at once without auto. The
+ * warmup hooks stamp the compute and copy streams; the steady hooks keep
+ * the activation ledger (bytes of pushed tensors on the device). */
+void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase);
+void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase);
+void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end);
+/* Reloads to keep issued ahead, from the leads of the groups next in
+ * reload order (stack tops of c, then of next). */
+uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
+                                  const chunk_t *next);
+/* End of warmup: measure, solve, apply, report (after the first-backward
+ * rule and mark_last_of_name, before the summary). */
+ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m);
+/* Printed after the summary on rank 0 of the comm (collective). */
+ofl_status_t ofl__plan_gather_print(ofl_manager_t *m);
+/* A steady iteration ended: measured against predicted, leads learn. */
+void ofl__plan_end_iteration(ofl_manager_t *m);
+void ofl__plan_free(ofl_manager_t *m);
 
 /* Tests only. */
 void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask);

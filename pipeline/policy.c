@@ -199,7 +199,7 @@ static void report_unseen_names(ofl_manager_t *m) {
  * a chunk that is the next of that name to run backward when it commits
  * (the schedule repeats the warmup, so the warmup's backward position at
  * the commit tells). */
-static bool next_in_backward(const ofl_manager_t *m, const group_t *g) {
+bool ofl__policy_next_in_backward(const ofl_manager_t *m, const group_t *g) {
   if (!g->last_of_name)
     return false;
   for (uint32_t i = g->warm_bwd_cursor; i < m->nbwd; i++)
@@ -230,7 +230,7 @@ static void plan_one(const ofl_manager_t *m, const plan_rec_t *r,
                       : OFL_KEEP_NOT_OFFLOADABLE;
   else if (!g->policy_offload)
     out->reason = (ofl_group_keep_reason_t)g->keep_why;
-  else if (next_in_backward(m, g))
+  else if (ofl__policy_next_in_backward(m, g))
     out->reason = OFL_KEEP_NEXT_BACKWARD;
   else
     out->placement =
@@ -304,9 +304,14 @@ ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m) {
   }
   m->warmup = false;
   keep_first_backward_groups(m);
-  keep_rank_delta(m);
-  keep_fraction(m);
+  if (!m->auto_plan) { /* the auto plan replaces the delta and fraction */
+    keep_rank_delta(m);
+    keep_fraction(m);
+  }
   mark_last_of_name(m);
+  ofl_status_t a = ofl__plan_end_warmup(m);
+  if (s == OFL_SUCCESS)
+    s = a;
   summarize(m);
   report_unseen_names(m);
   /* The steady-state peak of the reload pool starts here
@@ -320,5 +325,10 @@ ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m) {
            "bytes",
            m->rank, m->nfwd, m->nnames, (unsigned long long)total);
   ofl_status_t g = gather_summary(m);
+  /* Collective too: every rank of the comm runs it (groups "auto" is a
+   * setting of the whole job). */
+  ofl_status_t pr = ofl__plan_gather_print(m);
+  if (g == OFL_SUCCESS)
+    g = pr;
   return s != OFL_SUCCESS ? s : g;
 }

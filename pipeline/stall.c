@@ -18,6 +18,7 @@
 typedef struct probe {
   ofl_event_t *before, *after;
   int nid;
+  group_t *g; /* its reload (groups live as long as the manager) */
   bool pending;
 } probe_t;
 
@@ -46,6 +47,8 @@ static void harvest_one(ofl_manager_t *m, probe_t *p, bool wait) {
     m->names[p->nid].st.stalls++;
     m->names[p->nid].st.stall_ns += ns;
   }
+  if (p->g != NULL)
+    p->g->stalled = true;
 }
 
 void ofl__stall_harvest(ofl_manager_t *m, bool wait) {
@@ -73,7 +76,7 @@ static ofl_status_t make_probes(ofl_manager_t *m) {
   return OFL_SUCCESS;
 }
 
-ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, int nid,
+ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, group_t *g,
                                    ofl_stream_t *compute, ofl_event_t *ev) {
   if (m->probes == NULL && ofl_device_backend(m->dev) != OFL_BACKEND_HOST)
     (void)make_probes(m);
@@ -89,7 +92,8 @@ ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, int nid,
   OFL_CHECK(ofl_event_record(p->before, compute));
   OFL_CHECK(ofl_stream_wait_event(compute, ev));
   OFL_CHECK(ofl_event_record(p->after, compute));
-  p->nid = nid;
+  p->nid = g->nid;
+  p->g = g;
   p->pending = true;
   m->probes->next = (m->probes->next + 1) % NPROBES;
   return OFL_SUCCESS;

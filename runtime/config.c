@@ -191,7 +191,14 @@ static const entry_t table[] = {
     {.name = "OFL_OFFLOAD_GROUPS",
      .def = "",
      .kind = K_STR,
-     .doc = "comma-separated group names to offload (empty: all)"},
+     .doc = "comma-separated group names to offload (empty: all; auto: "
+            "the plan chooses, see OFL_MEMORY_TARGET)"},
+    {.name = "OFL_MEMORY_TARGET",
+     .def = "0",
+     .kind = K_SIZE,
+     .doc = "with OFL_OFFLOAD_GROUPS=auto: activation bytes this rank may "
+            "keep on the device at its peak; the plan picks the groups (0: "
+            "no target, offload what hides behind compute)"},
     {.name = "OFL_MIN_OFFLOAD_ELEMS",
      .def = "1048576",
      .kind = K_INT,

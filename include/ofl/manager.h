@@ -150,13 +150,19 @@ typedef struct ofl_manager_params {
   int prefetch_groups;        /* reloads issued this many groups ahead of
                                  the backward pass (each holds its device
                                  buffers until its backward); <=0:
-                                 OFL_PREFETCH_GROUPS */
+                                 OFL_PREFETCH_GROUPS. With groups "auto" the
+                                 start of each group's learned lead */
+  int64_t memory_target_bytes; /* groups "auto": the activation bytes this
+                                 rank may keep on the device at its peak
+                                 (what the plan aims at; 0: no target, the
+                                 plan offloads nothing it need not); <0:
+                                 OFL_MEMORY_TARGET. Ignored without auto */
 } ofl_manager_params_t;
 
 #define OFL_MANAGER_PARAMS_INIT                                                \
   {                                                                            \
     NULL, NULL, -1, NULL, -1, -1, -1.0, -1, -1, -1, 0, -1, NULL, NULL, NULL,   \
-        NULL, 0                                                                \
+        NULL, 0, -1                                                            \
   }
 
 /* Counters since creation (per group name: ofl_manager_group_stats). */
@@ -415,7 +421,10 @@ typedef enum ofl_group_keep_reason {
                                in device memory */
   OFL_KEEP_HOST_BUDGET,     /* the warmup found no pinned (nor disk) room for
                                any of its tensors */
-  OFL_KEEP_NOT_SELECTED     /* its name is not in params.groups */
+  OFL_KEEP_NOT_SELECTED,    /* its name is not in params.groups */
+  OFL_KEEP_AUTO_PLAN        /* groups "auto": the plan keeps it (the target
+                               is met without its offload, or its copies
+                               would cost more exposed time) */
 } ofl_group_keep_reason_t;
 
 typedef struct ofl_group_plan {
@@ -439,6 +448,59 @@ OFL_API size_t ofl_manager_group_plan_count(const ofl_manager_t *m);
  * warmup, OFL_ERR_INVALID_ARG for i >= ofl_manager_group_plan_count. */
 OFL_API ofl_status_t ofl_manager_group_plan(const ofl_manager_t *m, size_t i,
                                             ofl_group_plan_t *out);
+/* ---- the auto plan (groups "auto") -----------------------------------------
+ *
+ * With params.groups (or OFL_OFFLOAD_GROUPS) "auto" the warmup offloads
+ * every group and measures, per group, its bytes, its copy times and the
+ * compute its copies can hide behind (forward: from its commit to the next
+ * commit; backward: from the reload's issue to its backward); at the end of
+ * the warmup a solver (docs/DESIGN.md section 5.4) picks the groups whose
+ * offload brings the predicted activation peak within memory_target_bytes
+ * with the least predicted exposed copy time. Later iterations measure the
+ * peak and the reload stalls against the prediction, and each group's
+ * prefetch lead learns from its stalls. */
+
+/* One group name of the plan. */
+typedef struct ofl_plan_name {
+  const char *name;         /* owned by the manager */
+  uint32_t groups;          /* groups of the name in one iteration */
+  uint32_t chosen;          /* of them, offloaded by the plan */
+  uint64_t bytes;           /* offloadable bytes of all its groups */
+  uint64_t chosen_bytes;    /* of them, offloaded */
+  double copy_ms;           /* D2H + H2D time of all its groups' bytes */
+  double window_ms;         /* forward + backward windows of its groups */
+  double exposed_ms;        /* predicted exposed copy time of the chosen */
+  uint32_t prefetch_lead_max; /* largest learned lead of its groups */
+} ofl_plan_name_t;
+
+typedef struct ofl_manager_plan {
+  int automatic;                 /* 1: groups "auto" made this plan */
+  int met;                       /* predicted peak <= target */
+  int exact;                     /* the solver's search was exact */
+  uint64_t target_bytes;         /* 0: none */
+  uint64_t predicted_peak_bytes; /* with the chosen groups */
+  uint64_t peak_all_bytes;       /* offloading everything it may */
+  uint64_t peak_none_bytes;      /* offloading nothing */
+  uint64_t shortfall_bytes;      /* predicted peak - target when not met */
+  double predicted_exposed_ms;   /* per iteration */
+  double d2h_gbps, h2d_gbps;     /* link rates the plan used */
+  const char *rate_source;       /* "measured", "link model", "memcpy" */
+  /* The last finished iteration, measured. */
+  uint64_t iterations;           /* steady iterations measured */
+  uint64_t measured_peak_bytes;  /* activation bytes on the device, peak */
+  uint64_t measured_peak_max_bytes; /* over every steady iteration */
+  double measured_stall_ms;      /* reload stalls of the iteration */
+  uint64_t lead_changes;         /* prefetch leads moved, all iterations */
+  size_t nnames;
+  const ofl_plan_name_t *names;  /* owned by the manager; valid until the
+                                    next reset or destroy */
+} ofl_manager_plan_t;
+
+/* The plan of this rank. OFL_ERR_NOT_READY before the end of the warmup or
+ * when groups is not "auto" (out->automatic 0 then). */
+OFL_API ofl_status_t ofl_manager_plan_get(const ofl_manager_t *m,
+                                          ofl_manager_plan_t *out);
+
 /* Group names seen so far (in order of first use), and their counters. */
 OFL_API size_t ofl_manager_group_count(const ofl_manager_t *m);
 OFL_API ofl_status_t ofl_manager_group_stats(const ofl_manager_t *m, size_t i,

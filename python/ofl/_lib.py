@@ -113,7 +113,8 @@ class ManagerParams(ctypes.Structure):
                 ("max_inflight", c_int), ("host_budget_bytes", c_int64),
                 ("pp_rank", c_int), ("rank", c_int), ("comm", c_void_p),
                 ("dynamic_groups", c_char_p), ("summary_out", c_void_p),
-                ("disk", c_void_p), ("prefetch_groups", c_int)]
+                ("disk", c_void_p), ("prefetch_groups", c_int),
+                ("memory_target_bytes", c_int64)]
 
 
 class Allocator(ctypes.Structure):
@@ -138,7 +139,7 @@ def pool_params_init():
 
 def manager_params_init():
     return ManagerParams(None, None, -1, None, -1, -1, -1.0, -1, -1, -1, 0,
-                         -1, None, None, None, None, 0)
+                         -1, None, None, None, None, 0, -1)
 
 
 MANAGER_STAT_FIELDS = (

@@ -1,0 +1,829 @@
+/* ofl: the auto offload plan (groups "auto", docs/DESIGN.md section 5.4).
+ *
+ * Warmup: every group is offloaded and stamped: its commit, backward begin
+ * and backward end on the compute stream, its copies on the D2H and H2D
+ * streams (timing events where the backend has them, else the CPU clock,
+ * which on the host backend is the compute stream's clock: host compute
+ * runs on the calling thread). End of warmup: the stamps become an instance
+ * of pipeline/plan_solve.h (bytes, times, windows), the solver picks the
+ * groups, the rest stay on the device (OFL_KEEP_AUTO_PLAN).
+ *
+ * Steady state: a ledger of the activation bytes on the device (pushed
+ * tensors of groups, between their commit and their backward's end; an
+ * offloaded group's bytes leave when its copy is seen complete, and come
+ * back when its reload is issued) measures the peak the plan predicted;
+ * each group's prefetch lead learns from its stalls (Capuchin's feedback:
+ * a reload that stalled is issued one group earlier in the next iteration,
+ * while the predicted peak stays within the target; one that has not
+ * stalled for a while goes back one group when the measured peak is above
+ * the target). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/pipeline_internal.h"
+#include "pipeline/plan_solve.h"
+
+#define LEAD_MAX 16
+#define CALM_ITERS 4 /* steady iterations without a stall before a lead
+                        moves back */
+
+typedef struct stamp {
+  uint64_t cpu;    /* ofl__now_ns() at the call */
+  ofl_event_t *ev; /* timed event, where the backend has them */
+  bool set;
+} stamp_t;
+
+typedef struct meas {
+  group_t *g;
+  stamp_t commit, bwd_begin, bwd_end; /* compute stream */
+  stamp_t d2h_a, d2h_b, h2d_a, h2d_b; /* copy streams */
+  uint64_t kept_bytes; /* device bytes of the group its commit kept */
+  uint32_t bwd_seq;    /* 1 + place of its backward in the iteration */
+} meas_t;
+
+struct ofl__plan {
+  bool timed;        /* stamps carry timing events */
+  bool timing_lost;  /* an event failed: the CPU clock for everything */
+  stamp_t base;      /* the first stamp of the warmup, on compute */
+  meas_t *ms;
+  uint32_t nms, capms, bwd_seq;
+
+  /* The plan (end of warmup). */
+  ofl__plan_group_t *inst; /* by pidx */
+  bool *chosen;
+  uint32_t *bwd_order; /* pidx in backward order */
+  int64_t *t_bwd_end;  /* by pidx */
+  uint32_t nbwd;
+  ofl_plan_name_t *names;
+  ofl_manager_plan_t out;
+  uint8_t base_lead;
+
+  /* The ledger (steady state). */
+  int64_t live, peak;
+  uint64_t *off_now; /* by pidx: bytes its commit offloaded this iteration */
+  bool *pending;     /* by pidx: copy not yet seen complete */
+  uint32_t *fifo;    /* pidx of offloaded groups, commit order */
+  uint32_t fifo_head, fifo_len;
+  uint64_t stall_ns_start;
+  bool touched; /* the ledger moved in this iteration */
+  bool warned;
+};
+
+static bool active(const ofl_manager_t *m) {
+  return m->auto_plan && m->ap != NULL;
+}
+
+/* ---- warmup stamps ------------------------------------------------------ */
+
+static void stamp(ofl_manager_t *m, stamp_t *s, ofl_stream_t *stream) {
+  ofl__plan_t *p = m->ap;
+  s->cpu = ofl__now_ns();
+  s->set = true;
+  if (!p->timed || p->timing_lost)
+    return;
+  if ((s->ev == NULL &&
+       ofl__event_create_timed(m->dev, &s->ev) != OFL_SUCCESS) ||
+      ofl_event_record(s->ev, stream) != OFL_SUCCESS)
+    p->timing_lost = true;
+}
+
+static meas_t *meas_of(ofl_manager_t *m, group_t *g) {
+  ofl__plan_t *p = m->ap;
+  if (g->pidx < p->nms && p->ms[g->pidx].g == g)
+    return &p->ms[g->pidx];
+  if (ofl__grow((void **)&p->ms, &p->capms, p->nms + 1, sizeof *p->ms) !=
+      OFL_SUCCESS)
+    return NULL;
+  meas_t *x = &p->ms[p->nms];
+  memset(x, 0, sizeof *x);
+  x->g = g;
+  g->pidx = p->nms++;
+  return x;
+}
+
+static ofl_status_t plan_alloc(ofl_manager_t *m) {
+  if (m->ap != NULL)
+    return OFL_SUCCESS;
+  m->ap = calloc(1, sizeof *m->ap);
+  if (m->ap == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "no memory for the auto plan's measurements");
+  m->ap->timed = ofl_device_backend(m->dev) != OFL_BACKEND_HOST;
+  return OFL_SUCCESS;
+}
+
+/* ---- the ledger ----------------------------------------------------------- */
+
+static void ledger_add(ofl__plan_t *p, int64_t bytes) {
+  p->touched = true;
+  p->live += bytes;
+  if (p->live > p->peak)
+    p->peak = p->live;
+}
+
+/* Offloaded groups whose copies completed leave the device (D2H is one
+ * stream: they complete in commit order). */
+static void ledger_poll(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  while (p->fifo_len > 0) {
+    uint32_t k = p->fifo[p->fifo_head];
+    if (p->pending[k]) {
+      group_t *g = p->ms[k].g;
+      if (ofl_event_query(g->offload_ev) != OFL_SUCCESS)
+        return;
+      p->pending[k] = false;
+      ledger_add(p, -(int64_t)p->off_now[k]);
+    }
+    p->fifo_head = (p->fifo_head + 1) % p->nms;
+    p->fifo_len--;
+  }
+}
+
+static uint64_t group_bytes(const group_t *g, bool offloaded_only) {
+  uint64_t b = 0;
+  for (uint32_t i = 0; i < g->n; i++) {
+    const entry_t *l = &g->entries[i];
+    if (l->leader == i &&
+        (!offloaded_only || l->state == E_OFFLOADED))
+      b += l->span;
+  }
+  return b;
+}
+
+void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
+  if (!m->auto_plan || g == NULL)
+    return;
+  if (m->warmup) {
+    if (plan_alloc(m) != OFL_SUCCESS)
+      return;
+    meas_t *x = meas_of(m, g);
+    if (x == NULL)
+      return;
+    ofl__plan_t *p = m->ap;
+    if (phase == 0) {
+      stamp(m, &x->commit, ofl__compute(m));
+      if (!p->base.set)
+        stamp(m, &p->base, ofl__compute(m));
+    } else if (phase == 1) {
+      stamp(m, &x->d2h_a, m->d2h);
+    } else {
+      if (phase == 2)
+        stamp(m, &x->d2h_b, m->d2h);
+      x->kept_bytes = group_bytes(g, false) - group_bytes(g, true);
+    }
+    return;
+  }
+  if (!active(m) || g->pidx >= m->ap->nms || phase < 2)
+    return;
+  ofl__plan_t *p = m->ap;
+  ledger_poll(m);
+  g->dev_bytes = group_bytes(g, false);
+  ledger_add(p, (int64_t)g->dev_bytes);
+  uint64_t off = phase == 2 ? group_bytes(g, true) : 0;
+  p->off_now[g->pidx] = off;
+  if (off > 0 && p->fifo_len < p->nms) {
+    p->pending[g->pidx] = true;
+    p->fifo[(p->fifo_head + p->fifo_len) % p->nms] = g->pidx;
+    p->fifo_len++;
+  }
+}
+
+void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase) {
+  if (!m->auto_plan || g == NULL)
+    return;
+  if (m->warmup) {
+    if (m->ap == NULL)
+      return;
+    meas_t *x = meas_of(m, g);
+    if (x != NULL)
+      stamp(m, phase == 0 ? &x->h2d_a : &x->h2d_b, m->h2d);
+    return;
+  }
+  if (!active(m) || g->pidx >= m->ap->nms || phase == 0)
+    return;
+  ofl__plan_t *p = m->ap;
+  ledger_poll(m);
+  if (p->pending[g->pidx])
+    p->pending[g->pidx] = false; /* its bytes never left */
+  else
+    ledger_add(p, (int64_t)p->off_now[g->pidx]);
+}
+
+void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
+  if (!m->auto_plan || g == NULL)
+    return;
+  if (m->warmup) {
+    if (m->ap == NULL)
+      return;
+    meas_t *x = meas_of(m, g);
+    if (x == NULL)
+      return;
+    if (!end)
+      x->bwd_seq = ++m->ap->bwd_seq;
+    stamp(m, end ? &x->bwd_end : &x->bwd_begin, ofl__compute(m));
+    return;
+  }
+  if (!active(m) || g->pidx >= m->ap->nms)
+    return;
+  ofl__plan_t *p = m->ap;
+  ledger_poll(m);
+  if (!end) {
+    if (g->inline_reload) /* reloaded at its pops, inside this backward */
+      ofl__plan_on_reload(m, g, 1);
+    return;
+  }
+  ledger_add(p, -(int64_t)g->dev_bytes);
+}
+
+/* ---- prefetch depth ------------------------------------------------------- */
+
+static uint32_t issued_ahead(const chunk_t *c) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; c != NULL && i < c->ngroups; i++)
+    n += c->groups[i]->reload_issued && c->groups[i]->bwd == 0;
+  return n;
+}
+
+uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
+                                  const chunk_t *next) {
+  if (!active(m) || m->warmup || m->ap->inst == NULL)
+    return m->prefetch_groups;
+  uint32_t ahead = issued_ahead(c) + (next != c ? issued_ahead(next) : 0);
+  uint32_t depth = 0, pos = ahead;
+  const chunk_t *order[2] = {c, next != c ? next : NULL};
+  for (int k = 0; k < 2; k++) {
+    const chunk_t *x = order[k];
+    for (uint32_t i = x ? x->nstack : 0; i-- > 0 && pos < LEAD_MAX;) {
+      pos++;
+      if (x->stack[i]->lead >= pos)
+        depth = pos;
+    }
+  }
+  return depth;
+}
+
+/* ---- end of warmup: the instance ------------------------------------------ */
+
+/* ns of a stamp on the warmup's axis (0 at the base). */
+static int64_t at_ns(const ofl__plan_t *p, const stamp_t *s) {
+  if (!s->set)
+    return -1;
+  if (p->timed && !p->timing_lost && s->ev != NULL && p->base.ev != NULL) {
+    uint64_t ns = 0;
+    if (ofl__event_elapsed_ns(p->base.ev, s->ev, &ns) == OFL_SUCCESS)
+      return (int64_t)ns;
+  }
+  return (int64_t)(s->cpu - p->base.cpu);
+}
+
+static bool span_ns(const ofl__plan_t *p, const stamp_t *a, const stamp_t *b,
+                    uint64_t *ns) {
+  if (!a->set || !b->set || !p->timed || p->timing_lost || a->ev == NULL ||
+      b->ev == NULL)
+    return false;
+  return ofl__event_elapsed_ns(a->ev, b->ev, ns) == OFL_SUCCESS;
+}
+
+/* The host backend's memcpy rate: one 8 MiB copy, the best of three. */
+static double memcpy_rate(void) {
+  size_t n = (size_t)8 << 20;
+  char *a = malloc(n), *b = malloc(n);
+  double best = 0;
+  if (a != NULL && b != NULL) {
+    memset(a, 1, n);
+    memset(b, 2, n);
+    for (int i = 0; i < 3; i++) {
+      uint64_t t0 = ofl__now_ns();
+      memcpy(b, a, n);
+      uint64_t dt = ofl__now_ns() - t0;
+      double r = dt > 0 ? (double)n * 1e9 / (double)dt : 0;
+      if (r > best)
+        best = r;
+    }
+  }
+  free(a);
+  free(b);
+  return best > 0 ? best : 10e9;
+}
+
+/* Link rates: measured from the warmup's copies (timing events), else the
+ * host backend's link model, else its memcpy rate. */
+static void link_rates(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  uint64_t db = 0, dns = 0, hb = 0, hns = 0;
+  for (uint32_t i = 0; i < p->nms; i++) {
+    meas_t *x = &p->ms[i];
+    uint64_t ns;
+    uint64_t moved = x->g->warm_bytes;
+    if (moved > 0 && span_ns(p, &x->d2h_a, &x->d2h_b, &ns) && ns > 0) {
+      db += moved;
+      dns += ns;
+    }
+    if (moved > 0 && span_ns(p, &x->h2d_a, &x->h2d_b, &ns) && ns > 0) {
+      hb += moved;
+      hns += ns;
+    }
+  }
+  const ofl__device_config_t *c = &m->dev->cfg;
+  double model_d2h = c->link_d2h_bps > 0 ? c->link_d2h_bps : c->link_total_bps;
+  double model_h2d = c->link_h2d_bps > 0 ? c->link_h2d_bps : c->link_total_bps;
+  if (dns > 0) {
+    p->out.d2h_gbps = (double)db / (double)dns;
+    p->out.h2d_gbps = hns > 0 ? (double)hb / (double)hns : p->out.d2h_gbps;
+    p->out.rate_source = "measured";
+  } else if (model_d2h > 0 || model_h2d > 0) {
+    double mem = model_d2h > 0 && model_h2d > 0 ? 0 : memcpy_rate();
+    p->out.d2h_gbps = (model_d2h > 0 ? model_d2h : mem) / 1e9;
+    p->out.h2d_gbps = (model_h2d > 0 ? model_h2d : mem) / 1e9;
+    p->out.rate_source = "link model";
+  } else {
+    p->out.d2h_gbps = p->out.h2d_gbps = memcpy_rate() / 1e9;
+    p->out.rate_source = "memcpy";
+  }
+}
+
+static int cmp_bwd(const void *a, const void *b, void *ctx) {
+  const meas_t *ms = ctx;
+  uint32_t x = ms[*(const uint32_t *)a].bwd_seq;
+  uint32_t y = ms[*(const uint32_t *)b].bwd_seq;
+  return x < y ? -1 : x > y;
+}
+
+/* Insertion sort by bwd_seq (qsort_r is not C11). */
+static void sort_bwd(uint32_t *v, uint32_t n, const meas_t *ms) {
+  for (uint32_t i = 1; i < n; i++) {
+    uint32_t k = v[i], j = i;
+    while (j > 0 && cmp_bwd(&v[j - 1], &k, (void *)ms) > 0) {
+      v[j] = v[j - 1];
+      j--;
+    }
+    v[j] = k;
+  }
+}
+
+/* When group at backward place pos (0-based) reloads with lead L: at the
+ * end of the backward L places earlier, never before its commit. */
+static int64_t reload_time(const ofl__plan_t *p, uint32_t pos, uint32_t lead,
+                           int64_t t_alloc, int64_t t_begin) {
+  int64_t t = pos >= lead ? p->t_bwd_end[p->bwd_order[pos - lead]] : t_begin;
+  if (t < t_alloc)
+    t = t_alloc;
+  return t > t_begin ? t_begin : t;
+}
+
+static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
+  ofl__plan_t *p = m->ap;
+  uint32_t n = p->nms;
+  p->inst = calloc(n ? n : 1, sizeof *p->inst);
+  p->chosen = calloc(n ? n : 1, sizeof *p->chosen);
+  p->bwd_order = calloc(n ? n : 1, sizeof *p->bwd_order);
+  p->t_bwd_end = calloc(n ? n : 1, sizeof *p->t_bwd_end);
+  p->off_now = calloc(n ? n : 1, sizeof *p->off_now);
+  p->pending = calloc(n ? n : 1, sizeof *p->pending);
+  p->fifo = calloc(n ? n : 1, sizeof *p->fifo);
+  if (!p->inst || !p->chosen || !p->bwd_order || !p->t_bwd_end ||
+      !p->off_now || !p->pending || !p->fifo)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "no memory for the auto plan");
+  link_rates(m);
+  double d2h_bps = p->out.d2h_gbps * 1e9, h2d_bps = p->out.h2d_gbps * 1e9;
+  /* Commit order is the stamp order of the commits (one thread). */
+  int64_t last = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    meas_t *x = &p->ms[i];
+    p->t_bwd_end[i] = at_ns(p, &x->bwd_end);
+    int64_t t = at_ns(p, &x->commit);
+    if (t > last)
+      last = t;
+    if (p->t_bwd_end[i] > last)
+      last = p->t_bwd_end[i];
+  }
+  p->nbwd = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (p->ms[i].bwd_seq > 0)
+      p->bwd_order[p->nbwd++] = i;
+  sort_bwd(p->bwd_order, p->nbwd, p->ms);
+  int split[OFL__MAX_NAMES] = {0};
+  *nnames = m->nnames;
+  for (uint32_t i = 0; i < n; i++) {
+    meas_t *x = &p->ms[i];
+    group_t *g = x->g;
+    ofl__plan_group_t *q = &p->inst[i];
+    q->name = g->nid;
+    q->bytes = g->warm_bytes;
+    q->kept_bytes = x->kept_bytes;
+    q->t_alloc = at_ns(p, &x->commit);
+    if (q->t_alloc < 0)
+      q->t_alloc = 0;
+    int64_t begin = at_ns(p, &x->bwd_begin);
+    q->t_free = p->t_bwd_end[i] >= q->t_alloc ? p->t_bwd_end[i] : last;
+    if (begin < q->t_alloc || begin > q->t_free)
+      begin = q->t_free;
+    q->offloadable = x->bwd_seq > 0 && g->warm_bytes > 0 &&
+                     g->policy_offload && !ofl__policy_next_in_backward(m, g);
+    if (q->offloadable)
+      q->split_rank = split[g->nid]++;
+    g->lead = p->base_lead;
+    uint32_t pos = 0;
+    for (uint32_t k = 0; k < p->nbwd; k++)
+      if (p->bwd_order[k] == i)
+        pos = k;
+    q->t_reload = x->bwd_seq > 0
+                      ? reload_time(p, pos, g->lead, q->t_alloc, begin)
+                      : q->t_free;
+    /* The next commit after this one (else the iteration's last stamp). */
+    int64_t next = last;
+    for (uint32_t k = 0; k < n; k++) {
+      int64_t t = at_ns(p, &p->ms[k].commit);
+      if (t > q->t_alloc && t < next)
+        next = t;
+    }
+    q->fwd_window_ns = (double)(next - q->t_alloc);
+    q->bwd_window_ns = (double)(begin - q->t_reload);
+    q->d2h_ns = d2h_bps > 0 ? (double)q->bytes * 1e9 / d2h_bps : 0;
+    q->h2d_ns = h2d_bps > 0 ? (double)q->bytes * 1e9 / h2d_bps : 0;
+  }
+  return OFL_SUCCESS;
+}
+
+static void fill_names(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  p->names = calloc((size_t)(m->nnames ? m->nnames : 1), sizeof *p->names);
+  if (p->names == NULL)
+    return;
+  for (int k = 0; k < m->nnames; k++)
+    p->names[k].name = m->names[k].name;
+  for (uint32_t i = 0; i < p->nms; i++) {
+    const ofl__plan_group_t *q = &p->inst[i];
+    ofl_plan_name_t *x = &p->names[q->name];
+    x->groups++;
+    x->bytes += q->bytes;
+    x->copy_ms += (q->d2h_ns + q->h2d_ns) / 1e6;
+    x->window_ms += (q->fwd_window_ns + q->bwd_window_ns) / 1e6;
+    if (p->chosen[i]) {
+      x->chosen++;
+      x->chosen_bytes += q->bytes;
+      x->exposed_ms += ofl__plan_group_exposed(q) / 1e6;
+    }
+    if (p->ms[i].g->lead > x->prefetch_lead_max)
+      x->prefetch_lead_max = p->ms[i].g->lead;
+  }
+  p->out.nnames = (size_t)m->nnames;
+  p->out.names = p->names;
+}
+
+static double mib(uint64_t b) { return (double)b / 1048576.0; }
+
+ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
+  if (!m->auto_plan)
+    return OFL_SUCCESS;
+  OFL_CHECK(plan_alloc(m));
+  ofl__plan_t *p = m->ap;
+  p->base_lead = (uint8_t)(m->prefetch_groups > LEAD_MAX ? LEAD_MAX
+                                                         : m->prefetch_groups);
+  /* The stamps are read once: the warmup's work must have finished. */
+  ofl_status_t s = ofl_stream_synchronize(ofl__compute(m), OFL_TIMEOUT_DEFAULT);
+  if (s == OFL_SUCCESS)
+    s = ofl_manager_synchronize(m, OFL_TIMEOUT_DEFAULT);
+  if (s != OFL_SUCCESS)
+    return s;
+  int nnames = 0;
+  OFL_CHECK(build_instance(m, &nnames));
+  ofl__plan_result_t r;
+  if (m->mem_target > 0) {
+    OFL_CHECK(ofl__plan_solve(p->inst, p->nms, nnames, m->mem_target,
+                              p->chosen, &r));
+  } else {
+    /* No target: every group whose copies hide entirely (memory saved at
+     * no predicted cost). */
+    for (uint32_t i = 0; i < p->nms; i++)
+      p->chosen[i] = p->inst[i].offloadable &&
+                     ofl__plan_group_exposed(&p->inst[i]) < 1.0;
+    memset(&r, 0, sizeof r);
+    r.predicted_peak = ofl__plan_peak(p->inst, p->nms, p->chosen);
+    r.met = true;
+    r.exact = true;
+    bool *all = calloc(p->nms ? p->nms : 1, sizeof *all);
+    if (all != NULL) {
+      r.peak_none = ofl__plan_peak(p->inst, p->nms, all);
+      for (uint32_t i = 0; i < p->nms; i++)
+        all[i] = p->inst[i].offloadable;
+      r.peak_all = ofl__plan_peak(p->inst, p->nms, all);
+      free(all);
+    }
+  }
+  double exposed = 0;
+  for (uint32_t i = 0; i < p->nms; i++) {
+    group_t *g = p->ms[i].g;
+    if (p->chosen[i]) {
+      exposed += ofl__plan_group_exposed(&p->inst[i]);
+    } else if (p->inst[i].offloadable) {
+      g->policy_offload = false;
+      g->keep_why = OFL_KEEP_AUTO_PLAN;
+    }
+  }
+  p->out.automatic = 1;
+  p->out.met = r.met;
+  p->out.exact = r.exact;
+  p->out.target_bytes = m->mem_target;
+  p->out.predicted_peak_bytes = r.predicted_peak;
+  p->out.peak_all_bytes = r.peak_all;
+  p->out.peak_none_bytes = r.peak_none;
+  p->out.shortfall_bytes =
+      r.met || m->mem_target == 0 ? 0 : r.predicted_peak - m->mem_target;
+  p->out.predicted_exposed_ms = exposed / 1e6;
+  fill_names(m);
+  if (m->mem_target > 0 && !r.met)
+    OFL_WARN(OFL_SUBSYS_PIPELINE,
+             "rank %d: memory target %.2f MiB cannot be met: offloading every "
+             "group that may go leaves a predicted activation peak of %.2f "
+             "MiB, %.2f MiB over the target; everything that may go is "
+             "offloaded. Raise OFL_MEMORY_TARGET (params.memory_target_bytes) "
+             "or offload more (smaller OFL_MIN_OFFLOAD_BYTES)",
+             m->rank, mib(m->mem_target), mib(r.predicted_peak),
+             mib(p->out.shortfall_bytes));
+  OFL_INFO(OFL_SUBSYS_PIPELINE,
+           "rank %d: auto plan: %s search, predicted peak %.2f MiB (target "
+           "%.2f, all offloaded %.2f, none %.2f), predicted exposed %.3f ms, "
+           "links d2h %.2f h2d %.2f GB/s (%s)",
+           m->rank, r.exact ? "exact" : "greedy", mib(r.predicted_peak),
+           mib(m->mem_target), mib(r.peak_all), mib(r.peak_none),
+           exposed / 1e6, p->out.d2h_gbps, p->out.h2d_gbps,
+           p->out.rate_source);
+  p->stall_ns_start = m->st.stall_ns;
+  return OFL_SUCCESS;
+}
+
+/* ---- the printed plan ----------------------------------------------------- */
+
+static const char *const FIELDS[] = {"bytes",  "groups",  "chosen",
+                                     "copy",   "window",  "exposed"};
+enum { F_BYTES, F_GROUPS, F_CHOSEN, F_COPY, F_WINDOW, F_EXPOSED, NF };
+static const char *const SCALARS[] = {"target", "peak",  "all", "none",
+                                      "expo",   "d2h",   "h2d", "met"};
+enum { S_TARGET, S_PEAK, S_ALL, S_NONE, S_EXPO, S_D2H, S_H2D, S_MET, NS };
+
+static ofl_status_t encode(const ofl_manager_t *m, ofl_byte_table_t *t) {
+  const ofl__plan_t *p = m->ap;
+  char key[OFL_BYTE_TABLE_NAME_MAX + 1];
+  if (p == NULL || p->names == NULL)
+    return OFL_SUCCESS;
+  const ofl_manager_plan_t *o = &p->out;
+  uint64_t sc[NS] = {o->target_bytes,
+                     o->predicted_peak_bytes,
+                     o->peak_all_bytes,
+                     o->peak_none_bytes,
+                     (uint64_t)llround(o->predicted_exposed_ms * 1e6),
+                     (uint64_t)llround(o->d2h_gbps * 1e3),
+                     (uint64_t)llround(o->h2d_gbps * 1e3),
+                     (uint64_t)o->met};
+  for (int k = 0; k < NS; k++) {
+    snprintf(key, sizeof key, "|%s", SCALARS[k]);
+    OFL_CHECK(ofl_byte_table_set(t, key, sc[k]));
+  }
+  for (size_t k = 0; k < o->nnames; k++) {
+    const ofl_plan_name_t *x = &o->names[k];
+    if (x->groups == 0)
+      continue;
+    uint64_t v[NF] = {x->bytes,
+                      x->groups,
+                      x->chosen,
+                      (uint64_t)llround(x->copy_ms * 1e6),
+                      (uint64_t)llround(x->window_ms * 1e6),
+                      (uint64_t)llround(x->exposed_ms * 1e6)};
+    for (int f = 0; f < NF; f++) {
+      snprintf(key, sizeof key, "%s|%.900s", FIELDS[f], x->name);
+      OFL_CHECK(ofl_byte_table_set(t, key, v[f]));
+    }
+  }
+  return OFL_SUCCESS;
+}
+
+static uint64_t get(const ofl_summary_t *s, int rank, const char *key) {
+  size_t i;
+  if (ofl_summary_find_group(s, key, &i) != OFL_SUCCESS)
+    return 0;
+  return ofl_summary_bytes(s, rank, i);
+}
+
+static void render(const ofl_summary_t *s, FILE *f) {
+  int nranks = ofl_summary_nranks(s);
+  fprintf(f, "ofl offload plan (groups auto), every rank:\n");
+  fprintf(f, "%-5s %-20s %10s %7s %7s %9s %10s %11s\n", "rank", "group",
+          "bytes MiB", "groups", "chosen", "copy ms", "window ms",
+          "exposed ms");
+  char key[OFL_BYTE_TABLE_NAME_MAX + 32];
+  for (int r = 0; r < nranks; r++) {
+    for (size_t i = 0; i < ofl_summary_ngroups(s); i++) {
+      const char *k = ofl_summary_group_name(s, i);
+      if (k == NULL || strncmp(k, "bytes|", 6) != 0)
+        continue;
+      const char *name = k + 6;
+      snprintf(key, sizeof key, "groups|%s", name);
+      uint64_t groups = get(s, r, key);
+      if (groups == 0)
+        continue;
+      uint64_t v[NF];
+      for (int fi = 0; fi < NF; fi++) {
+        snprintf(key, sizeof key, "%s|%s", FIELDS[fi], name);
+        v[fi] = get(s, r, key);
+      }
+      fprintf(f, "%-5d %-20s %10.2f %7llu %7llu %9.3f %10.3f %11.3f\n", r,
+              name, mib(v[F_BYTES]), (unsigned long long)v[F_GROUPS],
+              (unsigned long long)v[F_CHOSEN], (double)v[F_COPY] / 1e6,
+              (double)v[F_WINDOW] / 1e6, (double)v[F_EXPOSED] / 1e6);
+    }
+    uint64_t sc[NS];
+    for (int k = 0; k < NS; k++) {
+      snprintf(key, sizeof key, "|%s", SCALARS[k]);
+      sc[k] = get(s, r, key);
+    }
+    if (sc[S_TARGET] > 0)
+      fprintf(f,
+              "rank %d: predicted peak %.2f MiB against target %.2f MiB (%s); "
+              "all offloaded %.2f, none %.2f; predicted exposed %.3f ms; "
+              "links d2h %.2f h2d %.2f GB/s\n",
+              r, mib(sc[S_PEAK]), mib(sc[S_TARGET]),
+              sc[S_MET] ? "met" : "NOT met", mib(sc[S_ALL]), mib(sc[S_NONE]),
+              (double)sc[S_EXPO] / 1e6, (double)sc[S_D2H] / 1e3,
+              (double)sc[S_H2D] / 1e3);
+    else
+      fprintf(f,
+              "rank %d: no memory target: copies that hide are offloaded; "
+              "predicted peak %.2f MiB (all offloaded %.2f, none %.2f); "
+              "predicted exposed %.3f ms; links d2h %.2f h2d %.2f GB/s\n",
+              r, mib(sc[S_PEAK]), mib(sc[S_ALL]), mib(sc[S_NONE]),
+              (double)sc[S_EXPO] / 1e6, (double)sc[S_D2H] / 1e3,
+              (double)sc[S_H2D] / 1e3);
+  }
+}
+
+ofl_status_t ofl__plan_gather_print(ofl_manager_t *m) {
+  if (!m->auto_plan)
+    return OFL_SUCCESS;
+  ofl_byte_table_t *table = NULL;
+  OFL_CHECK(ofl_byte_table_create(&table));
+  ofl_status_t s = encode(m, table);
+  ofl_summary_t *sum = NULL;
+  if (s == OFL_SUCCESS && m->comm != NULL) {
+    s = ofl_summary_gather(m->comm, table, 0, &sum);
+  } else if (s == OFL_SUCCESS) {
+    const ofl_byte_table_t *one[1] = {table};
+    s = ofl_summary_from_tables(one, 1, &sum);
+  }
+  ofl_byte_table_destroy(table);
+  bool root = m->comm == NULL || ofl_comm_rank(m->comm) == 0;
+  if (s == OFL_SUCCESS && root && m->summary_out != NULL) {
+    render(sum, m->summary_out);
+    fflush(m->summary_out);
+  }
+  ofl_summary_destroy(sum);
+  return s;
+}
+
+/* ---- steady iterations ---------------------------------------------------- */
+
+static uint32_t bwd_pos(const ofl__plan_t *p, uint32_t pidx) {
+  for (uint32_t k = 0; k < p->nbwd; k++)
+    if (p->bwd_order[k] == pidx)
+      return k;
+  return 0;
+}
+
+/* A stalled reload is issued one group earlier while the predicted peak
+ * stays within the target; a calm one goes back one group when the
+ * measured peak is above the target. */
+static void learn(ofl_manager_t *m, group_t *g) {
+  ofl__plan_t *p = m->ap;
+  uint32_t i = g->pidx;
+  ofl__plan_group_t *q = &p->inst[i];
+  if (!p->chosen[i])
+    return;
+  int64_t begin = at_ns(p, &p->ms[i].bwd_begin);
+  if (begin < q->t_alloc || begin > q->t_free)
+    begin = q->t_free;
+  uint32_t pos = bwd_pos(p, i);
+  uint8_t want = g->lead;
+  if (g->stalled) {
+    g->calm = 0;
+    if (g->lead < LEAD_MAX)
+      want = (uint8_t)(g->lead + 1);
+  } else if (++g->calm >= CALM_ITERS && g->lead > p->base_lead &&
+             m->mem_target > 0 && (uint64_t)p->peak > m->mem_target) {
+    g->calm = 0;
+    want = (uint8_t)(g->lead - 1);
+  }
+  if (want == g->lead)
+    return;
+  int64_t old = q->t_reload;
+  q->t_reload = reload_time(p, pos, want, q->t_alloc, begin);
+  if (want > g->lead && m->mem_target > 0 &&
+      ofl__plan_peak(p->inst, p->nms, p->chosen) > m->mem_target) {
+    q->t_reload = old; /* the target leaves no room for it */
+    return;
+  }
+  q->bwd_window_ns = (double)(begin - q->t_reload);
+  OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
+            "prefetch lead %u -> %u (%s)", g->lead, want,
+            want > g->lead ? "its reload stalled" : "calm, peak over target");
+  g->lead = want;
+  p->out.lead_changes++;
+}
+
+void ofl__plan_end_iteration(ofl_manager_t *m) {
+  if (!active(m) || m->warmup || m->ap->inst == NULL)
+    return;
+  ofl__plan_t *p = m->ap;
+  ledger_poll(m);
+  if (p->touched) {
+    ofl_manager_plan_t *o = &p->out;
+    o->iterations++;
+    o->measured_peak_bytes = (uint64_t)(p->peak > 0 ? p->peak : 0);
+    if (o->measured_peak_bytes > o->measured_peak_max_bytes)
+      o->measured_peak_max_bytes = o->measured_peak_bytes;
+    o->measured_stall_ms = (double)(m->st.stall_ns - p->stall_ns_start) / 1e6;
+    for (uint32_t i = 0; i < p->nms; i++) {
+      group_t *g = p->ms[i].g;
+      learn(m, g);
+      g->stalled = false;
+    }
+    for (size_t k = 0; k < o->nnames; k++)
+      p->names[k].prefetch_lead_max = 0;
+    for (uint32_t i = 0; i < p->nms; i++) {
+      ofl_plan_name_t *x = &p->names[p->inst[i].name];
+      if (p->ms[i].g->lead > x->prefetch_lead_max)
+        x->prefetch_lead_max = p->ms[i].g->lead;
+    }
+    OFL_INFO(OFL_SUBSYS_PIPELINE,
+             "rank %d: auto plan, iteration %llu: measured activation peak "
+             "%.2f MiB (predicted %.2f, target %.2f), reload stalls %.3f ms "
+             "(predicted exposed %.3f)",
+             m->rank, (unsigned long long)m->st.iterations, mib(o->measured_peak_bytes),
+             mib(o->predicted_peak_bytes), mib(o->target_bytes),
+             o->measured_stall_ms, o->predicted_exposed_ms);
+    if (!p->warned && o->target_bytes > 0 &&
+        (double)o->measured_peak_bytes > 1.05 * (double)o->target_bytes) {
+      p->warned = true;
+      OFL_WARN(OFL_SUBSYS_PIPELINE,
+               "rank %d: measured activation peak %.2f MiB is over the memory "
+               "target %.2f MiB (the plan predicted %.2f MiB): the schedule "
+               "holds more than the warmup showed",
+               m->rank, mib(o->measured_peak_bytes), mib(o->target_bytes),
+               mib(o->predicted_peak_bytes));
+    }
+  }
+  p->stall_ns_start = m->st.stall_ns;
+  p->live = p->peak = 0;
+  p->touched = false;
+  p->fifo_head = p->fifo_len = 0;
+  memset(p->pending, 0, p->nms * sizeof *p->pending);
+}
+
+ofl_status_t ofl_manager_plan_get(const ofl_manager_t *m,
+                                  ofl_manager_plan_t *out) {
+  if (m == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_plan_get: manager and out must not be NULL");
+  memset(out, 0, sizeof *out);
+  if (!m->auto_plan)
+    return ofl__error_quiet(OFL_ERR_NOT_READY,
+                            "rank %d: no auto plan: the offloaded groups are "
+                            "configured (set OFL_OFFLOAD_GROUPS=auto or "
+                            "params.groups \"auto\" for one)",
+                            m->rank);
+  if (m->warmup || m->ap == NULL || m->ap->inst == NULL)
+    return ofl__error_quiet(OFL_ERR_NOT_READY,
+                            "rank %d: the auto plan exists after the warmup "
+                            "iteration's reset",
+                            m->rank);
+  *out = m->ap->out;
+  return OFL_SUCCESS;
+}
+
+void ofl__plan_free(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  if (p == NULL)
+    return;
+  for (uint32_t i = 0; i < p->nms; i++) {
+    stamp_t *st[] = {&p->ms[i].commit, &p->ms[i].bwd_begin, &p->ms[i].bwd_end,
+                     &p->ms[i].d2h_a,  &p->ms[i].d2h_b,     &p->ms[i].h2d_a,
+                     &p->ms[i].h2d_b};
+    for (size_t k = 0; k < sizeof st / sizeof st[0]; k++)
+      if (st[k]->ev != NULL)
+        ofl_event_destroy(st[k]->ev);
+  }
+  if (p->base.ev != NULL)
+    ofl_event_destroy(p->base.ev);
+  free(p->ms);
+  free(p->inst);
+  free(p->chosen);
+  free(p->bwd_order);
+  free(p->t_bwd_end);
+  free(p->off_now);
+  free(p->pending);
+  free(p->fifo);
+  free(p->names);
+  free(p);
+  m->ap = NULL;
+}

@@ -1,0 +1,79 @@
+/* ofl: the auto offload plan's solver (docs/DESIGN.md section 5.4). A pure
+ * function over numbers the warmup measured: which groups to offload so that
+ * the predicted peak of activation bytes on the device stays within a
+ * target, with the least predicted exposed copy time. Not installed; the
+ * manager (pipeline/plan.c) builds the instance, the tests call it directly.
+ *
+ * Decision space: per group name n, a count x_n of its offloadable groups
+ * that are offloaded, taken in split_rank order (0 first); every name is
+ * either whole (x_n = 0 or all of them) or split, and at most one name is
+ * split. The solver is exact over that space. */
+#ifndef OFL_PLAN_SOLVE_H
+#define OFL_PLAN_SOLVE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ofl/status.h>
+
+/* One group of the warmup record. Times are nanoseconds on the compute
+ * stream's clock of the warmup iteration (any common origin). */
+typedef struct ofl__plan_group {
+  int name;          /* 0 .. nnames-1 */
+  int split_rank;    /* 0 .. (offloadable groups of its name) - 1, distinct
+                        per name among offloadable groups; ignored when not
+                        offloadable */
+  bool offloadable;  /* false: stays on the device whatever the plan */
+  uint64_t bytes;    /* bytes an offload moves off the device */
+  uint64_t kept_bytes; /* bytes of the group that stay on the device in any
+                          case (small, not offloadable, or all of it when
+                          !offloadable) */
+  int64_t t_alloc;   /* the commit: bytes + kept_bytes are on the device */
+  int64_t t_reload;  /* the reload is issued: an offloaded group's bytes are
+                        back on the device (>= t_alloc) */
+  int64_t t_free;    /* backward ends: everything of it leaves (>= t_reload) */
+  double d2h_ns;     /* copy time of bytes, each direction */
+  double h2d_ns;
+  double fwd_window_ns; /* compute the D2H copy can hide behind */
+  double bwd_window_ns; /* compute the H2D copy can hide behind */
+} ofl__plan_group_t;
+
+typedef struct ofl__plan_result {
+  uint64_t predicted_peak; /* bytes, with the chosen set */
+  uint64_t peak_all;       /* with every offloadable group offloaded */
+  uint64_t peak_none;      /* with none offloaded */
+  double exposed_ns;       /* predicted exposed copy time of the chosen set */
+  uint64_t moved_bytes;    /* bytes of the chosen groups */
+  bool met;                /* predicted_peak <= target */
+  int split_name;          /* the split name, or -1 */
+  uint32_t evaluated;      /* peak evaluations made (for the tests) */
+  bool exact;              /* the exact search ran (<= 16 names) */
+} ofl__plan_result_t;
+
+/* Exposed copy time of one group when offloaded: the part of each
+ * direction's copy that its window does not cover. */
+double ofl__plan_group_exposed(const ofl__plan_group_t *g);
+
+/* Predicted peak of the device bytes for the choice chosen[i] (1: group i
+ * offloaded; ignored where !offloadable). The D2H copies of chosen groups
+ * run one after another in t_alloc order (one stream): a group's bytes leave
+ * the device when its copy ends, max(t_alloc, previous copy's end) + d2h_ns;
+ * they return at t_reload and leave at t_free. At equal times additions
+ * count before removals (the conservative side). */
+uint64_t ofl__plan_peak(const ofl__plan_group_t *g, size_t n,
+                        const bool *chosen);
+
+/* The exact solver. chosen (n entries) receives the choice. A target that
+ * even offloading every offloadable group cannot meet returns that choice
+ * with met false. Ties in exposed time (within 1 ns) go to fewer moved
+ * bytes, then to the lower peak. OFL_ERR_INVALID_ARG on a malformed
+ * instance (name out of range, duplicate or missing split ranks,
+ * t_alloc > t_reload or t_reload > t_free). Exact for up to 16 names;
+ * above that whole names are added greedily by bytes per exposed ns and the
+ * result says so (exact false). */
+ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n,
+                             int nnames, uint64_t target, bool *chosen,
+                             ofl__plan_result_t *out);
+
+#endif /* OFL_PLAN_SOLVE_H */
