@@ -94,7 +94,8 @@ int main(int argc, char **argv) {
            "layer(s) per stage, hidden %d, seq %d, %d iterations\n"
            "offloading groups: %s (tensors >= %zu bytes); %s backend%s\n",
            pp, o.vpp > 1 ? "interleaved 1F1B" : "1F1B", o.vpp, o.microbatches,
-           o.layers, o.hidden, o.seq, o.iters, o.offload_groups,
+           o.layers, o.hidden, o.seq, o.iters,
+           o.offload_auto ? "auto (ofl's plan chooses)" : o.offload_groups,
            o.min_offload_bytes, ofl_backend_name(o.backend),
            o.link_gbps > 0 ? ", emulated host link" : "");
 
@@ -172,7 +173,8 @@ int main(int argc, char **argv) {
 #endif
 
   /* Per-rank figures, printed by rank 0 in rank order. */
-  enum { NF = 21 };
+  enum { NF = 31 };
+  const plan_result_t *pl = &off.plan;
   const glue_stats_t *os = &off.stats;
   double mine[NF] = {(double)base.peak_bytes,
                      (double)off.peak_bytes,
@@ -195,7 +197,17 @@ int main(int argc, char **argv) {
                      (double)os->disk_faults,
                      (double)os->disk_keep_hits,
                      (double)prefetch_groups_in_force() *
-                         (double)largest_offloaded_group(&o)};
+                         (double)largest_offloaded_group(&o),
+                     (double)pl->have,
+                     pl->target,
+                     pl->predicted_peak,
+                     pl->measured_peak_max,
+                     (double)off.act_peak,
+                     pl->predicted_exposed_ms,
+                     pl->measured_stall_ms,
+                     pl->peak_all,
+                     (double)pl->met,
+                     pl->peak_none};
   double *all = leader ? malloc(sizeof mine * (size_t)rep_n) : NULL;
 #ifdef OFL_DEMO_NO_MPI
   memcpy(all, mine, sizeof mine);
@@ -206,10 +218,12 @@ int main(int argc, char **argv) {
   wait_bounded(&req, "the gather of the per-rank figures");
 #endif
   /* What rank 0 prints: the table, the memory check, the verdict. */
-  int mem_fail = 0, nothing = 0;
+  int mem_fail = 0, nothing = 0, plan_over = 0;
   if (leader)
     report_print(&o, all, NF, rep_first, rep_n, &base, &off, no_compare,
                  diff_all, bad_ranks, &mem_fail, &nothing);
+  if (leader && o.offload_auto)
+    plan_over = report_plan(&o, all, NF, rep_first, rep_n);
   /* The PNG is drawn from the CSV: without --memory-csv, the CSV is
    * written next to the PNG (x.png -> x.csv). */
   char csv_path[1024];
@@ -234,7 +248,7 @@ int main(int argc, char **argv) {
   int fail = 0;
   if (leader)
     fail = diff_all != 0 || (o.check_memory && mem_fail > 0) || oom_fail ||
-           nothing;
+           nothing || (o.check_memory && plan_over > 0);
 #ifndef OFL_DEMO_NO_MPI
   if (MPI_Ibcast(&fail, 1, MPI_INT, 0, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
     die(NULL, "MPI_Ibcast of the verdict failed");

@@ -24,6 +24,9 @@
 typedef struct {
   int vpp, microbatches, layers, hidden, seq, iters;
   char offload_groups[256];
+  int offload_auto;         /* --offload auto: groups "auto" */
+  double memory_target_mib; /* --memory-target; <0: OFL_MEMORY_TARGET */
+  double fraction;          /* --offload-fraction; <0: OFL_OFFLOAD_FRACTION */
   size_t min_offload_bytes;
   double link_gbps;
   const char *csv, *trace, *png;
@@ -112,7 +115,18 @@ typedef struct {
   size_t hcap[2];
   size_t gpu_used_peak; /* cudaMemGetInfo: total - free, largest sample */
   size_t pool_total_seen; /* the pool's bytes at the last GPU sample */
+  size_t act_peak; /* steady state: pool bytes in use less the demo's own
+                      tensors that are not saved activations, largest sample */
 } run_t;
+
+/* The auto plan as a run ends (ofl_manager_plan_get), and the demo's own
+ * activation peak (run_t.act_peak), for --check-memory and the report. */
+typedef struct {
+  int have;                   /* the manager made an auto plan */
+  int met;                    /* it predicted the target met */
+  double target, predicted_peak, measured_peak_max, peak_all, peak_none;
+  double predicted_exposed_ms, measured_stall_ms;
+} plan_result_t;
 
 /* What a run leaves for the report and the comparison. */
 typedef struct {
@@ -130,6 +144,8 @@ typedef struct {
   int oom;            /* the run stopped: out of device memory (expected) */
   int oom_iter;       /* the iteration it happened in */
   char oom_msg[512];  /* ofl's message */
+  size_t act_peak;    /* run_t.act_peak */
+  plan_result_t plan; /* offload run with --offload auto */
 } result_t;
 
 /* ---- globals ------------------------------------------------------------ */
@@ -220,6 +236,10 @@ void report_print(const opts_t *o, const double *all, int NF, int rep_first,
                   int rep_n, const result_t *base, const result_t *off,
                   int no_compare, long long diff_all, long long bad_ranks,
                   int *mem_fail, int *nothing);
+/* --offload auto: per rank, the plan against the target; the ranks whose
+ * measured activation peak is over it (when a target is set). */
+int report_plan(const opts_t *o, const double *all, int NF, int rep_first,
+                int rep_n);
 
 #ifdef OFL_DEMO_NO_MPI
 #define DEMO_FINALIZE() ((void)0)

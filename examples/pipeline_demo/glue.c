@@ -55,6 +55,9 @@ int glue_open(const glue_params_t *p, glue_t **out) {
   mp.pp_rank = p->pp_rank;
   mp.rank = p->pp_rank;
   mp.comm = g->comm;
+  mp.memory_target_bytes = p->memory_target_bytes;
+  mp.fraction = p->fraction;
+  mp.summary_out = p->summary_out;
   st = ofl_manager_create(&mp, &g->m);
   if (st != OFL_SUCCESS) {
     ofl_disk_close(g->disk);
@@ -164,4 +167,8 @@ void glue_get_stats(glue_t *g, glue_stats_t *out) {
     out->disk_faults =
         d.faults_enospc + d.faults_eio + d.faults_short + d.faults_corrupt;
   }
+}
+
+int glue_plan(glue_t *g, ofl_manager_plan_t *out) {
+  return ofl_manager_plan_get(g->m, out);
 }

@@ -20,6 +20,10 @@ typedef struct {
   void *mpi_comm;          /* MPI_Comm * for the summary, NULL: self */
   const char *disk_groups; /* group names on the disk tier; NULL/"": none */
   const char *disk_dir;    /* NULL: OFL_DISK_DIR, TMPDIR or /tmp */
+  int64_t memory_target_bytes; /* groups "auto"; <0: OFL_MEMORY_TARGET */
+  double fraction;             /* <0: OFL_OFFLOAD_FRACTION */
+  FILE *summary_out; /* the manager prints its summary and plan here at the
+                        end of warmup (rank 0 of the comm); NULL: not */
 } glue_params_t;
 
 int glue_open(const glue_params_t *p, glue_t **out);
@@ -57,5 +61,7 @@ typedef struct {
   uint64_t disk_keep_hits; /* reloads served by kept buffers, no read */
 } glue_stats_t;
 void glue_get_stats(glue_t *g, glue_stats_t *out);
+/* The auto plan (ofl_manager_plan_get): 0, or OFL_ERR_NOT_READY without one. */
+int glue_plan(glue_t *g, ofl_manager_plan_t *out);
 
 #endif

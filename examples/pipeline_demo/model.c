@@ -137,26 +137,60 @@ ofl_tensor_t **g_live;
 size_t g_nlive;
 static size_t g_caplive;
 
-static ofl_tensor_t *live_add(ofl_tensor_t *t) {
+/* Per handle of g_live: 1 when it is a saved activation the manager handed
+ * back (load), 0 for the demo's own tensors (inputs, outputs, gradients,
+ * scratch): what the activation peak leaves out. */
+static unsigned char *g_live_act;
+
+static ofl_tensor_t *live_add_as(ofl_tensor_t *t, int activation) {
   if (g_nlive == g_caplive) {
     g_caplive = g_caplive ? 2 * g_caplive : 256;
     ofl_tensor_t **n = realloc(g_live, g_caplive * sizeof *g_live);
-    if (n == NULL) {
+    unsigned char *a = realloc(g_live_act, g_caplive);
+    if (n != NULL)
+      g_live = n;
+    if (a != NULL)
+      g_live_act = a;
+    if (n == NULL || a == NULL) {
       fprintf(stderr, DEMO_NAME ": out of host memory\n");
       exit(2);
     }
-    g_live = n;
   }
+  g_live_act[g_nlive] = (unsigned char)activation;
   g_live[g_nlive++] = t;
   return t;
 }
 
+static ofl_tensor_t *live_add(ofl_tensor_t *t) { return live_add_as(t, 0); }
+
 static void live_remove(ofl_tensor_t *t) {
   for (size_t i = g_nlive; i-- > 0;)
     if (g_live[i] == t) {
-      g_live[i] = g_live[--g_nlive];
+      g_nlive--;
+      g_live[i] = g_live[g_nlive];
+      g_live_act[i] = g_live_act[g_nlive];
       return;
     }
+}
+
+/* Device bytes of the demo's own tensors that are not saved activations,
+ * each storage once (an alias handed to the manager shares its storage
+ * with the demo's handle, which is then counted here: the figure errs
+ * towards fewer activation bytes). */
+static size_t own_bytes(void) {
+  size_t b = 0;
+  for (size_t i = 0; i < g_nlive; i++) {
+    const void *id = ofl_tensor_storage_id(g_live[i]);
+    if (g_live_act[i] || id == NULL ||
+        ofl_tensor_location(g_live[i]) != OFL_LOC_DEVICE)
+      continue;
+    int seen = 0;
+    for (size_t k = 0; k < i && !seen; k++)
+      seen = !g_live_act[k] && ofl_tensor_storage_id(g_live[k]) == id;
+    if (!seen)
+      b += ofl_tensor_storage_bytes(g_live[i]);
+  }
+  return b;
 }
 
 /* Where an allocation that runs out of device memory jumps to when the run
@@ -220,6 +254,13 @@ void sample_memory(run_t *r) {
   r->mem_t[r->nmem] = now_s() - r->t0;
   r->mem_b[r->nmem] = (double)(r->weight_bytes + st.in_use_bytes);
   r->nmem++;
+  /* The activation bytes on the device, as far as the demo can tell: the
+   * pool's blocks in use (saved tensors, reload buffers) less its own
+   * tensors; steady state only, as the plan's measured peak. */
+  size_t own = own_bytes();
+  size_t act_now = st.in_use_bytes > own ? st.in_use_bytes - own : 0;
+  if ((r->iter >= 1 || r->o->iters == 1) && act_now > r->act_peak)
+    r->act_peak = act_now;
   /* The GPU's own figure: everything allocated on it (this process's pools
    * and weights, ofl's buffers, the runtime's, other processes'). Asked
    * only when the pool's memory changed since the last sample (it moves
@@ -359,7 +400,7 @@ ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
 static ofl_tensor_t *load(run_t *r, uint64_t tag) {
   ofl_tensor_t *t = NULL;
   OK(r, glue_load(r->glue, tag, &t));
-  return live_add(t);
+  return live_add_as(t, 1);
 }
 
 static void backward_end(run_t *r, const char *name) {

@@ -6,7 +6,8 @@
 
 #include "demo.h"
 
-static const char *usage_text =
+/* Two strings: ISO C caps a literal at 4095 characters. */
+static const char *const usage_text[2] = {
 #ifdef OFL_DEMO_NO_MPI
     "usage: ofl_pipeline_demo_single [--stage S] [--stages P] [options]\n"
     "  One process runs stage S of a P-stage pipeline without MPI: the\n"
@@ -29,8 +30,20 @@ static const char *usage_text =
     "  --iters N           iterations per run; the first is the warmup [4]\n"
     "  --offload LIST      group names to offload, comma-separated, from\n"
     "                      attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,\n"
-    "                      expert_fc1,moe_act, or 'all' [all]\n"
+    "                      expert_fc1,moe_act, or 'all' [all]; 'auto': ofl\n"
+    "                      chooses them at the end of the warmup (groups\n"
+    "                      \"auto\") to meet --memory-target at the least\n"
+    "                      predicted exposed copy time, and prints its plan\n"
+    "                      after the summary\n"
+    "  --memory-target MIB with --offload auto: the activation MiB each rank\n"
+    "                      may keep on the device at its peak (params.\n"
+    "                      memory_target_bytes; 0: none) [OFL_MEMORY_TARGET]\n"
+    "  --offload-fraction F  of each chunk's offloaded groups, the fraction\n"
+    "                      kept offloaded after warmup (params.fraction, as\n"
+    "                      Megatron's activation_offload_fraction; not with\n"
+    "                      auto) [OFL_OFFLOAD_FRACTION]\n"
     "  --min-offload-bytes B  smallest tensor offloaded [4096]\n"
+    ,
     "  --link-gbps G       emulate a host link of G GB/s per direction (0: "
     "off) [0]\n"
     "  --disk-groups LIST  group names that go to the disk tier (one private\n"
@@ -47,7 +60,12 @@ static const char *usage_text =
     ".json)\n"
     "  --check-memory      fail unless summary - prefetch bound <= device "
     "bytes\n"
-    "                      saved <= summary on every rank (see the report)\n"
+    "                      saved <= summary on every rank (see the report);\n"
+    "                      with --offload auto and --memory-target: fail\n"
+    "                      unless every rank's measured activation peak (the\n"
+    "                      plan's, and the demo's own: pool bytes in use less\n"
+    "                      its tensors that are not saved activations) is\n"
+    "                      within its target\n"
     "  --mem-tolerance F   extra relative slack of --check-memory on both\n"
     "                      sides [0]\n"
     "  --timeout S         seconds a rank waits for a peer: its messages and\n"
@@ -70,7 +88,12 @@ static const char *usage_text =
     "                      the offload run must fit; it is compared bit for\n"
     "                      bit with a baseline run without the capacity\n"
     "  --quiet             no progress lines\n"
-    "  --help              this text\n";
+    "  --help              this text\n"};
+
+static void usage(FILE *f) {
+  fputs(usage_text[0], f);
+  fputs(usage_text[1], f);
+}
 
 const char *const demo_group_names[7] = {"attn_norm",  "qkv_linear",
                                          "core_attn",  "attn_proj",
@@ -139,6 +162,8 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
                 .mem_tolerance = 0,
                 .timeout_s = 60,
                 .die_rank = -1,
+                .memory_target_mib = -1,
+                .fraction = -1,
                 .stage = 0,
                 .stages = 4};
   snprintf(o->offload_groups, sizeof o->offload_groups, "all");
@@ -172,6 +197,17 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
       i++;
     } else if (strcmp(a, "--min-offload-bytes") == 0 && v) {
       o->min_offload_bytes = (size_t)strtoull(v, NULL, 10);
+      i++;
+    } else if (strcmp(a, "--memory-target") == 0 && v) {
+      char *end = NULL;
+      o->memory_target_mib = strtod(v, &end);
+      bad = end == v || *end != '\0' || !(o->memory_target_mib >= 0);
+      i++;
+    } else if (strcmp(a, "--offload-fraction") == 0 && v) {
+      char *end = NULL;
+      o->fraction = strtod(v, &end);
+      bad = end == v || *end != '\0' ||
+            !(o->fraction >= 0 && o->fraction <= 1);
       i++;
     } else if (strcmp(a, "--link-gbps") == 0 && v) {
       o->link_gbps = atof(v);
@@ -222,7 +258,7 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
       o->quiet = 1;
     } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       if (rank == 0)
-        fputs(usage_text, stdout);
+        usage(stdout);
       return 1;
     } else {
       bad = 1;
@@ -230,12 +266,31 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
   next:
     if (bad) {
       if (rank == 0)
-        fprintf(stderr, DEMO_NAME ": bad or incomplete option '%s'\n%s", a,
-                usage_text);
+      {
+        fprintf(stderr, DEMO_NAME ": bad or incomplete option '%s'\n", a);
+        usage(stderr);
+      }
       return -1;
     }
   }
-  if (strcmp(o->offload_groups, "all") == 0)
+  o->offload_auto = strcmp(o->offload_groups, "auto") == 0;
+  if (o->memory_target_mib >= 0 && !o->offload_auto) {
+    if (rank == 0)
+      fprintf(stderr, DEMO_NAME ": --memory-target needs --offload auto (the "
+                      "plan that meets it); a configured group list ignores "
+                      "it\n");
+    return -1;
+  }
+  if (o->fraction >= 0 && o->offload_auto) {
+    if (rank == 0)
+      fprintf(stderr, DEMO_NAME ": --offload-fraction is not for --offload "
+                      "auto (the plan decides what stays); use "
+                      "--memory-target\n");
+    return -1;
+  }
+  /* auto: every name is offloaded in the warmup (the prefetch bound and
+   * the banner list them all); the manager is told "auto". */
+  if (strcmp(o->offload_groups, "all") == 0 || o->offload_auto)
     snprintf(o->offload_groups, sizeof o->offload_groups,
              "attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,expert_fc1,"
              "moe_act");

@@ -219,7 +219,18 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
                       .pp_size = pp,
                       .mpi_comm = NULL,
                       .disk_groups = offload ? o->disk_groups : NULL,
-                      .disk_dir = o->disk_dir};
+                      .disk_dir = o->disk_dir,
+                      .memory_target_bytes = -1,
+                      .fraction = o->fraction};
+  if (offload && o->offload_auto) {
+    /* groups "auto": the manager prints the summary and its plan at the end
+     * of the warmup (rank 0 of the comm), so the demo does not. */
+    gp.groups = "auto";
+    gp.summary_out = stdout;
+    if (o->memory_target_mib >= 0)
+      gp.memory_target_bytes =
+          (int64_t)(o->memory_target_mib * 1048576.0 + 0.5);
+  }
 #ifndef OFL_DEMO_NO_MPI
   MPI_Comm world = MPI_COMM_WORLD;
   gp.mpi_comm = &world;
@@ -255,7 +266,21 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
   res->step_s = steady / (nsteady ? nsteady : 1);
   res->summary_bytes = glue_summary_total_bytes(r.glue);
   glue_get_stats(r.glue, &res->stats);
-  if (offload) {
+  res->act_peak = r.act_peak;
+  ofl_manager_plan_t plan;
+  if (offload && o->offload_auto && glue_plan(r.glue, &plan) == OFL_SUCCESS &&
+      plan.automatic)
+    res->plan = (plan_result_t){
+        .have = 1,
+        .met = plan.met,
+        .target = (double)plan.target_bytes,
+        .predicted_peak = (double)plan.predicted_peak_bytes,
+        .measured_peak_max = (double)plan.measured_peak_max_bytes,
+        .peak_all = (double)plan.peak_all_bytes,
+        .peak_none = (double)plan.peak_none_bytes,
+        .predicted_exposed_ms = plan.predicted_exposed_ms,
+        .measured_stall_ms = plan.measured_stall_ms};
+  if (offload && !o->offload_auto) {
 #ifdef OFL_DEMO_NO_MPI
     /* The summary of this process's self comm has one row, "Rank 0": it is
      * this stage's, so it is printed under the stage's number. */
