@@ -25,6 +25,8 @@
 #include "pipeline/plan_solve.h"
 
 #define LEAD_MAX 16
+#define REPLAN_MAX 8 /* solves after the first, when the measured peak goes
+                        over the target */
 #define CALM_ITERS 4 /* steady iterations without a stall before a lead
                         moves back */
 
@@ -39,6 +41,9 @@ typedef struct meas {
   stamp_t commit, bwd_begin, bwd_end; /* compute stream */
   stamp_t d2h_a, d2h_b, h2d_a, h2d_b; /* copy streams */
   uint64_t kept_bytes; /* device bytes of the group its commit kept */
+  uint64_t released;   /* CPU ns when its copies were first seen complete
+                          (0: not yet; the host backend's release latency) */
+  bool rel_pending;
   uint32_t bwd_seq;    /* 1 + place of its backward in the iteration */
 } meas_t;
 
@@ -66,6 +71,7 @@ struct ofl__plan {
   uint32_t *fifo;    /* pidx of offloaded groups, commit order */
   uint32_t fifo_head, fifo_len;
   uint64_t stall_ns_start;
+  uint64_t solve_target; /* the target the last solve aimed at */
   bool touched; /* the ledger moved in this iteration */
   bool warned;
 };
@@ -151,6 +157,20 @@ static uint64_t group_bytes(const group_t *g, bool offloaded_only) {
   return b;
 }
 
+/* Warmup: offloaded groups whose copies are seen complete now (the time
+ * the steady ledger will see them leave). */
+static void warm_poll(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  uint64_t now = 0;
+  for (uint32_t i = 0; i < p->nms; i++) {
+    meas_t *x = &p->ms[i];
+    if (x->rel_pending && ofl_event_query(x->g->offload_ev) == OFL_SUCCESS) {
+      x->rel_pending = false;
+      x->released = now ? now : (now = ofl__now_ns());
+    }
+  }
+}
+
 void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
   if (!m->auto_plan || g == NULL)
     return;
@@ -162,6 +182,7 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
       return;
     ofl__plan_t *p = m->ap;
     if (phase == 0) {
+      warm_poll(m);
       stamp(m, &x->commit, ofl__compute(m));
       if (!p->base.set)
         stamp(m, &p->base, ofl__compute(m));
@@ -170,7 +191,9 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
     } else {
       if (phase == 2)
         stamp(m, &x->d2h_b, m->d2h);
-      x->kept_bytes = group_bytes(g, false) - group_bytes(g, true);
+      uint64_t off = group_bytes(g, true);
+      x->kept_bytes = group_bytes(g, false) - off;
+      x->rel_pending = phase == 2 && off > 0;
     }
     return;
   }
@@ -219,6 +242,7 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
     meas_t *x = meas_of(m, g);
     if (x == NULL)
       return;
+    warm_poll(m);
     if (!end)
       x->bwd_seq = ++m->ap->bwd_seq;
     stamp(m, end ? &x->bwd_end : &x->bwd_begin, ofl__compute(m));
@@ -442,6 +466,11 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     q->fwd_window_ns = (double)(next - q->t_alloc);
     q->bwd_window_ns = (double)(begin - q->t_reload);
     q->d2h_ns = d2h_bps > 0 ? (double)q->bytes * 1e9 / d2h_bps : 0;
+    /* Without timing events the bytes leave when the manager sees the copy
+     * complete (the ledger's view): the warmup saw that latency. */
+    if (!(p->timed && !p->timing_lost) && x->released > x->commit.cpu &&
+        (double)(x->released - x->commit.cpu) > q->d2h_ns)
+      q->d2h_ns = (double)(x->released - x->commit.cpu);
     q->h2d_ns = h2d_bps > 0 ? (double)q->bytes * 1e9 / h2d_bps : 0;
   }
   return OFL_SUCCESS;
@@ -474,6 +503,22 @@ static void fill_names(ofl_manager_t *m) {
 }
 
 static double mib(uint64_t b) { return (double)b / 1048576.0; }
+
+/* The chosen groups offload in steady state, the other offloadable ones
+ * stay (OFL_KEEP_AUTO_PLAN). Returns the predicted exposed ns. */
+static double apply(ofl__plan_t *p) {
+  double exposed = 0;
+  for (uint32_t i = 0; i < p->nms; i++) {
+    group_t *g = p->ms[i].g;
+    if (!p->inst[i].offloadable)
+      continue;
+    g->policy_offload = p->chosen[i];
+    g->keep_why = p->chosen[i] ? OFL_KEEP_NONE : OFL_KEEP_AUTO_PLAN;
+    if (p->chosen[i])
+      exposed += ofl__plan_group_exposed(&p->inst[i]);
+  }
+  return exposed;
+}
 
 ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   if (!m->auto_plan)
@@ -513,16 +558,8 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
       free(all);
     }
   }
-  double exposed = 0;
-  for (uint32_t i = 0; i < p->nms; i++) {
-    group_t *g = p->ms[i].g;
-    if (p->chosen[i]) {
-      exposed += ofl__plan_group_exposed(&p->inst[i]);
-    } else if (p->inst[i].offloadable) {
-      g->policy_offload = false;
-      g->keep_why = OFL_KEEP_AUTO_PLAN;
-    }
-  }
+  double exposed = apply(p);
+  p->solve_target = m->mem_target;
   p->out.automatic = 1;
   p->out.met = r.met;
   p->out.exact = r.exact;
@@ -731,6 +768,8 @@ static void learn(ofl_manager_t *m, group_t *g) {
   p->out.lead_changes++;
 }
 
+static void replan(ofl_manager_t *m);
+
 void ofl__plan_end_iteration(ofl_manager_t *m) {
   if (!active(m) || m->warmup || m->ap->inst == NULL)
     return;
@@ -762,8 +801,11 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
              m->rank, (unsigned long long)m->st.iterations, mib(o->measured_peak_bytes),
              mib(o->predicted_peak_bytes), mib(o->target_bytes),
              o->measured_stall_ms, o->predicted_exposed_ms);
-    if (!p->warned && o->target_bytes > 0 &&
-        (double)o->measured_peak_bytes > 1.05 * (double)o->target_bytes) {
+    if (o->target_bytes > 0 && o->measured_peak_bytes > o->target_bytes &&
+        o->replans < REPLAN_MAX)
+      replan(m);
+    else if (!p->warned && o->target_bytes > 0 &&
+             o->measured_peak_bytes > o->target_bytes) {
       p->warned = true;
       OFL_WARN(OFL_SUBSYS_PIPELINE,
                "rank %d: measured activation peak %.2f MiB is over the memory "
@@ -778,6 +820,47 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
   p->touched = false;
   p->fifo_head = p->fifo_len = 0;
   memset(p->pending, 0, p->nms * sizeof *p->pending);
+}
+
+/* The measured peak went over the target: the model missed by the
+ * overshoot (copies that left later than the warmup saw, reloads that came
+ * earlier). Solve again for a target lowered by it; the next iterations
+ * offload the new choice. */
+static void replan(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  ofl_manager_plan_t *o = &p->out;
+  uint64_t over = o->measured_peak_bytes - o->target_bytes;
+  uint64_t aim = p->solve_target > over ? p->solve_target - over : 1;
+  ofl__plan_result_t r;
+  if (ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen, &r) !=
+      OFL_SUCCESS)
+    return;
+  o->replans++;
+  p->solve_target = aim;
+  o->predicted_exposed_ms = apply(p) / 1e6;
+  o->predicted_peak_bytes = r.predicted_peak;
+  o->met = r.predicted_peak <= o->target_bytes;
+  o->shortfall_bytes = o->met ? 0 : r.predicted_peak - o->target_bytes;
+  for (size_t k = 0; k < o->nnames; k++) {
+    p->names[k].chosen = 0;
+    p->names[k].chosen_bytes = 0;
+    p->names[k].exposed_ms = 0;
+  }
+  for (uint32_t i = 0; i < p->nms; i++) {
+    if (!p->chosen[i])
+      continue;
+    ofl_plan_name_t *x = &p->names[p->inst[i].name];
+    x->chosen++;
+    x->chosen_bytes += p->inst[i].bytes;
+    x->exposed_ms += ofl__plan_group_exposed(&p->inst[i]) / 1e6;
+  }
+  OFL_INFO(OFL_SUBSYS_PIPELINE,
+           "rank %d: auto plan %llu: measured peak %.2f MiB over the target "
+           "%.2f MiB; solved again for %.2f MiB: predicted %.2f MiB, exposed "
+           "%.3f ms",
+           m->rank, (unsigned long long)o->replans,
+           mib(o->measured_peak_bytes), mib(o->target_bytes), mib(aim),
+           mib(r.predicted_peak), o->predicted_exposed_ms);
 }
 
 ofl_status_t ofl_manager_plan_get(const ofl_manager_t *m,

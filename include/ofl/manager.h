@@ -491,6 +491,10 @@ typedef struct ofl_manager_plan {
   uint64_t measured_peak_max_bytes; /* over every steady iteration */
   double measured_stall_ms;      /* reload stalls of the iteration */
   uint64_t lead_changes;         /* prefetch leads moved, all iterations */
+  uint64_t replans;              /* solves after the warmup's: a measured
+                                    peak over the target makes the plan
+                                    solve again for a target lowered by the
+                                    overshoot (at most 8) */
   size_t nnames;
   const ofl_plan_name_t *names;  /* owned by the manager; valid until the
                                     next reset or destroy */
