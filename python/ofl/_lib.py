@@ -117,6 +117,76 @@ class ManagerParams(ctypes.Structure):
                 ("memory_target_bytes", c_int64)]
 
 
+class PlanName(ctypes.Structure):
+    """ofl_plan_name_t: one group name of the auto plan."""
+    _fields_ = [("name", c_char_p), ("groups", ctypes.c_uint32),
+                ("chosen", ctypes.c_uint32), ("bytes", c_uint64),
+                ("chosen_bytes", c_uint64), ("copy_ms", c_double),
+                ("window_ms", c_double), ("exposed_ms", c_double),
+                ("prefetch_lead_max", ctypes.c_uint32)]
+
+
+class ManagerPlan(ctypes.Structure):
+    """ofl_manager_plan_t (ofl_manager_plan_get): the auto plan of a rank."""
+    _fields_ = [("automatic", c_int), ("met", c_int), ("exact", c_int),
+                ("target_bytes", c_uint64), ("predicted_peak_bytes", c_uint64),
+                ("peak_all_bytes", c_uint64), ("peak_none_bytes", c_uint64),
+                ("shortfall_bytes", c_uint64), ("predicted_exposed_ms", c_double),
+                ("d2h_gbps", c_double), ("h2d_gbps", c_double),
+                ("rate_source", c_char_p), ("iterations", c_uint64),
+                ("measured_peak_bytes", c_uint64),
+                ("measured_peak_max_bytes", c_uint64),
+                ("measured_stall_ms", c_double), ("lead_changes", c_uint64),
+                ("replans", c_uint64), ("nnames", c_size_t),
+                ("names", ctypes.POINTER(PlanName))]
+
+
+def plan_dict(p):
+    """A ManagerPlan as a dict by the C field names; names: a list of dicts
+    (their C fields), rate_source a str."""
+    out = {n: getattr(p, n) for n, _ in ManagerPlan._fields_ if n not in ("nnames", "names")}
+    out["rate_source"] = (p.rate_source or b"").decode()
+    out["names"] = []
+    for i in range(p.nnames):
+        x = p.names[i]
+        d = {n: getattr(x, n) for n, _ in PlanName._fields_}
+        d["name"] = (x.name or b"").decode()
+        out["names"].append(d)
+    return out
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(call, arg, value):
+    """A byte count from an int (>= 0) or a string with an optional K/M/G/T
+    suffix (powers of 1024; "KiB", "KB" and "k" read the same), as
+    OFL_MEMORY_TARGET. TypeError/ValueError name call and arg."""
+    if isinstance(value, bool) or not isinstance(value, (int, str, bytes)):
+        raise TypeError("%s: %s must be an int (bytes) or a str such as \"512M\" or \"2G\", "
+                        "got %s" % (call, arg, type(value).__name__))
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("%s: %s must be >= 0 bytes, got %d" % (call, arg, value))
+        return value
+    text = value.decode() if isinstance(value, bytes) else value
+    t = text.strip().upper()
+    for suffix in ("IB", "B"):
+        if t.endswith(suffix) and len(t) > len(suffix) and t[-len(suffix) - 1] in _SIZE_UNITS:
+            t = t[:-len(suffix)]
+            break
+    unit = t[-1:] if t[-1:] in _SIZE_UNITS and t[-1:] != "" else ""
+    num = t[:-1] if unit else t
+    try:
+        v = float(num.strip())
+    except ValueError:
+        v = -1.0
+    if not num.strip() or not v >= 0 or v == float("inf"):
+        raise ValueError("%s: %s %r is not a size (bytes, or a number with K, M or G, "
+                         "such as \"512M\")" % (call, arg, text))
+    return int(v * _SIZE_UNITS[unit])
+
+
 class Allocator(ctypes.Structure):
     """ofl_allocator_t: the application's memory for a pool's blocks."""
     _fields_ = [("ctx", c_void_p), ("alloc", c_void_p), ("free", c_void_p)]
@@ -302,6 +372,7 @@ _PROTOS = {
     "ofl_manager_summary_total_bytes": (c_uint64, [_P]),
     "ofl_manager_summary": (_P, [_P]),
     "ofl_manager_get_stats": (None, [_P, POINTER(ManagerStats)]),
+    "ofl_manager_plan_get": (c_int, [_P, POINTER(ManagerPlan)]),
     "ofl_manager_group_count": (c_size_t, [_P]),
     "ofl_manager_group_stats": (c_int, [_P, c_size_t, POINTER(ManagerGroupStats)]),
     # summary

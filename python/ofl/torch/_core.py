@@ -550,11 +550,15 @@ class _CoreMethods:
 
     def __init__(self, *, groups=b"", fraction=None, rank_delta_bytes=None,
                  max_inflight=None, pp_rank=0, prefetch_groups=0,
-                 host_budget_bytes=None, summary=False, disk=None):
+                 host_budget_bytes=None, summary=False, disk=None, memory_target=None):
         self.rt = Runtime.get()
         p = _lib.manager_params_init()
         p.device = self.rt.dev
         p.groups = groups
+        # groups "auto": the plan chooses at the end of the warmup
+        self.auto = groups == b"auto"
+        if memory_target is not None:
+            p.memory_target_bytes = int(memory_target)
         p.min_offload_bytes = 1  # the size threshold is applied in Python
         if fraction is not None:
             p.fraction = float(fraction)
@@ -903,7 +907,18 @@ class _CoreMethods:
     def stats(self):
         s = _lib.ManagerStats()
         L.ofl_manager_get_stats(self.m, _byref(s))
-        return {n: getattr(s, n) for n, _ in _lib.ManagerStats._fields_ if n != "_reserved"}
+        out = {n: getattr(s, n) for n, _ in _lib.ManagerStats._fields_ if n != "_reserved"}
+        if self.auto:
+            out["plan"] = self.plan()
+        return out
+
+    def plan(self):
+        """ofl_manager_plan_get as a dict (_lib.plan_dict), or None before
+        the end of the warmup and without groups "auto"."""
+        p = _lib.ManagerPlan()
+        if L.ofl_manager_plan_get(self.m, _byref(p)) != 0:
+            return None
+        return _lib.plan_dict(p)
 
     def group_stats(self):
         out = {}

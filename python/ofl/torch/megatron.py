@@ -52,7 +52,10 @@ otherwise).
 Knobs: ``fraction`` (activation_offload_fraction), ``rank_delta_bytes``
 (delta_offload_bytes_across_pp_ranks), ``pp_rank``, ``max_inflight``
 (max_inflight_offloads; 0 here is unlimited), ``groups`` (offload_modules, a
-list or comma string; default every name), ``prefetch_groups``,
+list or comma string; default every name; "auto": ofl's plan chooses them at
+the end of the warmup to meet ``memory_target``), ``memory_target`` (the
+activation bytes this rank may keep on the device at its peak, an int or a
+string with K/M/G; OFL_MEMORY_TARGET), ``prefetch_groups``,
 ``host_budget_bytes``, given at the first creation
 (``PipelineOffloadManager.get_instance(**knobs)``; later calls return the
 instance as it is). Main's init_chunk_handler passes the first four from
@@ -185,6 +188,20 @@ def _check_tensor(call, arg, t):
         raise TypeError("%s: %s must be a torch.Tensor, got %s" % (call, arg, type(t).__name__))
 
 
+def _groups_knob(call, arg, groups):
+    """offload_modules / groups as the manager's comma string (bytes): a
+    str ("auto": the plan chooses; "": every name), or a list of names."""
+    if isinstance(groups, (list, tuple)):
+        if not all(isinstance(g, (str, bytes)) and g for g in groups):
+            raise TypeError("%s: %s must be a str (\"auto\", or comma-separated group names) or "
+                            "a list of non-empty names, got %r" % (call, arg, groups))
+        groups = ",".join(g.decode() if isinstance(g, bytes) else g for g in groups)
+    if not isinstance(groups, (str, bytes)):
+        raise TypeError("%s: %s must be a str (\"auto\", or comma-separated group names) or a "
+                        "list of names, got %s" % (call, arg, type(groups).__name__))
+    return groups.encode() if isinstance(groups, str) else groups
+
+
 class PipelineOffloadManager:
     """The process-wide manager (Megatron's singleton). Also the context
     manager that installs the saved-tensor hooks (get_context(True))."""
@@ -192,15 +209,21 @@ class PipelineOffloadManager:
     _instance = None
 
     def __init__(self, **knobs):
+        if "offload_modules" in knobs:
+            if "groups" in knobs:
+                raise TypeError("PipelineOffloadManager: offload_modules and groups are the same "
+                                "knob; give one of them")
+            knobs["groups"] = knobs.pop("offload_modules")
         groups = knobs.pop("groups", None)
         if groups is None:
             groups = os.environ.get("OFL_OFFLOAD_GROUPS", "")
-        if not isinstance(groups, (str, bytes)):
-            groups = ",".join(groups)
-        if isinstance(groups, str):
-            groups = groups.encode()
+        groups = _groups_knob("PipelineOffloadManager", "groups", groups)
+        if knobs.get("memory_target") is not None:
+            knobs["memory_target"] = _lib.parse_bytes("PipelineOffloadManager", "memory_target",
+                                                      knobs["memory_target"])
         unknown = set(knobs) - {"fraction", "rank_delta_bytes", "pp_rank", "max_inflight",
-                                "prefetch_groups", "host_budget_bytes", "summary"}
+                                "prefetch_groups", "host_budget_bytes", "summary",
+                                "memory_target"}
         if unknown:
             raise TypeError("PipelineOffloadManager: unknown knob(s) %s" % sorted(unknown))
         self._explicit = set(knobs)  # given by the user: Megatron's config does not override
@@ -284,8 +307,17 @@ class PipelineOffloadManager:
         (pp_rank, vp_size, vp_stage, min_offloaded_tensor_size,
         delta_offload_bytes_across_pp_ranks, activation_offload_fraction,
         max_inflight_offloads=None) as main."""
-        a = _chunk_args("init_chunk_handler", args, kw)
+        # ofl's own keywords (not Megatron's): the auto plan's knobs
         given = {}
+        kw = dict(kw)
+        if "offload_modules" in kw:
+            given["groups"] = _groups_knob("init_chunk_handler", "offload_modules",
+                                           kw.pop("offload_modules"))
+        if kw.get("memory_target", None) is not None:
+            given["memory_target"] = _lib.parse_bytes("init_chunk_handler", "memory_target",
+                                                      kw.pop("memory_target"))
+        kw.pop("memory_target", None)
+        a = _chunk_args("init_chunk_handler", args, kw)
         for mname, oname in _MAIN_KNOBS:
             if mname in a:
                 v = a[mname]

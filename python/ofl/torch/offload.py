@@ -110,10 +110,10 @@ class _Session:
 
     def _new_core(self):
         old = self.core
-        max_inflight, prefetch = self.key
-        self.core = ManagerCore(groups=b"", fraction=1.0, rank_delta_bytes=0, pp_rank=0,
+        max_inflight, prefetch, groups, target = self.key
+        self.core = ManagerCore(groups=groups, fraction=1.0, rank_delta_bytes=0, pp_rank=0,
                                 max_inflight=max_inflight, summary=False,
-                                prefetch_groups=prefetch)
+                                prefetch_groups=prefetch, memory_target=target)
         self.broken = False  # the structure changed: rest of the forward kept
         self._new_iteration()
         if old is not None:
@@ -277,7 +277,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
     and buffers are exempt; see the module doc."""
 
     def __init__(self, use_pin_memory=True, use_streams=None, max_fwd_stash_size=5,
-                 min_offload_size=1024, *, model=None, warn_if_no_head=True):
+                 min_offload_size=1024, *, model=None, warn_if_no_head=True,
+                 offload_modules=None, memory_target=None):
         if isinstance(use_pin_memory, torch.nn.Module):
             raise TypeError("OffloadActivations: the model is a keyword argument "
                             "(OffloadActivations(model=model) or offload_activations(model)); "
@@ -288,6 +289,22 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
         if int(min_offload_size) < 0:
             raise ValueError("OffloadActivations: min_offload_size must be >= 0 bytes (got %r)"
                              % (min_offload_size,))
+        if offload_modules is not None and not isinstance(offload_modules, str):
+            raise TypeError("OffloadActivations: offload_modules must be None or the str "
+                            "\"auto\", got %s" % type(offload_modules).__name__)
+        if offload_modules is not None and offload_modules != "auto":
+            raise ValueError("OffloadActivations: offload_modules must be None (every saved "
+                             "tensor) or \"auto\" (ofl's plan chooses which to offload to meet "
+                             "memory_target), got %r" % (offload_modules,))
+        target = None
+        if memory_target is not None:
+            target = _lib.parse_bytes("OffloadActivations", "memory_target", memory_target)
+            if offload_modules != "auto":
+                raise ValueError("OffloadActivations: memory_target needs offload_modules=\"auto\" "
+                                 "(the plan that meets it); without it every saved tensor is "
+                                 "offloaded")
+        self._groups = b"auto" if offload_modules == "auto" else b""
+        self._memory_target = target
         self.use_pin_memory = bool(use_pin_memory)
         self.use_streams = True if use_streams is None else bool(use_streams)
         self.min_offload_size = int(min_offload_size)
@@ -322,7 +339,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
             # max_fwd_stash_size offloads in flight in forward, and as many
             # reloads issued ahead in backward (one-tensor groups: a reload
             # one group ahead has one op's backward to land in, and stalled)
-            key = (self.max_fwd_stash_size if self.use_streams else 0, self.max_fwd_stash_size)
+            key = (self.max_fwd_stash_size if self.use_streams else 0, self.max_fwd_stash_size,
+                   self._groups, self._memory_target)
             s = self._s = self._hk.s = _acquire(self, key)
         return s
 
@@ -436,11 +454,17 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
 
 
 def offload_activations(model=None, use_pin_memory=True, use_streams=True, min_offload_size=1024,
-                        max_fwd_stash_size=5, warn_if_no_head=True):
+                        max_fwd_stash_size=5, warn_if_no_head=True, offload_modules=None,
+                        memory_target=None):
     """A context manager (and decorator) that offloads every saved activation
     of at least min_offload_size bytes through ofl. See the module doc for
-    how it maps onto the manager."""
+    how it maps onto the manager. ``offload_modules="auto"``: the first
+    iteration (the warmup) offloads every one and measures; from the second
+    on, ofl's plan offloads those that bring the activation peak within
+    ``memory_target`` (bytes, or a str with K/M/G) at the least predicted
+    exposed copy time; ``stats()["plan"]`` says what it chose."""
     return OffloadActivations(use_pin_memory=use_pin_memory, use_streams=use_streams,
                               max_fwd_stash_size=max_fwd_stash_size,
                               min_offload_size=min_offload_size, model=model,
-                              warn_if_no_head=warn_if_no_head and model is not None)
+                              warn_if_no_head=warn_if_no_head and model is not None,
+                              offload_modules=offload_modules, memory_target=memory_target)
