@@ -224,6 +224,12 @@ int main(int argc, char **argv) {
                  diff_all, bad_ranks, &mem_fail, &nothing);
   if (leader && o.offload_auto)
     plan_over = report_plan(&o, all, NF, rep_first, rep_n);
+  /* The offload run's activation peak as the demo sees it (pool less its
+   * own tensors), with or without a plan: what strategies compare on. */
+  for (int i = 0; leader && i < rep_n; i++)
+    printf("demo activation peak rank %d: %.3f MiB (steady state, offload "
+           "run)\n",
+           rep_first + i, all[NF * i + 25] / 1048576);
   /* The PNG is drawn from the CSV: without --memory-csv, the CSV is
    * written next to the PNG (x.png -> x.csv). */
   char csv_path[1024];

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""The auto offload plan against the fixed strategies (issue 26), on the host
+backend with an emulated link: for each link rate and memory target, the
+activation peak against the target and the step time with offload against
+without, for (a) the auto plan (--offload auto --memory-target), (b) every
+group offloaded (--offload all), (c) the best single Megatron-style
+activation_offload_fraction (--offload-fraction; 0, .25, .5, .75, 1: the
+fastest that meets the target). Drives ofl_pipeline_demo_single (one stage
+of a pipeline, no MPI; the demo's own bit-identity check runs in every run).
+
+Link rates: R1, where offloading every group costs about as much copy time
+as the step's compute (measured: bytes moved / the baseline step time), and
+R1 / 4. Targets: between what offloading everything leaves (the plan's
+peak_all) and what offloading nothing leaves (peak_none), from the auto
+run's own figures at a roomy target.
+
+Peaks: (a) the plan's measured activation peak (its ledger); (b) and (c)
+have no plan, so theirs is the demo's own (pool bytes in use less its own
+tensors), which (a) reports too (demo_peak), so the columns compare.
+
+Usage: ofl_bench_auto_plan.py DEMO [--out PNG] [--iters N] [--quick]
+Prints a table; writes a PNG (overhead against target, a line per strategy,
+a panel per link rate) with gnuplot when installed, else with a small PNG
+writer of its own (zlib). Not part of CI: a few minutes."""
+import argparse
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+
+MIB = 1048576.0
+FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def run_demo(demo, args, env_extra=None):
+    env = dict(os.environ, OFL_BACKEND="host", OFL_DEBUG="WARN")
+    env.update(env_extra or {})
+    p = subprocess.run([demo] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, env=env, timeout=600)
+    out = p.stdout
+    r = {"rc": p.returncode, "out": out}
+    m = re.search(r"^\d+\s+([\d.]+)Mi\s+([\d.]+)Mi\s+[-\d.]+\s+[-\d.]+\s+\S+\s+([\d.]+)\s+"
+                  r"([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)ms\s+([\d.]+)ms", out, re.M)
+    if m:
+        r.update(offl_mib=float(m.group(3)), stall_ms=float(m.group(6)),
+                 step_base=float(m.group(7)), step_offl=float(m.group(8)))
+    m = re.search(r"^\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                  r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$", out, re.M)
+    if m:
+        (r["target"], r["pred_peak"], r["meas_peak"], r["demo_peak"], r["peak_all"],
+         r["peak_none"], r["pred_exp_ms"], r["meas_stall_ms"]) = map(float, m.groups())
+    m = re.search(r"demo activation peak rank \d+: ([\d.]+) MiB", out)
+    if m:
+        r["demo_peak"] = float(m.group(1))
+    r["identical"] = "with and without offload: yes" in out
+    return r
+
+
+class Bench:
+    def __init__(self, demo, iters, shape):
+        self.demo, self.iters, self.shape = demo, iters, shape
+
+    def args(self, link, extra):
+        return self.shape + ["--iters", str(self.iters), "--quiet", "--link-gbps",
+                             "%g" % link] + extra
+
+    def auto(self, link, target):
+        return run_demo(self.demo, self.args(link, ["--offload", "auto", "--memory-target",
+                                                    "%.4f" % target]))
+
+    def fixed(self, link, extra):
+        return run_demo(self.demo, self.args(link, extra))
+
+
+def overhead(r):
+    if "step_offl" not in r or not r.get("step_base"):
+        return float("nan")
+    return r["step_offl"] / r["step_base"] - 1.0
+
+
+def write_png_gnuplot(path, panels):
+    tmp = tempfile.mkdtemp(prefix="ofl-bench-auto-")
+    script = ["set terminal pngcairo size 1000,%d font 'sans,10'" % (360 * len(panels)),
+              "set output '%s'" % path, "set multiplot layout %d,1" % len(panels),
+              "set grid", "set key outside right",
+              "set xlabel 'memory target (MiB of activations per rank)'",
+              "set ylabel 'step time overhead vs no offload (%)'"]
+    for k, (title, lines) in enumerate(panels):
+        plots = []
+        for j, (name, pts) in enumerate(lines):
+            f = os.path.join(tmp, "p%d_%d.dat" % (k, j))
+            with open(f, "w") as fh:
+                for x, y in pts:
+                    if y == y:
+                        fh.write("%g %g\n" % (x, 100 * y))
+            plots.append("'%s' using 1:2 with linespoints lw 2 title '%s'" % (f, name))
+        script.append("set title '%s'" % title)
+        script.append("plot " + ", ".join(plots))
+    script.append("unset multiplot")
+    p = subprocess.run(["gnuplot"], input="\n".join(script) + "\n", text=True,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return p.returncode == 0
+
+
+def write_png_plain(path, panels):
+    """A tiny PNG writer (zlib): axes, and each strategy's line in its own
+    colour (red auto, blue all, green fraction), a panel per link rate."""
+    W, H = 640, 240 * len(panels)
+    img = [[(255, 255, 255)] * W for _ in range(H)]
+    colours = [(200, 30, 30), (30, 60, 200), (30, 150, 60)]
+
+    def line(x0, y0, x1, y1, c):
+        n = max(abs(x1 - x0), abs(y1 - y0), 1)
+        for i in range(n + 1):
+            x, y = x0 + (x1 - x0) * i // n, y0 + (y1 - y0) * i // n
+            for dx in (0, 1):
+                for dy in (0, 1):
+                    if 0 <= x + dx < W and 0 <= y + dy < H:
+                        img[y + dy][x + dx] = c
+
+    for k, (_, lines) in enumerate(panels):
+        top, left, w, h = 240 * k + 20, 50, W - 80, 190
+        pts = [p for _, ps in lines for p in ps if p[1] == p[1]]
+        if not pts:
+            continue
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts] + [0.0]
+        x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
+        y0, y1 = min(ys), max(ys) if max(ys) > min(ys) else min(ys) + 1
+        line(left, top + h, left + w, top + h, (0, 0, 0))
+        line(left, top, left, top + h, (0, 0, 0))
+        for j, (_, ps) in enumerate(lines):
+            prev = None
+            for x, y in ps:
+                if y != y:
+                    prev = None
+                    continue
+                px = left + int((x - x0) / (x1 - x0) * w)
+                py = top + h - int((y - y0) / (y1 - y0) * h)
+                if prev:
+                    line(prev[0], prev[1], px, py, colours[j % 3])
+                prev = (px, py)
+    raw = b"".join(b"\0" + bytes(v for px in row for v in px) for row in img)
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", W, H, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("demo")
+    ap.add_argument("--out", default="ofl_bench_auto_plan.png")
+    ap.add_argument("--iters", type=int, default=4)
+    ap.add_argument("--targets", type=int, default=4)
+    args = ap.parse_args()
+    shape = ["--stages", "4", "--stage", "0", "--microbatches", "6", "--layers", "1",
+             "--hidden", "64", "--seq", "128"]
+    b = Bench(args.demo, args.iters, shape)
+    # R1: the whole offload's copy time ~ the step's compute
+    probe = b.fixed(0, ["--offload", "all"])
+    if probe["rc"] != 0 or "step_base" not in probe:
+        print(probe["out"][-3000:])
+        return 1
+    # offl_MiB counts every iteration of the run (the warmup too)
+    moved = 2 * probe["offl_mib"] / b.iters * MIB  # one step, both directions
+    r_equal = moved / (probe["step_base"] / 1e3) / 1e9
+    rates = [4 * r_equal, r_equal]
+    print("ofl_bench_auto_plan: compute step %.1f ms, %.2f MiB offloaded per step (all "
+          "groups); link rates %.4f GB/s (copies a quarter of compute) and %.4f GB/s "
+          "(copies ~ compute)" % (probe["step_base"], probe["offl_mib"] / b.iters, rates[0],
+                                  rates[1]))
+    panels, rows = [], []
+    for link in rates:
+        roomy = b.auto(link, 1e6)
+        lo, hi = roomy.get("peak_all", 0), roomy.get("peak_none", 0)
+        targets = [lo + (hi - lo) * k / args.targets for k in range(args.targets + 1)]
+        allr = b.fixed(link, ["--offload", "all"])
+        fr = {f: b.fixed(link, ["--offload", "all", "--offload-fraction", "%g" % f])
+              for f in FRACTIONS}
+        lines = {"auto": [], "all": [], "best fraction": []}
+        for t in targets:
+            a = b.auto(link, t)
+            meets = lambda r: r.get("demo_peak", float("inf")) <= t * 1.0001  # noqa: E731
+            ok_f = [(overhead(r), f) for f, r in fr.items() if meets(r)]
+            best = min(ok_f) if ok_f else (float("nan"), None)
+            row = dict(link=link, target=t, a=a, all=allr, best=best,
+                       a_meets=a.get("meas_peak", 1e9) <= t * 1.0001,
+                       all_meets=meets(allr))
+            rows.append(row)
+            lines["auto"].append((t, overhead(a)))
+            lines["all"].append((t, overhead(allr)))
+            lines["best fraction"].append((t, best[0]))
+        panels.append(("link %.3f GB/s per direction" % link, list(lines.items())))
+    print("\n%-8s %8s | %9s %9s %9s %8s %8s %9s %9s | %9s %8s | %9s %8s %5s" % (
+        "link", "target", "a_peak", "a_demo", "a_pred", "a_ovh", "a_exp", "a_stall",
+        "identical", "all_peak", "all_ovh", "frac_ovh", "frac", "ok"))
+    for r in rows:
+        a, al = r["a"], r["all"]
+        print("%-8.3f %8.3f | %9.3f %9.3f %9.3f %7.1f%% %8.2f %9.2f %9s | %9.3f %7.1f%% | "
+              "%8.1f%% %8s %5s" % (
+                  r["link"], r["target"], a.get("meas_peak", float("nan")),
+                  a.get("demo_peak", float("nan")), a.get("pred_peak", float("nan")),
+                  100 * overhead(a), a.get("pred_exp_ms", float("nan")),
+                  a.get("meas_stall_ms", float("nan")), "yes" if a["identical"] else "NO",
+                  al.get("demo_peak", float("nan")), 100 * overhead(al),
+                  100 * r["best"][0], r["best"][1], "yes" if r["a_meets"] else "NO"))
+    print("# peaks in MiB of activations on the device (steady state); a_*: auto plan "
+          "(a_peak the plan's ledger, a_demo the demo's pool figure, a_pred predicted); "
+          "ovh: step time with offload / without - 1; a_exp: predicted exposed copy ms, "
+          "a_stall: measured reload stall ms (last iteration); frac: the fastest fraction "
+          "meeting the target (None: none does)")
+    ok = shutil.which("gnuplot") is not None and write_png_gnuplot(args.out, panels)
+    if not ok:
+        write_png_plain(args.out, panels)
+    print("plot (%s): %s" % ("gnuplot" if ok else "built-in PNG writer", args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
