@@ -242,7 +242,9 @@ static ofl_status_t grow(ofl_pool_t *p, size_t seg_bytes) {
 }
 
 /* A range of bytes from the arena; the pool's idle cached blocks go back to
- * their segments first when no free range fits. Lock not held. */
+ * their segments first when no free range fits, and idle blocks of their
+ * own (made before the pool carved from segments) go back to the backend,
+ * so that their bytes are held once, in segments. Lock not held. */
 static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
   pthread_mutex_lock(&p->mu);
   ofl__range_t *r = ofl__arena_take(&p->arena, bytes);
@@ -251,7 +253,7 @@ static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
     return r;
   }
   pool_block_t *victims = NULL;
-  (void)ofl__pool_take_idle(p, true, &victims);
+  (void)ofl__pool_take_idle(p, false, &victims);
   for (pool_block_t *v = victims; v != NULL; v = v->next)
     p->stats.releases++;
   pthread_mutex_unlock(&p->mu);
@@ -308,6 +310,49 @@ static pool_block_t *reuse_pending(ofl_pool_t *p, size_t bytes,
   return b;
 }
 
+/* Waits (bounded) for the last uses still queued of p's cached blocks
+ * carved from segments and gives their ranges back, so that freed
+ * neighbours merge before the pool grows: a fragmented arena otherwise
+ * grows by a segment whenever copies are in flight, and keeps it. Section 5
+ * rule 2: a range goes back only once its block's last use completed; a
+ * block whose use did not complete in time stays cached. Returns whether
+ * any range went back. Lock not held. */
+static bool settle_pending(ofl_pool_t *p) {
+  pool_block_t *queued = NULL;
+  pthread_mutex_lock(&p->mu);
+  for (pool_key_t *k = p->keys; k != NULL; k = k->lnext) {
+    pool_block_t *prev = NULL, *b = k->free_head;
+    while (b != NULL) {
+      pool_block_t *next = b->next;
+      if (b->range != NULL && !b->carved) {
+        ofl__free_unlink(k, prev, b);
+        ofl__key_forget(p, b);
+        b->next = queued;
+        queued = b;
+      } else {
+        prev = b;
+      }
+      b = next;
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  bool any = false;
+  while (queued != NULL) {
+    pool_block_t *b = queued;
+    queued = b->next;
+    if (!ofl__block_quiesce(b)) {
+      ofl__block_relink(p, b);
+      continue;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->stats.releases++;
+    pthread_mutex_unlock(&p->mu);
+    ofl__block_destroy(p, b);
+    any = true;
+  }
+  return any;
+}
+
 static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
                                    ofl_stream_t *stream, ofl__range_t **range,
                                    pool_block_t **reuse) {
@@ -321,6 +366,10 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
     pool_block_t *b = stream != NULL ? reuse_pending(p, bytes, stream) : NULL;
     if (b != NULL) {
       *reuse = b;
+      return OFL_SUCCESS;
+    }
+    if (settle_pending(p) && (r = take_range(p, bytes)) != NULL) {
+      *range = r;
       return OFL_SUCCESS;
     }
     pthread_mutex_lock(&p->mu);
