@@ -65,7 +65,8 @@ typedef struct group {
   uint32_t pidx;     /* index in the plan's measurements (warmup order) */
   uint8_t lead;      /* learned prefetch lead (reloads issued this many
                         groups ahead of its backward) */
-  uint8_t calm;      /* steady iterations in a row without a stall */
+  uint8_t lead_cap;  /* the lead it may grow to (lowered where a deeper one
+                        put the measured peak over the target) */
   bool stalled;      /* its reload stalled compute in this iteration */
   uint64_t dev_bytes; /* bytes on the device at its commit (ledger) */
   /* Per iteration. */

@@ -27,8 +27,6 @@
 #define LEAD_MAX 16
 #define REPLAN_MAX 8 /* solves after the first, when the measured peak goes
                         over the target */
-#define CALM_ITERS 4 /* steady iterations without a stall before a lead
-                        moves back */
 
 typedef struct stamp {
   uint64_t cpu;    /* ofl__now_ns() at the call */
@@ -41,8 +39,8 @@ typedef struct meas {
   stamp_t commit, bwd_begin, bwd_end; /* compute stream */
   stamp_t d2h_a, d2h_b, h2d_a, h2d_b; /* copy streams */
   uint64_t kept_bytes; /* device bytes of the group its commit kept */
-  uint64_t released;   /* CPU ns when its copies were first seen complete
-                          (0: not yet; the host backend's release latency) */
+  uint64_t late;       /* CPU ns when its copies were last seen unfinished
+                          (0: never): the bytes were on the device then */
   bool rel_pending;
   uint32_t bwd_seq;    /* 1 + place of its backward in the iteration */
 } meas_t;
@@ -157,17 +155,20 @@ static uint64_t group_bytes(const group_t *g, bool offloaded_only) {
   return b;
 }
 
-/* Warmup: offloaded groups whose copies are seen complete now (the time
- * the steady ledger will see them leave). */
+/* Warmup: the offloaded groups whose copies are still running at this
+ * marker (where the steady ledger looks too) had their bytes on the device
+ * until at least now. */
 static void warm_poll(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   uint64_t now = 0;
   for (uint32_t i = 0; i < p->nms; i++) {
     meas_t *x = &p->ms[i];
-    if (x->rel_pending && ofl_event_query(x->g->offload_ev) == OFL_SUCCESS) {
+    if (!x->rel_pending)
+      continue;
+    if (ofl_event_query(x->g->offload_ev) == OFL_SUCCESS)
       x->rel_pending = false;
-      x->released = now ? now : (now = ofl__now_ns());
-    }
+    else
+      x->late = now ? now : (now = ofl__now_ns());
   }
 }
 
@@ -449,6 +450,7 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     if (q->offloadable)
       q->split_rank = split[g->nid]++;
     g->lead = p->base_lead;
+    g->lead_cap = LEAD_MAX;
     uint32_t pos = 0;
     for (uint32_t k = 0; k < p->nbwd; k++)
       if (p->bwd_order[k] == i)
@@ -466,11 +468,13 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     q->fwd_window_ns = (double)(next - q->t_alloc);
     q->bwd_window_ns = (double)(begin - q->t_reload);
     q->d2h_ns = d2h_bps > 0 ? (double)q->bytes * 1e9 / d2h_bps : 0;
-    /* Without timing events the bytes leave when the manager sees the copy
-     * complete (the ledger's view): the warmup saw that latency. */
-    if (!(p->timed && !p->timing_lost) && x->released > x->commit.cpu &&
-        (double)(x->released - x->commit.cpu) > q->d2h_ns)
-      q->d2h_ns = (double)(x->released - x->commit.cpu);
+    /* Without timing events (the host backend: copies on a worker thread
+     * that may wake late), a copy the warmup saw unfinished at a later
+     * marker took at least that long: the lower bound of its end, never
+     * the time it was first seen finished (a whole window later). */
+    if (!(p->timed && !p->timing_lost) && x->late > x->commit.cpu &&
+        (double)(x->late - x->commit.cpu) > q->d2h_ns)
+      q->d2h_ns = (double)(x->late - x->commit.cpu);
     q->h2d_ns = h2d_bps > 0 ? (double)q->bytes * 1e9 / h2d_bps : 0;
   }
   return OFL_SUCCESS;
@@ -728,44 +732,60 @@ static uint32_t bwd_pos(const ofl__plan_t *p, uint32_t pidx) {
   return 0;
 }
 
-/* A stalled reload is issued one group earlier while the predicted peak
- * stays within the target; a calm one goes back one group when the
- * measured peak is above the target. */
-static void learn(ofl_manager_t *m, group_t *g) {
+/* Moves group g's reload to lead want (recomputing its modelled reload
+ * time and backward window). An earlier reload is refused when the
+ * predicted peak with it goes over the target. */
+static bool set_lead(ofl_manager_t *m, group_t *g, uint8_t want,
+                     const char *why) {
   ofl__plan_t *p = m->ap;
   uint32_t i = g->pidx;
   ofl__plan_group_t *q = &p->inst[i];
-  if (!p->chosen[i])
-    return;
   int64_t begin = at_ns(p, &p->ms[i].bwd_begin);
   if (begin < q->t_alloc || begin > q->t_free)
     begin = q->t_free;
-  uint32_t pos = bwd_pos(p, i);
-  uint8_t want = g->lead;
-  if (g->stalled) {
-    g->calm = 0;
-    if (g->lead < LEAD_MAX)
-      want = (uint8_t)(g->lead + 1);
-  } else if (++g->calm >= CALM_ITERS && g->lead > p->base_lead &&
-             m->mem_target > 0 && (uint64_t)p->peak > m->mem_target) {
-    g->calm = 0;
-    want = (uint8_t)(g->lead - 1);
-  }
-  if (want == g->lead)
-    return;
   int64_t old = q->t_reload;
-  q->t_reload = reload_time(p, pos, want, q->t_alloc, begin);
+  q->t_reload = reload_time(p, bwd_pos(p, i), want, q->t_alloc, begin);
   if (want > g->lead && m->mem_target > 0 &&
       ofl__plan_peak(p->inst, p->nms, p->chosen) > m->mem_target) {
     q->t_reload = old; /* the target leaves no room for it */
-    return;
+    return false;
   }
   q->bwd_window_ns = (double)(begin - q->t_reload);
   OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
-            "prefetch lead %u -> %u (%s)", g->lead, want,
-            want > g->lead ? "its reload stalled" : "calm, peak over target");
+            "prefetch lead %u -> %u (%s)", g->lead, want, why);
+  if (want < g->lead)
+    g->lead_cap = want; /* it went over once: never that deep again */
   g->lead = want;
   p->out.lead_changes++;
+  return true;
+}
+
+/* Capuchin's feedback, bounded by the target. Under the target: a reload
+ * that stalled is issued one group earlier while the predicted peak with
+ * it stays within the target. Over it: the leads that grew go back one
+ * group (those whose reloads did not stall first) and never grow that far
+ * again; with none grown, the plan solves again (replan). Returns true
+ * when a lead went back. */
+static bool learn(ofl_manager_t *m, bool over) {
+  ofl__plan_t *p = m->ap;
+  if (over) {
+    bool back = false;
+    for (int pass = 0; pass < 2 && !back; pass++)
+      for (uint32_t i = 0; i < p->nms; i++) {
+        group_t *g = p->ms[i].g;
+        if (p->chosen[i] && g->lead > p->base_lead &&
+            (pass == 1 || !g->stalled))
+          back |= set_lead(m, g, (uint8_t)(g->lead - 1),
+                           "the measured peak is over the target");
+      }
+    return back;
+  }
+  for (uint32_t i = 0; i < p->nms; i++) {
+    group_t *g = p->ms[i].g;
+    if (p->chosen[i] && g->stalled && g->lead < g->lead_cap)
+      (void)set_lead(m, g, (uint8_t)(g->lead + 1), "its reload stalled");
+  }
+  return false;
 }
 
 static void replan(ofl_manager_t *m);
@@ -782,11 +802,10 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
     if (o->measured_peak_bytes > o->measured_peak_max_bytes)
       o->measured_peak_max_bytes = o->measured_peak_bytes;
     o->measured_stall_ms = (double)(m->st.stall_ns - p->stall_ns_start) / 1e6;
-    for (uint32_t i = 0; i < p->nms; i++) {
-      group_t *g = p->ms[i].g;
-      learn(m, g);
-      g->stalled = false;
-    }
+    bool over = o->target_bytes > 0 && o->measured_peak_bytes > o->target_bytes;
+    bool back = learn(m, over);
+    for (uint32_t i = 0; i < p->nms; i++)
+      p->ms[i].g->stalled = false;
     for (size_t k = 0; k < o->nnames; k++)
       p->names[k].prefetch_lead_max = 0;
     for (uint32_t i = 0; i < p->nms; i++) {
@@ -801,11 +820,9 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
              m->rank, (unsigned long long)m->st.iterations, mib(o->measured_peak_bytes),
              mib(o->predicted_peak_bytes), mib(o->target_bytes),
              o->measured_stall_ms, o->predicted_exposed_ms);
-    if (o->target_bytes > 0 && o->measured_peak_bytes > o->target_bytes &&
-        o->replans < REPLAN_MAX)
+    if (over && !back && o->replans < REPLAN_MAX)
       replan(m);
-    else if (!p->warned && o->target_bytes > 0 &&
-             o->measured_peak_bytes > o->target_bytes) {
+    else if (over && !back && !p->warned) {
       p->warned = true;
       OFL_WARN(OFL_SUBSYS_PIPELINE,
                "rank %d: measured activation peak %.2f MiB is over the memory "

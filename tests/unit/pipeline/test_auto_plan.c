@@ -149,7 +149,7 @@ static void extremes(uint64_t *all, uint64_t *none) {
   close_run(&r);
 }
 
-Test(auto_plan, meets_a_target_between_none_and_all, .timeout = 120) {
+Test(auto_plan, meets_a_target_between_none_and_all) {
   uint64_t all, none;
   extremes(&all, &none);
   cr_assert(lt(u64, all, none), "offloading must lower the peak (%llu %llu)",
@@ -201,7 +201,7 @@ Test(auto_plan, meets_a_target_between_none_and_all, .timeout = 120) {
   close_run(&r);
 }
 
-Test(auto_plan, target_below_full_offload_offloads_everything, .timeout = 120) {
+Test(auto_plan, target_below_full_offload_offloads_everything) {
   run_t r;
   open_run(&r, WORKLOAD, 4096, 0);
   iteration(&r);
@@ -222,7 +222,7 @@ Test(auto_plan, target_below_full_offload_offloads_everything, .timeout = 120) {
   close_run(&r);
 }
 
-Test(auto_plan, target_met_without_offload_keeps_everything, .timeout = 120) {
+Test(auto_plan, target_met_without_offload_keeps_everything) {
   uint64_t all, none;
   extremes(&all, &none);
   run_t r;
@@ -244,11 +244,12 @@ Test(auto_plan, target_met_without_offload_keeps_everything, .timeout = 120) {
   close_run(&r);
 }
 
-/* Reloads hide only behind the group before them (lead 2), never behind
- * the short gap before their own backward (lead 1): the first steady
- * iterations stall, the leads grow, the stalls go. Host backend: the link
- * model makes the copies slow. */
-Test(auto_plan, a_stalled_reload_is_issued_earlier, .timeout = 120) {
+/* The warmup sees a long gap before each group's backward, so every
+ * reload hides behind it and the plan (no target: what hides) offloads
+ * every group with lead 1; afterwards the gap shrinks (faster kernels):
+ * the reloads stall, their leads grow, the stalls go. Host backend: the
+ * link model makes the copies slow. */
+Test(auto_plan, a_stalled_reload_is_issued_earlier) {
   if (t_on_cuda())
     cr_skip_test("the link model is the host backend's");
   static const gdef_t slow[NG] = {
@@ -257,23 +258,18 @@ Test(auto_plan, a_stalled_reload_is_issued_earlier, .timeout = 120) {
       {"moe_act", 512 << 10, 1, 3000, 6000},
   };
   run_t r;
-  /* 0.25 GB/s: 2.1 ms per 512 KiB, within one group's backward (6 ms),
-   * far above the gap (0.1 ms). */
+  /* 0.25 GB/s: 2.1 ms per 512 KiB, within one group's backward (6 ms) and
+   * the warmup's gap (4 ms), far above the later gap (0.1 ms). */
   open_run(&r, slow, 0, 0.25);
-  r.gap_us = 100;
+  r.gap_us = 4000;
   iteration(&r);
   ofl_manager_plan_t p;
   plan_of(&r, &p);
-  /* No target: only groups whose copies hide are chosen, and with lead 1
-   * the backward window is the gap: nothing hides... so give a target
-   * that needs them. */
-  close_run(&r);
-  uint64_t all = p.peak_all_bytes, none = p.peak_none_bytes;
-  open_run(&r, slow, (int64_t)(all + (none - all) / 4), 0.25);
+  uint32_t chosen = 0;
+  for (size_t k = 0; k < p.nnames; k++)
+    chosen += p.names[k].chosen;
+  cr_assert(gt(u32, chosen, 0), "no copy hid in the warmup");
   r.gap_us = 100;
-  iteration(&r);
-  plan_of(&r, &p);
-  cr_assert(eq(int, p.met, 1));
   ofl_manager_stats_t a, b;
   ofl_manager_get_stats(r.e.m, &a);
   iteration(&r);
@@ -304,7 +300,7 @@ Test(auto_plan, a_stalled_reload_is_issued_earlier, .timeout = 120) {
 /* Thousands of steady iterations (no compute sleeps): the plan's counters
  * grow by one per iteration, the ledger returns to the same peak, no lead
  * runs away, the pools end empty and bytes are exact. */
-Test(auto_plan, long_run_stays_flat, .timeout = 300) {
+Test(auto_plan, long_run_stays_flat) {
   static const gdef_t quick[NG] = {
       {"core_attn", 8 << 10, 2, 0, 0},
       {"mlp", 4 << 10, 1, 0, 0},
@@ -332,7 +328,7 @@ Test(auto_plan, long_run_stays_flat, .timeout = 300) {
   ofl_pool_get_stats(r.e.pool, &ps0);
   ofl_manager_get_stats(r.e.m, &st0);
   plan_of(&r, &p);
-  uint64_t replans = p.replans;
+  uint64_t replans = p.replans, leads = p.lead_changes;
   int over = 0;
   uint64_t low = UINT64_MAX, high = 0;
   for (int i = 0; i < steps; i++) {
@@ -352,14 +348,17 @@ Test(auto_plan, long_run_stays_flat, .timeout = 300) {
   cr_assert(le(u64, high, p.peak_none_bytes),
             "the ledger drifted: peak %llu above the no-offload peak %llu",
             (unsigned long long)high, (unsigned long long)p.peak_none_bytes);
-  /* Every iteration over the target made the plan solve again, up to 8
-   * times. (Without compute between commits, whether a copy finished
+  /* Every iteration over the target moved a lead back or made the plan
+   * solve again (up to 8 times). (Without compute between commits, whether a copy finished
    * before the next commit is a race with the copy worker: the target is
    * not what this test checks.) */
   cr_assert(le(u64, p.replans, 8));
-  cr_assert(p.replans == 8 || over == (int)(p.replans - replans),
-            "%d of %d iterations over the target, %llu replans", over, steps,
-            (unsigned long long)(p.replans - replans));
+  cr_assert(p.replans == 8 ||
+                over <= (int)(p.replans - replans + p.lead_changes - leads),
+            "%d of %d iterations over the target, %llu replans, %llu lead "
+            "changes",
+            over, steps, (unsigned long long)(p.replans - replans),
+            (unsigned long long)(p.lead_changes - leads));
   cr_assert(le(sz, ps1.total_bytes, ps0.total_bytes),
             "the activation pool grew in steady state");
   for (size_t k = 0; k < p.nnames; k++)
@@ -368,7 +367,7 @@ Test(auto_plan, long_run_stays_flat, .timeout = 300) {
   close_run(&r);
 }
 
-Test(auto_plan, misuse_and_configuration, .timeout = 60) {
+Test(auto_plan, misuse_and_configuration) {
   h_env_t e;
   h_open(&e, 0, 1);
   ofl_manager_plan_t p;
