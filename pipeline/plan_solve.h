@@ -20,20 +20,20 @@
 /* One group of the warmup record. Times are nanoseconds on the compute
  * stream's clock of the warmup iteration (any common origin). */
 typedef struct ofl__plan_group {
-  int name;          /* 0 .. nnames-1 */
-  int split_rank;    /* 0 .. (offloadable groups of its name) - 1, distinct
-                        per name among offloadable groups; ignored when not
-                        offloadable */
-  bool offloadable;  /* false: stays on the device whatever the plan */
-  uint64_t bytes;    /* bytes an offload moves off the device */
+  int name;            /* 0 .. nnames-1 */
+  int split_rank;      /* 0 .. (offloadable groups of its name) - 1, distinct
+                          per name among offloadable groups; ignored when not
+                          offloadable */
+  bool offloadable;    /* false: stays on the device whatever the plan */
+  uint64_t bytes;      /* bytes an offload moves off the device */
   uint64_t kept_bytes; /* bytes of the group that stay on the device in any
                           case (small, not offloadable, or all of it when
                           !offloadable) */
-  int64_t t_alloc;   /* the commit: bytes + kept_bytes are on the device */
-  int64_t t_reload;  /* the reload is issued: an offloaded group's bytes are
-                        back on the device (>= t_alloc) */
-  int64_t t_free;    /* backward ends: everything of it leaves (>= t_reload) */
-  double d2h_ns;     /* copy time of bytes, each direction */
+  int64_t t_alloc;     /* the commit: bytes + kept_bytes are on the device */
+  int64_t t_reload;    /* the reload is issued: an offloaded group's bytes are
+                          back on the device (>= t_alloc) */
+  int64_t t_free; /* backward ends: everything of it leaves (>= t_reload) */
+  double d2h_ns;  /* copy time of bytes, each direction */
   double h2d_ns;
   double fwd_window_ns; /* compute the D2H copy can hide behind */
   double bwd_window_ns; /* compute the H2D copy can hide behind */
@@ -60,20 +60,28 @@ double ofl__plan_group_exposed(const ofl__plan_group_t *g);
  * run one after another in t_alloc order (one stream): a group's bytes leave
  * the device when its copy ends, max(t_alloc, previous copy's end) + d2h_ns;
  * they return at t_reload and leave at t_free. At equal times additions
- * count before removals (the conservative side). */
+ * count before removals (the conservative side). A copy that ends after
+ * t_reload counts the group's bytes twice until it ends (conservative too).
+ * chosen NULL: nothing offloaded. O(n log n); UINT64_MAX where it cannot
+ * allocate its scratch. */
 uint64_t ofl__plan_peak(const ofl__plan_group_t *g, size_t n,
                         const bool *chosen);
 
-/* The exact solver. chosen (n entries) receives the choice. A target that
- * even offloading every offloadable group cannot meet returns that choice
- * with met false. Ties in exposed time (within 1 ns) go to fewer moved
- * bytes, then to the lower peak. OFL_ERR_INVALID_ARG on a malformed
- * instance (name out of range, duplicate or missing split ranks,
- * t_alloc > t_reload or t_reload > t_free). Exact for up to 16 names;
- * above that whole names are added greedily by bytes per exposed ns and the
- * result says so (exact false). */
-ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n,
-                             int nnames, uint64_t target, bool *chosen,
+/* The exact solver. chosen (n entries) receives the choice, out the
+ * figures; both only on success. A target met with nothing offloaded
+ * chooses nothing. A target that no choice meets (the peak is not monotone
+ * in the choice, so offloading everything is not always the lowest) returns
+ * every offloadable group offloaded with met false. Ties in exposed time
+ * (within 1 ns) go to fewer moved bytes, then to the lower peak.
+ * OFL_ERR_INVALID_ARG on a malformed instance (name out of range, duplicate
+ * or missing split ranks, t_alloc > t_reload or t_reload > t_free, an
+ * offloadable group's copy time or window negative, NaN or infinite, byte
+ * totals past 64 bits, nnames < 0, NULL pointers where n > 0).
+ * Exact for up to 16 names that have offloadable groups; above that whole
+ * names are added greedily by bytes per exposed ns (then dropped again where
+ * not needed) and the result says so (exact false). n == 0 is valid. */
+ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
+                             uint64_t target, bool *chosen,
                              ofl__plan_result_t *out);
 
 #endif /* OFL_PLAN_SOLVE_H */

@@ -1,0 +1,629 @@
+/* ofl: the auto offload plan's solver (docs/DESIGN.md section 5.4): the
+ * peak simulation and the search over whole and split names. Pure: no
+ * state, no logging but the error of a malformed instance. */
+#include "pipeline/plan_solve.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/internal.h"
+
+#define PLAN_EXACT_NAMES 16
+#define PLAN_TIE_NS 1.0
+#define PLAN_NO_SLOT SIZE_MAX
+#define PLAN_BISECT_FROM 8 /* split counts worth a bisection of the bound */
+
+/* ---- the peak simulation ---------------------------------------------- */
+
+enum { PLAN_EV_ALLOC, PLAN_EV_RELOAD, PLAN_EV_FREE };
+
+typedef struct {
+  int64_t t;
+  size_t group;
+  int kind;
+} plan_event_t;
+
+/* A copy's end: whole nanoseconds and a fraction in [0, 1), so that int64
+ * clocks far from zero keep their precision next to double copy times. */
+typedef struct {
+  int64_t ns;
+  double frac;
+} plan_time_t;
+
+/* What does not depend on the choice, sorted once per instance: the commit,
+ * reload and free events by time (additions first at equal times), and the
+ * groups in t_alloc order (ties by index), the D2H stream's order. Each
+ * evaluation is then one merge of these with the copy ends, which the
+ * serialised stream produces already sorted. */
+typedef struct {
+  const ofl__plan_group_t *g;
+  size_t n;
+  plan_event_t *ev; /* 3n */
+  size_t *by_alloc; /* n */
+} plan_order_t;
+
+static int event_cmp(const void *pa, const void *pb) {
+  const plan_event_t *a = pa, *b = pb;
+  if (a->t != b->t)
+    return a->t < b->t ? -1 : 1;
+  bool ra = a->kind == PLAN_EV_FREE, rb = b->kind == PLAN_EV_FREE;
+  if (ra != rb)
+    return ra ? 1 : -1; /* additions before removals: the conservative side */
+  if (a->group != b->group)
+    return a->group < b->group ? -1 : 1;
+  return a->kind - b->kind;
+}
+
+static bool plan_order_init(plan_order_t *o, const ofl__plan_group_t *g,
+                            size_t n) {
+  memset(o, 0, sizeof *o);
+  o->g = g;
+  o->n = n;
+  if (n == 0)
+    return true;
+  if (n > SIZE_MAX / (3 * sizeof(plan_event_t) + sizeof(size_t)))
+    return false;
+  o->ev = malloc(n * (3 * sizeof(plan_event_t) + sizeof(size_t)));
+  if (o->ev == NULL)
+    return false;
+  o->by_alloc = (size_t *)(o->ev + 3 * n);
+  for (size_t i = 0; i < n; i++) {
+    o->ev[3 * i] = (plan_event_t){g[i].t_alloc, i, PLAN_EV_ALLOC};
+    o->ev[3 * i + 1] = (plan_event_t){g[i].t_reload, i, PLAN_EV_RELOAD};
+    o->ev[3 * i + 2] = (plan_event_t){g[i].t_free, i, PLAN_EV_FREE};
+  }
+  qsort(o->ev, 3 * n, sizeof *o->ev, event_cmp);
+  /* The commits in sorted order are the t_alloc order, ties by index. */
+  size_t k = 0;
+  for (size_t e = 0; e < 3 * n; e++)
+    if (o->ev[e].kind == PLAN_EV_ALLOC)
+      o->by_alloc[k++] = o->ev[e].group;
+  return true;
+}
+
+static void plan_order_fini(plan_order_t *o) {
+  free(o->ev);
+  o->ev = NULL;
+  o->by_alloc = NULL;
+}
+
+static bool is_chosen(const ofl__plan_group_t *g, const bool *chosen,
+                      size_t i) {
+  return chosen != NULL && g[i].offloadable && chosen[i];
+}
+
+/* start + ns, saturating at the clock's end (a copy that never ends never
+ * frees its bytes, which is the conservative reading). */
+static plan_time_t time_after(plan_time_t start, double ns) {
+  if (!(ns > 0))
+    ns = 0;
+  double x = start.frac + ns;
+  if (!(x < 0x1p62))
+    return (plan_time_t){INT64_MAX, 0};
+  double whole = floor(x);
+  int64_t w = (int64_t)whole;
+  if (start.ns > INT64_MAX - w)
+    return (plan_time_t){INT64_MAX, 0};
+  return (plan_time_t){start.ns + w, x - whole};
+}
+
+/* The next chosen group's copy on the D2H stream after *stream (the
+ * previous copy's end): sets *group and *end, advances *next. */
+static bool next_copy(const plan_order_t *o, const bool *chosen, bool instant,
+                      size_t *next, plan_time_t *stream, size_t *group) {
+  while (*next < o->n) {
+    size_t i = o->by_alloc[(*next)++];
+    if (!is_chosen(o->g, chosen, i))
+      continue;
+    plan_time_t start = {o->g[i].t_alloc, 0};
+    if (stream->ns > start.ns || (stream->ns == start.ns && stream->frac > 0))
+      start = *stream;
+    *stream = time_after(start, instant ? 0 : o->g[i].d2h_ns);
+    *group = i;
+    return true;
+  }
+  return false;
+}
+
+/* instant: every copy takes no time. That peak is a lower bound of the
+ * real one (each group's bytes leave no later) and, unlike it, never grows
+ * when a group is added to the choice (no queue delays the others). */
+static uint64_t peak_eval(const plan_order_t *o, const bool *chosen,
+                          bool instant) {
+  const ofl__plan_group_t *g = o->g;
+  size_t nev = 3 * o->n, e = 0, next = 0, copy = 0;
+  plan_time_t end = {INT64_MIN, 0};
+  bool pending = next_copy(o, chosen, instant, &next, &end, &copy);
+  uint64_t cur = 0, peak = 0;
+  while (e < nev || pending) {
+    /* A fixed event at the copy end's whole ns goes first: it is earlier
+     * (frac > 0), an addition (additions first), or a removal (either). */
+    if (e < nev && (!pending || o->ev[e].t <= end.ns)) {
+      const plan_event_t *ev = &o->ev[e++];
+      const ofl__plan_group_t *x = &g[ev->group];
+      if (ev->kind == PLAN_EV_ALLOC) {
+        cur += x->bytes + x->kept_bytes;
+      } else if (ev->kind == PLAN_EV_RELOAD) {
+        if (is_chosen(g, chosen, ev->group))
+          cur += x->bytes;
+      } else {
+        cur -= x->bytes + x->kept_bytes;
+      }
+    } else {
+      cur -= g[copy].bytes;
+      pending = next_copy(o, chosen, instant, &next, &end, &copy);
+    }
+    if (cur > peak)
+      peak = cur;
+  }
+  return peak;
+}
+
+double ofl__plan_group_exposed(const ofl__plan_group_t *g) {
+  return fmax(0.0, g->d2h_ns - g->fwd_window_ns) +
+         fmax(0.0, g->h2d_ns - g->bwd_window_ns);
+}
+
+uint64_t ofl__plan_peak(const ofl__plan_group_t *g, size_t n,
+                        const bool *chosen) {
+  plan_order_t o;
+  if (!plan_order_init(&o, g, n))
+    return UINT64_MAX;
+  uint64_t peak = peak_eval(&o, chosen, false);
+  plan_order_fini(&o);
+  return peak;
+}
+
+/* ---- the instance ------------------------------------------------------ */
+
+/* Per name, its offloadable groups in split_rank order and the prefix sums
+ * of their exposed time and bytes; the names that have any ("active"). */
+typedef struct {
+  int nnames;
+  size_t *count;   /* nnames: offloadable groups of the name */
+  size_t *off;     /* nnames: first slot of the name in members */
+  size_t *members; /* offloadable groups, by name then split_rank */
+  double *pre_exp; /* per name count+1 entries, from off[name] + name */
+  uint64_t *pre_bytes;
+  int *active; /* names with count > 0 */
+  int nactive;
+} plan_names_t;
+
+static void names_fini(plan_names_t *s) {
+  free(s->count);
+  free(s->off);
+  free(s->members);
+  free(s->pre_exp);
+  free(s->pre_bytes);
+  free(s->active);
+}
+
+static ofl_status_t names_alloc(plan_names_t *s, int nnames, size_t n) {
+  size_t nn = (size_t)nnames;
+  memset(s, 0, sizeof *s);
+  s->nnames = nnames;
+  s->count = calloc(nn + 1, sizeof *s->count);
+  s->off = calloc(nn + 1, sizeof *s->off);
+  s->members = calloc(n + 1, sizeof *s->members);
+  s->pre_exp = calloc(n + nn + 1, sizeof *s->pre_exp);
+  s->pre_bytes = calloc(n + nn + 1, sizeof *s->pre_bytes);
+  s->active = calloc(nn + 1, sizeof *s->active);
+  if (s->count == NULL || s->off == NULL || s->members == NULL ||
+      s->pre_exp == NULL || s->pre_bytes == NULL || s->active == NULL) {
+    names_fini(s);
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "plan solve: no memory for groups %zu names %d", n,
+                      nnames);
+  }
+  return OFL_SUCCESS;
+}
+
+static bool add_u64(uint64_t *acc, uint64_t v) {
+  if (*acc > UINT64_MAX - v)
+    return false;
+  *acc += v;
+  return true;
+}
+
+static bool bad_ns(double v) { return !(v >= 0) || isinf(v); }
+
+/* The checks that need no per-name state: names, times, copy figures, and
+ * byte totals the simulation can add up (an offloaded group can count its
+ * bytes twice while its copy runs late). */
+static ofl_status_t check_group(const ofl__plan_group_t *x, size_t i,
+                                int nnames, uint64_t *total) {
+  if (x->name < 0 || x->name >= nnames)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "plan solve: group %zu name %d out of range (nnames %d)",
+                      i, x->name, nnames);
+  if (x->t_alloc > x->t_reload || x->t_reload > x->t_free)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "plan solve: group %zu times out of order: t_alloc "
+                      "%lld t_reload %lld t_free %lld",
+                      i, (long long)x->t_alloc, (long long)x->t_reload,
+                      (long long)x->t_free);
+  if (x->offloadable && (bad_ns(x->d2h_ns) || bad_ns(x->h2d_ns) ||
+                         bad_ns(x->fwd_window_ns) || bad_ns(x->bwd_window_ns)))
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "plan solve: group %zu copy times must be finite and "
+                      ">= 0: d2h_ns %g h2d_ns %g fwd_window_ns %g "
+                      "bwd_window_ns %g",
+                      i, x->d2h_ns, x->h2d_ns, x->fwd_window_ns,
+                      x->bwd_window_ns);
+  if (!add_u64(total, x->bytes) || !add_u64(total, x->bytes) ||
+      !add_u64(total, x->kept_bytes))
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "plan solve: group %zu byte totals overflow 64 bits", i);
+  return OFL_SUCCESS;
+}
+
+/* Validates the instance and fills s (allocated by names_alloc). */
+static ofl_status_t names_build(plan_names_t *s, const ofl__plan_group_t *g,
+                                size_t n) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    OFL_CHECK(check_group(&g[i], i, s->nnames, &total));
+    if (g[i].offloadable)
+      s->count[g[i].name]++;
+  }
+  for (int m = 1; m < s->nnames; m++)
+    s->off[m] = s->off[m - 1] + s->count[m - 1];
+  for (size_t i = 0; i < n; i++)
+    s->members[i] = PLAN_NO_SLOT;
+  for (size_t i = 0; i < n; i++) {
+    if (!g[i].offloadable)
+      continue;
+    int m = g[i].name, r = g[i].split_rank;
+    /* count distinct ranks in [0, count) leave none missing */
+    if (r < 0 || (size_t)r >= s->count[m] ||
+        s->members[s->off[m] + (size_t)r] != PLAN_NO_SLOT)
+      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                        "plan solve: group %zu name %d split_rank %d: the "
+                        "name's %zu offloadable groups need the distinct "
+                        "ranks 0..%zu",
+                        i, m, r, s->count[m], s->count[m] - 1);
+    s->members[s->off[m] + (size_t)r] = i;
+  }
+  for (int m = 0; m < s->nnames; m++) {
+    size_t base = s->off[m] + (size_t)m;
+    for (size_t j = 0; j < s->count[m]; j++) {
+      const ofl__plan_group_t *x = &g[s->members[s->off[m] + j]];
+      s->pre_exp[base + j + 1] =
+          s->pre_exp[base + j] + ofl__plan_group_exposed(x);
+      s->pre_bytes[base + j + 1] = s->pre_bytes[base + j] + x->bytes;
+    }
+    if (s->count[m] > 0)
+      s->active[s->nactive++] = m;
+  }
+  return OFL_SUCCESS;
+}
+
+static double name_exposed(const plan_names_t *s, int m, size_t j) {
+  return s->pre_exp[s->off[m] + (size_t)m + j];
+}
+
+static uint64_t name_bytes(const plan_names_t *s, int m, size_t j) {
+  return s->pre_bytes[s->off[m] + (size_t)m + j];
+}
+
+/* ---- the search -------------------------------------------------------- */
+
+typedef struct {
+  double exposed;
+  uint64_t moved;
+  uint64_t peak;
+} plan_score_t;
+
+/* a beats b: less exposed time beyond the 1 ns tie, then fewer moved
+ * bytes, then the lower peak. */
+static bool beats(plan_score_t a, plan_score_t b) {
+  if (a.exposed < b.exposed - PLAN_TIE_NS)
+    return true;
+  if (a.exposed > b.exposed + PLAN_TIE_NS)
+    return false;
+  return a.moved < b.moved || (a.moved == b.moved && a.peak < b.peak);
+}
+
+/* Whether a candidate with these sums could beat best for some peak: the
+ * test that spares a simulation. */
+static bool may_beat(double exposed, uint64_t moved, plan_score_t best) {
+  return beats((plan_score_t){exposed, moved, 0}, best);
+}
+
+typedef struct {
+  const ofl__plan_group_t *g;
+  size_t n;
+  uint64_t target;
+  const plan_names_t *names;
+  plan_order_t order;
+  bool *cand; /* n: the choice being evaluated */
+  uint32_t evaluated;
+} plan_search_t;
+
+/* The choice: the active names k with whole[k] (whole indexes
+ * names->active), and the first j groups of name split (-1: none). */
+static void set_choice(plan_search_t *p, const bool *whole, int split,
+                       size_t j) {
+  const plan_names_t *s = p->names;
+  memset(p->cand, 0, p->n * sizeof *p->cand);
+  for (int k = 0; k < s->nactive; k++) {
+    int m = s->active[k];
+    size_t upto = whole[k] ? s->count[m] : (m == split ? j : 0);
+    for (size_t r = 0; r < upto; r++)
+      p->cand[s->members[s->off[m] + r]] = true;
+  }
+}
+
+static uint64_t evaluate(plan_search_t *p, bool instant) {
+  if (p->evaluated < UINT32_MAX)
+    p->evaluated++;
+  return peak_eval(&p->order, p->cand, instant);
+}
+
+typedef struct {
+  plan_score_t score;
+  unsigned mask;
+  int split;
+  size_t j;
+  bool found; /* score is of a choice that meets the target */
+} plan_best_t;
+
+static void try_choice(plan_search_t *p, plan_best_t *best, bool *whole,
+                       unsigned mask, int split, size_t j, double exposed,
+                       uint64_t moved) {
+  if (!may_beat(exposed, moved, best->score))
+    return;
+  set_choice(p, whole, split, j);
+  uint64_t peak = evaluate(p, false);
+  plan_score_t sc = {exposed, moved, peak};
+  if (peak <= p->target && beats(sc, best->score))
+    *best = (plan_best_t){sc, mask, split, j, true};
+}
+
+/* A subset of whole names (bits index names->active) and its sums. */
+typedef struct {
+  double exposed;
+  uint64_t moved;
+  unsigned mask;
+} plan_subset_t;
+
+/* The subset with the first j groups of name m, j = 1 .. count - 1, while
+ * the exposed time can still beat the best. Where that leaves many j, the
+ * lower bound (copies that take no time, never higher for a larger j)
+ * skips the first j by bisection: those that cannot meet the target in any
+ * case. */
+static void try_splits(plan_search_t *p, plan_best_t *best, bool *whole,
+                       plan_subset_t sub, int m) {
+  const plan_names_t *s = p->names;
+  size_t jmax = 0;
+  while (jmax + 1 < s->count[m] && sub.exposed + name_exposed(s, m, jmax + 1) <=
+                                       best->score.exposed + PLAN_TIE_NS)
+    jmax++;
+  size_t lo = 1, hi = jmax + 1; /* the first j whose bound meets: [lo, hi] */
+  if (jmax >= PLAN_BISECT_FROM) {
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      set_choice(p, whole, m, mid);
+      if (evaluate(p, true) <= p->target)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+  }
+  for (size_t j = lo; j <= jmax; j++) {
+    double ej = sub.exposed + name_exposed(s, m, j);
+    if (ej > best->score.exposed + PLAN_TIE_NS)
+      break; /* the prefix sums only grow, the best only gets better */
+    try_choice(p, best, whole, sub.mask, m, j, ej,
+               sub.moved + name_bytes(s, m, j));
+  }
+}
+
+static int subset_cmp(const void *pa, const void *pb) {
+  const plan_subset_t *a = pa, *b = pb;
+  if (a->exposed != b->exposed)
+    return a->exposed < b->exposed ? -1 : 1;
+  if (a->moved != b->moved)
+    return a->moved < b->moved ? -1 : 1;
+  return a->mask < b->mask ? -1 : (a->mask > b->mask);
+}
+
+/* Every subset of whole names, each with at most one more name split at
+ * every j, subsets in order of exposed time: once a subset is past the best
+ * (beyond the tie), so are all that follow and their splits, since exposed
+ * time only grows with what is added. The peak is not monotone in j (a
+ * longer D2H queue frees later), so every j that survives the exposed test
+ * and the lower bound is simulated. sub has 2^nactive entries. Worst case
+ * 2^16 subsets times every split: tight targets on many names with many
+ * groups take seconds or more. */
+static plan_best_t search_exact(plan_search_t *p, plan_subset_t *sub,
+                                plan_best_t best) {
+  const plan_names_t *s = p->names;
+  int k_n = s->nactive;
+  size_t nsub = (size_t)1 << k_n;
+  for (size_t i = 0; i < nsub; i++) {
+    sub[i] = (plan_subset_t){0, 0, (unsigned)i};
+    for (int k = 0; k < k_n; k++)
+      if ((i >> k) & 1u) {
+        int m = s->active[k];
+        sub[i].exposed += name_exposed(s, m, s->count[m]);
+        sub[i].moved += name_bytes(s, m, s->count[m]);
+      }
+  }
+  qsort(sub, nsub, sizeof *sub, subset_cmp);
+  bool whole[PLAN_EXACT_NAMES];
+  for (size_t i = 0; i < nsub; i++) {
+    double e = sub[i].exposed;
+    if (e > best.score.exposed + PLAN_TIE_NS)
+      break;
+    for (int k = 0; k < k_n; k++)
+      whole[k] = (sub[i].mask >> k) & 1u;
+    if (sub[i].mask != 0) /* nothing chosen is known not to meet it */
+      try_choice(p, &best, whole, sub[i].mask, -1, 0, e, sub[i].moved);
+    for (int k = 0; k < k_n; k++)
+      if (!whole[k])
+        try_splits(p, &best, whole, sub[i], s->active[k]);
+  }
+  return best;
+}
+
+typedef struct {
+  double ratio;
+  uint64_t bytes;
+  int k;
+} plan_rank_t;
+
+static int rank_cmp(const void *pa, const void *pb) {
+  const plan_rank_t *a = pa, *b = pb;
+  if (a->ratio != b->ratio)
+    return a->ratio > b->ratio ? -1 : 1;
+  if (a->bytes != b->bytes)
+    return a->bytes > b->bytes ? -1 : 1;
+  return a->k - b->k;
+}
+
+/* Above PLAN_EXACT_NAMES: whole names by bytes per exposed ns, most first,
+ * until the target is met; then each added name, least efficient first, is
+ * dropped again where the target is met without it (which can also turn an
+ * all-names choice that misses the target into one that meets it: the peak
+ * is not monotone). Leaves the choice in p->cand. */
+static ofl_status_t search_greedy(plan_search_t *p, uint64_t *peak) {
+  const plan_names_t *s = p->names;
+  int k_n = s->nactive;
+  plan_rank_t *rank = calloc((size_t)k_n, sizeof *rank);
+  bool *whole = calloc((size_t)k_n, sizeof *whole);
+  if (rank == NULL || whole == NULL) {
+    free(rank);
+    free(whole);
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "plan solve: no memory for the greedy order of %d "
+                      "names",
+                      k_n);
+  }
+  for (int k = 0; k < k_n; k++) {
+    int m = s->active[k];
+    double e = name_exposed(s, m, s->count[m]);
+    uint64_t b = name_bytes(s, m, s->count[m]);
+    rank[k] = (plan_rank_t){e > 0 ? (double)b / e : INFINITY, b, k};
+  }
+  qsort(rank, (size_t)k_n, sizeof *rank, rank_cmp);
+  int added = 0;
+  uint64_t cur = UINT64_MAX;
+  while (added < k_n && cur > p->target) {
+    whole[rank[added++].k] = true;
+    set_choice(p, whole, -1, 0);
+    cur = evaluate(p, false);
+  }
+  for (int a = added - 1; a >= 0; a--) {
+    whole[rank[a].k] = false;
+    set_choice(p, whole, -1, 0);
+    uint64_t without = evaluate(p, false);
+    if (without <= p->target)
+      cur = without;
+    else
+      whole[rank[a].k] = true;
+  }
+  set_choice(p, whole, -1, 0);
+  *peak = cur;
+  free(rank);
+  free(whole);
+  return OFL_SUCCESS;
+}
+
+static void fill_result(const ofl__plan_group_t *g, size_t n, const bool *c,
+                        ofl__plan_result_t *r) {
+  r->exposed_ns = 0;
+  r->moved_bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!c[i])
+      continue;
+    r->exposed_ns += ofl__plan_group_exposed(&g[i]);
+    r->moved_bytes += g[i].bytes;
+  }
+}
+
+static ofl_status_t solve(plan_search_t *p, ofl__plan_result_t *r) {
+  const plan_names_t *s = p->names;
+  memset(p->cand, 0, p->n * sizeof *p->cand);
+  r->peak_none = evaluate(p, false);
+  for (size_t i = 0; i < p->n; i++)
+    p->cand[i] = p->g[i].offloadable;
+  r->peak_all = evaluate(p, false);
+  r->exact = s->nactive <= PLAN_EXACT_NAMES;
+  r->split_name = -1;
+  if (r->peak_none <= p->target) {
+    memset(p->cand, 0, p->n * sizeof *p->cand);
+    r->predicted_peak = r->peak_none;
+    return OFL_SUCCESS;
+  }
+  if (!r->exact)
+    return search_greedy(p, &r->predicted_peak);
+  /* Every offloadable group offloaded is the first candidate where it meets
+   * the target; where it does not, a subset still may (the peak is not
+   * monotone), and where none does, the answer is all of them, not met. */
+  plan_best_t best = {{INFINITY, UINT64_MAX, UINT64_MAX}, 0, -1, 0, false};
+  if (r->peak_all <= p->target) {
+    best.score = (plan_score_t){0, 0, r->peak_all};
+    best.found = true;
+    for (int k = 0; k < s->nactive; k++) {
+      int m = s->active[k];
+      best.score.exposed += name_exposed(s, m, s->count[m]);
+      best.score.moved += name_bytes(s, m, s->count[m]);
+    }
+  }
+  best.mask = (1u << s->nactive) - 1;
+  plan_subset_t *sub = malloc(((size_t)1 << s->nactive) * sizeof *sub);
+  if (sub == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "plan solve: no memory for the %d names' subsets",
+                      s->nactive);
+  best = search_exact(p, sub, best);
+  free(sub);
+  bool whole[PLAN_EXACT_NAMES];
+  for (int k = 0; k < s->nactive; k++)
+    whole[k] = (best.mask >> k) & 1u;
+  set_choice(p, whole, best.split, best.j);
+  r->predicted_peak = best.found ? best.score.peak : r->peak_all;
+  r->split_name = best.split;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
+                             uint64_t target, bool *chosen,
+                             ofl__plan_result_t *out) {
+  if ((n > 0 && (g == NULL || chosen == NULL)) || out == NULL || nnames < 0)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "plan solve: groups %p n %zu chosen %p out %p nnames "
+                      "%d: pointers must be set and nnames >= 0",
+                      (const void *)g, n, (void *)chosen, (void *)out, nnames);
+  plan_names_t names;
+  OFL_CHECK(names_alloc(&names, nnames, n));
+  plan_search_t p = {g, n, target, &names, {0}, NULL, 0};
+  ofl__plan_result_t r;
+  memset(&r, 0, sizeof r);
+  ofl_status_t st = names_build(&names, g, n);
+  if (st != OFL_SUCCESS)
+    goto out_names;
+  p.cand = calloc(n + 1, sizeof *p.cand);
+  if (p.cand == NULL || !plan_order_init(&p.order, g, n)) {
+    st =
+        ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                   "plan solve: no memory for the simulation of %zu groups", n);
+    goto out_cand;
+  }
+  OFL_CHECK_GOTO(solve(&p, &r), st, out_order);
+  fill_result(g, n, p.cand, &r);
+  r.met = r.predicted_peak <= target;
+  r.evaluated = p.evaluated;
+  if (n > 0)
+    memcpy(chosen, p.cand, n * sizeof *chosen);
+  *out = r;
+out_order:
+  plan_order_fini(&p.order);
+out_cand:
+  free(p.cand);
+out_names:
+  names_fini(&names);
+  return st;
+}

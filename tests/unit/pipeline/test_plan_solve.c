@@ -1,0 +1,734 @@
+/* The auto plan's solver (pipeline/plan_solve.h): the peak simulation on
+ * instances worked by hand and against a naive simulation, the search
+ * against a brute force over every choice of its decision space, and the
+ * edge cases (nothing needed, nothing possible, malformed instances, the
+ * greedy search above 16 names). Random instances use multiples of 10 ns,
+ * so that exposed times tie exactly or differ by more than the 1 ns tie. */
+#include <criterion/criterion.h>
+#include "tests/cr_assert.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ofl/status.h>
+
+#include "pipeline/plan_solve.h"
+
+#define MAXG 48
+
+/* An offloadable group whose copies no window hides, h2d free. */
+static ofl__plan_group_t grp(int name, int rank, uint64_t bytes, uint64_t kept,
+                             int64_t t_alloc, int64_t t_reload, int64_t t_free,
+                             double d2h_ns) {
+  ofl__plan_group_t g = {0};
+  g.name = name;
+  g.split_rank = rank;
+  g.offloadable = true;
+  g.bytes = bytes;
+  g.kept_bytes = kept;
+  g.t_alloc = t_alloc;
+  g.t_reload = t_reload;
+  g.t_free = t_free;
+  g.d2h_ns = d2h_ns;
+  return g;
+}
+
+/* A group that stays on the device: kept bytes only. */
+static ofl__plan_group_t stay(int name, uint64_t kept, int64_t t_alloc,
+                              int64_t t_free) {
+  ofl__plan_group_t g = grp(name, 0, 0, kept, t_alloc, t_alloc, t_free, 0);
+  g.offloadable = false;
+  return g;
+}
+
+/* c[i] is want[i] == '1', for each character of want. */
+static void expect_choice(const bool *c, const char *want) {
+  for (size_t i = 0; want[i] != '\0'; i++)
+    cr_assert(eq(int, c[i], want[i] == '1'), "group %zu of %s", i, want);
+}
+
+/* ---- the peak simulation, by hand --------------------------------------- */
+
+Test(pipeline_plan_solve, exposed_is_the_uncovered_part_of_each_direction) {
+  ofl__plan_group_t g = grp(0, 0, 1, 0, 0, 0, 0, 300);
+  g.fwd_window_ns = 100;
+  g.h2d_ns = 50;
+  g.bwd_window_ns = 80;
+  cr_assert(eq(dbl, ofl__plan_group_exposed(&g), 200.0));
+  g.bwd_window_ns = 20;
+  cr_assert(eq(dbl, ofl__plan_group_exposed(&g), 230.0));
+  g.fwd_window_ns = 400;
+  cr_assert(eq(dbl, ofl__plan_group_exposed(&g), 30.0));
+}
+
+Test(pipeline_plan_solve, one_group_offloaded_leaves_only_its_kept_bytes) {
+  /* g0: 100 + 10 kept, committed at 0, copy ends at 20, back at 50, gone
+   * at 60; g1 stays, 50 bytes over [30, 40]. */
+  ofl__plan_group_t g[2] = {grp(0, 0, 100, 10, 0, 50, 60, 20),
+                            stay(0, 50, 30, 40)};
+  bool no[2] = {false, false}, yes[2] = {true, false};
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, no), 160));
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, NULL), 160));
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, yes), 110)); /* at its reload */
+  /* chosen is ignored where the group is not offloadable */
+  bool both[2] = {true, true};
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, both), 110));
+}
+
+Test(pipeline_plan_solve, the_serialised_d2h_delays_the_second_release) {
+  /* a's copy runs [0, 30], b's waits for it: [30, 60], not [10, 40]. c
+   * (250 bytes) arrives at 50, while b's 100 bytes are still there. */
+  ofl__plan_group_t g[3] = {grp(0, 0, 100, 0, 0, 200, 210, 30),
+                            grp(1, 0, 100, 0, 10, 190, 200, 30),
+                            stay(2, 250, 50, 60)};
+  bool both[3] = {true, true, false};
+  cr_assert(eq(u64, ofl__plan_peak(g, 3, both), 350));
+  /* b alone copies at once, [10, 40] */
+  bool only_b[3] = {false, true, false};
+  cr_assert(eq(u64, ofl__plan_peak(g, 3, only_b), 350)); /* a stays */
+  g[0].bytes = 1;
+  cr_assert(eq(u64, ofl__plan_peak(g, 3, only_b), 251));
+  cr_assert(eq(u64, ofl__plan_peak(g, 3, both), 350));
+  /* the D2H order is t_alloc's, not the index order */
+  ofl__plan_group_t r[3] = {g[1], g[0], g[2]};
+  bool rboth[3] = {true, true, false};
+  cr_assert(eq(u64, ofl__plan_peak(r, 3, rboth), 350));
+}
+
+Test(pipeline_plan_solve, at_equal_times_additions_count_before_removals) {
+  /* a commit at another's free */
+  ofl__plan_group_t g[2] = {stay(0, 100, 0, 10), stay(0, 70, 10, 20)};
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, NULL), 170));
+  /* a commit at a copy's end (5 kept stay) */
+  ofl__plan_group_t h[2] = {grp(0, 0, 100, 5, 0, 50, 60, 10),
+                            stay(1, 70, 10, 20)};
+  bool c[2] = {true, false};
+  cr_assert(eq(u64, ofl__plan_peak(h, 2, c), 175));
+  h[1].t_alloc = 11;
+  cr_assert(eq(u64, ofl__plan_peak(h, 2, c), 105)); /* its reload at 50 */
+  /* a reload at another's free */
+  ofl__plan_group_t k[2] = {grp(0, 0, 100, 0, 0, 40, 50, 10),
+                            stay(1, 30, 20, 40)};
+  bool d[2] = {true, false};
+  cr_assert(eq(u64, ofl__plan_peak(k, 2, d), 130));
+  k[1].t_free = 39;
+  cr_assert(eq(u64, ofl__plan_peak(k, 2, d), 100));
+}
+
+Test(pipeline_plan_solve, copy_ends_keep_fractions_on_a_clock_far_from_zero) {
+  /* 1.7e18 ns: a double holds it to 256 ns only. The copy ends at T + 1.5,
+   * after b's commit at T + 1; at T + 2 it is before. */
+  const int64_t t = 1700000000000000000;
+  ofl__plan_group_t g[2] = {grp(0, 0, 100, 0, t, t + 50, t + 60, 1.5),
+                            stay(1, 70, t + 1, t + 20)};
+  bool c[2] = {true, false};
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 170));
+  g[1].t_alloc = t + 2;
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 100));
+  /* and 0.5 ns copies queue up: 0.5, 1.0, then 1.5 after the third */
+  ofl__plan_group_t q[4] = {grp(0, 0, 100, 0, t, t + 50, t + 60, 0.5),
+                            grp(0, 1, 100, 0, t, t + 50, t + 60, 0.5),
+                            grp(0, 2, 100, 0, t, t + 50, t + 60, 0.5),
+                            stay(1, 70, t + 1, t + 20)};
+  bool all[4] = {true, true, true, false};
+  cr_assert(eq(u64, ofl__plan_peak(q, 4, all), 300)); /* at t */
+  q[3].kept_bytes = 1000;
+  /* at t + 1 the second copy ends just after the commit, the third runs:
+   * 200 + 1000 */
+  cr_assert(eq(u64, ofl__plan_peak(q, 4, all), 1200));
+}
+
+Test(pipeline_plan_solve, a_copy_that_ends_after_the_reload_counts_twice) {
+  /* the copy runs [0, 100]; the reload at 40 adds the bytes again */
+  ofl__plan_group_t g[1] = {grp(0, 0, 100, 0, 0, 40, 200, 100)};
+  bool c[1] = {true};
+  cr_assert(eq(u64, ofl__plan_peak(g, 1, c), 200));
+  g[0].t_free = 60; /* ends after the free too: never below zero */
+  cr_assert(eq(u64, ofl__plan_peak(g, 1, c), 200));
+}
+
+/* ---- random instances --------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15u);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+  return z ^ (z >> 31);
+}
+
+static uint64_t rnd(uint64_t *s, uint64_t lo, uint64_t hi) {
+  return lo + rng_next(s) % (hi - lo + 1);
+}
+
+typedef struct {
+  ofl__plan_group_t g[MAXG];
+  size_t n;
+  int nnames;
+  int count[32]; /* offloadable groups per name */
+} inst_t;
+
+/* counts[m] offloadable groups per name and nstay groups that stay, in a
+ * shuffled forward order; split ranks a random permutation per name;
+ * commits in forward order, reloads and frees in reverse. */
+static void make_inst(inst_t *in, uint64_t *s, int nnames, const int *counts,
+                      int nstay, bool hidden) {
+  memset(in, 0, sizeof *in);
+  in->nnames = nnames;
+  size_t n = 0;
+  for (int m = 0; m < nnames; m++) {
+    in->count[m] = counts[m];
+    int rank[8];
+    for (int r = 0; r < counts[m]; r++)
+      rank[r] = r;
+    for (int r = counts[m] - 1; r > 0; r--) {
+      int j = (int)rnd(s, 0, (uint64_t)r), tmp = rank[r];
+      rank[r] = rank[j];
+      rank[j] = tmp;
+    }
+    for (int r = 0; r < counts[m]; r++) {
+      ofl__plan_group_t *x = &in->g[n++];
+      x->name = m;
+      x->split_rank = rank[r];
+      x->offloadable = true;
+      x->bytes = hidden ? 100 * rnd(s, 1, 3) : rnd(s, 1, 1000);
+      x->kept_bytes = rnd(s, 0, 2) == 0 ? rnd(s, 1, 50) : 0;
+      x->d2h_ns = 10.0 * (double)rnd(s, 0, 30);
+      x->h2d_ns = 10.0 * (double)rnd(s, 0, 30);
+      x->fwd_window_ns = 10.0 * (double)rnd(s, 0, 30);
+      x->bwd_window_ns = 10.0 * (double)rnd(s, 0, 30);
+      if (hidden) { /* no exposed time: choices tie, bytes and peak decide */
+        x->fwd_window_ns = x->d2h_ns;
+        x->bwd_window_ns = x->h2d_ns;
+      }
+    }
+  }
+  for (int k = 0; k < nstay; k++) {
+    ofl__plan_group_t *x = &in->g[n++];
+    x->name = (int)rnd(s, 0, (uint64_t)nnames - 1);
+    x->split_rank = 99; /* ignored */
+    x->kept_bytes = rnd(s, 1, 1000);
+  }
+  for (size_t i = n - 1; i > 0; i--) {
+    size_t j = (size_t)rnd(s, 0, i);
+    ofl__plan_group_t tmp = in->g[i];
+    in->g[i] = in->g[j];
+    in->g[j] = tmp;
+  }
+  int64_t t = 10 * (int64_t)rnd(s, 0, 100) - 500;
+  for (size_t i = 0; i < n; i++) {
+    in->g[i].t_alloc = t;
+    t += 10 * (int64_t)rnd(s, 0, 20);
+  }
+  for (size_t i = n; i-- > 0;) {
+    int64_t reload = t - 10 * (int64_t)rnd(s, 0, 10);
+    in->g[i].t_reload = reload < in->g[i].t_alloc ? in->g[i].t_alloc : reload;
+    t += 10 * (int64_t)rnd(s, 0, 20);
+    in->g[i].t_free = t;
+  }
+  in->n = n;
+}
+
+static void random_inst(inst_t *in, uint64_t *s) {
+  int nnames = (int)rnd(s, 1, 4), counts[4];
+  for (int m = 0; m < nnames; m++)
+    counts[m] = (int)rnd(s, 1, 5);
+  make_inst(in, s, nnames, counts, (int)rnd(s, 0, 2), rnd(s, 0, 2) == 0);
+}
+
+/* A naive simulation: the bytes on the device just after the additions at
+ * each commit or reload, summed group by group (O(n^2); times as doubles,
+ * exact for these small multiples of 10). */
+static uint64_t naive_peak(const inst_t *in, const bool *c) {
+  double end[MAXG];
+  bool queued[MAXG] = {false};
+  double stream = -1e300;
+  for (;;) { /* the D2H queue: the earliest commit first, ties by index */
+    size_t next = SIZE_MAX;
+    for (size_t j = 0; j < in->n; j++)
+      if (c[j] && in->g[j].offloadable && !queued[j] &&
+          (next == SIZE_MAX || in->g[j].t_alloc < in->g[next].t_alloc))
+        next = j;
+    if (next == SIZE_MAX)
+      break;
+    queued[next] = true;
+    double start = (double)in->g[next].t_alloc;
+    end[next] = (stream > start ? stream : start) + in->g[next].d2h_ns;
+    stream = end[next];
+  }
+  int64_t peak = 0;
+  for (size_t e = 0; e < 2 * in->n; e++) {
+    const ofl__plan_group_t *at = &in->g[e / 2];
+    double t = (double)(e % 2 == 0 ? at->t_alloc : at->t_reload);
+    int64_t sum = 0; /* additions at t counted, removals at t not yet */
+    for (size_t i = 0; i < in->n; i++) {
+      const ofl__plan_group_t *x = &in->g[i];
+      int64_t all = (int64_t)(x->bytes + x->kept_bytes);
+      sum += ((double)x->t_alloc <= t ? all : 0) -
+             ((double)x->t_free < t ? all : 0);
+      if (c[i] && x->offloadable)
+        sum += ((double)x->t_reload <= t ? (int64_t)x->bytes : 0) -
+               (end[i] < t ? (int64_t)x->bytes : 0);
+    }
+    if (sum > peak)
+      peak = sum;
+  }
+  return (uint64_t)peak;
+}
+
+Test(pipeline_plan_solve, peak_matches_a_naive_simulation) {
+  uint64_t s = 7;
+  int differ = 0, delayed = 0;
+  for (int it = 0; it < 2000; it++) {
+    inst_t in;
+    random_inst(&in, &s);
+    bool c[MAXG];
+    for (size_t i = 0; i < in.n; i++)
+      c[i] = rnd(&s, 0, 1) == 1;
+    uint64_t got = ofl__plan_peak(in.g, in.n, c);
+    uint64_t want = naive_peak(&in, c);
+    cr_assert(eq(u64, got, want), "instance %d", it);
+    differ += got != ofl__plan_peak(in.g, in.n, NULL);
+    /* a choice where some copy waited for another */
+    int64_t stream = INT64_MIN;
+    for (size_t i = 0; i < in.n; i++)
+      if (c[i] && in.g[i].offloadable) {
+        if (stream > in.g[i].t_alloc)
+          delayed++;
+        int64_t b = stream > in.g[i].t_alloc ? stream : in.g[i].t_alloc;
+        stream = b + (int64_t)in.g[i].d2h_ns;
+      }
+  }
+  cr_assert(gt(int, differ, 1000));
+  cr_assert(gt(int, delayed, 200));
+}
+
+/* ---- the solver against a brute force ---------------------------------- */
+
+typedef struct {
+  double exposed;
+  uint64_t moved;
+  uint64_t peak;
+  bool found;
+  uint64_t min_peak; /* over every choice */
+  uint32_t choices;
+  uint32_t peak_ties; /* choices that only the peak told apart */
+} brute_t;
+
+static void choice_of(const inst_t *in, const int *x, bool *c) {
+  for (size_t i = 0; i < in->n; i++)
+    c[i] = in->g[i].offloadable && in->g[i].split_rank < x[in->g[i].name];
+}
+
+static void brute_rec(const inst_t *in, int m, int *x, bool split,
+                      uint64_t target, brute_t *b) {
+  if (m == in->nnames) {
+    bool c[MAXG];
+    choice_of(in, x, c);
+    uint64_t peak = ofl__plan_peak(in->g, in->n, c), moved = 0;
+    double exposed = 0;
+    for (size_t i = 0; i < in->n; i++)
+      if (c[i]) {
+        exposed += ofl__plan_group_exposed(&in->g[i]);
+        moved += in->g[i].bytes;
+      }
+    b->choices++;
+    if (peak < b->min_peak)
+      b->min_peak = peak;
+    if (peak > target)
+      return;
+    /* exposed times are multiples of 10 here: the 1 ns tie is equality */
+    bool same = b->found && exposed == b->exposed && moved == b->moved;
+    b->peak_ties += same && peak != b->peak;
+    if (!b->found || exposed < b->exposed ||
+        (exposed == b->exposed &&
+         (moved < b->moved || (moved == b->moved && peak < b->peak)))) {
+      b->exposed = exposed;
+      b->moved = moved;
+      b->peak = peak;
+      b->found = true;
+    }
+    return;
+  }
+  for (int k = 0; k <= in->count[m]; k++) {
+    bool is_split = k > 0 && k < in->count[m];
+    if (is_split && split)
+      continue;
+    x[m] = k;
+    brute_rec(in, m + 1, x, split || is_split, target, b);
+  }
+}
+
+static brute_t brute(const inst_t *in, uint64_t target) {
+  brute_t b = {0, 0, 0, false, UINT64_MAX, 0, 0};
+  int x[32] = {0};
+  brute_rec(in, 0, x, false, target, &b);
+  return b;
+}
+
+/* What every result must satisfy, whatever the target. */
+static void check_result(const inst_t *in, uint64_t target, const bool *c,
+                         const ofl__plan_result_t *r) {
+  bool all[MAXG];
+  uint64_t moved = 0;
+  double exposed = 0;
+  for (size_t i = 0; i < in->n; i++) {
+    all[i] = in->g[i].offloadable;
+    if (!in->g[i].offloadable)
+      cr_assert(not(c[i]), "group %zu stays on the device", i);
+    if (c[i]) {
+      moved += in->g[i].bytes;
+      exposed += ofl__plan_group_exposed(&in->g[i]);
+    }
+  }
+  cr_assert(eq(u64, r->peak_none, ofl__plan_peak(in->g, in->n, NULL)));
+  cr_assert(eq(u64, r->peak_all, ofl__plan_peak(in->g, in->n, all)));
+  cr_assert(eq(u64, r->predicted_peak, ofl__plan_peak(in->g, in->n, c)));
+  cr_assert(eq(u64, r->moved_bytes, moved));
+  cr_assert(eq(dbl, r->exposed_ns, exposed));
+  cr_assert(eq(int, r->met, r->predicted_peak <= target));
+  /* in the decision space: per name a prefix of its ranks, one split */
+  int splits = 0, split_name = -1;
+  for (int m = 0; m < in->nnames; m++) {
+    int x = 0;
+    for (size_t i = 0; i < in->n; i++)
+      x += in->g[i].name == m && c[i];
+    for (size_t i = 0; i < in->n; i++)
+      if (in->g[i].name == m && in->g[i].offloadable)
+        cr_assert(eq(int, c[i], in->g[i].split_rank < x));
+    if (x > 0 && x < in->count[m]) {
+      splits++;
+      split_name = m;
+    }
+  }
+  cr_assert(le(int, splits, 1));
+  cr_assert(eq(int, r->split_name, split_name));
+}
+
+typedef struct {
+  uint32_t evaluated, choices, peak_ties;
+  int splits;
+} tally_t;
+
+static void solve_and_compare(const inst_t *in, uint64_t target, tally_t *t) {
+  bool c[MAXG];
+  memset(c, 1, sizeof c);
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve(in->g, in->n, in->nnames, target, c, &r),
+               OFL_SUCCESS));
+  check_result(in, target, c, &r);
+  cr_assert(r.exact);
+  brute_t b = brute(in, target);
+  cr_assert(eq(int, r.met, b.found), "target %llu", (unsigned long long)target);
+  if (b.found) {
+    cr_assert(
+        le(dbl, fabs(r.exposed_ns - b.exposed), 1e-6 * fmax(1.0, b.exposed)));
+    cr_assert(eq(u64, r.moved_bytes, b.moved));
+    cr_assert(eq(u64, r.predicted_peak, b.peak));
+  } else {
+    for (size_t i = 0; i < in->n; i++)
+      cr_assert(eq(int, c[i], in->g[i].offloadable));
+    cr_assert(eq(u64, r.predicted_peak, r.peak_all));
+  }
+  cr_assert(le(u32, r.evaluated, b.choices + 2));
+  t->evaluated += r.evaluated;
+  t->choices += b.choices;
+  t->peak_ties += b.peak_ties;
+  t->splits += r.split_name >= 0;
+}
+
+Test(pipeline_plan_solve, search_matches_a_brute_force_on_random_instances) {
+  uint64_t s = 2024;
+  tally_t t = {0, 0, 0, 0};
+  int unmet = 0, runs = 0, nontrivial = 0;
+  for (int it = 0; it < 600; it++) {
+    inst_t in;
+    random_inst(&in, &s);
+    brute_t any = brute(&in, UINT64_MAX);
+    uint64_t none = ofl__plan_peak(in.g, in.n, NULL);
+    bool all[MAXG];
+    for (size_t i = 0; i < in.n; i++)
+      all[i] = in.g[i].offloadable;
+    uint64_t pall = ofl__plan_peak(in.g, in.n, all);
+    uint64_t lo = pall < none ? pall : none, hi = pall < none ? none : pall;
+    uint64_t targets[5] = {
+        rnd(&s, lo, hi),             /* between peak_all and peak_none */
+        rnd(&s, any.min_peak, none), /* somewhere a choice meets */
+        rnd(&s, any.min_peak, none),
+        none,                                    /* nothing needed */
+        any.min_peak > 0 ? any.min_peak - 1 : 0, /* nothing meets */
+    };
+    for (int k = 0; k < 5; k++) {
+      solve_and_compare(&in, targets[k], &t);
+      runs++;
+    }
+    unmet += any.min_peak > 0;
+    nontrivial += any.min_peak < none;
+    if (pall > 0) { /* below peak_all */
+      uint64_t below = rnd(&s, 0, pall - 1);
+      solve_and_compare(&in, below, &t);
+      runs++;
+    }
+  }
+  /* the runs cover splits, unmet targets, real choices and ties only the
+   * peak breaks, and the exposed-time bound spares simulations */
+  cr_assert(gt(int, t.splits, 500), "splits %d of %d runs", t.splits, runs);
+  cr_assert(gt(int, unmet, 500), "unmet %d", unmet);
+  cr_assert(gt(int, nontrivial, 400), "nontrivial %d", nontrivial);
+  cr_assert(gt(u32, t.peak_ties, 10), "peak ties %u", t.peak_ties);
+  cr_assert(lt(u32, t.evaluated, t.choices), "evaluated %u of %u", t.evaluated,
+            t.choices);
+}
+
+/* ---- edge cases --------------------------------------------------------- */
+
+Test(pipeline_plan_solve, a_target_met_with_nothing_offloaded_chooses_nothing) {
+  uint64_t s = 11;
+  inst_t in;
+  random_inst(&in, &s);
+  bool c[MAXG];
+  memset(c, 1, sizeof c);
+  ofl__plan_result_t r;
+  uint64_t none = ofl__plan_peak(in.g, in.n, NULL);
+  cr_assert(eq(int, ofl__plan_solve(in.g, in.n, in.nnames, none, c, &r),
+               OFL_SUCCESS));
+  for (size_t i = 0; i < in.n; i++)
+    cr_assert(not(c[i]));
+  cr_assert(r.met);
+  cr_assert(eq(dbl, r.exposed_ns, 0.0));
+  cr_assert(eq(u64, r.moved_bytes, 0));
+  cr_assert(eq(u64, r.predicted_peak, none));
+  cr_assert(eq(int, r.split_name, -1));
+}
+
+Test(pipeline_plan_solve, groups_that_stay_are_never_chosen) {
+  /* the 1000 bytes that stay make any target below 1000 unreachable */
+  ofl__plan_group_t g[3] = {grp(0, 0, 100, 0, 0, 100, 110, 10),
+                            stay(0, 1000, 20, 30),
+                            grp(1, 0, 100, 0, 10, 90, 100, 10)};
+  bool c[3] = {true, true, true};
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve(g, 3, 2, 999, c, &r), OFL_SUCCESS));
+  cr_assert(not(r.met));
+  expect_choice(c, "101");
+  cr_assert(eq(u64, r.predicted_peak, 1100)); /* b's copy ends at 20 */
+  cr_assert(eq(u64, r.peak_none, 1200));
+  /* each name alone meets 1100 once b's copy is shorter: the one with less
+   * exposed time */
+  g[2].d2h_ns = 5;
+  cr_assert(eq(int, ofl__plan_solve(g, 3, 2, 1100, c, &r), OFL_SUCCESS));
+  cr_assert(r.met);
+  expect_choice(c, "001");
+  cr_assert(eq(dbl, r.exposed_ns, 5.0));
+}
+
+Test(pipeline_plan_solve, a_subset_meets_a_target_that_all_groups_miss) {
+  /* a's long copy holds b's bytes back past c's commit: offloading both
+   * peaks at 210 like offloading none, offloading b alone at 110 */
+  ofl__plan_group_t g[3] = {grp(0, 0, 10, 0, 0, 2000, 2010, 1000),
+                            grp(1, 0, 100, 0, 10, 1900, 2000, 10),
+                            stay(2, 100, 100, 200)};
+  bool c[3];
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve(g, 3, 3, 150, c, &r), OFL_SUCCESS));
+  cr_assert(eq(u64, r.peak_all, 210));
+  cr_assert(eq(u64, r.peak_none, 210));
+  cr_assert(r.met);
+  expect_choice(c, "010");
+  cr_assert(eq(u64, r.predicted_peak, 110));
+  cr_assert(eq(dbl, r.exposed_ns, 10.0));
+}
+
+Test(pipeline_plan_solve, ties_in_exposed_time_go_to_fewer_bytes_then_peak) {
+  /* a (120 bytes) alone peaks at 300 (b and the 200 that stay, at 100), b
+   * (100 bytes) alone at 320 (a and the 200); both at 200, 220 moved. Each
+   * meets 330 with no exposed time: the fewer bytes win. */
+  ofl__plan_group_t g[3] = {grp(0, 0, 120, 0, 0, 395, 400, 5),
+                            grp(1, 0, 100, 0, 10, 380, 390, 10),
+                            stay(2, 200, 100, 110)};
+  g[0].fwd_window_ns = 1000;
+  g[1].fwd_window_ns = 50;
+  bool c[3];
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve(g, 3, 3, 330, c, &r), OFL_SUCCESS));
+  expect_choice(c, "010");
+  cr_assert(eq(u64, r.moved_bytes, 100));
+  cr_assert(eq(u64, r.predicted_peak, 320));
+  /* 0.5 ns more exposed is a tie: the fewer bytes still win */
+  g[1].d2h_ns = 50.5;
+  cr_assert(eq(int, ofl__plan_solve(g, 3, 3, 330, c, &r), OFL_SUCCESS));
+  expect_choice(c, "010");
+  cr_assert(eq(dbl, r.exposed_ns, 0.5));
+  /* whichever name the search meets first */
+  g[0].name = 1;
+  g[1].name = 0;
+  cr_assert(eq(int, ofl__plan_solve(g, 3, 3, 330, c, &r), OFL_SUCCESS));
+  expect_choice(c, "010");
+  g[0].name = 0;
+  g[1].name = 1;
+  /* 2 ns more is not */
+  g[1].d2h_ns = 52;
+  cr_assert(eq(int, ofl__plan_solve(g, 3, 3, 330, c, &r), OFL_SUCCESS));
+  expect_choice(c, "100");
+  cr_assert(eq(dbl, r.exposed_ns, 0.0));
+  /* equal bytes (100) and 50 that stay: a alone peaks at 150, b alone at
+   * 200 (a and b at b's commit); both meet 200, the lower peak wins */
+  g[1].d2h_ns = 10;
+  g[0].bytes = 100;
+  g[2].kept_bytes = 50;
+  cr_assert(eq(int, ofl__plan_solve(g, 3, 3, 200, c, &r), OFL_SUCCESS));
+  expect_choice(c, "100");
+  cr_assert(eq(u64, r.predicted_peak, 150));
+  cr_assert(eq(u64, r.moved_bytes, 100));
+}
+
+Test(pipeline_plan_solve, no_groups_is_met_with_nothing) {
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve(NULL, 0, 0, 0, NULL, &r), OFL_SUCCESS));
+  cr_assert(r.met);
+  cr_assert(r.exact);
+  cr_assert(eq(u64, r.predicted_peak, 0));
+  cr_assert(eq(u64, r.peak_all, 0));
+  cr_assert(eq(int, r.split_name, -1));
+  cr_assert(eq(u64, ofl__plan_peak(NULL, 0, NULL), 0));
+}
+
+/* The solve fails with OFL_ERR_INVALID_ARG, a message, and neither output
+ * touched. */
+static void expect_invalid(const ofl__plan_group_t *g, size_t n, int nnames,
+                           const char *what) {
+  bool c[8];
+  ofl__plan_result_t r;
+  memset(c, 0xab, sizeof c);
+  memset(&r, 0xab, sizeof r);
+  bool c0[8];
+  ofl__plan_result_t r0;
+  memcpy(c0, c, sizeof c);
+  memcpy(&r0, &r, sizeof r);
+  ofl_clear_error();
+  cr_assert(
+      eq(int, ofl__plan_solve(g, n, nnames, 0, c, &r), OFL_ERR_INVALID_ARG),
+      "%s", what);
+  cr_assert(ne(ptr, strstr(ofl_last_error(), "plan solve"), NULL), "%s: %s",
+            what, ofl_last_error());
+  cr_assert(eq(int, memcmp(c, c0, sizeof c), 0), "%s", what);
+  cr_assert(eq(int, memcmp(&r, &r0, sizeof r), 0), "%s", what);
+}
+
+Test(pipeline_plan_solve, malformed_instances_are_invalid_arguments) {
+  ofl__plan_group_t ok[3] = {grp(0, 0, 10, 0, 0, 10, 20, 1),
+                             grp(0, 1, 10, 0, 1, 9, 19, 1), stay(1, 5, 2, 8)};
+  bool c[3];
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve(ok, 3, 2, 0, c, &r), OFL_SUCCESS));
+  ofl__plan_group_t g[3];
+#define BAD(field, value, what)                                                \
+  do {                                                                         \
+    memcpy(g, ok, sizeof g);                                                   \
+    field = value;                                                             \
+    expect_invalid(g, 3, 2, what);                                             \
+  } while (0)
+  BAD(g[0].name, 2, "name past nnames");
+  BAD(g[2].name, -1, "negative name of a group that stays");
+  BAD(g[1].split_rank, 0, "duplicate split rank");
+  BAD(g[1].split_rank, 2, "missing split rank");
+  BAD(g[0].split_rank, -1, "negative split rank");
+  BAD(g[0].t_alloc, 11, "t_alloc after t_reload");
+  BAD(g[1].t_reload, 20, "t_reload after t_free");
+  BAD(g[0].d2h_ns, NAN, "nan copy time");
+  BAD(g[0].h2d_ns, -1, "negative copy time");
+  BAD(g[1].fwd_window_ns, INFINITY, "infinite window");
+  BAD(g[0].bytes, UINT64_MAX / 2, "byte totals past 64 bits");
+#undef BAD
+  expect_invalid(ok, 3, -1, "negative nnames");
+  expect_invalid(NULL, 3, 2, "no groups");
+  cr_assert(
+      eq(int, ofl__plan_solve(ok, 3, 2, 0, NULL, &r), OFL_ERR_INVALID_ARG));
+  cr_assert(
+      eq(int, ofl__plan_solve(ok, 3, 2, 0, c, NULL), OFL_ERR_INVALID_ARG));
+  /* a rank on a group that stays is ignored; its copy figures too */
+  memcpy(g, ok, sizeof g);
+  g[2].split_rank = -7;
+  g[2].d2h_ns = NAN;
+  cr_assert(eq(int, ofl__plan_solve(g, 3, 2, 0, c, &r), OFL_SUCCESS));
+}
+
+Test(pipeline_plan_solve, above_16_names_the_greedy_search_meets_the_target) {
+  uint64_t s = 99;
+  int met = 0, subset = 0;
+  for (int it = 0; it < 60; it++) {
+    int nnames = (int)rnd(&s, 17, 24), counts[32];
+    for (int m = 0; m < nnames; m++)
+      counts[m] = (int)rnd(&s, 1, 2);
+    inst_t in;
+    make_inst(&in, &s, nnames, counts, (int)rnd(&s, 0, 3), false);
+    bool all[MAXG], c[MAXG];
+    for (size_t i = 0; i < in.n; i++)
+      all[i] = in.g[i].offloadable;
+    uint64_t pall = ofl__plan_peak(in.g, in.n, all);
+    uint64_t none = ofl__plan_peak(in.g, in.n, NULL);
+    if (pall >= none)
+      continue;
+    uint64_t target = rnd(&s, pall, none - 1);
+    ofl__plan_result_t r;
+    cr_assert(eq(int, ofl__plan_solve(in.g, in.n, nnames, target, c, &r),
+                 OFL_SUCCESS));
+    check_result(&in, target, c, &r);
+    cr_assert(not(r.exact));
+    cr_assert(r.met, "instance %d target %llu peak_all %llu", it,
+              (unsigned long long)target, (unsigned long long)pall);
+    cr_assert(le(u64, r.predicted_peak, target));
+    cr_assert(eq(int, r.split_name, -1));
+    met++;
+    subset += memcmp(c, all, in.n * sizeof *c) != 0;
+  }
+  cr_assert(gt(int, met, 30));
+  cr_assert(gt(int, subset, 20), "subset %d of %d", subset, met);
+}
+
+Test(pipeline_plan_solve, the_greedy_search_drops_names_no_longer_needed) {
+  /* a (300 bytes, 10 ns exposed) comes first by bytes per ns, b (500, 20
+   * ns) next; a alone peaks at 1500 (at the 1000 that stay), b alone at
+   * 1300: the target 1400 takes a then b, and then needs a no longer. 15
+   * one-byte names, alone after 600, make it 17 names. */
+  ofl__plan_group_t g[18];
+  g[0] = grp(0, 0, 300, 0, 0, 500, 510, 10);
+  g[1] = grp(1, 0, 500, 0, 10, 490, 500, 10);
+  g[1].h2d_ns = 10;
+  g[2] = stay(2, 1000, 100, 110);
+  for (int k = 0; k < 15; k++)
+    g[3 + k] =
+        grp(3 + k, 0, 1, 0, 600 + 10 * k, 605 + 10 * k, 605 + 10 * k, 100);
+  bool c[18];
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve(g, 18, 18, 1400, c, &r), OFL_SUCCESS));
+  cr_assert(not(r.exact));
+  cr_assert(r.met);
+  expect_choice(c, "010000000000000000");
+  cr_assert(eq(u64, r.predicted_peak, 1300));
+  cr_assert(eq(dbl, r.exposed_ns, 20.0));
+  cr_assert(eq(u64, r.peak_none, 1800));
+}
+
+Test(pipeline_plan_solve, sixteen_names_with_groups_are_searched_exactly) {
+  /* 20 names, only 16 of them with offloadable groups */
+  uint64_t s = 5;
+  int counts[20] = {0};
+  for (int m = 0; m < 16; m++)
+    counts[m] = 1;
+  inst_t in;
+  make_inst(&in, &s, 20, counts, 4, false);
+  bool c[MAXG];
+  ofl__plan_result_t r;
+  uint64_t none = ofl__plan_peak(in.g, in.n, NULL);
+  cr_assert(
+      eq(int, ofl__plan_solve(in.g, in.n, 20, none - 1, c, &r), OFL_SUCCESS));
+  cr_assert(r.exact);
+  check_result(&in, none - 1, c, &r);
+  counts[16] = 1;
+  make_inst(&in, &s, 20, counts, 4, false);
+  none = ofl__plan_peak(in.g, in.n, NULL);
+  cr_assert(
+      eq(int, ofl__plan_solve(in.g, in.n, 20, none - 1, c, &r), OFL_SUCCESS));
+  cr_assert(not(r.exact));
+}
