@@ -292,7 +292,13 @@ typedef struct host_event {
    * with cudaEventDestroy, the event may be destroyed while they are still
    * queued, and is freed when the last of them has run. */
   atomic_int refs;
+  /* The worker stream of the latest record (a reference on it; NULL when
+   * it was on the compute stream): where a waiter can take the operations
+   * the record waits for (mu). */
+  struct host_stream *last_stream;
 } host_event_t;
+
+static void stream_unref(struct host_stream *hs);
 
 static ofl_status_t host_event_create(ofl_event_t *e) {
   host_event_t *he = calloc(1, sizeof *he);
@@ -311,6 +317,8 @@ static ofl_status_t host_event_create(ofl_event_t *e) {
 static void event_unref(host_event_t *he) {
   if (atomic_fetch_sub(&he->refs, 1) != 1)
     return;
+  if (he->last_stream != NULL)
+    stream_unref(he->last_stream);
   pthread_mutex_destroy(&he->mu);
   pthread_cond_destroy(&he->cv);
   free(he->ahead);
@@ -413,21 +421,37 @@ static bool event_make_room(host_event_t *he) {
   return true;
 }
 
+static void steal(struct host_stream *hs, host_event_t *he, uint64_t target,
+                  uint64_t deadline);
+
 /* Waits until record `target` completed; false on timeout or stop. The
  * deadline (timeout_ms < 0: OFL_WAIT_TIMEOUT_MS) is resolved only when the
  * record is not complete yet. Polls for up to spin_ns before sleeping:
- * a copy of a small tensor completes in less than a futex round trip. */
+ * a copy of a small tensor completes in less than a futex round trip. A
+ * waiter that is not a worker names the stream of the record (from, else
+ * NULL) and runs the operations the record waits for itself while that
+ * stream's worker has not started them (steal): the waiter does not pay the
+ * worker's wake-up. */
 static bool event_wait_target(host_event_t *he, uint64_t target,
                               int64_t timeout_ms, uint64_t spin_ns,
-                              const atomic_bool *stop) {
+                              const atomic_bool *stop,
+                              struct host_stream *from) {
   if (event_reached_now(he, target))
     return true;
   uint64_t deadline = ofl__deadline_ns(timeout_ms);
+  if (from != NULL) {
+    steal(from, he, target, deadline);
+    if (event_reached_now(he, target))
+      return true;
+  }
   if (spin_ns > 0) {
     uint64_t until = ofl__now_ns() + spin_ns;
-    while (target > ev_completed(he) && (stop == NULL || !atomic_load(stop)) &&
-           ofl__now_ns() < until)
+    while (!event_reached_now(he, target) &&
+           (stop == NULL || !atomic_load(stop)) && ofl__now_ns() < until) {
+      if (from != NULL)
+        steal(from, he, target, deadline);
       sched_yield();
+    }
   }
   pthread_mutex_lock(&he->mu);
   while (!event_reached(he, target)) {
@@ -458,17 +482,6 @@ static uint64_t spin_ns_of(const ofl_device_t *dev) {
   return (uint64_t)dev->cfg.spin_us * 1000u;
 }
 
-static ofl_status_t host_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
-  host_event_t *he = e->impl;
-  if (!event_wait_target(he, ev_recorded(he), timeout_ms, spin_ns_of(e->dev),
-                         NULL))
-    return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
-                      "event not complete after %lld ms; is its stream "
-                      "blocked on a wait that never completes?",
-                      (long long)timeout_ms);
-  return OFL_SUCCESS;
-}
-
 /* ---- streams ------------------------------------------------------------ */
 
 typedef enum { OP_COPY, OP_MEMSET, OP_RECORD, OP_WAIT, OP_HOSTFN } op_type_t;
@@ -496,11 +509,24 @@ typedef struct host_stream {
   op_t *head, *tail, *free_ops;
   uint64_t enqueued, completed;
   atomic_uint_fast64_t enqueued_seen; /* enqueued, readable without mu */
+  atomic_uint_fast64_t completed_seen; /* completed, readable without mu */
   atomic_bool stop;
   bool has_thread;
   bool worker_sleeping; /* on work_cv (mu held) */
   int idle_waiters;     /* threads on idle_cv (mu held) */
   uint64_t rng;
+  /* An operation of the stream runs (on the worker or on a waiter that took
+   * it, see steal): the other leaves the head alone. Written under mu. */
+  atomic_bool busy;
+  /* Strict mode: the jitter drawn for the head, kept until it starts, so
+   * that whichever thread runs it pauses as long (mu). */
+  bool jitter_drawn;
+  uint64_t jitter_ns;
+  /* The stream's handle and each event whose latest record is on it: the
+   * struct outlives a destroy while an event still names it. */
+  atomic_int refs;
+  bool held; /* tests: the worker starts nothing (ofl__host_stream_hold) */
+  atomic_uint_fast64_t stolen; /* operations waiters ran */
   ofl_status_t error;    /* first asynchronous error (first wins) */
   atomic_bool has_error; /* error set; read without mu */
   char error_msg[512];
@@ -515,12 +541,12 @@ static uint64_t next_rand(uint64_t *s) {
   return x * 2685821657736338717ull;
 }
 
-/* Sleeps up to ns on the stream's own thread, waking early when the stream
- * is destroyed (destroy sets stop and broadcasts work_cv under mu): a
- * jitter or link-model pause of minutes must not make destroy hang. Only
- * the worker waits on work_cv outside its idle wait, and producers signal
- * it only when worker_sleeping says it is idle, so nothing else wakes this.
- * Returns false when stopped. */
+/* Sleeps up to ns for an operation of the stream (on its worker, or on a
+ * waiter that took the operation: steal), waking early when the stream is
+ * destroyed (destroy sets stop and broadcasts work_cv under mu): a jitter or
+ * link-model pause of minutes must not make destroy hang. Other wake-ups of
+ * work_cv (a producer's, a waiter's hand-back to the worker) only make it
+ * check the time again. Returns false when stopped. */
 static bool worker_pause(host_stream_t *hs, uint64_t ns) {
   if (ns == 0)
     return !atomic_load(&hs->stop);
@@ -627,8 +653,10 @@ static void execute(host_stream_t *hs, op_t *op) {
   case OP_RECORD: /* reached by the worker, with the stream's count */
     return;
   case OP_WAIT: {
+    /* A worker runs only its own stream's operations (docs/DESIGN.md
+     * section 3.2): it waits, it does not take the other stream's. */
     if (!event_wait_target(op->ev, op->target, -1, spin_ns_of(dev),
-                           &hs->stop)) {
+                           &hs->stop, NULL)) {
       char msg[256];
       snprintf(msg, sizeof msg,
                "a wait on an event did not complete within "
@@ -675,6 +703,75 @@ static void release_blocks(ofl_device_t *dev, op_t *op) {
   }
 }
 
+/* The strict-mode jitter of the head (mu held): drawn once per operation,
+ * so that a waiter that looks at the head and leaves it does not change the
+ * pause the worker then takes. */
+static uint64_t head_jitter_locked(host_stream_t *hs) {
+  const ofl__device_config_t *c = &hs->s->dev->cfg;
+  if (!c->strict || c->jitter_max_us <= 0)
+    return 0;
+  if (!hs->jitter_drawn) {
+    hs->jitter_ns =
+        next_rand(&hs->rng) % ((uint64_t)c->jitter_max_us * 1000u + 1);
+    hs->jitter_drawn = true;
+  }
+  return hs->jitter_ns;
+}
+
+/* Marks the head started by the calling thread (mu held; busy was clear) and
+ * returns its jitter. */
+static uint64_t start_head_locked(host_stream_t *hs) {
+  uint64_t jitter = head_jitter_locked(hs);
+  hs->jitter_drawn = false;
+  atomic_store(&hs->busy, true);
+  return jitter;
+}
+
+/* Runs op, the stream's head, without mu: the jitter first (interruptible:
+ * it may be set to minutes, OFL_JITTER_MAX_US), then the operation. A
+ * record is not reached here but by finish_head_locked, together with the
+ * stream's count, so that whoever sees the event complete also sees the
+ * stream past it (a stream query right after a wait on its event says
+ * idle); *reached takes the record's event and its reference. */
+static void run_head(host_stream_t *hs, op_t *op, uint64_t jitter_ns,
+                     host_event_t **reached) {
+  if (jitter_ns > 0 && !atomic_load(&hs->stop))
+    worker_pause(hs, jitter_ns);
+  *reached = NULL;
+  if (op->type == OP_RECORD) {
+    *reached = op->ev; /* its reference is dropped by finish_head_locked */
+    op->ev = NULL;
+  } else {
+    execute(hs, op);
+  }
+  release_blocks(hs->s->dev, op);
+}
+
+/* Takes the finished head off the queue (mu held), reaches its record and
+ * wakes whoever waits for it (synchronize: for an empty queue). */
+static void finish_head_locked(host_stream_t *hs, op_t *op,
+                               host_event_t *reached, uint64_t target) {
+  hs->head = op->next;
+  if (hs->head == NULL)
+    hs->tail = NULL;
+  op->next = hs->free_ops;
+  hs->free_ops = op;
+  hs->completed++;
+  atomic_store_explicit(&hs->completed_seen, hs->completed,
+                        memory_order_release);
+  atomic_store(&hs->busy, false);
+  if (reached != NULL) { /* lock order: stream, then event */
+    pthread_mutex_lock(&reached->mu);
+    bool wake = event_complete_locked(reached, target);
+    pthread_mutex_unlock(&reached->mu);
+    if (wake)
+      pthread_cond_broadcast(&reached->cv);
+    event_unref(reached);
+  }
+  if (hs->head == NULL && hs->idle_waiters > 0)
+    pthread_cond_broadcast(&hs->idle_cv);
+}
+
 static void *worker_main(void *arg) {
   host_stream_t *hs = arg;
   ofl_device_t *dev = hs->s->dev;
@@ -694,7 +791,10 @@ static void *worker_main(void *arg) {
         sched_yield();
       pthread_mutex_lock(&hs->mu);
     }
-    while (hs->head == NULL && !atomic_load(&hs->stop)) {
+    /* A waiter running the head (busy) keeps it even after stop: the
+     * worker must not run it a second time. */
+    while (((hs->head == NULL || hs->held) && !atomic_load(&hs->stop)) ||
+           atomic_load(&hs->busy)) {
       hs->worker_sleeping = true;
       pthread_cond_wait(&hs->work_cv, &hs->mu);
       hs->worker_sleeping = false;
@@ -702,45 +802,161 @@ static void *worker_main(void *arg) {
     if (hs->head == NULL)
       break;
     op_t *op = hs->head;
+    uint64_t jitter = start_head_locked(hs);
     pthread_mutex_unlock(&hs->mu);
-    /* Interruptible: jitter may be set to minutes (OFL_JITTER_MAX_US). */
-    if (dev->cfg.strict && dev->cfg.jitter_max_us > 0 &&
-        !atomic_load(&hs->stop))
-      worker_pause(hs, next_rand(&hs->rng) %
-                           ((uint64_t)dev->cfg.jitter_max_us * 1000u + 1));
-    /* A record is reached below, together with the stream's count, so that
-     * whoever sees the event complete also sees the stream past it (a
-     * stream query right after a wait on its event says idle). */
-    host_event_t *reached = NULL;
+    host_event_t *reached;
     uint64_t target = op->target;
-    if (op->type == OP_RECORD) {
-      reached = op->ev; /* its reference is dropped below */
-      op->ev = NULL;
-    } else {
-      execute(hs, op);
-    }
-    release_blocks(dev, op);
+    run_head(hs, op, jitter, &reached);
     pthread_mutex_lock(&hs->mu);
-    hs->head = op->next;
-    if (hs->head == NULL)
-      hs->tail = NULL;
-    op->next = hs->free_ops;
-    hs->free_ops = op;
-    hs->completed++;
-    if (reached != NULL) { /* lock order: stream, then event */
-      pthread_mutex_lock(&reached->mu);
-      bool wake = event_complete_locked(reached, target);
-      pthread_mutex_unlock(&reached->mu);
-      if (wake)
-        pthread_cond_broadcast(&reached->cv);
-      event_unref(reached);
-    }
-    /* Synchronize waits for an empty queue: wake it only then. */
-    if (hs->head == NULL && hs->idle_waiters > 0)
-      pthread_cond_broadcast(&hs->idle_cv);
+    finish_head_locked(hs, op, reached, target);
   }
   pthread_mutex_unlock(&hs->mu);
   return NULL;
+}
+
+/* Whether a waiter may run op, the head, on its own thread before deadline
+ * (mu held). Never a host function: those run on the stream's thread
+ * (docs/DESIGN.md section 3.2), where they may take locks the waiter holds.
+ * A wait only once its event completed: an operation never starts before
+ * what it waits for. Nor one whose jitter or link-model pacing would keep
+ * the waiter past its deadline: the worker runs those. */
+static bool stealable_locked(host_stream_t *hs, const op_t *op,
+                             uint64_t deadline) {
+  if (op->type == OP_HOSTFN)
+    return false;
+  if (op->type == OP_WAIT && !event_reached_now(op->ev, op->target))
+    return false;
+  const ofl__device_config_t *c = &hs->s->dev->cfg;
+  double need_s = (double)head_jitter_locked(hs) / 1e9;
+  if (op->type == OP_COPY &&
+      (op->kind == OFL_COPY_H2D || op->kind == OFL_COPY_D2H)) {
+    double r = op->kind == OFL_COPY_H2D ? c->link_h2d_bps : c->link_d2h_bps;
+    if (r <= 0)
+      r = c->link_total_bps;
+    if (c->link_total_bps > 0 && r > c->link_total_bps / 2)
+      r = c->link_total_bps / 2; /* the other direction may share it */
+    if (r > 0)
+      need_s += (double)op->bytes / r;
+  }
+  uint64_t now = ofl__now_ns();
+  return deadline > now && need_s <= (double)(deadline - now) / 1e9;
+}
+
+/* Work stealing by the waiter: an application thread that waits for record
+ * `target` of he (he NULL: for the stream to drain) runs the stream's queued
+ * operations itself, in queue order, one at a time and only while no other
+ * operation of the stream runs, stopping once the goal is reached or the
+ * head must be left to the worker (stealable_locked). The stream order is
+ * the worker's: each op starts after the previous one finished, as there.
+ * mu held on entry and return. */
+static void steal_locked(host_stream_t *hs, host_event_t *he, uint64_t target,
+                         uint64_t deadline) {
+  while (hs->head != NULL && !atomic_load(&hs->busy) &&
+         !atomic_load(&hs->stop)) {
+    if (he != NULL && event_reached_now(he, target))
+      return;
+    op_t *op = hs->head;
+    if (!stealable_locked(hs, op, deadline))
+      return;
+    uint64_t jitter = start_head_locked(hs);
+    atomic_fetch_add_explicit(&hs->stolen, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&hs->mu);
+    host_event_t *reached;
+    uint64_t op_target = op->target;
+    run_head(hs, op, jitter, &reached);
+    pthread_mutex_lock(&hs->mu);
+    finish_head_locked(hs, op, reached, op_target);
+  }
+}
+
+/* A waiter done taking work hands what is left back to the worker, which
+ * may have gone to sleep on busy: woken once here, not after each op
+ * (mu held). Broadcast: another waiter may pause on work_cv too. */
+static void steal_end_locked(host_stream_t *hs) {
+  if (hs->head != NULL && hs->worker_sleeping)
+    pthread_cond_broadcast(&hs->work_cv);
+}
+
+static void steal(host_stream_t *hs, host_event_t *he, uint64_t target,
+                  uint64_t deadline) {
+  /* A peek without the lock: the worker holds it from one op to the next,
+   * and a waiter that spins must not slow it down. */
+  if (atomic_load(&hs->busy) ||
+      atomic_load_explicit(&hs->enqueued_seen, memory_order_acquire) ==
+          atomic_load_explicit(&hs->completed_seen, memory_order_acquire))
+    return;
+  pthread_mutex_lock(&hs->mu);
+  steal_locked(hs, he, target, deadline);
+  steal_end_locked(hs);
+  pthread_mutex_unlock(&hs->mu);
+}
+
+void ofl__host_stream_hold(ofl_stream_t *s, bool hold) {
+  host_stream_t *hs = s->impl;
+  if (s->dev->backend != OFL_BACKEND_HOST || !hs->has_thread)
+    return;
+  pthread_mutex_lock(&hs->mu);
+  hs->held = hold;
+  if (!hold && hs->worker_sleeping)
+    pthread_cond_broadcast(&hs->work_cv);
+  pthread_mutex_unlock(&hs->mu);
+}
+
+uint64_t ofl__host_stream_stolen(ofl_stream_t *s) {
+  if (s->dev->backend != OFL_BACKEND_HOST)
+    return 0;
+  host_stream_t *hs = s->impl;
+  return atomic_load(&hs->stolen);
+}
+
+static void stream_unref(host_stream_t *hs) {
+  if (atomic_fetch_sub(&hs->refs, 1) != 1)
+    return;
+  for (op_t *op = hs->free_ops; op != NULL;) {
+    op_t *next = op->next;
+    free(op);
+    op = next;
+  }
+  pthread_mutex_destroy(&hs->mu);
+  pthread_cond_destroy(&hs->work_cv);
+  pthread_cond_destroy(&hs->idle_cv);
+  free(hs);
+}
+
+/* Record `target` of he and the worker stream it was queued on (a
+ * reference the caller drops with stream_unref; NULL when it was on the
+ * compute stream or the record is not the latest any more). */
+static host_stream_t *record_stream(host_event_t *he, uint64_t target) {
+  pthread_mutex_lock(&he->mu);
+  host_stream_t *hs = ev_recorded(he) == target ? he->last_stream : NULL;
+  if (hs != NULL)
+    atomic_fetch_add(&hs->refs, 1);
+  pthread_mutex_unlock(&he->mu);
+  return hs;
+}
+
+/* An application thread's wait for record `target` of he, taking the
+ * operations it waits for off their stream when the worker has not started
+ * them. */
+static bool wait_record(host_event_t *he, uint64_t target, int64_t timeout_ms,
+                        uint64_t spin_ns) {
+  if (event_reached_now(he, target))
+    return true;
+  host_stream_t *from = record_stream(he, target);
+  bool done = event_wait_target(he, target, timeout_ms, spin_ns, NULL, from);
+  if (from != NULL)
+    stream_unref(from);
+  return done;
+}
+
+static ofl_status_t host_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
+  host_event_t *he = e->impl;
+  if (!wait_record(he, ev_recorded(he), timeout_ms, spin_ns_of(e->dev)))
+    return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
+                      "event not complete after %lld ms; is its stream "
+                      "blocked on a wait that never completes?",
+                      (long long)timeout_ms);
+  return OFL_SUCCESS;
 }
 
 static bool ranges_overlap(const void *a, size_t an, const char *lo,
@@ -784,6 +1000,7 @@ static ofl_status_t host_stream_create(ofl_stream_t *s) {
   pthread_cond_init(&hs->idle_cv, NULL);
   hs->rng = s->dev->cfg.jitter_seed * 0x9E3779B97F4A7C15ull +
             (uint64_t)s->id * 7919u + 1;
+  atomic_init(&hs->refs, 1);
   s->impl = hs;
   if (!s->is_compute) {
     int rc = pthread_create(&hs->thread, NULL, worker_main, hs);
@@ -821,6 +1038,12 @@ static ofl_status_t host_stream_synchronize(ofl_stream_t *s,
   uint64_t deadline = ofl__deadline_ns(timeout_ms);
   pthread_mutex_lock(&hs->mu);
   while (hs->completed < hs->enqueued && hs->has_thread) {
+    /* The queue's operations that the worker has not started yet run here
+     * (steal_locked); what is left is the worker's. */
+    steal_locked(hs, NULL, 0, deadline);
+    steal_end_locked(hs);
+    if (hs->completed >= hs->enqueued)
+      break;
     uint64_t now = ofl__now_ns();
     if (now >= deadline) {
       uint64_t pending = hs->enqueued - hs->completed;
@@ -868,15 +1091,9 @@ static ofl_status_t host_stream_destroy(ofl_stream_t *s) {
     pthread_mutex_unlock(&hs->mu);
     pthread_join(hs->thread, NULL);
   }
-  for (op_t *op = hs->free_ops; op != NULL;) {
-    op_t *next = op->next;
-    free(op);
-    op = next;
-  }
-  pthread_mutex_destroy(&hs->mu);
-  pthread_cond_destroy(&hs->work_cv);
-  pthread_cond_destroy(&hs->idle_cv);
-  free(hs);
+  /* Events whose latest record was here keep the struct (stopped: no
+   * waiter takes work from it) until they are recorded again or freed. */
+  stream_unref(hs);
   return st;
 }
 
@@ -1040,9 +1257,16 @@ static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
     pthread_mutex_lock(&he->mu);
     uint64_t target = record_locked(he, s);
     bool wake = target != 0 && event_complete_locked(he, target);
+    host_stream_t *old = NULL;
+    if (target != 0) {
+      old = he->last_stream;
+      he->last_stream = NULL;
+    }
     pthread_mutex_unlock(&he->mu);
     if (wake)
       pthread_cond_broadcast(&he->cv);
+    if (old != NULL)
+      stream_unref(old);
     return target != 0 ? OFL_SUCCESS : OFL_ERR_NO_MEMORY;
   }
   /* The queue entry first, so that a failure leaves the event as it was.
@@ -1050,9 +1274,15 @@ static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
   pthread_mutex_lock(&hs->mu);
   op_t *q = slot_locked(hs);
   uint64_t target = 0;
+  host_stream_t *old = NULL;
   if (q != NULL) {
     pthread_mutex_lock(&he->mu);
     target = record_locked(he, s);
+    if (target != 0) { /* where a waiter for this record finds its work */
+      old = he->last_stream;
+      atomic_fetch_add(&hs->refs, 1);
+      he->last_stream = hs;
+    }
     pthread_mutex_unlock(&he->mu);
     if (target != 0) {
       atomic_fetch_add(&he->refs, 1);
@@ -1064,6 +1294,8 @@ static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
     }
   }
   pthread_mutex_unlock(&hs->mu);
+  if (old != NULL) /* after the locks: this may free a destroyed stream */
+    stream_unref(old);
   if (q == NULL)
     return no_slot(s);
   return target != 0 ? OFL_SUCCESS : OFL_ERR_NO_MEMORY;
@@ -1077,7 +1309,7 @@ static ofl_status_t host_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
   if (s->is_compute) {
     /* The compute stream is the calling thread: block it, with a timeout. */
     uint64_t t0 = ofl__now_ns();
-    if (!event_wait_target(he, target, -1, spin_ns_of(s->dev), NULL))
+    if (!wait_record(he, target, -1, spin_ns_of(s->dev)))
       return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
                         "compute stream waited %lld ms for an event that "
                         "did not complete; check that its stream runs",

@@ -220,6 +220,12 @@ void ofl__host_adopt_memory(ofl_device_t *dev, bool on);
 #if OFL_HAVE_CUDA
 bool ofl__cuda_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes);
 #endif
+/* Tests of the host backend's work stealing: hold keeps a worker stream's
+ * worker from starting operations (as one that has not woken up yet; a
+ * destroy still drains it), stolen counts the operations of the stream that
+ * waiting threads ran themselves. No-ops on other streams and backends. */
+void ofl__host_stream_hold(ofl_stream_t *s, bool hold);
+uint64_t ofl__host_stream_stolen(ofl_stream_t *s);
 /* Fills [ptr, ptr+bytes) with the strict-mode poison byte (host backend). */
 void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes);
 #define OFL__POISON_BYTE 0xDB

@@ -1,0 +1,258 @@
+/* Work stealing by the waiter on the host backend: a thread that waits for
+ * an event or a stream runs the queued operations the worker has not
+ * started itself. They run once each, in stream order, only up to what the
+ * wait needs, never a host function (those stay on the stream's thread) and
+ * never an operation before the event it waits for; after the wait the
+ * event's semantics hold (bytes arrived, the blocks are free to free in
+ * strict mode). A held worker (ofl__host_stream_hold) plays one that has not
+ * woken up yet. Host backend only. */
+#include <criterion/criterion.h>
+#include "tests/cr_assert.h"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ofl/ofl.h>
+#include "runtime/device_internal.h"
+
+#define OK(call) cr_assert(eq(int, (call), OFL_SUCCESS), "%s", ofl_last_error())
+#define N 4096
+
+static ofl_device_t *dev;
+
+static void open_dev(void) {
+  setenv("OFL_BACKEND", "host", 1);
+  ofl_config_reload();
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  p.strict = 1;
+  OK(ofl_device_open(&p, &dev));
+  ofl_log_set_level(OFL_LOG_NONE);
+}
+static void close_dev(void) { ofl_device_close(dev); }
+TestSuite(host_steal, .init = open_dev, .fini = close_dev);
+
+static void fill(unsigned char *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++)
+    p[i] = (unsigned char)(i * 31u + seed);
+}
+
+/* The chain of order-dependent operations the tests queue, and the bytes it
+ * leaves in out: src -> d1, a memset over part of d1, d1 -> d2, src is
+ * overwritten (a copy of src run again after this would show), d2 -> out.
+ * Returns the number of operations queued. */
+static int queue_chain(ofl_stream_t *s, unsigned char *src, void *d1,
+                       void *d2, unsigned char *out) {
+  OK(ofl_memcpy_async(d1, src, N, OFL_COPY_H2D, s));
+  OK(ofl_memset_async((char *)d1 + 100, 0xAB, 300, s));
+  OK(ofl_memcpy_async(d2, d1, N, OFL_COPY_D2D, s));
+  OK(ofl_memset_async(d1, 0xCD, N, s));
+  OK(ofl_memcpy_async(out, d2, N, OFL_COPY_D2H, s));
+  return 5;
+}
+
+static void expect_chain(const unsigned char *src0, const unsigned char *out) {
+  size_t wrong = 0;
+  for (size_t i = 0; i < N; i++) {
+    unsigned char want = (i >= 100 && i < 400) ? 0xAB : src0[i];
+    wrong += out[i] != want;
+  }
+  cr_assert(eq(sz, wrong, 0), "%zu of %d bytes wrong", wrong, N);
+}
+
+static atomic_int fn_calls;
+static pthread_t fn_thread;
+static void host_fn(void *arg) {
+  (void)arg;
+  fn_thread = pthread_self();
+  atomic_fetch_add(&fn_calls, 1);
+}
+
+/* The compute stream's wait takes the operations before the event off the
+ * held worker's queue and runs them, once each and in order; what was
+ * queued after the event is left to the worker. */
+Test(host_steal, compute_wait_runs_the_ops_before_the_event_once_in_order) {
+  ofl_stream_t *s = NULL, *c = ofl_device_compute_stream(dev);
+  ofl_event_t *e = NULL;
+  void *d1 = NULL, *d2 = NULL, *d3 = NULL;
+  unsigned char src[N], src0[N], out[N], late[N];
+  fill(src, N, 7);
+  memcpy(src0, src, N);
+  memset(out, 0, N);
+  memset(late, 0, N);
+  OK(ofl_stream_create(dev, "h2d", &s));
+  OK(ofl_event_create(dev, &e));
+  OK(ofl_device_malloc(dev, N, &d1));
+  OK(ofl_device_malloc(dev, N, &d2));
+  OK(ofl_device_malloc(dev, N, &d3));
+  ofl__host_stream_hold(s, true);
+  int before = queue_chain(s, src, d1, d2, out);
+  OK(ofl_event_record(e, s));
+  OK(ofl_memset_async(d3, 0x5A, N, s));
+  OK(ofl_memcpy_async(late, d3, N, OFL_COPY_D2H, s));
+
+  OK(ofl_stream_wait_event(c, e));
+  expect_chain(src0, out);
+  cr_assert(eq(u64, ofl__host_stream_stolen(s), (uint64_t)before + 1));
+  cr_assert(eq(int, ofl_event_query(e), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_query(s), OFL_ERR_NOT_READY));
+  for (size_t i = 0; i < N; i++)
+    cr_assert(eq(u8, late[i], 0), "an op after the event ran");
+  /* Event semantics in strict mode: the blocks the ops before it used are
+   * no longer in use (a free with queued users is refused). */
+  OK(ofl_device_free(dev, d1));
+  OK(ofl_device_free(dev, d2));
+
+  ofl__host_stream_hold(s, false);
+  OK(ofl_stream_synchronize(s, OFL_TIMEOUT_DEFAULT));
+  for (size_t i = 0; i < N; i++)
+    cr_assert(eq(u8, late[i], 0x5A));
+  expect_chain(src0, out); /* nothing of the chain ran a second time */
+  OK(ofl_device_free(dev, d3));
+  ofl_event_destroy(e);
+  OK(ofl_stream_destroy(s));
+}
+
+/* A host function is never taken: the waiter runs what comes before it and
+ * leaves it, and everything after it, to the worker, on whose thread it
+ * runs once. */
+Test(host_steal, host_function_stays_on_the_stream_thread) {
+  ofl_stream_t *s = NULL;
+  ofl_event_t *e = NULL;
+  void *d1 = NULL, *d2 = NULL;
+  unsigned char src[N], out[N];
+  fill(src, N, 3);
+  memset(out, 0, N);
+  atomic_store(&fn_calls, 0);
+  OK(ofl_stream_create(dev, "d2h", &s));
+  OK(ofl_event_create(dev, &e));
+  OK(ofl_device_malloc(dev, N, &d1));
+  OK(ofl_device_malloc(dev, N, &d2));
+  ofl__host_stream_hold(s, true);
+  OK(ofl_memcpy_async(d1, src, N, OFL_COPY_H2D, s));
+  OK(ofl_stream_launch_host_func(s, host_fn, NULL));
+  OK(ofl_memcpy_async(out, d1, N, OFL_COPY_D2H, s));
+  OK(ofl_event_record(e, s));
+
+  /* The worker is held: the waiter runs the first copy, stops at the host
+   * function and times out. */
+  cr_assert(eq(int, ofl_event_synchronize(e, 50), OFL_ERR_TIMEOUT));
+  cr_assert(eq(u64, ofl__host_stream_stolen(s), 1));
+  cr_assert(eq(int, atomic_load(&fn_calls), 0));
+  cr_assert(eq(int, out[0], 0), "an op after the host function ran");
+
+  ofl__host_stream_hold(s, false);
+  OK(ofl_event_synchronize(e, OFL_TIMEOUT_DEFAULT));
+  OK(ofl_stream_synchronize(s, OFL_TIMEOUT_DEFAULT));
+  cr_assert(eq(int, atomic_load(&fn_calls), 1));
+  cr_assert(not(pthread_equal(fn_thread, pthread_self())),
+            "the host function ran on the waiting thread");
+  cr_assert(eq(int, memcmp(out, src, N), 0));
+  OK(ofl_device_free(dev, d1));
+  OK(ofl_device_free(dev, d2));
+  ofl_event_destroy(e);
+  OK(ofl_stream_destroy(s));
+}
+
+/* A stream wait is taken only once its event completed: stream a waits for
+ * b's event, both held. A waiter on a runs a's first copy and stops at the
+ * wait; after b completes (its synchronize takes b's ops), a waiter takes
+ * the wait and what follows. The bytes a reads are b's. */
+Test(host_steal, never_runs_an_op_before_the_event_it_waits_for) {
+  ofl_stream_t *a = NULL, *b = NULL;
+  ofl_event_t *eb = NULL, *ea = NULL;
+  void *d = NULL, *x = NULL;
+  unsigned char src[N], out[N], xout[N];
+  fill(src, N, 11);
+  memset(out, 0, N);
+  memset(xout, 0, N);
+  OK(ofl_stream_create(dev, "a", &a));
+  OK(ofl_stream_create(dev, "b", &b));
+  OK(ofl_event_create(dev, &ea));
+  OK(ofl_event_create(dev, &eb));
+  OK(ofl_device_malloc(dev, N, &d));
+  OK(ofl_device_malloc(dev, N, &x));
+  ofl__host_stream_hold(a, true);
+  ofl__host_stream_hold(b, true);
+  OK(ofl_memset_async(d, 0x00, N, b));
+  OK(ofl_memcpy_async(d, src, N, OFL_COPY_H2D, b));
+  OK(ofl_event_record(eb, b));
+  OK(ofl_memset_async(x, 0x77, N, a));
+  OK(ofl_stream_wait_event(a, eb));
+  OK(ofl_memcpy_async(out, d, N, OFL_COPY_D2H, a));
+  OK(ofl_memcpy_async(xout, x, N, OFL_COPY_D2H, a));
+  OK(ofl_event_record(ea, a));
+
+  cr_assert(eq(int, ofl_event_synchronize(ea, 50), OFL_ERR_TIMEOUT));
+  cr_assert(eq(u64, ofl__host_stream_stolen(a), 1), "stole past the wait");
+  cr_assert(eq(int, out[0], 0));
+  cr_assert(eq(u64, ofl__host_stream_stolen(b), 0));
+
+  OK(ofl_stream_synchronize(b, OFL_TIMEOUT_DEFAULT));
+  cr_assert(eq(u64, ofl__host_stream_stolen(b), 3));
+  OK(ofl_event_synchronize(ea, OFL_TIMEOUT_DEFAULT));
+  cr_assert(eq(u64, ofl__host_stream_stolen(a), 5));
+  cr_assert(eq(int, memcmp(out, src, N), 0));
+  for (size_t i = 0; i < N; i++)
+    cr_assert(eq(u8, xout[i], 0x77));
+  ofl__host_stream_hold(a, false);
+  ofl__host_stream_hold(b, false);
+  OK(ofl_device_free(dev, d));
+  OK(ofl_device_free(dev, x));
+  ofl_event_destroy(ea);
+  ofl_event_destroy(eb);
+  OK(ofl_stream_destroy(a));
+  OK(ofl_stream_destroy(b));
+}
+
+/* Worker and waiters race for the same queue (no hold): a waiter on the
+ * compute stream and one synchronizing the stream, round after round; each
+ * round's chain of order-dependent ops must leave exactly its bytes. */
+Test(host_steal, worker_and_waiters_racing_run_each_op_once, .timeout = 120) {
+  ofl_stream_t *s = NULL, *c = ofl_device_compute_stream(dev);
+  ofl_event_t *e = NULL;
+  void *d1 = NULL, *d2 = NULL;
+  static unsigned char src[N], src0[N], out[N];
+  OK(ofl_stream_create(dev, "race", &s));
+  OK(ofl_event_create(dev, &e));
+  OK(ofl_device_malloc(dev, N, &d1));
+  OK(ofl_device_malloc(dev, N, &d2));
+  for (unsigned round = 0; round < 400; round++) {
+    fill(src, N, round);
+    memcpy(src0, src, N);
+    memset(out, 0, N);
+    queue_chain(s, src, d1, d2, out);
+    OK(ofl_event_record(e, s));
+    if (round % 3 == 0)
+      OK(ofl_event_synchronize(e, OFL_TIMEOUT_DEFAULT));
+    else if (round % 3 == 1)
+      OK(ofl_stream_wait_event(c, e));
+    else
+      OK(ofl_stream_synchronize(s, OFL_TIMEOUT_DEFAULT));
+    expect_chain(src0, out);
+  }
+  OK(ofl_stream_synchronize(s, OFL_TIMEOUT_DEFAULT));
+  OK(ofl_device_free(dev, d1));
+  OK(ofl_device_free(dev, d2));
+  ofl_event_destroy(e);
+  OK(ofl_stream_destroy(s));
+}
+
+/* An event outlives the stream of its latest record: a wait after the
+ * destroy sees it complete, and a record elsewhere lets the stream go. */
+Test(host_steal, event_outlives_the_stream_it_was_recorded_on) {
+  ofl_stream_t *s = NULL;
+  ofl_event_t *e = NULL, *f = NULL;
+  OK(ofl_stream_create(dev, "gone", &s));
+  OK(ofl_event_create(dev, &e));
+  OK(ofl_event_create(dev, &f));
+  OK(ofl_event_record(e, s));
+  OK(ofl_event_record(f, s));
+  OK(ofl_stream_destroy(s));
+  OK(ofl_event_synchronize(e, OFL_TIMEOUT_DEFAULT));
+  OK(ofl_stream_wait_event(ofl_device_compute_stream(dev), f));
+  OK(ofl_event_record(e, ofl_device_compute_stream(dev)));
+  ofl_event_destroy(e);
+  ofl_event_destroy(f);
+}
