@@ -70,6 +70,7 @@ struct ofl__plan {
   uint32_t fifo_head, fifo_len;
   uint64_t stall_ns_start;
   uint64_t solve_target; /* the target the last solve aimed at */
+  uint64_t changes_seen; /* replans + lead changes when last looked */
   bool touched; /* the ledger moved in this iteration */
   bool warned;
 };
@@ -429,6 +430,19 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     if (p->ms[i].bwd_seq > 0)
       p->bwd_order[p->nbwd++] = i;
   sort_bwd(p->bwd_order, p->nbwd, p->ms);
+  /* Without timing events (the host backend: copies on a worker thread
+   * that may wake late), a copy the warmup saw unfinished at a later marker
+   * kept its bytes at least that long (the lower bound of its end, not the
+   * time it was first seen finished, a whole window later). The largest
+   * such latency holds every offloaded group's bytes (one per instance:
+   * which copy a late wake-up hits is chance). */
+  double latency = 0;
+  for (uint32_t i = 0; i < n && !(p->timed && !p->timing_lost); i++) {
+    const meas_t *x = &p->ms[i];
+    if (x->late > x->commit.cpu && (double)(x->late - x->commit.cpu) > latency)
+      latency = (double)(x->late - x->commit.cpu);
+  }
+  p->out.release_ms = latency / 1e6;
   int split[OFL__MAX_NAMES] = {0};
   *nnames = m->nnames;
   for (uint32_t i = 0; i < n; i++) {
@@ -468,13 +482,7 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     q->fwd_window_ns = (double)(next - q->t_alloc);
     q->bwd_window_ns = (double)(begin - q->t_reload);
     q->d2h_ns = d2h_bps > 0 ? (double)q->bytes * 1e9 / d2h_bps : 0;
-    /* Without timing events (the host backend: copies on a worker thread
-     * that may wake late), a copy the warmup saw unfinished at a later
-     * marker took at least that long: the lower bound of its end, never
-     * the time it was first seen finished (a whole window later). */
-    if (!(p->timed && !p->timing_lost) && x->late > x->commit.cpu &&
-        (double)(x->late - x->commit.cpu) > q->d2h_ns)
-      q->d2h_ns = (double)(x->late - x->commit.cpu);
+    q->release_ns = latency;
     q->h2d_ns = h2d_bps > 0 ? (double)q->bytes * 1e9 / h2d_bps : 0;
   }
   return OFL_SUCCESS;
@@ -802,6 +810,17 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
     if (o->measured_peak_bytes > o->measured_peak_max_bytes)
       o->measured_peak_max_bytes = o->measured_peak_bytes;
     o->measured_stall_ms = (double)(m->st.stall_ns - p->stall_ns_start) / 1e6;
+    /* The feedback of the iteration before: a plan that changed at its
+     * end starts its settled figures with this one. */
+    uint64_t changes = o->replans + o->lead_changes;
+    if (changes != p->changes_seen) {
+      p->changes_seen = changes;
+      o->settled_iterations = 0;
+      o->measured_peak_settled_bytes = 0;
+    }
+    o->settled_iterations++;
+    if (o->measured_peak_bytes > o->measured_peak_settled_bytes)
+      o->measured_peak_settled_bytes = o->measured_peak_bytes;
     bool over = o->target_bytes > 0 && o->measured_peak_bytes > o->target_bytes;
     bool back = learn(m, over);
     for (uint32_t i = 0; i < p->nms; i++)

@@ -41,6 +41,8 @@ typedef struct {
   size_t n;
   plan_event_t *ev; /* 3n */
   size_t *by_alloc; /* n */
+  unsigned char *back; /* n, per evaluation: reloaded before its bytes left
+                          (they never leave) */
 } plan_order_t;
 
 static int event_cmp(const void *pa, const void *pb) {
@@ -62,12 +64,13 @@ static bool plan_order_init(plan_order_t *o, const ofl__plan_group_t *g,
   o->n = n;
   if (n == 0)
     return true;
-  if (n > SIZE_MAX / (3 * sizeof(plan_event_t) + sizeof(size_t)))
+  if (n > SIZE_MAX / (3 * sizeof(plan_event_t) + sizeof(size_t) + 1))
     return false;
-  o->ev = malloc(n * (3 * sizeof(plan_event_t) + sizeof(size_t)));
+  o->ev = malloc(n * (3 * sizeof(plan_event_t) + sizeof(size_t) + 1));
   if (o->ev == NULL)
     return false;
   o->by_alloc = (size_t *)(o->ev + 3 * n);
+  o->back = (unsigned char *)(o->by_alloc + n);
   for (size_t i = 0; i < n; i++) {
     o->ev[3 * i] = (plan_event_t){g[i].t_alloc, i, PLAN_EV_ALLOC};
     o->ev[3 * i + 1] = (plan_event_t){g[i].t_reload, i, PLAN_EV_RELOAD};
@@ -86,6 +89,7 @@ static void plan_order_fini(plan_order_t *o) {
   free(o->ev);
   o->ev = NULL;
   o->by_alloc = NULL;
+  o->back = NULL;
 }
 
 static bool is_chosen(const ofl__plan_group_t *g, const bool *chosen,
@@ -108,18 +112,29 @@ static plan_time_t time_after(plan_time_t start, double ns) {
   return (plan_time_t){start.ns + w, x - whole};
 }
 
+static bool time_before(plan_time_t a, plan_time_t b) {
+  return a.ns < b.ns || (a.ns == b.ns && a.frac < b.frac);
+}
+
 /* The next chosen group's copy on the D2H stream after *stream (the
- * previous copy's end): sets *group and *end, advances *next. */
+ * previous copy's end): sets *group, *stream (the copy's end) and *leave
+ * (when its bytes leave: the copy's end, or t_alloc + release_ns when
+ * later), advances *next. With one release_ns per instance the leaves come
+ * in commit order, sorted like the copy ends. */
 static bool next_copy(const plan_order_t *o, const bool *chosen, bool instant,
-                      size_t *next, plan_time_t *stream, size_t *group) {
+                      size_t *next, plan_time_t *stream, plan_time_t *leave,
+                      size_t *group) {
   while (*next < o->n) {
     size_t i = o->by_alloc[(*next)++];
     if (!is_chosen(o->g, chosen, i))
       continue;
     plan_time_t start = {o->g[i].t_alloc, 0};
-    if (stream->ns > start.ns || (stream->ns == start.ns && stream->frac > 0))
+    if (time_before(start, *stream))
       start = *stream;
     *stream = time_after(start, instant ? 0 : o->g[i].d2h_ns);
+    plan_time_t rel = time_after((plan_time_t){o->g[i].t_alloc, 0},
+                                 o->g[i].release_ns);
+    *leave = time_before(*stream, rel) ? rel : *stream;
     *group = i;
     return true;
   }
@@ -133,8 +148,10 @@ static uint64_t peak_eval(const plan_order_t *o, const bool *chosen,
                           bool instant) {
   const ofl__plan_group_t *g = o->g;
   size_t nev = 3 * o->n, e = 0, next = 0, copy = 0;
-  plan_time_t end = {INT64_MIN, 0};
-  bool pending = next_copy(o, chosen, instant, &next, &end, &copy);
+  plan_time_t stream = {INT64_MIN, 0}, end = {INT64_MIN, 0};
+  if (o->n > 0)
+    memset(o->back, 0, o->n);
+  bool pending = next_copy(o, chosen, instant, &next, &stream, &end, &copy);
   uint64_t cur = 0, peak = 0;
   while (e < nev || pending) {
     /* A fixed event at the copy end's whole ns goes first: it is earlier
@@ -145,14 +162,23 @@ static uint64_t peak_eval(const plan_order_t *o, const bool *chosen,
       if (ev->kind == PLAN_EV_ALLOC) {
         cur += x->bytes + x->kept_bytes;
       } else if (ev->kind == PLAN_EV_RELOAD) {
-        if (is_chosen(g, chosen, ev->group))
-          cur += x->bytes;
+        /* Its bytes come back; when they never left (the copy still
+         * running), they stay counted once. */
+        if (is_chosen(g, chosen, ev->group)) {
+          if (o->back[ev->group] == 2)
+            cur += x->bytes;
+          else
+            o->back[ev->group] = 1;
+        }
       } else {
         cur -= x->bytes + x->kept_bytes;
       }
     } else {
-      cur -= g[copy].bytes;
-      pending = next_copy(o, chosen, instant, &next, &end, &copy);
+      if (o->back[copy] == 0) {
+        cur -= g[copy].bytes;
+        o->back[copy] = 2;
+      }
+      pending = next_copy(o, chosen, instant, &next, &stream, &end, &copy);
     }
     if (cur > peak)
       peak = cur;
@@ -243,8 +269,9 @@ static ofl_status_t check_group(const ofl__plan_group_t *x, size_t i,
                       "%lld t_reload %lld t_free %lld",
                       i, (long long)x->t_alloc, (long long)x->t_reload,
                       (long long)x->t_free);
-  if (x->offloadable && (bad_ns(x->d2h_ns) || bad_ns(x->h2d_ns) ||
-                         bad_ns(x->fwd_window_ns) || bad_ns(x->bwd_window_ns)))
+  if (x->offloadable &&
+      (bad_ns(x->d2h_ns) || bad_ns(x->h2d_ns) || bad_ns(x->fwd_window_ns) ||
+       bad_ns(x->bwd_window_ns) || bad_ns(x->release_ns)))
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "plan solve: group %zu copy times must be finite and "
                       ">= 0: d2h_ns %g h2d_ns %g fwd_window_ns %g "
@@ -262,10 +289,19 @@ static ofl_status_t check_group(const ofl__plan_group_t *x, size_t i,
 static ofl_status_t names_build(plan_names_t *s, const ofl__plan_group_t *g,
                                 size_t n) {
   uint64_t total = 0;
+  const ofl__plan_group_t *first = NULL;
   for (size_t i = 0; i < n; i++) {
     OFL_CHECK(check_group(&g[i], i, s->nnames, &total));
-    if (g[i].offloadable)
-      s->count[g[i].name]++;
+    if (!g[i].offloadable)
+      continue;
+    s->count[g[i].name]++;
+    if (first == NULL)
+      first = &g[i];
+    else if (g[i].release_ns != first->release_ns)
+      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                        "plan solve: group %zu release_ns %g differs from "
+                        "the instance's %g (one latency for every group)",
+                        i, g[i].release_ns, first->release_ns);
   }
   for (int m = 1; m < s->nnames; m++)
     s->off[m] = s->off[m - 1] + s->count[m - 1];

@@ -116,7 +116,10 @@ typedef struct {
   size_t gpu_used_peak; /* cudaMemGetInfo: total - free, largest sample */
   size_t pool_total_seen; /* the pool's bytes at the last GPU sample */
   size_t act_peak; /* steady state: pool bytes in use less the demo's own
-                      tensors that are not saved activations, largest sample */
+                      tensors that are not saved activations, largest sample
+                      (with --offload auto: since the plan last changed, as
+                      its measured_peak_settled_bytes) */
+  uint64_t plan_changes; /* --offload auto: replans + lead changes seen */
 } run_t;
 
 /* The auto plan as a run ends (ofl_manager_plan_get), and the demo's own

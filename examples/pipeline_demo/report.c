@@ -391,13 +391,16 @@ void report_print(const opts_t *o, const double *all, int NF, int rep_first,
  * Two measurements of each rank's activation peak in steady state: the
  * plan's (the manager's ledger of saved tensors on the device) and the
  * demo's (the pool's blocks in use less the demo's own tensors, sampled
- * after each group). Either above the target (with --mem-tolerance) fails
- * --check-memory. Figures: all[NF * i + 21 ...], see demo.c. */
+ * after each group), both over the iterations since the plan last changed
+ * (its feedback answers an iteration over the target with a change: the
+ * peak that counts is the one it settled on). Either above the target
+ * (with --mem-tolerance) fails --check-memory. Figures: all[NF * i + 21
+ * ...], see demo.c. */
 int report_plan(const opts_t *o, const double *all, int NF, int rep_first,
                 int rep_n) {
   int over = 0;
-  printf("\nauto plan (steady state; MiB): %-4s %9s %9s %9s %9s %9s %9s "
-         "%11s %11s\n",
+  printf("\nauto plan (steady state, peaks since the plan last changed; "
+         "MiB):\n%30s %9s %9s %9s %9s %9s %9s %11s %11s\n",
          "rank", "target", "pred_peak", "meas_peak", "demo_peak",
          "all_offl", "no_offl", "pred_exp_ms", "stall_ms");
   for (int i = 0; i < rep_n; i++) {

@@ -130,6 +130,14 @@ static int run_iterations(run_t *r, const sched_step_t *steps, int nsteps,
     if (r->iter == 1 || o->iters == 1)
       r->steady_s = t - r->t0;
     run_iteration(r, steps, nsteps);
+    /* The auto plan's feedback changed it at this reset: the peak that
+     * counts against the target starts again with the next iteration. */
+    ofl_manager_plan_t pl;
+    if (offload && o->offload_auto && glue_plan(r->glue, &pl) == OFL_SUCCESS &&
+        pl.automatic && pl.replans + pl.lead_changes != r->plan_changes) {
+      r->plan_changes = pl.replans + pl.lead_changes;
+      r->act_peak = 0;
+    }
     barrier_bounded("the barrier after an iteration");
     t = now_s() - t;
     if (r->iter > 0 || o->iters == 1) {
@@ -275,7 +283,11 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
         .met = plan.met,
         .target = (double)plan.target_bytes,
         .predicted_peak = (double)plan.predicted_peak_bytes,
-        .measured_peak_max = (double)plan.measured_peak_max_bytes,
+        /* Since the plan last changed: the first steady iterations may
+         * go over (the warmup's timings missed), the feedback answers. */
+        .measured_peak_max = (double)(plan.settled_iterations > 0
+                                          ? plan.measured_peak_settled_bytes
+                                          : plan.measured_peak_max_bytes),
         .peak_all = (double)plan.peak_all_bytes,
         .peak_none = (double)plan.peak_none_bytes,
         .predicted_exposed_ms = plan.predicted_exposed_ms,

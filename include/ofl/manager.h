@@ -485,12 +485,21 @@ typedef struct ofl_manager_plan {
   double predicted_exposed_ms;   /* per iteration */
   double d2h_gbps, h2d_gbps;     /* link rates the plan used */
   const char *rate_source;       /* "measured", "link model", "memcpy" */
+  double release_ms;             /* host backend: the longest a copy of the
+                                    warmup was seen unfinished; every
+                                    offloaded group's bytes are taken to stay
+                                    that long (0 with timing events) */
   /* The last finished iteration, measured. */
   uint64_t iterations;           /* steady iterations measured */
   uint64_t measured_peak_bytes;  /* activation bytes on the device, peak */
   uint64_t measured_peak_max_bytes; /* over every steady iteration */
   double measured_stall_ms;      /* reload stalls of the iteration */
   uint64_t lead_changes;         /* prefetch leads moved, all iterations */
+  uint64_t settled_iterations;   /* steady iterations since the plan last
+                                    changed (a replan or a lead moved) */
+  uint64_t measured_peak_settled_bytes; /* the largest measured peak of
+                                    those: the figure to hold against the
+                                    target once the feedback settled */
   uint64_t replans;              /* solves after the warmup's: a measured
                                     peak over the target makes the plan
                                     solve again for a target lowered by the

@@ -133,10 +133,13 @@ class ManagerPlan(ctypes.Structure):
                 ("peak_all_bytes", c_uint64), ("peak_none_bytes", c_uint64),
                 ("shortfall_bytes", c_uint64), ("predicted_exposed_ms", c_double),
                 ("d2h_gbps", c_double), ("h2d_gbps", c_double),
-                ("rate_source", c_char_p), ("iterations", c_uint64),
+                ("rate_source", c_char_p), ("release_ms", c_double),
+                ("iterations", c_uint64),
                 ("measured_peak_bytes", c_uint64),
                 ("measured_peak_max_bytes", c_uint64),
                 ("measured_stall_ms", c_double), ("lead_changes", c_uint64),
+                ("settled_iterations", c_uint64),
+                ("measured_peak_settled_bytes", c_uint64),
                 ("replans", c_uint64), ("nnames", c_size_t),
                 ("names", ctypes.POINTER(PlanName))]
 

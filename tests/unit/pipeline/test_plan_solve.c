@@ -139,13 +139,47 @@ Test(pipeline_plan_solve, copy_ends_keep_fractions_on_a_clock_far_from_zero) {
   cr_assert(eq(u64, ofl__plan_peak(q, 4, all), 1200));
 }
 
-Test(pipeline_plan_solve, a_copy_that_ends_after_the_reload_counts_twice) {
-  /* the copy runs [0, 100]; the reload at 40 adds the bytes again */
-  ofl__plan_group_t g[1] = {grp(0, 0, 100, 0, 0, 40, 200, 100)};
-  bool c[1] = {true};
-  cr_assert(eq(u64, ofl__plan_peak(g, 1, c), 200));
+Test(pipeline_plan_solve, a_copy_that_ends_after_the_reload_counts_once) {
+  /* the copy runs [0, 100]; the reload at 40 finds the bytes still there
+   * (the manager's ledger does not add them again) */
+  ofl__plan_group_t g[2] = {grp(0, 0, 100, 0, 0, 40, 200, 100),
+                            stay(0, 7, 150, 160)};
+  bool c[2] = {true, false};
+  cr_assert(eq(u64, ofl__plan_peak(g, 1, c), 100));
+  /* and they leave only at the free: the stay group at 150 adds to them */
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 107));
   g[0].t_free = 60; /* ends after the free too: never below zero */
-  cr_assert(eq(u64, ofl__plan_peak(g, 1, c), 200));
+  g[1].t_alloc = 70;
+  g[1].t_reload = 70;
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 100));
+}
+
+Test(pipeline_plan_solve, the_release_latency_holds_the_bytes) {
+  /* copy [0, 10], but the bytes are seen to leave at 0 + 50: a commit at
+   * 30 still finds them; one at 60 does not */
+  ofl__plan_group_t g[2] = {grp(0, 0, 100, 0, 0, 80, 90, 10),
+                            stay(1, 5, 30, 95)};
+  g[0].release_ns = 50;
+  bool c[2] = {true, false};
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 105));
+  g[1].t_alloc = g[1].t_reload = 60;
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 105)); /* the reload at 80 */
+  g[0].t_reload = 85;
+  g[1].t_free = 70;
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 100));
+  /* a latency past the reload: never leaves */
+  g[0].release_ns = 100;
+  g[1].t_alloc = g[1].t_reload = 86;
+  g[1].t_free = 89;
+  cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 105));
+  /* one latency per instance */
+  ofl__plan_group_t h[2] = {grp(0, 0, 100, 0, 0, 80, 90, 10),
+                            grp(0, 1, 100, 0, 10, 70, 80, 10)};
+  h[0].release_ns = 5;
+  bool ch[2];
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve(h, 2, 1, 150, ch, &r),
+               OFL_ERR_INVALID_ARG));
 }
 
 /* ---- random instances --------------------------------------------------- */
@@ -266,7 +300,8 @@ static uint64_t naive_peak(const inst_t *in, const bool *c) {
       int64_t all = (int64_t)(x->bytes + x->kept_bytes);
       sum += ((double)x->t_alloc <= t ? all : 0) -
              ((double)x->t_free < t ? all : 0);
-      if (c[i] && x->offloadable)
+      /* bytes that leave before the reload; else they never leave */
+      if (c[i] && x->offloadable && end[i] < (double)x->t_reload)
         sum += ((double)x->t_reload <= t ? (int64_t)x->bytes : 0) -
                (end[i] < t ? (int64_t)x->bytes : 0);
     }
