@@ -271,6 +271,10 @@ void ofl__stall_free(ofl_manager_t *m);
 /* policy.c */
 ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m);
 bool ofl__policy_next_in_backward(const ofl_manager_t *m, const group_t *g);
+/* A byte table gathered over params.comm (collective: every rank of it
+ * calls), or this rank's alone without a comm. */
+ofl_status_t ofl__gather_table(ofl_manager_t *m, const ofl_byte_table_t *t,
+                               ofl_summary_t **out);
 
 /* plan.c: groups "auto". Every hook returns at once without auto. The
  * warmup hooks stamp the compute and copy streams; the steady hooks keep

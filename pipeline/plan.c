@@ -71,12 +71,19 @@ struct ofl__plan {
   uint64_t stall_ns_start;
   uint64_t solve_target; /* the target the last solve aimed at */
   uint64_t changes_seen; /* replans + lead changes when last looked */
+  bool ledger;  /* the ledger's arrays exist (the warmup ended) */
   bool touched; /* the ledger moved in this iteration */
   bool warned;
 };
 
+/* The steady ledger runs (after the warmup, with or without auto). */
 static bool active(const ofl_manager_t *m) {
-  return m->auto_plan && m->ap != NULL;
+  return m->ap != NULL && m->ap->ledger;
+}
+
+/* g is a group of the warmup record that the ledger follows. */
+static bool followed(const ofl_manager_t *m, const group_t *g) {
+  return active(m) && g->pidx < m->ap->nms && m->ap->ms[g->pidx].g == g;
 }
 
 /* ---- warmup stamps ------------------------------------------------------ */
@@ -114,7 +121,7 @@ static ofl_status_t plan_alloc(ofl_manager_t *m) {
   if (m->ap == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
                       "no memory for the auto plan's measurements");
-  m->ap->timed = ofl_device_backend(m->dev) != OFL_BACKEND_HOST;
+  m->ap->timed = true; /* until a timing event cannot be made */
   return OFL_SUCCESS;
 }
 
@@ -174,13 +181,15 @@ static void warm_poll(ofl_manager_t *m) {
 }
 
 void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
-  if (!m->auto_plan || g == NULL)
+  if (g == NULL || !m->offload)
     return;
   if (m->warmup) {
+    /* Every group of the record gets its place in the ledger; the stamps
+     * are the auto plan's. */
     if (plan_alloc(m) != OFL_SUCCESS)
       return;
     meas_t *x = meas_of(m, g);
-    if (x == NULL)
+    if (x == NULL || !m->auto_plan)
       return;
     ofl__plan_t *p = m->ap;
     if (phase == 0) {
@@ -199,7 +208,7 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
     }
     return;
   }
-  if (!active(m) || g->pidx >= m->ap->nms || phase < 2)
+  if (!followed(m, g) || phase < 2)
     return;
   ofl__plan_t *p = m->ap;
   ledger_poll(m);
@@ -214,18 +223,24 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
   }
 }
 
+/* The warmup's measurements of g (NULL outside an auto warmup, or
+ * without memory for them). */
+static meas_t *warm_meas(ofl_manager_t *m, group_t *g) {
+  return m->auto_plan && g != NULL && m->warmup && m->ap != NULL
+             ? meas_of(m, g)
+             : NULL;
+}
+
 void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase) {
-  if (!m->auto_plan || g == NULL)
+  if (g == NULL)
     return;
   if (m->warmup) {
-    if (m->ap == NULL)
-      return;
-    meas_t *x = meas_of(m, g);
+    meas_t *x = warm_meas(m, g);
     if (x != NULL)
       stamp(m, phase == 0 ? &x->h2d_a : &x->h2d_b, m->h2d);
     return;
   }
-  if (!active(m) || g->pidx >= m->ap->nms || phase == 0)
+  if (!followed(m, g) || phase == 0)
     return;
   ofl__plan_t *p = m->ap;
   ledger_poll(m);
@@ -236,12 +251,10 @@ void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase) {
 }
 
 void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
-  if (!m->auto_plan || g == NULL)
+  if (g == NULL)
     return;
   if (m->warmup) {
-    if (m->ap == NULL)
-      return;
-    meas_t *x = meas_of(m, g);
+    meas_t *x = warm_meas(m, g);
     if (x == NULL)
       return;
     warm_poll(m);
@@ -250,7 +263,7 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
     stamp(m, end ? &x->bwd_end : &x->bwd_begin, ofl__compute(m));
     return;
   }
-  if (!active(m) || g->pidx >= m->ap->nms)
+  if (!followed(m, g))
     return;
   ofl__plan_t *p = m->ap;
   ledger_poll(m);
@@ -273,7 +286,7 @@ static uint32_t issued_ahead(const chunk_t *c) {
 
 uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
                                   const chunk_t *next) {
-  if (!active(m) || m->warmup || m->ap->inst == NULL)
+  if (!m->auto_plan || !active(m) || m->ap->inst == NULL)
     return m->prefetch_groups;
   uint32_t ahead = issued_ahead(c) + (next != c ? issued_ahead(next) : 0);
   uint32_t depth = 0, pos = ahead;
@@ -405,11 +418,7 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
   p->chosen = calloc(n ? n : 1, sizeof *p->chosen);
   p->bwd_order = calloc(n ? n : 1, sizeof *p->bwd_order);
   p->t_bwd_end = calloc(n ? n : 1, sizeof *p->t_bwd_end);
-  p->off_now = calloc(n ? n : 1, sizeof *p->off_now);
-  p->pending = calloc(n ? n : 1, sizeof *p->pending);
-  p->fifo = calloc(n ? n : 1, sizeof *p->fifo);
-  if (!p->inst || !p->chosen || !p->bwd_order || !p->t_bwd_end ||
-      !p->off_now || !p->pending || !p->fifo)
+  if (!p->inst || !p->chosen || !p->bwd_order || !p->t_bwd_end)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
                       "no memory for the auto plan");
   link_rates(m);
@@ -430,17 +439,29 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     if (p->ms[i].bwd_seq > 0)
       p->bwd_order[p->nbwd++] = i;
   sort_bwd(p->bwd_order, p->nbwd, p->ms);
-  /* Without timing events (the host backend: copies on a worker thread
-   * that may wake late), a copy the warmup saw unfinished at a later marker
-   * kept its bytes at least that long (the lower bound of its end, not the
-   * time it was first seen finished, a whole window later). The largest
-   * such latency holds every offloaded group's bytes (one per instance:
-   * which copy a late wake-up hits is chance). */
-  double latency = 0;
-  for (uint32_t i = 0; i < n && !(p->timed && !p->timing_lost); i++) {
+  /* A copy of the warmup that ended later than the model puts its end
+   * (the warmup's commits, every copy at the link rate one after another:
+   * queueing is the model's already) shows latency the model lacks (a copy
+   * worker that woke late, a copy that waited for other work): the longest
+   * such time after a commit holds every offloaded group's bytes (one per
+   * instance: which copy a late start hits is chance). The end is the
+   * copies' timing event, else the last marker that saw them unfinished (a
+   * lower bound; not the first that saw them done, a whole window later). */
+  bool timed = p->timed && !p->timing_lost;
+  double latency = 0, queue = 0;
+  for (uint32_t i = 0; i < n; i++) {
     const meas_t *x = &p->ms[i];
-    if (x->late > x->commit.cpu && (double)(x->late - x->commit.cpu) > latency)
-      latency = (double)(x->late - x->commit.cpu);
+    if (x->g->warm_bytes == 0 || !x->commit.set)
+      continue;
+    double t0 = (double)at_ns(p, &x->commit);
+    queue = (queue > t0 ? queue : t0) +
+            (d2h_bps > 0 ? (double)x->g->warm_bytes * 1e9 / d2h_bps : 0);
+    double end = timed ? (double)at_ns(p, &x->d2h_b)
+                 : x->late > x->commit.cpu
+                     ? (double)(int64_t)(x->late - p->base.cpu)
+                     : -1;
+    if (end > queue && end - t0 > latency)
+      latency = end - t0;
   }
   p->out.release_ms = latency / 1e6;
   int split[OFL__MAX_NAMES] = {0};
@@ -532,7 +553,22 @@ static double apply(ofl__plan_t *p) {
   return exposed;
 }
 
+/* The ledger's arrays, one entry per group of the record. */
+static ofl_status_t ledger_alloc(ofl__plan_t *p) {
+  uint32_t n = p->nms ? p->nms : 1;
+  p->off_now = calloc(n, sizeof *p->off_now);
+  p->pending = calloc(n, sizeof *p->pending);
+  p->fifo = calloc(n, sizeof *p->fifo);
+  if (!p->off_now || !p->pending || !p->fifo)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "no memory for the activation ledger");
+  p->ledger = true;
+  return OFL_SUCCESS;
+}
+
 ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
+  if (m->ap != NULL && !m->auto_plan)
+    return ledger_alloc(m->ap); /* measured peaks only */
   if (!m->auto_plan)
     return OFL_SUCCESS;
   OFL_CHECK(plan_alloc(m));
@@ -547,6 +583,7 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
     return s;
   int nnames = 0;
   OFL_CHECK(build_instance(m, &nnames));
+  OFL_CHECK(ledger_alloc(p));
   ofl__plan_result_t r;
   if (m->mem_target > 0) {
     OFL_CHECK(ofl__plan_solve(p->inst, p->nms, nnames, m->mem_target,
@@ -595,11 +632,11 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   OFL_INFO(OFL_SUBSYS_PIPELINE,
            "rank %d: auto plan: %s search, predicted peak %.2f MiB (target "
            "%.2f, all offloaded %.2f, none %.2f), predicted exposed %.3f ms, "
-           "links d2h %.2f h2d %.2f GB/s (%s)",
+           "links d2h %.2f h2d %.2f GB/s (%s), release latency %.3f ms",
            m->rank, r.exact ? "exact" : "greedy", mib(r.predicted_peak),
            mib(m->mem_target), mib(r.peak_all), mib(r.peak_none),
            exposed / 1e6, p->out.d2h_gbps, p->out.h2d_gbps,
-           p->out.rate_source);
+           p->out.rate_source, p->out.release_ms);
   p->stall_ns_start = m->st.stall_ns;
   return OFL_SUCCESS;
 }
@@ -715,12 +752,8 @@ ofl_status_t ofl__plan_gather_print(ofl_manager_t *m) {
   OFL_CHECK(ofl_byte_table_create(&table));
   ofl_status_t s = encode(m, table);
   ofl_summary_t *sum = NULL;
-  if (s == OFL_SUCCESS && m->comm != NULL) {
-    s = ofl_summary_gather(m->comm, table, 0, &sum);
-  } else if (s == OFL_SUCCESS) {
-    const ofl_byte_table_t *one[1] = {table};
-    s = ofl_summary_from_tables(one, 1, &sum);
-  }
+  if (s == OFL_SUCCESS)
+    s = ofl__gather_table(m, table, &sum);
   ofl_byte_table_destroy(table);
   bool root = m->comm == NULL || ofl_comm_rank(m->comm) == 0;
   if (s == OFL_SUCCESS && root && m->summary_out != NULL) {
@@ -799,7 +832,7 @@ static bool learn(ofl_manager_t *m, bool over) {
 static void replan(ofl_manager_t *m);
 
 void ofl__plan_end_iteration(ofl_manager_t *m) {
-  if (!active(m) || m->warmup || m->ap->inst == NULL)
+  if (!active(m) || m->warmup)
     return;
   ofl__plan_t *p = m->ap;
   ledger_poll(m);
@@ -821,6 +854,9 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
     o->settled_iterations++;
     if (o->measured_peak_bytes > o->measured_peak_settled_bytes)
       o->measured_peak_settled_bytes = o->measured_peak_bytes;
+  }
+  if (p->touched && p->inst != NULL) { /* the auto plan's feedback */
+    ofl_manager_plan_t *o = &p->out;
     bool over = o->target_bytes > 0 && o->measured_peak_bytes > o->target_bytes;
     bool back = learn(m, over);
     for (uint32_t i = 0; i < p->nms; i++)
@@ -905,13 +941,15 @@ ofl_status_t ofl_manager_plan_get(const ofl_manager_t *m,
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "ofl_manager_plan_get: manager and out must not be NULL");
   memset(out, 0, sizeof *out);
-  if (!m->auto_plan)
+  if (!m->auto_plan && (m->warmup || !active(m)))
     return ofl__error_quiet(OFL_ERR_NOT_READY,
-                            "rank %d: no auto plan: the offloaded groups are "
-                            "configured (set OFL_OFFLOAD_GROUPS=auto or "
-                            "params.groups \"auto\" for one)",
+                            "rank %d: no auto plan (the offloaded groups are "
+                            "configured: OFL_OFFLOAD_GROUPS=auto or "
+                            "params.groups \"auto\" makes one), and the "
+                            "measured activation peaks exist after the "
+                            "warmup iteration's reset",
                             m->rank);
-  if (m->warmup || m->ap == NULL || m->ap->inst == NULL)
+  if (m->auto_plan && (m->warmup || m->ap == NULL || m->ap->inst == NULL))
     return ofl__error_quiet(OFL_ERR_NOT_READY,
                             "rank %d: the auto plan exists after the warmup "
                             "iteration's reset",

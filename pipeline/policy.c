@@ -262,6 +262,14 @@ ofl_status_t ofl_manager_group_plan(const ofl_manager_t *m, size_t i,
   return OFL_SUCCESS;
 }
 
+ofl_status_t ofl__gather_table(ofl_manager_t *m, const ofl_byte_table_t *t,
+                               ofl_summary_t **out) {
+  if (m->comm != NULL)
+    return ofl_summary_gather(m->comm, t, 0, out);
+  const ofl_byte_table_t *one[1] = {t};
+  return ofl_summary_from_tables(one, 1, out);
+}
+
 /* Rule 7: the per-name table is gathered on the user's comm (collective:
  * every rank of it resets), an empty table still making a row. */
 static ofl_status_t gather_summary(ofl_manager_t *m) {
@@ -273,12 +281,8 @@ static ofl_status_t gather_summary(ofl_manager_t *m) {
       s = ofl_byte_table_set(table, m->names[k].name,
                              m->names[k].summary_bytes);
   ofl_summary_t *sum = NULL;
-  if (s == OFL_SUCCESS && m->comm != NULL) {
-    s = ofl_summary_gather(m->comm, table, 0, &sum);
-  } else if (s == OFL_SUCCESS) {
-    const ofl_byte_table_t *one[1] = {table};
-    s = ofl_summary_from_tables(one, 1, &sum);
-  }
+  if (s == OFL_SUCCESS)
+    s = ofl__gather_table(m, table, &sum);
   ofl_byte_table_destroy(table);
   if (s != OFL_SUCCESS)
     return s;

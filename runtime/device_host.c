@@ -296,6 +296,11 @@ typedef struct host_event {
    * it was on the compute stream): where a waiter can take the operations
    * the record waits for (mu). */
   struct host_stream *last_stream;
+  /* Timing events (ofl__event_create_timed): when the latest record
+   * completed, on the CPU clock (the host backend's device clock), and which
+   * record that was (mu). */
+  bool timed;
+  uint64_t done_target, done_ns;
 } host_event_t;
 
 static void stream_unref(struct host_stream *hs);
@@ -375,6 +380,11 @@ static bool event_reached_now(host_event_t *he, uint64_t target) {
  * (the caller wakes it after unlocking, so it does not wake into a held
  * lock). */
 static bool event_complete_locked(host_event_t *he, uint64_t target) {
+  if (he->timed && target == atomic_load_explicit(&he->recorded,
+                                                  memory_order_relaxed)) {
+    he->done_target = target;
+    he->done_ns = ofl__now_ns();
+  }
   uint64_t c = atomic_load_explicit(&he->completed, memory_order_relaxed);
   if (target == c + 1) {
     c++;
@@ -470,6 +480,34 @@ static bool event_wait_target(host_event_t *he, uint64_t target,
 
 static uint64_t ev_recorded(const host_event_t *he) {
   return atomic_load_explicit(&he->recorded, memory_order_acquire);
+}
+
+static ofl_status_t host_event_create_timed(ofl_event_t *e) {
+  OFL_CHECK(host_event_create(e));
+  ((host_event_t *)e->impl)->timed = true;
+  return OFL_SUCCESS;
+}
+
+/* When e's latest record completed; false while it has not (or e is not
+ * a timing event, or was never recorded). */
+static bool event_done_ns(host_event_t *he, uint64_t *ns) {
+  pthread_mutex_lock(&he->mu);
+  uint64_t rec = ev_recorded(he);
+  bool done = he->timed && rec > 0 && he->done_target == rec;
+  *ns = he->done_ns;
+  pthread_mutex_unlock(&he->mu);
+  return done;
+}
+
+/* As cudaEventElapsedTime: both events' latest records completed (else
+ * OFL_ERR_NOT_READY); a b that completed before a gives 0. */
+static ofl_status_t host_event_elapsed_ns(ofl_event_t *a, ofl_event_t *b,
+                                          uint64_t *ns) {
+  uint64_t ta, tb;
+  if (!event_done_ns(a->impl, &ta) || !event_done_ns(b->impl, &tb))
+    return OFL_ERR_NOT_READY;
+  *ns = tb > ta ? tb - ta : 0;
+  return OFL_SUCCESS;
 }
 
 static ofl_status_t host_event_query(ofl_event_t *e) {
@@ -1428,6 +1466,8 @@ const ofl__device_ops_t ofl__host_ops = {
     .event_destroy = host_event_destroy,
     .event_record = host_event_record,
     .event_query = host_event_query,
+    .event_create_timed = host_event_create_timed,
+    .event_elapsed_ns = host_event_elapsed_ns,
     .event_synchronize = host_event_synchronize,
     .stream_wait_event = host_stream_wait_event,
     .memcpy_async = host_memcpy_async,

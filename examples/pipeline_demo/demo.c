@@ -173,7 +173,7 @@ int main(int argc, char **argv) {
 #endif
 
   /* Per-rank figures, printed by rank 0 in rank order. */
-  enum { NF = 31 };
+  enum { NF = 32 };
   const plan_result_t *pl = &off.plan;
   const glue_stats_t *os = &off.stats;
   double mine[NF] = {(double)base.peak_bytes,
@@ -207,7 +207,8 @@ int main(int argc, char **argv) {
                      pl->measured_stall_ms,
                      pl->peak_all,
                      (double)pl->met,
-                     pl->peak_none};
+                     pl->peak_none,
+                     off.ledger_peak};
   double *all = leader ? malloc(sizeof mine * (size_t)rep_n) : NULL;
 #ifdef OFL_DEMO_NO_MPI
   memcpy(all, mine, sizeof mine);
@@ -228,8 +229,9 @@ int main(int argc, char **argv) {
    * own tensors), with or without a plan: what strategies compare on. */
   for (int i = 0; leader && i < rep_n; i++)
     printf("demo activation peak rank %d: %.3f MiB (steady state, offload "
-           "run)\n",
-           rep_first + i, all[NF * i + 25] / 1048576);
+           "run); the manager's ledger: %.3f MiB\n",
+           rep_first + i, all[NF * i + 25] / 1048576,
+           all[NF * i + 31] / 1048576);
   /* The PNG is drawn from the CSV: without --memory-csv, the CSV is
    * written next to the PNG (x.png -> x.csv). */
   char csv_path[1024];

@@ -149,6 +149,9 @@ typedef struct {
   char oom_msg[512];  /* ofl's message */
   size_t act_peak;    /* run_t.act_peak */
   plan_result_t plan; /* offload run with --offload auto */
+  double ledger_peak; /* offload run, any groups: the manager's measured
+                         activation peak (ofl_manager_plan_get; since the
+                         plan last changed with auto) */
 } result_t;
 
 /* ---- globals ------------------------------------------------------------ */

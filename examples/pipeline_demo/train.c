@@ -134,7 +134,8 @@ static int run_iterations(run_t *r, const sched_step_t *steps, int nsteps,
      * counts against the target starts again with the next iteration. */
     ofl_manager_plan_t pl;
     if (offload && o->offload_auto && glue_plan(r->glue, &pl) == OFL_SUCCESS &&
-        pl.automatic && pl.replans + pl.lead_changes != r->plan_changes) {
+        pl.automatic && pl.replans + pl.lead_changes != r->plan_changes &&
+        r->iter + 1 < o->iters) {
       r->plan_changes = pl.replans + pl.lead_changes;
       r->act_peak = 0;
     }
@@ -276,8 +277,12 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
   glue_get_stats(r.glue, &res->stats);
   res->act_peak = r.act_peak;
   ofl_manager_plan_t plan;
-  if (offload && o->offload_auto && glue_plan(r.glue, &plan) == OFL_SUCCESS &&
-      plan.automatic)
+  int have_plan = offload && glue_plan(r.glue, &plan) == OFL_SUCCESS;
+  if (have_plan)
+    res->ledger_peak = (double)(plan.settled_iterations > 0
+                                    ? plan.measured_peak_settled_bytes
+                                    : plan.measured_peak_max_bytes);
+  if (have_plan && o->offload_auto && plan.automatic)
     res->plan = (plan_result_t){
         .have = 1,
         .met = plan.met,

@@ -509,8 +509,11 @@ typedef struct ofl_manager_plan {
                                     next reset or destroy */
 } ofl_manager_plan_t;
 
-/* The plan of this rank. OFL_ERR_NOT_READY before the end of the warmup or
- * when groups is not "auto" (out->automatic 0 then). */
+/* The plan of this rank. OFL_ERR_NOT_READY before the end of the warmup.
+ * Without groups "auto" (offload on): out->automatic 0 and only the
+ * measured fields (iterations, measured_peak_*, measured_stall_ms,
+ * settled_*) are set, the same ledger's figures, for comparing a
+ * configured offload with a plan. */
 OFL_API ofl_status_t ofl_manager_plan_get(const ofl_manager_t *m,
                                           ofl_manager_plan_t *out);
 

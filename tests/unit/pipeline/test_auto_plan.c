@@ -96,8 +96,8 @@ static void iteration(run_t *r) {
 
 /* Opens the run: host link model (host backend) or the stand-in's own
  * copies, no jitter (timings are what the plan reads). */
-static void open_run(run_t *r, const gdef_t *g, int64_t target,
-                     double h2d_gbps) {
+static void open_run_groups(run_t *r, const gdef_t *g, const char *groups,
+                            int64_t target, double h2d_gbps) {
   memset(r, 0, sizeof *r);
   r->g = g;
   ofl_device_params_t dp = t_device_params(0, 1);
@@ -112,10 +112,15 @@ static void open_run(run_t *r, const gdef_t *g, int64_t target,
   pp.name = "activations";
   H_OK(ofl_pool_create(r->e.dev, &pp, &r->e.pool));
   ofl_manager_params_t mp = h_params(&r->e);
-  mp.groups = "auto";
+  mp.groups = groups;
   mp.memory_target_bytes = target;
   mp.pp_rank = RANK;
   H_OK(ofl_manager_create(&mp, &r->e.m));
+}
+
+static void open_run(run_t *r, const gdef_t *g, int64_t target,
+                     double h2d_gbps) {
+  open_run_groups(r, g, "auto", target, h2d_gbps);
 }
 
 static void close_run(run_t *r) {
@@ -398,4 +403,34 @@ Test(auto_plan, misuse_and_configuration) {
   cr_assert(not(eq(ptr, strstr(buf, "auto"), NULL)), "%s", buf);
   cr_assert(not(eq(ptr, strstr(buf, "1048576"), NULL)), "%s", buf);
   close_run(&r);
+}
+
+/* Without auto the same ledger measures a configured offload (what a
+ * benchmark compares the plan with): every group offloaded peaks below
+ * nothing offloaded; a manager that offloads no group has no figures. */
+Test(auto_plan, the_ledger_measures_a_configured_offload) {
+  run_t r;
+  open_run_groups(&r, WORKLOAD, "", 0, 0);
+  ofl_manager_plan_t p;
+  cr_assert(eq(int, ofl_manager_plan_get(r.e.m, &p), OFL_ERR_NOT_READY));
+  for (int i = 0; i < 4; i++)
+    iteration(&r);
+  H_OK(ofl_manager_plan_get(r.e.m, &p));
+  cr_assert(eq(int, p.automatic, 0));
+  cr_assert(eq(u64, p.iterations, 3));
+  cr_assert(eq(u64, p.target_bytes, 0));
+  uint64_t peak = p.measured_peak_max_bytes;
+  cr_assert(eq(sz, r.wrong, 0));
+  close_run(&r);
+  open_run_groups(&r, WORKLOAD, "a_name_never_started", 0, 0);
+  for (int i = 0; i < 2; i++)
+    iteration(&r);
+  cr_assert(eq(int, ofl_manager_plan_get(r.e.m, &p), OFL_ERR_NOT_READY));
+  close_run(&r);
+  uint64_t all, none;
+  extremes(&all, &none);
+  cr_assert(gt(u64, peak, 0));
+  cr_assert(lt(u64, peak, none),
+            "every group offloaded measured %llu, nothing offloaded %llu",
+            (unsigned long long)peak, (unsigned long long)none);
 }
