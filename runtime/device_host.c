@@ -810,6 +810,18 @@ static void finish_head_locked(host_stream_t *hs, op_t *op,
     pthread_cond_broadcast(&hs->idle_cv);
 }
 
+/* Starts, runs and finishes the head op (mu held on entry and exit; busy
+ * was clear): the one step of the worker and of a waiter that steals. */
+static void run_head_locked(host_stream_t *hs, op_t *op) {
+  uint64_t jitter = start_head_locked(hs);
+  pthread_mutex_unlock(&hs->mu);
+  host_event_t *reached;
+  uint64_t target = op->target;
+  run_head(hs, op, jitter, &reached);
+  pthread_mutex_lock(&hs->mu);
+  finish_head_locked(hs, op, reached, target);
+}
+
 static void *worker_main(void *arg) {
   host_stream_t *hs = arg;
   ofl_device_t *dev = hs->s->dev;
@@ -839,14 +851,7 @@ static void *worker_main(void *arg) {
     }
     if (hs->head == NULL)
       break;
-    op_t *op = hs->head;
-    uint64_t jitter = start_head_locked(hs);
-    pthread_mutex_unlock(&hs->mu);
-    host_event_t *reached;
-    uint64_t target = op->target;
-    run_head(hs, op, jitter, &reached);
-    pthread_mutex_lock(&hs->mu);
-    finish_head_locked(hs, op, reached, target);
+    run_head_locked(hs, hs->head);
   }
   pthread_mutex_unlock(&hs->mu);
   return NULL;
@@ -896,14 +901,8 @@ static void steal_locked(host_stream_t *hs, host_event_t *he, uint64_t target,
     op_t *op = hs->head;
     if (!stealable_locked(hs, op, deadline))
       return;
-    uint64_t jitter = start_head_locked(hs);
     atomic_fetch_add_explicit(&hs->stolen, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&hs->mu);
-    host_event_t *reached;
-    uint64_t op_target = op->target;
-    run_head(hs, op, jitter, &reached);
-    pthread_mutex_lock(&hs->mu);
-    finish_head_locked(hs, op, reached, op_target);
+    run_head_locked(hs, op);
   }
 }
 
