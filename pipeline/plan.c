@@ -442,11 +442,12 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
   /* A copy of the warmup that ended later than the model puts its end
    * (the warmup's commits, every copy at the link rate one after another:
    * queueing is the model's already) shows latency the model lacks (a copy
-   * worker that woke late, a copy that waited for other work): the longest
-   * such time after a commit holds every offloaded group's bytes (one per
-   * instance: which copy a late start hits is chance). The end is the
-   * copies' timing event, else the last marker that saw them unfinished (a
-   * lower bound; not the first that saw them done, a whole window later). */
+   * worker that woke late, a copy that waited for other work): the largest
+   * such excess delays every offloaded group's release after its modelled
+   * end (one per instance: which copy a late start hits is chance). The end
+   * is the copies' timing event, else the last marker that saw them
+   * unfinished (a lower bound; not the first that saw them done, a whole
+   * window later). */
   bool timed = p->timed && !p->timing_lost;
   double latency = 0, queue = 0;
   for (uint32_t i = 0; i < n; i++) {
@@ -460,8 +461,8 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
                  : x->late > x->commit.cpu
                      ? (double)(int64_t)(x->late - p->base.cpu)
                      : -1;
-    if (end > queue && end - t0 > latency)
-      latency = end - t0;
+    if (end - queue > latency)
+      latency = end - queue;
   }
   p->out.release_ms = latency / 1e6;
   int split[OFL__MAX_NAMES] = {0};

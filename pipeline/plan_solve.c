@@ -118,9 +118,9 @@ static bool time_before(plan_time_t a, plan_time_t b) {
 
 /* The next chosen group's copy on the D2H stream after *stream (the
  * previous copy's end): sets *group, *stream (the copy's end) and *leave
- * (when its bytes leave: the copy's end, or t_alloc + release_ns when
- * later), advances *next. With one release_ns per instance the leaves come
- * in commit order, sorted like the copy ends. */
+ * (when its bytes leave: release_ns after the copy's end), advances *next.
+ * With one release_ns per instance the leaves come in commit order, sorted
+ * like the copy ends. */
 static bool next_copy(const plan_order_t *o, const bool *chosen, bool instant,
                       size_t *next, plan_time_t *stream, plan_time_t *leave,
                       size_t *group) {
@@ -132,9 +132,7 @@ static bool next_copy(const plan_order_t *o, const bool *chosen, bool instant,
     if (time_before(start, *stream))
       start = *stream;
     *stream = time_after(start, instant ? 0 : o->g[i].d2h_ns);
-    plan_time_t rel = time_after((plan_time_t){o->g[i].t_alloc, 0},
-                                 o->g[i].release_ns);
-    *leave = time_before(*stream, rel) ? rel : *stream;
+    *leave = time_after(*stream, o->g[i].release_ns);
     *group = i;
     return true;
   }

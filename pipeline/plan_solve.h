@@ -37,11 +37,10 @@ typedef struct ofl__plan_group {
   double h2d_ns;
   double fwd_window_ns; /* compute the D2H copy can hide behind */
   double bwd_window_ns; /* compute the H2D copy can hide behind */
-  double release_ns; /* the bytes leave no earlier than t_alloc + release_ns
-                        even when the copy ended before (the latency of
-                        seeing it end: the host backend's copy worker);
-                        the same for every offloadable group of an
-                        instance */
+  double release_ns; /* the bytes leave this long after the copy's end
+                        (latency the copy queue does not model: a copy
+                        worker that woke late); the same for every
+                        offloadable group of an instance */
 } ofl__plan_group_t;
 
 typedef struct ofl__plan_result {
@@ -66,9 +65,8 @@ double ofl__plan_group_exposed(const ofl__plan_group_t *g);
  * the device when its copy ends, max(t_alloc, previous copy's end) + d2h_ns;
  * they return at t_reload and leave at t_free. At equal times additions
  * count before removals (the conservative side). An offloaded group's
- * bytes leave at max(its copy's end, t_alloc + release_ns); when that is
- * not before t_reload they never leave (counted once: the reload finds them
- * there).
+ * bytes leave release_ns after its copy's end; when that is not before
+ * t_reload they never leave (counted once: the reload finds them there).
  * chosen NULL: nothing offloaded. O(n log n); UINT64_MAX where it cannot
  * allocate its scratch. */
 uint64_t ofl__plan_peak(const ofl__plan_group_t *g, size_t n,

@@ -155,11 +155,11 @@ Test(pipeline_plan_solve, a_copy_that_ends_after_the_reload_counts_once) {
 }
 
 Test(pipeline_plan_solve, the_release_latency_holds_the_bytes) {
-  /* copy [0, 10], but the bytes are seen to leave at 0 + 50: a commit at
-   * 30 still finds them; one at 60 does not */
+  /* copy [0, 10], but the bytes are seen to leave 40 later, at 50: a
+   * commit at 30 still finds them; one at 60 does not */
   ofl__plan_group_t g[2] = {grp(0, 0, 100, 0, 0, 80, 90, 10),
                             stay(1, 5, 30, 95)};
-  g[0].release_ns = 50;
+  g[0].release_ns = 40;
   bool c[2] = {true, false};
   cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 105));
   g[1].t_alloc = g[1].t_reload = 60;
@@ -168,7 +168,7 @@ Test(pipeline_plan_solve, the_release_latency_holds_the_bytes) {
   g[1].t_free = 70;
   cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 100));
   /* a latency past the reload: never leaves */
-  g[0].release_ns = 100;
+  g[0].release_ns = 90;
   g[1].t_alloc = g[1].t_reload = 86;
   g[1].t_free = 89;
   cr_assert(eq(u64, ofl__plan_peak(g, 2, c), 105));
