@@ -975,7 +975,7 @@ static ofl_status_t prefetch_next(ofl_manager_t *m, chunk_t *c) {
   for (;;) {
     chunk_t *next = ofl__front_backward_chunk(m, -1);
     uint32_t ahead = issued_ahead(c) + (next != c ? issued_ahead(next) : 0);
-    if (ahead >= ofl__plan_prefetch_depth(m, c, next))
+    if (ahead >= ofl__plan_prefetch_depth(m, c, next, ahead))
       return OFL_SUCCESS;
     uint32_t before = c->nstack, next_before = next ? next->nstack : 0;
     OFL_CHECK(prefetch_one(m, c));

@@ -283,9 +283,10 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase);
 void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase);
 void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end);
 /* Reloads to keep issued ahead, from the leads of the groups next in
- * reload order (stack tops of c, then of next). */
+ * reload order (stack tops of c, then of next), given the ahead reloads
+ * already issued and not yet begun. */
 uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
-                                  const chunk_t *next);
+                                  const chunk_t *next, uint32_t ahead);
 /* End of warmup: measure, solve, apply, report (after the first-backward
  * rule and mark_last_of_name, before the summary). */
 ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m);

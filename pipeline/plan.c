@@ -277,18 +277,10 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
 
 /* ---- prefetch depth ------------------------------------------------------- */
 
-static uint32_t issued_ahead(const chunk_t *c) {
-  uint32_t n = 0;
-  for (uint32_t i = 0; c != NULL && i < c->ngroups; i++)
-    n += c->groups[i]->reload_issued && c->groups[i]->bwd == 0;
-  return n;
-}
-
 uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
-                                  const chunk_t *next) {
+                                  const chunk_t *next, uint32_t ahead) {
   if (!m->auto_plan || !active(m) || m->ap->inst == NULL)
     return m->prefetch_groups;
-  uint32_t ahead = issued_ahead(c) + (next != c ? issued_ahead(next) : 0);
   uint32_t depth = 0, pos = ahead;
   const chunk_t *order[2] = {c, next != c ? next : NULL};
   for (int k = 0; k < 2; k++) {
