@@ -152,14 +152,18 @@ static void ledger_poll(ofl_manager_t *m) {
   }
 }
 
-static uint64_t group_bytes(const group_t *g, bool offloaded_only) {
-  uint64_t b = 0;
+/* The bytes of g's storages (each cluster once) and, of them, those its
+ * commit offloaded: one pass over the entries. */
+static uint64_t group_bytes(const group_t *g, uint64_t *offloaded) {
+  uint64_t b = 0, off = 0;
   for (uint32_t i = 0; i < g->n; i++) {
     const entry_t *l = &g->entries[i];
-    if (l->leader == i &&
-        (!offloaded_only || l->state == E_OFFLOADED))
+    if (l->leader == i) {
       b += l->span;
+      off += l->state == E_OFFLOADED ? l->span : 0;
+    }
   }
+  *offloaded = off;
   return b;
 }
 
@@ -202,8 +206,8 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
     } else {
       if (phase == 2)
         stamp(m, &x->d2h_b, m->d2h);
-      uint64_t off = group_bytes(g, true);
-      x->kept_bytes = group_bytes(g, false) - off;
+      uint64_t off;
+      x->kept_bytes = group_bytes(g, &off) - off;
       x->rel_pending = phase == 2 && off > 0;
     }
     return;
@@ -212,9 +216,10 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
     return;
   ofl__plan_t *p = m->ap;
   ledger_poll(m);
-  g->dev_bytes = group_bytes(g, false);
+  uint64_t off;
+  g->dev_bytes = group_bytes(g, &off);
   ledger_add(p, (int64_t)g->dev_bytes);
-  uint64_t off = phase == 2 ? group_bytes(g, true) : 0;
+  off = phase == 2 ? off : 0;
   p->off_now[g->pidx] = off;
   if (off > 0 && p->fifo_len < p->nms) {
     p->pending[g->pidx] = true;
