@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The open issues' figures on a lent GPU, after tools/gpu_session.sh has
+# built its tree (default build-gpu). Each check runs under its own timeout
+# and a failing one does not stop the next; everything goes to stdout.
+#   1. issue 25: the MoE pool workload on the cuda backend (real cudaMalloc
+#      and cudaHostRegister calls in the counted iterations, held/peak);
+#   2. issue 26: the demo's auto plan on the cuda backend (real copies and
+#      timing events): a roomy target first (the plan's all/none peaks),
+#      then targets between them, each against --offload all;
+#   3. issue 22: the ofl.torch hook bench on this machine's quiet cores
+#      (host backend, CPU tensors).
+# Usage: tools/gpu_issue_checks.sh [BUILD] [SECONDS]  (SECONDS: the budget
+# for all three, default 240)
+set -u
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$here/build-gpu}
+budget=${2:-240}
+start=$(date +%s)
+left() { echo $((budget - ($(date +%s) - start))); }
+run() { # run SECONDS COMMAND...: under the smaller of SECONDS and what is left
+  local s=$1
+  shift
+  local l
+  l=$(left)
+  [ "$s" -gt "$l" ] && s=$l
+  if [ "$s" -lt 5 ]; then
+    echo "-- skipped (budget spent): $*"
+    return 0
+  fi
+  echo "-- $(date -u +%H:%M:%S) at most ${s}s: $*"
+  timeout -k 3 "$s" "$@" 2>&1 | grep -v '^\['
+  echo "-- exit ${PIPESTATUS[0]}"
+}
+
+echo "== issue 25: MoE pools on cuda"
+run 60 "$build/bench/ofl_bench_moe_pool" cuda
+
+echo "== issue 26: auto plan on cuda"
+demo="$build/examples/ofl_pipeline_demo_single"
+shape=(--backend "${GPU_CHECK_BACKEND:-cuda}" --stages 4 --stage 0 --microbatches 8 --layers 2
+       --hidden "${GPU_CHECK_HIDDEN:-1024}" --seq "${GPU_CHECK_HIDDEN:-1024}" --iters 6 --check-memory)
+roomy=$(mktemp)
+run 40 "$demo" "${shape[@]}" --offload auto --memory-target 100000 | tee "$roomy"
+# "all offloaded X, none Y" of the plan line
+read -r all none < <(sed -n 's/.*all offloaded \([0-9.]*\), none \([0-9.]*\).*/\1 \2/p' "$roomy" | head -1)
+run 40 "$demo" "${shape[@]}" --offload all | grep -E 'step time|bit-identical|ledger|^0 '
+if [ -n "${all:-}" ] && [ -n "${none:-}" ]; then
+  for k in 0 1 2 3; do
+    t=$(awk -v a="$all" -v n="$none" -v k="$k" 'BEGIN { printf "%.2f", a + (n - a) * (k + 0.5) / 4 }')
+    echo "- target $t MiB (all offloaded $all, none $none)"
+    run 40 "$demo" "${shape[@]}" --offload auto --memory-target "$t" |
+      grep -E 'step time|bit-identical|predicted peak|within the memory target|ledger|^ +0 '
+  done
+else
+  echo "no plan line in the roomy run"
+fi
+
+echo "== issue 22: ofl.torch hooks (host backend, quiet cores)"
+run 90 env OFL_LIBRARY="$build/libofl.so" OFL_DEBUG=WARN OFL_BACKEND=host \
+  python3 "$here/bench/bench_torch_hooks.py"
+echo "== done after $(($(date +%s) - start))s"
