@@ -517,13 +517,22 @@ static ofl_status_t cuda_stream_wrap(ofl_stream_t *s, void *native) {
                       "different stream on each thread; wrap a stream "
                       "created with cudaStreamCreateWithFlags");
   /* Without cudaStreamGetDevice (runtimes before 12.8) the stream's device
-   * cannot be checked: the caller's word is taken. */
+   * cannot be checked: the caller's word is taken. Nor while the stream
+   * captures: cudaStreamGetDevice is not allowed then (on CUDA 13.0 it
+   * answered cudaErrorStreamCaptureUnsupported and invalidated the capture
+   * of torch.cuda.graph), so a capturing stream is only checked to be a
+   * stream (cudaStreamIsCapturing, which a capture allows). */
   if (cs != NULL && cs != cudaStreamLegacy &&
       ofl__cu.cudaStreamGetDevice != NULL) {
     int d = -1;
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     dev_guard_t g;
     OFL_CHECK(enter(s->dev, &g));
-    cudaError_t ce = cudaStreamGetDevice(cs, &d);
+    cudaError_t ce = cudaStreamIsCapturing(cs, &cap);
+    if (ce == cudaSuccess && cap == cudaStreamCaptureStatusNone)
+      ce = cudaStreamGetDevice(cs, &d);
+    else if (ce == cudaSuccess)
+      d = s->dev->cfg.device_index;
     leave(&g);
     CUDA_TRY(ce, "ofl_stream_wrap_native: not a valid cudaStream_t");
     if (d != s->dev->cfg.device_index)

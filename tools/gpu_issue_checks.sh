@@ -38,7 +38,7 @@ run 60 "$build/bench/ofl_bench_moe_pool" cuda
 echo "== issue 26: auto plan on cuda"
 demo="$build/examples/ofl_pipeline_demo_single"
 shape=(--backend "${GPU_CHECK_BACKEND:-cuda}" --stages 4 --stage 0 --microbatches 8 --layers 2
-       --hidden "${GPU_CHECK_HIDDEN:-1024}" --seq "${GPU_CHECK_HIDDEN:-1024}" --iters 6 --check-memory)
+       --hidden "${GPU_CHECK_HIDDEN:-256}" --seq "${GPU_CHECK_HIDDEN:-256}" --iters 6 --check-memory)
 roomy=$(mktemp)
 run 40 "$demo" "${shape[@]}" --offload auto --memory-target 100000 | tee "$roomy"
 # "all offloaded X, none Y" of the plan line

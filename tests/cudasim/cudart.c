@@ -1941,11 +1941,15 @@ EXPORT cudaError_t cudaStreamGetFlags(cudaStream_t hStream,
   return cudaSuccess;
 }
 
+/* Not allowed on a capturing stream: on an H200 (CUDA 13.0, driver
+ * 580.159.04, 2026-11-26) cudaStreamGetDevice on the stream that
+ * torch.cuda.graph captured (global mode) answered
+ * cudaErrorStreamCaptureUnsupported and invalidated the capture. */
 EXPORT cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int *device) {
   ENTER("cudaStreamGetDevice");
   NEED_CTX();
   cstream_t *s;
-  int e = stream_get(hStream, &s, "cudaStreamGetDevice");
+  int e = stream_get_uncaptured(hStream, &s, "cudaStreamGetDevice");
   if (e)
     return fail(e);
   if (!device)
