@@ -892,15 +892,18 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
   memset(p->pending, 0, p->nms * sizeof *p->pending);
 }
 
-/* The measured peak went over the target: the model missed by the
- * overshoot (copies that left later than the warmup saw, reloads that came
- * earlier). Solve again for a target lowered by it; the next iterations
- * offload the new choice. */
+/* The measured peak went over the target: the model missed (copies that
+ * left later than the warmup saw, reloads that came earlier; on a GPU the
+ * CPU runs ahead of the device, so a group's bytes leave at a later marker
+ * than its copy's end). Solve again for the aim ofl__plan_replan_aim gives
+ * (the target less the model's error, or the last aim less the
+ * overshoot); the next iterations offload the new choice. */
 static void replan(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
-  uint64_t over = o->measured_peak_bytes - o->target_bytes;
-  uint64_t aim = p->solve_target > over ? p->solve_target - over : 1;
+  uint64_t aim = ofl__plan_replan_aim(o->target_bytes, p->solve_target,
+                                      o->measured_peak_bytes,
+                                      o->predicted_peak_bytes);
   ofl__plan_result_t r;
   if (ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen, &r) !=
       OFL_SUCCESS)

@@ -661,3 +661,16 @@ out_names:
   names_fini(&names);
   return st;
 }
+
+uint64_t ofl__plan_replan_aim(uint64_t target, uint64_t last_aim,
+                              uint64_t measured, uint64_t predicted) {
+  uint64_t over = measured > target ? measured - target : 0;
+  uint64_t aim = last_aim > over ? last_aim - over : 1;
+  if (measured > predicted) {
+    uint64_t err = measured - predicted;
+    uint64_t fit = target > err ? target - err : 1;
+    if (fit < aim)
+      aim = fit;
+  }
+  return aim;
+}

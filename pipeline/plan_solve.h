@@ -89,4 +89,14 @@ ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
                              uint64_t target, bool *chosen,
                              ofl__plan_result_t *out);
 
+/* The target the next solve aims at after an iteration whose measured
+ * peak went over the target (measured > target; last_aim: the previous
+ * solve's target, predicted: its predicted peak). The model's error is
+ * measured - predicted; a plan predicted at target - error fits when that
+ * error is the model's own, and the last aim less the overshoot keeps the
+ * aims falling when the error grows with the offload: the lower of the two,
+ * at least 1. */
+uint64_t ofl__plan_replan_aim(uint64_t target, uint64_t last_aim,
+                              uint64_t measured, uint64_t predicted);
+
 #endif /* OFL_PLAN_SOLVE_H */

@@ -767,3 +767,44 @@ Test(pipeline_plan_solve, sixteen_names_with_groups_are_searched_exactly) {
       eq(int, ofl__plan_solve(in.g, in.n, 20, none - 1, c, &r), OFL_SUCCESS));
   cr_assert(not(r.exact));
 }
+
+/* After an iteration over the target, the next aim is the target less the
+ * model's error (measured - predicted) or the last aim less the overshoot,
+ * whichever is lower, and never 0. */
+Test(pipeline_plan_solve, a_replan_aims_below_the_model_error) {
+  const uint64_t M = 1024 * 1024;
+  /* the GPU case: target 11.69 MiB (kept as 1169 units), predicted 10.00,
+   * measured 11.75: the overshoot alone (0.06) would aim at 11.63, where
+   * the same error puts the peak at 13.38; the error aims at 9.94 */
+  cr_assert(eq(u64, ofl__plan_replan_aim(1169 * M, 1169 * M, 1175 * M, 1000 * M),
+               994 * M));
+  /* a small error and a large overshoot of a plan aimed low already: the
+   * last aim less the overshoot is lower */
+  cr_assert(eq(u64, ofl__plan_replan_aim(100 * M, 60 * M, 130 * M, 125 * M),
+               30 * M));
+  /* a prediction above the measured peak (the model erred the other way;
+   * only the overshoot says anything) */
+  cr_assert(eq(u64, ofl__plan_replan_aim(100 * M, 100 * M, 110 * M, 120 * M),
+               90 * M));
+  /* errors past the target floor at 1 byte, never 0 or a wrapped value */
+  cr_assert(eq(u64, ofl__plan_replan_aim(10, 10, 50, 1), 1));
+  cr_assert(eq(u64, ofl__plan_replan_aim(10, 3, 20, 15), 1));
+  /* a steady error: one replan fits (its plan predicted just under the
+   * aim measures within the target) */
+  uint64_t aim = ofl__plan_replan_aim(100 * M, 100 * M, 115 * M, 95 * M);
+  cr_assert(eq(u64, aim, 80 * M));
+  cr_assert(le(u64, aim - M + 20 * M, 100 * M));
+  /* an error that grows with the offload: the aims only fall */
+  aim = 100 * M;
+  uint64_t pred = 95 * M;
+  for (int k = 0; k < 8 && aim > 2 * M; k++) {
+    uint64_t measured = pred + (20 + 10 * (uint64_t)k) * M;
+    if (measured <= 100 * M)
+      measured = 101 * M;
+    uint64_t next = ofl__plan_replan_aim(100 * M, aim, measured, pred);
+    cr_assert(lt(u64, next, aim), "replan %d: aim %llu after %llu", k,
+              (unsigned long long)next, (unsigned long long)aim);
+    aim = next;
+    pred = aim - M;
+  }
+}
