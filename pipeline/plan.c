@@ -41,6 +41,9 @@ typedef struct meas {
   uint64_t kept_bytes; /* device bytes of the group its commit kept */
   uint64_t late;       /* CPU ns when its copies were last seen unfinished
                           (0: never): the bytes were on the device then */
+  int32_t late_ms;     /* the marker that saw that: its group's place in
+                          ms (-1: none) and which of its compute stamps */
+  uint8_t late_kind;   /* (0 commit, 1 backward begin, 2 backward end) */
   bool rel_pending;
   uint32_t bwd_seq;    /* 1 + place of its backward in the iteration */
 } meas_t;
@@ -169,18 +172,21 @@ static uint64_t group_bytes(const group_t *g, uint64_t *offloaded) {
 
 /* Warmup: the offloaded groups whose copies are still running at this
  * marker (where the steady ledger looks too) had their bytes on the device
- * until at least now. */
-static void warm_poll(ofl_manager_t *m) {
+ * until at least now; the marker is at's stamp kind of group ms[at]. */
+static void warm_poll(ofl_manager_t *m, uint32_t at, uint8_t kind) {
   ofl__plan_t *p = m->ap;
   uint64_t now = 0;
   for (uint32_t i = 0; i < p->nms; i++) {
     meas_t *x = &p->ms[i];
     if (!x->rel_pending)
       continue;
-    if (ofl_event_query(x->g->offload_ev) == OFL_SUCCESS)
+    if (ofl_event_query(x->g->offload_ev) == OFL_SUCCESS) {
       x->rel_pending = false;
-    else
+    } else {
       x->late = now ? now : (now = ofl__now_ns());
+      x->late_ms = (int32_t)at;
+      x->late_kind = kind;
+    }
   }
 }
 
@@ -197,7 +203,7 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
       return;
     ofl__plan_t *p = m->ap;
     if (phase == 0) {
-      warm_poll(m);
+      warm_poll(m, (uint32_t)(x - p->ms), 0);
       stamp(m, &x->commit, ofl__compute(m));
       if (!p->base.set)
         stamp(m, &p->base, ofl__compute(m));
@@ -262,7 +268,7 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
     meas_t *x = warm_meas(m, g);
     if (x == NULL)
       return;
-    warm_poll(m);
+    warm_poll(m, (uint32_t)(x - m->ap->ms), end ? 2 : 1);
     if (!end)
       x->bwd_seq = ++m->ap->bwd_seq;
     stamp(m, end ? &x->bwd_end : &x->bwd_begin, ofl__compute(m));
@@ -439,12 +445,14 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
   /* A copy of the warmup that ended later than the model puts its end
    * (the warmup's commits, every copy at the link rate one after another:
    * queueing is the model's already) shows latency the model lacks (a copy
-   * worker that woke late, a copy that waited for other work): the largest
-   * such excess delays every offloaded group's release after its modelled
-   * end (one per instance: which copy a late start hits is chance). The end
-   * is the copies' timing event, else the last marker that saw them
-   * unfinished (a lower bound; not the first that saw them done, a whole
-   * window later). */
+   * worker that woke late, a copy that waited for other work, a CPU that
+   * runs ahead of the device and sees the end late): the largest such
+   * excess delays every offloaded group's release after its modelled end
+   * (one per instance: which copy a late start hits is chance). The end is
+   * the later of the copies' timing event and the place on the compute
+   * stream of the last marker that saw them unfinished; without timing
+   * events, that marker's CPU time (a lower bound; not the first that saw
+   * them done, a whole window later). */
   bool timed = p->timed && !p->timing_lost;
   double latency = 0, queue = 0;
   for (uint32_t i = 0; i < n; i++) {
@@ -458,6 +466,19 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
                  : x->late > x->commit.cpu
                      ? (double)(int64_t)(x->late - p->base.cpu)
                      : -1;
+    if (timed && x->late != 0 && (uint32_t)x->late_ms < n) {
+      /* The ledger sees a copy end at its markers, on the CPU: where the
+       * CPU runs ahead of the device (a GPU), a marker whose own place on
+       * the compute stream is well past the copy's end can still see it
+       * unfinished, and the bytes stay until then. */
+      const meas_t *y = &p->ms[x->late_ms];
+      const stamp_t *at = x->late_kind == 0   ? &y->commit
+                          : x->late_kind == 1 ? &y->bwd_begin
+                                              : &y->bwd_end;
+      double seen = (double)at_ns(p, at);
+      if (seen > end)
+        end = seen;
+    }
     if (end - queue > latency)
       latency = end - queue;
   }
@@ -801,7 +822,8 @@ static bool set_lead(ofl_manager_t *m, group_t *g, uint8_t want,
 
 /* Capuchin's feedback, bounded by the target. Under the target: a reload
  * that stalled is issued one group earlier while the predicted peak with
- * it stays within the target. Over it: the leads that grew go back one
+ * it stays within the target and its bytes fit in the room the measured
+ * peak leaves under the target. Over it: the leads that grew go back one
  * group (those whose reloads did not stall first) and never grow that far
  * again; with none grown, the plan solves again (replan). Returns true
  * when a lead went back. */
@@ -819,10 +841,23 @@ static bool learn(ofl_manager_t *m, bool over) {
       }
     return back;
   }
+  /* A reload issued one group earlier holds its bytes over one more
+   * backward, where the peak may be: each lead that grows takes its
+   * group's bytes from the room the measured peak leaves under the target,
+   * and none grows beyond it. */
+  const ofl_manager_plan_t *o = &p->out;
+  uint64_t room = o->target_bytes == 0 ? UINT64_MAX
+                  : o->target_bytes > o->measured_peak_bytes
+                      ? o->target_bytes - o->measured_peak_bytes
+                      : 0;
   for (uint32_t i = 0; i < p->nms; i++) {
     group_t *g = p->ms[i].g;
-    if (p->chosen[i] && g->stalled && g->lead < g->lead_cap)
-      (void)set_lead(m, g, (uint8_t)(g->lead + 1), "its reload stalled");
+    if (p->chosen[i] && g->stalled && g->lead < g->lead_cap &&
+        p->inst[i].bytes <= room) {
+      if (set_lead(m, g, (uint8_t)(g->lead + 1), "its reload stalled") &&
+          room != UINT64_MAX)
+        room -= p->inst[i].bytes;
+    }
   }
   return false;
 }
