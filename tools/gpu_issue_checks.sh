@@ -10,7 +10,10 @@
 #   3. issue 22: the ofl.torch hook bench on this machine's quiet cores
 #      (host backend, CPU tensors).
 # Usage: tools/gpu_issue_checks.sh [BUILD] [SECONDS]  (SECONDS: the budget
-# for all three, default 240)
+# for all three, default 240). GPU_CHECK_ONLY="pool plan hooks" (default
+# all three) picks checks; GPU_CHECK_ITERS the demo's iterations (6),
+# GPU_CHECK_HIDDEN its hidden size and sequence (256), GPU_CHECK_BACKEND
+# its backend (cuda).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build-gpu}
@@ -32,13 +35,17 @@ run() { # run SECONDS COMMAND...: under the smaller of SECONDS and what is left
   echo "-- exit ${PIPESTATUS[0]}"
 }
 
+only=" ${GPU_CHECK_ONLY:-pool plan hooks} "
+if [[ $only == *" pool "* ]]; then
 echo "== issue 25: MoE pools on cuda"
 run 60 "$build/bench/ofl_bench_moe_pool" cuda
+fi
 
+if [[ $only == *" plan "* ]]; then
 echo "== issue 26: auto plan on cuda"
 demo="$build/examples/ofl_pipeline_demo_single"
 shape=(--backend "${GPU_CHECK_BACKEND:-cuda}" --stages 4 --stage 0 --microbatches 8 --layers 2
-       --hidden "${GPU_CHECK_HIDDEN:-256}" --seq "${GPU_CHECK_HIDDEN:-256}" --iters 6 --check-memory)
+       --hidden "${GPU_CHECK_HIDDEN:-256}" --seq "${GPU_CHECK_HIDDEN:-256}" --iters "${GPU_CHECK_ITERS:-6}" --check-memory)
 roomy=$(mktemp)
 run 40 "$demo" "${shape[@]}" --offload auto --memory-target 100000 | tee "$roomy"
 # "all offloaded X, none Y" of the plan line
@@ -48,14 +55,17 @@ if [ -n "${all:-}" ] && [ -n "${none:-}" ]; then
   for k in 0 1 2 3; do
     t=$(awk -v a="$all" -v n="$none" -v k="$k" 'BEGIN { printf "%.2f", a + (n - a) * (k + 0.5) / 4 }')
     echo "- target $t MiB (all offloaded $all, none $none)"
-    run 40 "$demo" "${shape[@]}" --offload auto --memory-target "$t" |
-      grep -E 'step time|bit-identical|predicted peak|within the memory target|ledger|^ +0 '
+    OFL_DEBUG=INFO run 40 "$demo" "${shape[@]}" --offload auto --memory-target "$t" |
+      grep -E 'step time|bit-identical|predicted peak|within the memory target|ledger|^ +0 |solved again|auto plan, iteration'
   done
 else
   echo "no plan line in the roomy run"
 fi
+fi
 
+if [[ $only == *" hooks "* ]]; then
 echo "== issue 22: ofl.torch hooks (host backend, quiet cores)"
 run 90 env OFL_LIBRARY="$build/libofl.so" OFL_DEBUG=WARN OFL_BACKEND=host \
   python3 "$here/bench/bench_torch_hooks.py"
+fi
 echo "== done after $(($(date +%s) - start))s"

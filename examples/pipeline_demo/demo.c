@@ -229,7 +229,7 @@ int main(int argc, char **argv) {
    * own tensors), with or without a plan: what strategies compare on. */
   for (int i = 0; leader && i < rep_n; i++)
     printf("demo activation peak rank %d: %.3f MiB (steady state, offload "
-           "run); the manager's ledger: %.3f MiB\n",
+           "run); the manager's ledger: %.4f MiB\n",
            rep_first + i, all[NF * i + 25] / 1048576,
            all[NF * i + 31] / 1048576);
   /* The PNG is drawn from the CSV: without --memory-csv, the CSV is
