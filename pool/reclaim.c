@@ -241,18 +241,36 @@ static ofl_status_t grow(ofl_pool_t *p, size_t seg_bytes) {
   return OFL_SUCCESS;
 }
 
-/* A range of bytes from the arena; the pool's idle cached blocks go back to
- * their segments first when no free range fits, and idle blocks of their
- * own (made before the pool carved from segments) go back to the backend,
- * so that their bytes are held once, in segments. Lock not held. */
+/* A range of bytes from the arena for a miss. In a pool whose sizes change
+ * (two byte-size keys seen, as for OFL_POOL_SEGMENTS_AUTO), the pool's idle
+ * cached blocks carved from segments give their ranges back first, so that
+ * best fit chooses among the free memory merged with its neighbours rather
+ * than among the gaps that stale blocks of sizes no longer asked for leave
+ * between them (on the MoE benchmark those gaps put blocks in the middle of
+ * segments, and the arena later grew with a quarter of it free). A pool of
+ * fixed shapes keeps its cache, so that it stays all hits in steady state
+ * (there, releasing on a miss makes the released keys miss in turn). A block
+ * whose last use is still queued keeps its range. When still no free range
+ * fits, every idle cached block goes back, one of its own (made before the
+ * pool carved from segments) to the backend, so that its bytes are held
+ * once, in segments. Lock not held. */
 static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
+  pool_block_t *victims = NULL;
+  pthread_mutex_lock(&p->mu);
+  if (p->byte_keys_made > 1 && p->arena.nsegs > 0 &&
+      p->stats.blocks_total > p->stats.blocks_in_use)
+    (void)ofl__pool_take_idle(p, true, &victims);
+  for (pool_block_t *v = victims; v != NULL; v = v->next)
+    p->stats.releases++;
+  pthread_mutex_unlock(&p->mu);
+  ofl__pool_destroy_victims(p, victims);
   pthread_mutex_lock(&p->mu);
   ofl__range_t *r = ofl__arena_take(&p->arena, bytes);
   if (r != NULL || p->arena.nsegs == 0) {
     pthread_mutex_unlock(&p->mu);
     return r;
   }
-  pool_block_t *victims = NULL;
+  victims = NULL;
   (void)ofl__pool_take_idle(p, false, &victims);
   for (pool_block_t *v = victims; v != NULL; v = v->next)
     p->stats.releases++;

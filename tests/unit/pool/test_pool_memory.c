@@ -296,9 +296,15 @@ Test(pool_memory, moe_workload_registers_nothing_in_steady_state,
 /* The device side of the same workload as the issue states it (sizes up to
  * 1 MiB, three tensors a group): after the warmup and 12 settling
  * iterations, 20 iterations allocate and free no device memory, and the
- * activation pool holds at most 1.6 x its peak in use (its blocks made
- * before it carved from segments went back, and copies in flight are waited
- * for before a segment is added; the issue's 1.3 is not reached yet). */
+ * activation pool holds at most 1.3 x its peak in use (issue 25). Its blocks
+ * made before it carved from segments went back, a miss gives the idle
+ * cached blocks' ranges back before best fit, and copies in flight are
+ * waited for before a segment is added. On the cudasim stand-in, whose
+ * copies run on worker threads, a loaded machine (meson running both
+ * backends' tests at once) still makes the warmup add a seventh 2 MiB
+ * segment on some runs (about 1 in 30: 14 MiB against a peak in use of
+ * 9.8 MB, 1.49), never in the counted iterations: there the bound is one
+ * segment more. */
 /* This workload needs more than CAPACITY: a device of its own. */
 static void open_big_dev(void) {
   setenv("CUDASIM_DEVICE_MEMORY", "256M", 1);
@@ -343,27 +349,22 @@ Test(pool_moe, moe_workload_allocates_no_device_memory_in_steady_state,
   a1 = stats_of(d.pool);
   ofl_device_get_stats(dev, &d1);
   cr_assert(eq(sz, d.wrong_bytes, 0));
-  /* Issue 25 asks for 0; a loaded machine still shows one allocation on
-   * some runs (a copy in flight outlasting the pool's bounded wait before
-   * it adds a segment): at most one is what the pool reaches today. */
-  cr_assert(le(u64, a1.backend_allocs - a0.backend_allocs, 1),
+  cr_assert(eq(u64, a1.backend_allocs, a0.backend_allocs),
             "%llu allocations in the counted iterations",
             (unsigned long long)(a1.backend_allocs - a0.backend_allocs));
   cr_assert(eq(u64, a1.backend_frees, a0.backend_frees));
-  cr_assert(le(u64, d1.device_allocs - d0.device_allocs, 1));
+  cr_assert(eq(u64, d1.device_allocs, d0.device_allocs));
   cr_assert(eq(u64, d1.device_frees, d0.device_frees));
   cr_assert(gt(u64, a1.misses, a0.misses)); /* sizes did change */
-  /* Not yet the issue's bound of 1.3 (1.28 to 1.5 depending on when the
-   * copies complete: segments grow by 2 MiB against a peak near 10 MB), so
-   * the test holds the pool to what it reaches today. */
   double ratio = (double)a1.held_bytes / (double)a1.peak_in_use_bytes;
   cr_log_info("activations held %zu peak in use %zu ratio %.3f",
               a1.held_bytes, a1.peak_in_use_bytes, ratio);
-  cr_assert(le(dbl, ratio, 1.6), "held %zu peak in use %zu", a1.held_bytes,
+  double bound = sim ? 1.5 : 1.3;
+  cr_assert(le(dbl, ratio, bound), "held %zu peak in use %zu", a1.held_bytes,
             a1.peak_in_use_bytes);
   if (sim) {
     t_sim_stats(&c1);
-    cr_assert(le(u64, c1.device_mallocs - c0.device_mallocs, 1));
+    cr_assert(eq(u64, c1.device_mallocs, c0.device_mallocs));
     cr_assert(eq(u64, c1.device_frees, c0.device_frees));
   }
   drv_close(&d);
