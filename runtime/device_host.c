@@ -1195,6 +1195,16 @@ static ofl_status_t no_slot(ofl_stream_t *s) {
                     "cannot queue an operation on stream '%s'", s->name);
 }
 
+/* Runs q, just queued as the head of an idle stream, on the calling thread
+ * (inline_ok_locked; mu held on entry and exit). What other threads queued
+ * behind it meanwhile found the stream busy: the worker, which may have
+ * gone to sleep on busy, is woken for it (steal_end_locked). */
+static void run_inline_locked(host_stream_t *hs, op_t *q) {
+  atomic_fetch_add_explicit(&hs->inlined, 1, memory_order_relaxed);
+  run_head_locked(hs, q);
+  steal_end_locked(hs);
+}
+
 /* Runs op now (compute stream) or queues a copy of it (worker stream),
  * taking the stream's lock once; op may live on the caller's stack. On
  * failure drops the references op holds. */
@@ -1211,10 +1221,8 @@ static ofl_status_t submit(ofl_stream_t *s, op_t *op) {
     bool here = inline_ok_locked(hs, op);
     *q = *op;
     link_quiet_locked(hs, q, !here);
-    if (here) {
-      atomic_fetch_add_explicit(&hs->inlined, 1, memory_order_relaxed);
-      run_head_locked(hs, q);
-    }
+    if (here)
+      run_inline_locked(hs, q);
   }
   pthread_mutex_unlock(&hs->mu);
   if (q != NULL)
@@ -1362,10 +1370,8 @@ static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
       *q = (op_t){.type = OP_RECORD, .ev = he, .target = target};
       bool here = inline_ok_locked(hs, q);
       link_quiet_locked(hs, q, !here);
-      if (here) {
-        atomic_fetch_add_explicit(&hs->inlined, 1, memory_order_relaxed);
-        run_head_locked(hs, q);
-      }
+      if (here)
+        run_inline_locked(hs, q);
     } else {
       q->next = hs->free_ops;
       hs->free_ops = q;
