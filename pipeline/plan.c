@@ -73,6 +73,14 @@ struct ofl__plan {
   uint32_t fifo_head, fifo_len;
   uint64_t stall_ns_start;
   uint64_t solve_target; /* the target the last solve aimed at */
+  /* One raise (a plan predicted well above its measured peak solves
+   * again for a higher aim, to expose less copy time): the plan before
+   * it, kept to go back to when the raised one goes over the target. */
+  bool *chosen_safe;
+  uint64_t safe_aim, safe_pred;
+  bool raised;     /* the raised plan runs; not yet under the target */
+  bool raise_done; /* no more raises */
+  bool ever_over;  /* an iteration went over the target */
   uint64_t changes_seen; /* replans + lead changes when last looked */
   bool ledger;  /* the ledger's arrays exist (the warmup ended) */
   bool touched; /* the ledger moved in this iteration */
@@ -862,7 +870,9 @@ static bool learn(ofl_manager_t *m, bool over) {
   return false;
 }
 
-static void replan(ofl_manager_t *m);
+static bool replan(ofl_manager_t *m);
+static void raise_aim(ofl_manager_t *m);
+static void raise_back(ofl_manager_t *m);
 
 void ofl__plan_end_iteration(ofl_manager_t *m) {
   if (!active(m) || m->warmup)
@@ -908,9 +918,11 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
              m->rank, (unsigned long long)m->st.iterations, mib(o->measured_peak_bytes),
              mib(o->predicted_peak_bytes), mib(o->target_bytes),
              o->measured_stall_ms, o->predicted_exposed_ms);
-    if (over && !back && o->replans < REPLAN_MAX)
-      replan(m);
-    else if (over && !back && !p->warned) {
+    if (over && p->raised) {
+      raise_back(m);
+    } else if (over && !back && o->replans < REPLAN_MAX && replan(m)) {
+      /* solved again */
+    } else if (over && !back && !p->warned) {
       p->warned = true;
       OFL_WARN(OFL_SUBSYS_PIPELINE,
                "rank %d: measured activation peak %.2f MiB is over the memory "
@@ -918,7 +930,15 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
                "holds more than the warmup showed",
                m->rank, mib(o->measured_peak_bytes), mib(o->target_bytes),
                mib(o->predicted_peak_bytes));
+    } else if (!over && p->raised) {
+      p->raised = false; /* the raised plan holds */
+    } else if (!over && !p->raise_done && !p->ever_over &&
+               o->target_bytes > 0 &&
+               o->predicted_exposed_ms > 0 && o->replans < REPLAN_MAX &&
+               o->predicted_peak_bytes > o->measured_peak_bytes) {
+      raise_aim(m);
     }
+    p->ever_over |= over;
   }
   p->stall_ns_start = m->st.stall_ns;
   p->live = p->peak = 0;
@@ -933,22 +953,16 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
  * than its copy's end). Solve again for the aim ofl__plan_replan_aim gives
  * (the target less the model's error, or the last aim less the
  * overshoot); the next iterations offload the new choice. */
-static void replan(ofl_manager_t *m) {
+/* The choice in p->chosen, solved for aim with peak predicted_peak,
+ * becomes the plan: applied to the groups, and its figures published. */
+static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
-  uint64_t aim = ofl__plan_replan_aim(o->target_bytes, p->solve_target,
-                                      o->measured_peak_bytes,
-                                      o->predicted_peak_bytes);
-  ofl__plan_result_t r;
-  if (ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen, &r) !=
-      OFL_SUCCESS)
-    return;
-  o->replans++;
   p->solve_target = aim;
   o->predicted_exposed_ms = apply(p) / 1e6;
-  o->predicted_peak_bytes = r.predicted_peak;
-  o->met = r.predicted_peak <= o->target_bytes;
-  o->shortfall_bytes = o->met ? 0 : r.predicted_peak - o->target_bytes;
+  o->predicted_peak_bytes = predicted_peak;
+  o->met = predicted_peak <= o->target_bytes;
+  o->shortfall_bytes = o->met ? 0 : predicted_peak - o->target_bytes;
   for (size_t k = 0; k < o->nnames; k++) {
     p->names[k].chosen = 0;
     p->names[k].chosen_bytes = 0;
@@ -962,6 +976,20 @@ static void replan(ofl_manager_t *m) {
     x->chosen_bytes += p->inst[i].bytes;
     x->exposed_ms += ofl__plan_group_exposed(&p->inst[i]) / 1e6;
   }
+}
+
+static bool replan(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  ofl_manager_plan_t *o = &p->out;
+  uint64_t aim = ofl__plan_replan_aim(o->target_bytes, p->solve_target,
+                                      o->measured_peak_bytes,
+                                      o->predicted_peak_bytes);
+  ofl__plan_result_t r;
+  if (ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen, &r) !=
+      OFL_SUCCESS)
+    return false;
+  o->replans++;
+  adopt(m, aim, r.predicted_peak);
   OFL_INFO(OFL_SUBSYS_PIPELINE,
            "rank %d: auto plan %llu: measured peak %.2f MiB over the target "
            "%.2f MiB; solved again for %.2f MiB: predicted %.2f MiB, exposed "
@@ -969,6 +997,71 @@ static void replan(ofl_manager_t *m) {
            m->rank, (unsigned long long)o->replans,
            mib(o->measured_peak_bytes), mib(o->target_bytes), mib(aim),
            mib(r.predicted_peak), o->predicted_exposed_ms);
+  return true;
+}
+
+/* The plan predicted its peak well above what it measured (the model
+ * erred on the safe side: a release latency that one late copy of the
+ * warmup set for every group) and exposes copy time: solve once for the
+ * aim raised by that error, keeping fewer groups offloaded; the plan
+ * before is kept, and comes back if the raised one goes over the target
+ * (raise_back). Only before any iteration went over the target, once. */
+static void raise_aim(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  ofl_manager_plan_t *o = &p->out;
+  p->raise_done = true;
+  if (p->chosen_safe == NULL)
+    p->chosen_safe = calloc(p->nms ? p->nms : 1, sizeof *p->chosen_safe);
+  if (p->chosen_safe == NULL)
+    return;
+  uint64_t err = o->predicted_peak_bytes - o->measured_peak_bytes;
+  uint64_t aim = p->solve_target + err;
+  memcpy(p->chosen_safe, p->chosen, p->nms * sizeof *p->chosen);
+  ofl__plan_result_t r;
+  if (ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen, &r) !=
+      OFL_SUCCESS) {
+    memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
+    return;
+  }
+  double before = o->predicted_exposed_ms;
+  double after = 0;
+  for (uint32_t i = 0; i < p->nms; i++)
+    if (p->chosen[i] && p->inst[i].offloadable)
+      after += ofl__plan_group_exposed(&p->inst[i]) / 1e6;
+  if (after >= before) { /* nothing to gain */
+    memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
+    return;
+  }
+  p->safe_aim = p->solve_target;
+  p->safe_pred = o->predicted_peak_bytes;
+  p->raised = true;
+  o->replans++;
+  /* Its prediction carries the error measured under the plan before. */
+  adopt(m, aim, r.predicted_peak > err ? r.predicted_peak - err : 0);
+  OFL_INFO(OFL_SUBSYS_PIPELINE,
+           "rank %d: auto plan %llu: measured peak %.2f MiB, %.2f MiB under "
+           "the predicted %.2f; solved again for %.2f MiB: predicted %.2f "
+           "MiB, exposed %.3f ms (was %.3f)",
+           m->rank, (unsigned long long)o->replans,
+           mib(o->measured_peak_bytes), mib(err), mib(p->safe_pred), mib(aim),
+           mib(r.predicted_peak), after, before);
+}
+
+/* The raised plan went over the target: the plan before it comes back. */
+static void raise_back(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  ofl_manager_plan_t *o = &p->out;
+  p->raised = false;
+  memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
+  o->replans++;
+  adopt(m, p->safe_aim, p->safe_pred);
+  OFL_INFO(OFL_SUBSYS_PIPELINE,
+           "rank %d: auto plan %llu: the raised plan measured %.2f MiB, over "
+           "the target %.2f MiB; back to the plan before it (predicted %.2f "
+           "MiB)",
+           m->rank, (unsigned long long)o->replans,
+           mib(o->measured_peak_bytes), mib(o->target_bytes),
+           mib(p->safe_pred));
 }
 
 ofl_status_t ofl_manager_plan_get(const ofl_manager_t *m,
@@ -1011,6 +1104,7 @@ void ofl__plan_free(ofl_manager_t *m) {
   free(p->ms);
   free(p->inst);
   free(p->chosen);
+  free(p->chosen_safe);
   free(p->bwd_order);
   free(p->t_bwd_end);
   free(p->off_now);

@@ -155,6 +155,13 @@ static const entry_t table[] = {
      .hi = 100000,
      .doc = "host backend: microseconds a worker stream polls for more work "
             "before it sleeps (0: sleep at once)"},
+    {.name = "OFL_HOST_INLINE_BYTES",
+     .def = "256K",
+     .kind = K_SIZE,
+     .doc = "host backend: a copy of up to this many bytes submitted to an "
+            "idle worker stream runs on the submitting thread (no hand-off "
+            "to the worker; never with strict-mode jitter or a link model); "
+            "0: every copy goes to the worker"},
     {.name = "OFL_LINK_H2D_GBPS",
      .def = "0",
      .kind = K_DOUBLE,

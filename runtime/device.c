@@ -69,6 +69,7 @@ static ofl_status_t resolve_config(const ofl_device_params_t *p,
   int64_t spin = 0;
   OFL_CHECK(ofl__config_int("OFL_HOST_SPIN_US", &spin));
   c->spin_us = spin < 0 ? 0 : spin > 100000 ? 100000 : (int)spin;
+  OFL_CHECK(ofl__config_size("OFL_HOST_INLINE_BYTES", &c->inline_bytes));
   if (c->jitter_max_us < 0)
     c->jitter_max_us = 0;
   double h2d = 0, d2h = 0, tot = 0;

@@ -565,6 +565,7 @@ typedef struct host_stream {
   atomic_int refs;
   bool held; /* tests: the worker starts nothing (ofl__host_stream_hold) */
   atomic_uint_fast64_t stolen; /* operations waiters ran */
+  atomic_uint_fast64_t inlined; /* operations their submitters ran */
   ofl_status_t error;    /* first asynchronous error (first wins) */
   atomic_bool has_error; /* error set; read without mu */
   char error_msg[512];
@@ -946,6 +947,13 @@ uint64_t ofl__host_stream_stolen(ofl_stream_t *s) {
   return atomic_load(&hs->stolen);
 }
 
+uint64_t ofl__host_stream_inlined(ofl_stream_t *s) {
+  if (s->dev->backend != OFL_BACKEND_HOST)
+    return 0;
+  host_stream_t *hs = s->impl;
+  return atomic_load(&hs->inlined);
+}
+
 static void stream_unref(host_stream_t *hs) {
   if (atomic_fetch_sub(&hs->refs, 1) != 1)
     return;
@@ -1145,8 +1153,9 @@ static op_t *slot_locked(host_stream_t *hs) {
   return q;
 }
 
-/* Appends q and wakes the worker if it sleeps (mu held). */
-static void link_locked(host_stream_t *hs, op_t *q) {
+/* Appends q (mu held), waking the worker if it sleeps unless the caller
+ * runs q itself (inline_ok_locked). */
+static void link_quiet_locked(host_stream_t *hs, op_t *q, bool wake) {
   q->next = NULL;
   if (hs->tail != NULL)
     hs->tail->next = q;
@@ -1155,13 +1164,45 @@ static void link_locked(host_stream_t *hs, op_t *q) {
   hs->tail = q;
   hs->enqueued++;
   atomic_store_explicit(&hs->enqueued_seen, hs->enqueued, memory_order_release);
-  if (hs->worker_sleeping)
+  if (wake && hs->worker_sleeping)
     pthread_cond_signal(&hs->work_cv);
+}
+
+/* Whether op, about to be queued on an idle worker stream, may run on the
+ * submitting thread instead (mu held): the stream has nothing queued or
+ * running, so the worker would start it at once; a hand-off to the worker
+ * (a wake-up, a context switch, its poll) costs more than a small copy on
+ * a machine with few cores. Copies up to cfg.inline_bytes and records; not
+ * with strict-mode jitter (each operation must be delayed) nor a link model
+ * (a copy takes its modelled time on the worker), nor while a test holds
+ * the stream. The order is the stream's: nothing is before it. */
+static bool inline_ok_locked(host_stream_t *hs, const op_t *op) {
+  const ofl__device_config_t *c = &hs->s->dev->cfg;
+  if (hs->head != NULL || atomic_load(&hs->busy) || hs->held ||
+      atomic_load(&hs->stop) || (c->strict && c->jitter_max_us > 0) ||
+      c->inline_bytes == 0)
+    return false;
+  if (op->type == OP_RECORD)
+    return true;
+  if (op->type != OP_COPY || op->bytes > c->inline_bytes)
+    return false;
+  return !(c->link_h2d_bps > 0 || c->link_d2h_bps > 0 ||
+           c->link_total_bps > 0);
 }
 
 static ofl_status_t no_slot(ofl_stream_t *s) {
   return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                     "cannot queue an operation on stream '%s'", s->name);
+}
+
+/* Runs q, just queued as the head of an idle stream, on the calling thread
+ * (inline_ok_locked; mu held on entry and exit). What other threads queued
+ * behind it meanwhile found the stream busy: the worker, which may have
+ * gone to sleep on busy, is woken for it (steal_end_locked). */
+static void run_inline_locked(host_stream_t *hs, op_t *q) {
+  atomic_fetch_add_explicit(&hs->inlined, 1, memory_order_relaxed);
+  run_head_locked(hs, q);
+  steal_end_locked(hs);
 }
 
 /* Runs op now (compute stream) or queues a copy of it (worker stream),
@@ -1177,8 +1218,11 @@ static ofl_status_t submit(ofl_stream_t *s, op_t *op) {
   pthread_mutex_lock(&hs->mu);
   op_t *q = slot_locked(hs);
   if (q != NULL) {
+    bool here = inline_ok_locked(hs, op);
     *q = *op;
-    link_locked(hs, q);
+    link_quiet_locked(hs, q, !here);
+    if (here)
+      run_inline_locked(hs, q);
   }
   pthread_mutex_unlock(&hs->mu);
   if (q != NULL)
@@ -1324,7 +1368,10 @@ static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
     if (target != 0) {
       atomic_fetch_add(&he->refs, 1);
       *q = (op_t){.type = OP_RECORD, .ev = he, .target = target};
-      link_locked(hs, q);
+      bool here = inline_ok_locked(hs, q);
+      link_quiet_locked(hs, q, !here);
+      if (here)
+        run_inline_locked(hs, q);
     } else {
       q->next = hs->free_ops;
       hs->free_ops = q;

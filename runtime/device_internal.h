@@ -26,6 +26,8 @@ typedef struct ofl__device_config {
   uint64_t jitter_seed;
   int jitter_max_us;
   int spin_us; /* host backend: worker poll before sleeping */
+  size_t inline_bytes; /* host backend: copies up to this size run on the
+                          submitting thread when their stream is idle */
   double link_h2d_bps, link_d2h_bps, link_total_bps; /* bytes/s; 0: off */
 } ofl__device_config_t;
 
@@ -226,6 +228,9 @@ bool ofl__cuda_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes);
  * waiting threads ran themselves. No-ops on other streams and backends. */
 void ofl__host_stream_hold(ofl_stream_t *s, bool hold);
 uint64_t ofl__host_stream_stolen(ofl_stream_t *s);
+/* Operations of the stream that ran on the thread that submitted them
+ * (OFL_HOST_INLINE_BYTES; 0 off the host backend). */
+uint64_t ofl__host_stream_inlined(ofl_stream_t *s);
 /* Fills [ptr, ptr+bytes) with the strict-mode poison byte (host backend). */
 void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes);
 #define OFL__POISON_BYTE 0xDB

@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <ofl/ofl.h>
 #include "runtime/device_internal.h"
@@ -255,4 +256,163 @@ Test(host_steal, event_outlives_the_stream_it_was_recorded_on) {
   OK(ofl_event_record(e, ofl_device_compute_stream(dev)));
   ofl_event_destroy(e);
   ofl_event_destroy(f);
+}
+
+/* ---- inline submission (OFL_HOST_INLINE_BYTES) ---------------------------
+ * A copy up to the limit, or a record, submitted to an idle worker stream
+ * runs on the submitting thread; anything queued or running before it, a
+ * larger copy, strict-mode jitter, a link model or a held stream leave it to
+ * the worker. The bytes and the event semantics are the worker's. */
+
+static ofl_device_t *open_inline_limit(int jitter_us, double link_gbps,
+                                       const char *limit) {
+  setenv("OFL_BACKEND", "host", 1);
+  setenv("OFL_HOST_INLINE_BYTES", limit, 1);
+  ofl_config_reload();
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  p.strict = 1;
+  p.jitter_max_us = jitter_us;
+  p.link_h2d_gbps = link_gbps;
+  p.link_d2h_gbps = link_gbps;
+  ofl_device_t *d = NULL;
+  OK(ofl_device_open(&p, &d));
+  unsetenv("OFL_HOST_INLINE_BYTES");
+  ofl_config_reload();
+  ofl_log_set_level(OFL_LOG_NONE);
+  return d;
+}
+
+static ofl_device_t *open_inline(int jitter_us, double link_gbps) {
+  return open_inline_limit(jitter_us, link_gbps, "8K");
+}
+
+Test(host_inline, a_small_copy_to_an_idle_stream_runs_on_the_submitter) {
+  ofl_device_t *d = open_inline(0, 0);
+  ofl_stream_t *s = NULL;
+  ofl_event_t *e = NULL;
+  void *dv = NULL;
+  unsigned char src[N], out[N];
+  fill(src, N, 3);
+  memset(out, 0, N);
+  OK(ofl_stream_create(d, "d2h", &s));
+  OK(ofl_event_create(d, &e));
+  OK(ofl_device_malloc(d, N, &dv));
+  OK(ofl_memcpy_async(dv, src, N, OFL_COPY_H2D, s));
+  cr_assert(eq(u64, ofl__host_stream_inlined(s), 1));
+  OK(ofl_memcpy_async(out, dv, N, OFL_COPY_D2H, s));
+  OK(ofl_event_record(e, s));
+  cr_assert(eq(u64, ofl__host_stream_inlined(s), 3));
+  /* done when the calls return: the event too, and the stream idle */
+  cr_assert(eq(int, ofl_event_query(e), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_query(s), OFL_SUCCESS));
+  cr_assert(eq(int, memcmp(out, src, N), 0));
+  /* a block whose copies ran inline is free to free at once (strict mode
+   * reports frees of blocks in flight) */
+  OK(ofl_device_free(d, dv));
+  ofl_event_destroy(e);
+  OK(ofl_stream_destroy(s));
+  ofl_device_close(d);
+}
+
+Test(host_inline, the_worker_keeps_what_is_large_queued_jittered_paced_or_held) {
+  enum { BIG = 3 * N }; /* above the 8K limit */
+  static unsigned char src[BIG], out[BIG];
+  fill(src, BIG, 9);
+  /* too large */
+  ofl_device_t *d = open_inline(0, 0);
+  ofl_stream_t *s = NULL;
+  void *dv = NULL;
+  OK(ofl_stream_create(d, "s", &s));
+  OK(ofl_device_malloc(d, BIG, &dv));
+  OK(ofl_memcpy_async(dv, src, BIG, OFL_COPY_H2D, s));
+  cr_assert(eq(u64, ofl__host_stream_inlined(s), 0));
+  /* queued behind a held worker: stream order first */
+  ofl__host_stream_hold(s, true);
+  OK(ofl_memcpy_async(out, dv, N, OFL_COPY_D2H, s));
+  cr_assert(eq(u64, ofl__host_stream_inlined(s), 0));
+  ofl__host_stream_hold(s, false);
+  OK(ofl_stream_synchronize(s, 10000));
+  cr_assert(eq(int, memcmp(out, src, N), 0));
+  OK(ofl_device_free(d, dv));
+  OK(ofl_stream_destroy(s));
+  ofl_device_close(d);
+  /* strict-mode jitter, and a link model: every operation on the worker */
+  for (int k = 0; k < 2; k++) {
+    d = k == 0 ? open_inline(50, 0) : open_inline(0, 1.0);
+    OK(ofl_stream_create(d, "s", &s));
+    OK(ofl_device_malloc(d, N, &dv));
+    memset(out, 0, N);
+    OK(ofl_memcpy_async(dv, src, N, OFL_COPY_H2D, s));
+    OK(ofl_memcpy_async(out, dv, N, OFL_COPY_D2H, s));
+    OK(ofl_stream_synchronize(s, 10000));
+    cr_assert(eq(u64, ofl__host_stream_inlined(s), 0), "case %d", k);
+    cr_assert(eq(int, memcmp(out, src, N), 0));
+    OK(ofl_device_free(d, dv));
+    OK(ofl_stream_destroy(s));
+    ofl_device_close(d);
+  }
+}
+
+/* Work another thread queues while a copy runs inline finds the stream
+ * busy and goes to the worker, which must be woken when the inline copy
+ * ends: polling the event (no wait, so no stealing) sees it complete. */
+static struct {
+  ofl_stream_t *s;
+  ofl_event_t *e;
+  void *dv;
+  unsigned char out[N];
+  atomic_int started;
+  int done;
+} race;
+
+static void *second_submitter(void *arg) {
+  (void)arg;
+  while (!atomic_load(&race.started))
+    ;
+  struct timespec ts = {0, 2000000}; /* inside the first thread's copy */
+  nanosleep(&ts, NULL);
+  if (ofl_memcpy_async(race.out, race.dv, N, OFL_COPY_D2H, race.s) !=
+          OFL_SUCCESS ||
+      ofl_event_record(race.e, race.s) != OFL_SUCCESS)
+    return NULL;
+  for (int i = 0; i < 5000; i++) { /* 5 s */
+    if (ofl_event_query(race.e) == OFL_SUCCESS) {
+      race.done = 1;
+      return NULL;
+    }
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  }
+  return NULL;
+}
+
+Test(host_inline, work_queued_behind_an_inline_copy_reaches_the_worker) {
+  enum { BIG = 64 << 20 };
+  ofl_device_t *d = open_inline_limit(0, 0, "1G");
+  void *big_d = NULL;
+  unsigned char *big_h = malloc(BIG), src[N];
+  cr_assert(big_h != NULL);
+  memset(big_h, 0x11, BIG);
+  fill(src, N, 5);
+  OK(ofl_stream_create(d, "s", &race.s));
+  OK(ofl_event_create(d, &race.e));
+  OK(ofl_device_malloc(d, BIG, &big_d));
+  OK(ofl_device_malloc(d, N, &race.dv));
+  OK(ofl_memcpy_async(race.dv, src, N, OFL_COPY_H2D, race.s));
+  OK(ofl_stream_synchronize(race.s, 10000));
+  pthread_t t;
+  cr_assert(eq(int, pthread_create(&t, NULL, second_submitter, NULL), 0));
+  atomic_store(&race.started, 1);
+  OK(ofl_memcpy_async(big_d, big_h, BIG, OFL_COPY_H2D, race.s)); /* inline */
+  pthread_join(t, NULL);
+  cr_assert(race.done, "the copy queued behind the inline one never ran");
+  cr_assert(eq(int, memcmp(race.out, src, N), 0));
+  cr_assert(ge(u64, ofl__host_stream_inlined(race.s), 2));
+  OK(ofl_stream_synchronize(race.s, 10000));
+  OK(ofl_device_free(d, big_d));
+  OK(ofl_device_free(d, race.dv));
+  ofl_event_destroy(race.e);
+  OK(ofl_stream_destroy(race.s));
+  ofl_device_close(d);
+  free(big_h);
 }
