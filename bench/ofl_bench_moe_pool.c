@@ -8,6 +8,8 @@
  * the cudasim stand-in, cudaMalloc/cudaFree/cudaHostRegister/Unregister.
  * Then the pool hit path (allocate+free of a cached block), ns per pair.
  *
+ * OFL_BENCH_SEED picks another draw of the sizes (default 2024).
+ *
  * Without arguments it runs on the host backend, then runs itself again on
  * the cuda backend over the stand-in (OFL_BENCH_CUDASIM_DIR, set by meson)
  * when that was built; `host` or `cuda` runs one backend in this process. */
@@ -49,7 +51,8 @@ static void run_moe(ofl_backend_t be) {
   cfg.thresh = 1024;
   cfg.size_lo = 1024;
   cfg.size_hi = 1u << 20;
-  cfg.seed = 2024;
+  cfg.seed = getenv("OFL_BENCH_SEED") ? strtoull(getenv("OFL_BENCH_SEED"), NULL, 10)
+                                     : 2024;
   cfg.offload = 1;
   cfg.keyed_by_bytes = 1;
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
