@@ -156,7 +156,7 @@ static const entry_t table[] = {
      .doc = "host backend: microseconds a worker stream polls for more work "
             "before it sleeps (0: sleep at once)"},
     {.name = "OFL_HOST_INLINE_BYTES",
-     .def = "256K",
+     .def = "0",
      .kind = K_SIZE,
      .doc = "host backend: a copy of up to this many bytes submitted to an "
             "idle worker stream runs on the submitting thread (no hand-off "
