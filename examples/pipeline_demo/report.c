@@ -346,7 +346,7 @@ void report_print(const opts_t *o, const double *all, int NF, int rep_first,
            "baseline ran out of memory before its steady state)\n");
   } else {
     printf("\nstep time with offload / without: %.3f (mean over ranks, "
-           "steady-state iterations)\n",
+           "median steady-state iteration)\n",
            so / sb);
     if (o->offload_auto)
       printf("device memory saved against the summary: not checked with "

@@ -108,9 +108,15 @@ static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
  * and the run expected it (expect_oom), 0 when all of them ran. The
  * setjmp is here so that run()'s own locals are not modified between it
  * and the longjmp. */
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 static int run_iterations(run_t *r, const sched_step_t *steps, int nsteps,
                           int offload, int expect_oom, double *steady,
                           int *nsteady) {
+  /* steady: o->iters entries, the steady iterations' times */
   opts_t *o = r->o;
   jmp_buf jb;
   if (expect_oom) {
@@ -141,10 +147,8 @@ static int run_iterations(run_t *r, const sched_step_t *steps, int nsteps,
     }
     barrier_bounded("the barrier after an iteration");
     t = now_s() - t;
-    if (r->iter > 0 || o->iters == 1) {
-      *steady += t;
-      (*nsteady)++;
-    }
+    if (r->iter > 0 || o->iters == 1)
+      steady[(*nsteady)++] = t;
 #ifdef OFL_DEMO_NO_MPI
     if (!o->quiet && r->rank != r->pp - 1) {
       printf("[%s] iteration %d/%d%s  (stage %d: no loss)  step %.1f ms\n",
@@ -253,10 +257,12 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
     die(&r, "invalid schedule (vpp %d needs microbatches a multiple of %d)",
         o->vpp, pp);
 
-  double steady = 0;
+  double *steady = calloc((size_t)(o->iters > 0 ? o->iters : 1), sizeof *steady);
+  if (steady == NULL)
+    die(&r, "no memory for the step times");
   int nsteady = 0;
   r.t0 = now_s();
-  if (run_iterations(&r, steps, nsteps, offload, expect_oom, &steady,
+  if (run_iterations(&r, steps, nsteps, offload, expect_oom, steady,
                      &nsteady)) {
     /* Out of device memory in the middle of a step: the handles the
      * demo's code held go back to the pool; the manager destroys its own
@@ -272,7 +278,14 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
   ofl_pool_stats_t ps;
   ofl_pool_get_stats(r.pool, &ps);
   res->peak_bytes = r.weight_bytes + ps.peak_in_use_bytes;
-  res->step_s = steady / (nsteady ? nsteady : 1);
+  /* The median of the steady iterations: one iteration slowed by the
+   * machine (another process, a page fault storm) moves a mean by its
+   * whole excess over the iteration count, and a median not at all. */
+  qsort(steady, (size_t)nsteady, sizeof *steady, cmp_double);
+  res->step_s = nsteady == 0 ? 0
+                : nsteady % 2 ? steady[nsteady / 2]
+                              : (steady[nsteady / 2 - 1] + steady[nsteady / 2]) / 2;
+  free(steady);
   res->summary_bytes = glue_summary_total_bytes(r.glue);
   glue_get_stats(r.glue, &res->stats);
   res->act_peak = r.act_peak;
