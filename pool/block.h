@@ -150,7 +150,8 @@ void ofl__pool_register(ofl_pool_t *p);
 void ofl__pool_unregister(ofl_pool_t *p);
 /* Lock held: takes the idle cached blocks of p off their keys into
  * *victims (only those carved from segments when segs_only: releasing a
- * block of its own gives the arena nothing); returns their bytes. */
+ * block of its own gives the arena nothing), counting each a release;
+ * returns their bytes. */
 size_t ofl__pool_take_idle(ofl_pool_t *p, bool segs_only,
                            pool_block_t **victims);
 /* Lock not held: destroys the blocks ofl__pool_take_idle took. */

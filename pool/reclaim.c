@@ -51,6 +51,7 @@ size_t ofl__pool_take_idle(ofl_pool_t *p, bool segs_only,
         ofl__free_unlink(k, prev, b);
         ofl__key_forget(p, b);
         got += b->st.bytes;
+        p->stats.releases++;
         b->next = *victims;
         *victims = b;
       } else {
@@ -260,8 +261,6 @@ static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
   if (p->byte_keys_made > 1 && p->arena.nsegs > 0 &&
       p->stats.blocks_total > p->stats.blocks_in_use)
     (void)ofl__pool_take_idle(p, true, &victims);
-  for (pool_block_t *v = victims; v != NULL; v = v->next)
-    p->stats.releases++;
   pthread_mutex_unlock(&p->mu);
   ofl__pool_destroy_victims(p, victims);
   pthread_mutex_lock(&p->mu);
@@ -272,8 +271,6 @@ static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
   }
   victims = NULL;
   (void)ofl__pool_take_idle(p, false, &victims);
-  for (pool_block_t *v = victims; v != NULL; v = v->next)
-    p->stats.releases++;
   pthread_mutex_unlock(&p->mu);
   if (victims == NULL)
     return NULL;
