@@ -1154,7 +1154,7 @@ static op_t *slot_locked(host_stream_t *hs) {
 }
 
 /* Appends q (mu held), waking the worker if it sleeps unless the caller
- * runs q itself (inline_ok_locked). */
+ * runs q itself (enqueue_locked). */
 static void link_quiet_locked(host_stream_t *hs, op_t *q, bool wake) {
   q->next = NULL;
   if (hs->tail != NULL)
@@ -1205,6 +1205,16 @@ static void run_inline_locked(host_stream_t *hs, op_t *q) {
   steal_end_locked(hs);
 }
 
+/* Appends q (mu held) and runs it on the calling thread where
+ * inline_ok_locked allows, else leaves it to the worker (woken if it
+ * sleeps). */
+static void enqueue_locked(host_stream_t *hs, op_t *q) {
+  bool here = inline_ok_locked(hs, q);
+  link_quiet_locked(hs, q, !here);
+  if (here)
+    run_inline_locked(hs, q);
+}
+
 /* Runs op now (compute stream) or queues a copy of it (worker stream),
  * taking the stream's lock once; op may live on the caller's stack. On
  * failure drops the references op holds. */
@@ -1218,11 +1228,8 @@ static ofl_status_t submit(ofl_stream_t *s, op_t *op) {
   pthread_mutex_lock(&hs->mu);
   op_t *q = slot_locked(hs);
   if (q != NULL) {
-    bool here = inline_ok_locked(hs, op);
     *q = *op;
-    link_quiet_locked(hs, q, !here);
-    if (here)
-      run_inline_locked(hs, q);
+    enqueue_locked(hs, q);
   }
   pthread_mutex_unlock(&hs->mu);
   if (q != NULL)
@@ -1368,10 +1375,7 @@ static ofl_status_t host_event_record(ofl_event_t *e, ofl_stream_t *s) {
     if (target != 0) {
       atomic_fetch_add(&he->refs, 1);
       *q = (op_t){.type = OP_RECORD, .ev = he, .target = target};
-      bool here = inline_ok_locked(hs, q);
-      link_quiet_locked(hs, q, !here);
-      if (here)
-        run_inline_locked(hs, q);
+      enqueue_locked(hs, q);
     } else {
       q->next = hs->free_ops;
       hs->free_ops = q;
