@@ -211,7 +211,7 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
       return;
     ofl__plan_t *p = m->ap;
     if (phase == 0) {
-      warm_poll(m, (uint32_t)(x - p->ms), 0);
+      warm_poll(m, g->pidx, 0);
       stamp(m, &x->commit, ofl__compute(m));
       if (!p->base.set)
         stamp(m, &p->base, ofl__compute(m));
@@ -276,7 +276,7 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
     meas_t *x = warm_meas(m, g);
     if (x == NULL)
       return;
-    warm_poll(m, (uint32_t)(x - m->ap->ms), end ? 2 : 1);
+    warm_poll(m, g->pidx, end ? 2 : 1);
     if (!end)
       x->bwd_seq = ++m->ap->bwd_seq;
     stamp(m, end ? &x->bwd_end : &x->bwd_begin, ofl__compute(m));
@@ -566,18 +566,24 @@ static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 /* The chosen groups offload in steady state, the other offloadable ones
  * stay (OFL_KEEP_AUTO_PLAN). Returns the predicted exposed ns. */
-static double apply(ofl__plan_t *p) {
+/* The predicted exposed copy time (ns) of the choice in p->chosen. */
+static double chosen_exposed(const ofl__plan_t *p) {
   double exposed = 0;
+  for (uint32_t i = 0; i < p->nms; i++)
+    if (p->inst[i].offloadable && p->chosen[i])
+      exposed += ofl__plan_group_exposed(&p->inst[i]);
+  return exposed;
+}
+
+static double apply(ofl__plan_t *p) {
   for (uint32_t i = 0; i < p->nms; i++) {
     group_t *g = p->ms[i].g;
     if (!p->inst[i].offloadable)
       continue;
     g->policy_offload = p->chosen[i];
     g->keep_why = p->chosen[i] ? OFL_KEEP_NONE : OFL_KEEP_AUTO_PLAN;
-    if (p->chosen[i])
-      exposed += ofl__plan_group_exposed(&p->inst[i]);
   }
-  return exposed;
+  return chosen_exposed(p);
 }
 
 /* The ledger's arrays, one entry per group of the record. */
@@ -947,12 +953,6 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
   memset(p->pending, 0, p->nms * sizeof *p->pending);
 }
 
-/* The measured peak went over the target: the model missed (copies that
- * left later than the warmup saw, reloads that came earlier; on a GPU the
- * CPU runs ahead of the device, so a group's bytes leave at a later marker
- * than its copy's end). Solve again for the aim ofl__plan_replan_aim gives
- * (the target less the model's error, or the last aim less the
- * overshoot); the next iterations offload the new choice. */
 /* The choice in p->chosen, solved for aim with peak predicted_peak,
  * becomes the plan: applied to the groups, and its figures published. */
 static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
@@ -978,6 +978,13 @@ static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
   }
 }
 
+/* The measured peak went over the target: the model missed (copies that
+ * left later than the warmup saw, reloads that came earlier; on a GPU the
+ * CPU runs ahead of the device, so a group's bytes leave at a later marker
+ * than its copy's end). Solve again for the aim ofl__plan_replan_aim gives
+ * (the target less the model's error, or the last aim less the
+ * overshoot); the next iterations offload the new choice. Returns whether
+ * it solved. */
 static bool replan(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
@@ -1024,10 +1031,7 @@ static void raise_aim(ofl_manager_t *m) {
     return;
   }
   double before = o->predicted_exposed_ms;
-  double after = 0;
-  for (uint32_t i = 0; i < p->nms; i++)
-    if (p->chosen[i] && p->inst[i].offloadable)
-      after += ofl__plan_group_exposed(&p->inst[i]) / 1e6;
+  double after = chosen_exposed(p) / 1e6;
   if (after >= before) { /* nothing to gain */
     memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
     return;
