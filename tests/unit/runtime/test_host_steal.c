@@ -22,15 +22,32 @@
 
 static ofl_device_t *dev;
 
-static void open_dev(void) {
+/* A strict host device: jitter_us and link_gbps as ofl_device_params_t
+ * takes them (-1: from the environment), inline_limit the
+ * OFL_HOST_INLINE_BYTES it opens with (NULL: the environment's). */
+static ofl_device_t *open_host(int jitter_us, double link_gbps,
+                               const char *inline_limit) {
   setenv("OFL_BACKEND", "host", 1);
+  if (inline_limit != NULL)
+    setenv("OFL_HOST_INLINE_BYTES", inline_limit, 1);
   ofl_config_reload();
   ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
   p.backend = OFL_BACKEND_HOST;
   p.strict = 1;
-  OK(ofl_device_open(&p, &dev));
+  p.jitter_max_us = jitter_us;
+  p.link_h2d_gbps = link_gbps;
+  p.link_d2h_gbps = link_gbps;
+  ofl_device_t *d = NULL;
+  OK(ofl_device_open(&p, &d));
+  if (inline_limit != NULL) {
+    unsetenv("OFL_HOST_INLINE_BYTES");
+    ofl_config_reload();
+  }
   ofl_log_set_level(OFL_LOG_NONE);
+  return d;
 }
+
+static void open_dev(void) { dev = open_host(-1, -1.0, NULL); }
 static void close_dev(void) { ofl_device_close(dev); }
 TestSuite(host_steal, .init = open_dev, .fini = close_dev);
 
@@ -264,27 +281,8 @@ Test(host_steal, event_outlives_the_stream_it_was_recorded_on) {
  * larger copy, strict-mode jitter, a link model or a held stream leave it to
  * the worker. The bytes and the event semantics are the worker's. */
 
-static ofl_device_t *open_inline_limit(int jitter_us, double link_gbps,
-                                       const char *limit) {
-  setenv("OFL_BACKEND", "host", 1);
-  setenv("OFL_HOST_INLINE_BYTES", limit, 1);
-  ofl_config_reload();
-  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
-  p.backend = OFL_BACKEND_HOST;
-  p.strict = 1;
-  p.jitter_max_us = jitter_us;
-  p.link_h2d_gbps = link_gbps;
-  p.link_d2h_gbps = link_gbps;
-  ofl_device_t *d = NULL;
-  OK(ofl_device_open(&p, &d));
-  unsetenv("OFL_HOST_INLINE_BYTES");
-  ofl_config_reload();
-  ofl_log_set_level(OFL_LOG_NONE);
-  return d;
-}
-
 static ofl_device_t *open_inline(int jitter_us, double link_gbps) {
-  return open_inline_limit(jitter_us, link_gbps, "8K");
+  return open_host(jitter_us, link_gbps, "8K");
 }
 
 Test(host_inline, a_small_copy_to_an_idle_stream_runs_on_the_submitter) {
@@ -388,7 +386,7 @@ static void *second_submitter(void *arg) {
 
 Test(host_inline, work_queued_behind_an_inline_copy_reaches_the_worker) {
   enum { BIG = 64 << 20 };
-  ofl_device_t *d = open_inline_limit(0, 0, "1G");
+  ofl_device_t *d = open_host(0, 0, "1G");
   void *big_d = NULL;
   unsigned char *big_h = malloc(BIG), src[N];
   cr_assert(big_h != NULL);
