@@ -543,14 +543,19 @@ typedef struct host_stream {
   ofl_stream_t *s;
   pthread_t thread;
   pthread_mutex_t mu;
-  pthread_cond_t work_cv, idle_cv;
+  /* worker_cv: the worker's sleep (only the worker waits on it); work_cv:
+   * the pauses of jitter and the link model (woken by destroy) */
+  pthread_cond_t worker_cv, work_cv, idle_cv;
   op_t *head, *tail, *free_ops;
   uint64_t enqueued, completed;
   atomic_uint_fast64_t enqueued_seen; /* enqueued, readable without mu */
   atomic_uint_fast64_t completed_seen; /* completed, readable without mu */
   atomic_bool stop;
   bool has_thread;
-  bool worker_sleeping; /* on work_cv (mu held) */
+  /* On worker_cv and not yet woken (mu held): whoever wakes it clears the
+   * flag, so that the operations queued before it runs cost one wake-up
+   * (one futex call), not one each. */
+  bool worker_sleeping;
   int idle_waiters;     /* threads on idle_cv (mu held) */
   uint64_t rng;
   /* An operation of the stream runs (on the worker or on a waiter that took
@@ -847,7 +852,7 @@ static void *worker_main(void *arg) {
     while (((hs->head == NULL || hs->held) && !atomic_load(&hs->stop)) ||
            atomic_load(&hs->busy)) {
       hs->worker_sleeping = true;
-      pthread_cond_wait(&hs->work_cv, &hs->mu);
+      pthread_cond_wait(&hs->worker_cv, &hs->mu);
       hs->worker_sleeping = false;
     }
     if (hs->head == NULL)
@@ -907,12 +912,20 @@ static void steal_locked(host_stream_t *hs, host_event_t *he, uint64_t target,
   }
 }
 
+/* Wakes the worker if it sleeps and nobody woke it yet (mu held). */
+static void wake_worker_locked(host_stream_t *hs) {
+  if (hs->worker_sleeping) {
+    hs->worker_sleeping = false;
+    pthread_cond_signal(&hs->worker_cv);
+  }
+}
+
 /* A waiter done taking work hands what is left back to the worker, which
  * may have gone to sleep on busy: woken once here, not after each op
- * (mu held). Broadcast: another waiter may pause on work_cv too. */
+ * (mu held); after a stop too, so that it ends. */
 static void steal_end_locked(host_stream_t *hs) {
-  if (hs->head != NULL && hs->worker_sleeping)
-    pthread_cond_broadcast(&hs->work_cv);
+  if (hs->head != NULL || atomic_load(&hs->stop))
+    wake_worker_locked(hs);
 }
 
 static void steal(host_stream_t *hs, host_event_t *he, uint64_t target,
@@ -935,8 +948,8 @@ void ofl__host_stream_hold(ofl_stream_t *s, bool hold) {
     return;
   pthread_mutex_lock(&hs->mu);
   hs->held = hold;
-  if (!hold && hs->worker_sleeping)
-    pthread_cond_broadcast(&hs->work_cv);
+  if (!hold)
+    wake_worker_locked(hs);
   pthread_mutex_unlock(&hs->mu);
 }
 
@@ -963,6 +976,7 @@ static void stream_unref(host_stream_t *hs) {
     op = next;
   }
   pthread_mutex_destroy(&hs->mu);
+  pthread_cond_destroy(&hs->worker_cv);
   pthread_cond_destroy(&hs->work_cv);
   pthread_cond_destroy(&hs->idle_cv);
   free(hs);
@@ -1041,6 +1055,7 @@ static ofl_status_t host_stream_create(ofl_stream_t *s) {
                       "cannot allocate stream '%s'", s->name);
   hs->s = s;
   pthread_mutex_init(&hs->mu, NULL);
+  pthread_cond_init(&hs->worker_cv, NULL);
   pthread_cond_init(&hs->work_cv, NULL);
   pthread_cond_init(&hs->idle_cv, NULL);
   hs->rng = s->dev->cfg.jitter_seed * 0x9E3779B97F4A7C15ull +
@@ -1051,6 +1066,7 @@ static ofl_status_t host_stream_create(ofl_stream_t *s) {
     int rc = pthread_create(&hs->thread, NULL, worker_main, hs);
     if (rc != 0) {
       pthread_mutex_destroy(&hs->mu);
+      pthread_cond_destroy(&hs->worker_cv);
       pthread_cond_destroy(&hs->work_cv);
       pthread_cond_destroy(&hs->idle_cv);
       free(hs);
@@ -1133,6 +1149,7 @@ static ofl_status_t host_stream_destroy(ofl_stream_t *s) {
     pthread_mutex_lock(&hs->mu);
     atomic_store(&hs->stop, true);
     pthread_cond_broadcast(&hs->work_cv);
+    pthread_cond_signal(&hs->worker_cv);
     pthread_mutex_unlock(&hs->mu);
     pthread_join(hs->thread, NULL);
   }
@@ -1164,8 +1181,8 @@ static void link_quiet_locked(host_stream_t *hs, op_t *q, bool wake) {
   hs->tail = q;
   hs->enqueued++;
   atomic_store_explicit(&hs->enqueued_seen, hs->enqueued, memory_order_release);
-  if (wake && hs->worker_sleeping)
-    pthread_cond_signal(&hs->work_cv);
+  if (wake)
+    wake_worker_locked(hs);
 }
 
 /* Whether op, about to be queued on an idle worker stream, may run on the
