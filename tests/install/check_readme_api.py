@@ -4,7 +4,12 @@ first ```c block under "## The API in one page" is extracted, compiled with
 strict warnings against the build's headers and libofl, and run; it must
 exit 0 and offload what it pushes.
 
-Usage: check_readme_api.py README CC INCLUDE_DIR BUILD_INCLUDE_DIR LIBOFL_SO"""
+Usage: check_readme_api.py README CC INCLUDE_DIR BUILD_INCLUDE_DIR LIBOFL_SO [SANITIZE]
+
+SANITIZE: the build's b_sanitize ("none" or absent: none). A sanitized
+libofl needs the program built with the same sanitizer: ThreadSanitizer's
+runtime, loaded only as libofl's dependency after libc, crashes in a
+program that was not built with it."""
 import os
 import re
 import subprocess
@@ -12,6 +17,8 @@ import sys
 import tempfile
 
 readme, cc, inc, build_inc, lib = sys.argv[1:6]
+sanitize = sys.argv[6] if len(sys.argv) > 6 else "none"
+san_flags = [] if sanitize in ("", "none") else ["-fsanitize=" + sanitize]
 results = []
 
 
@@ -32,7 +39,7 @@ with open(c, "w") as f:
     f.write(src)
 libdir = os.path.dirname(lib)
 comp = subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Wpedantic",
-                       "-Werror", "-I", inc, "-I", build_inc, c, "-o", exe,
+                       "-Werror"] + san_flags + ["-I", inc, "-I", build_inc, c, "-o", exe,
                        lib, "-Wl,-rpath," + libdir],
                       capture_output=True, text=True)
 ok(comp.returncode == 0, "it compiles with -Wall -Wextra -Wpedantic -Werror",
