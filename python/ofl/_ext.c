@@ -47,6 +47,11 @@ static PyObject *error_factory; /* ofl._errors.error(status, where) */
 static PyObject *torch_frombuffer, *torch_uint8, *torch_strided,
     *torch_parameter, *torch_tensor;
 static PyObject *kw_dtype; /* ("dtype",) */
+/* torch._C._from_dlpack (NULL: not in this torch) and, per torch dtype, the
+ * DLPack type this torch exports it as (a PyLong: code | bits << 8 | lanes
+ * << 16), measured at setup: the zero-copy wrap of a reloaded block in one
+ * call (see wrap_dlpack). */
+static PyObject *torch_from_dlpack, *dl_types;
 
 /* Interned attribute and method names. */
 static PyObject *s_is_cpu, *s_is_cuda, *s_layout, *s_base, *s_numel,
@@ -751,10 +756,163 @@ static PyObject *view_as(PyObject *x, PyObject *size) {
   return PyObject_VectorcallMethod(s_view, args, (size_t)(n + 1), NULL);
 }
 
-/* A torch tensor over the bytes of popped handle h (host backend): 1-D of
- * dtype over a Block that owns h. Steals h (destroyed on failure). */
+/* ---- DLPack (the stable ABI of dlpack.h v0.8, the legacy "dltensor" capsule
+ * every torch since 1.10 takes) ------------------------------------------- */
+
+typedef struct {
+  int32_t device_type; /* kDLCPU = 1 */
+  int32_t device_id;
+} ext_dl_device_t;
+
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} ext_dl_type_t;
+
+typedef struct {
+  void *data;
+  ext_dl_device_t device;
+  int32_t ndim;
+  ext_dl_type_t dtype;
+  int64_t *shape;
+  int64_t *strides; /* in elements */
+  uint64_t byte_offset;
+} ext_dl_tensor_t;
+
+typedef struct ext_dl_managed {
+  ext_dl_tensor_t dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(struct ext_dl_managed *self);
+} ext_dl_managed_t;
+
+#define DL_MAX_DIMS 16
+
+/* A managed tensor and its shape and strides in one allocation; owner (a
+ * Block) is held until torch lets go of the tensor. */
+typedef struct {
+  ext_dl_managed_t m;
+  PyObject *owner;
+  int64_t dims[2 * DL_MAX_DIMS];
+} ext_dl_t;
+
+/* torch calls it when the last view of the tensor is freed, on whichever
+ * thread freed it, with or without the GIL (as torch.frombuffer's deleter,
+ * the GIL is taken to drop the Block). */
+static void dl_deleter(ext_dl_managed_t *self) {
+  ext_dl_t *d = (ext_dl_t *)self;
+#if PY_VERSION_HEX >= 0x030D0000
+  int finalizing = Py_IsFinalizing();
+#else
+  int finalizing = _Py_IsFinalizing();
+#endif
+  if (!finalizing) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_XDECREF(d->owner);
+    PyGILState_Release(g);
+  }
+  PyMem_RawFree(d);
+}
+
+/* A capsule torch did not consume ("dltensor", not renamed "used_dltensor")
+ * still owns its tensor. */
+static void dl_capsule_free(PyObject *cap) {
+  if (PyCapsule_IsValid(cap, "dltensor")) {
+    ext_dl_managed_t *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (m != NULL && m->deleter != NULL) m->deleter(m);
+  }
+}
+
+/* The DLPack type torch exports dtype as, from a capsule of a 1-element
+ * tensor (setup): a PyLong, or NULL without an exception when torch cannot
+ * export it. */
+static PyObject *dl_type_of(PyObject *torch, PyObject *dtype) {
+  PyObject *empty = PyObject_GetAttrString(torch, "empty");
+  PyObject *t = NULL, *cap = NULL, *res = NULL;
+  if (empty == NULL) goto out;
+  PyObject *one = PyLong_FromLong(1);
+  if (one == NULL) goto out;
+  PyObject *kw = Py_BuildValue("{sO}", "dtype", dtype);
+  if (kw != NULL) {
+    PyObject *a = PyTuple_Pack(1, one);
+    if (a != NULL) t = PyObject_Call(empty, a, kw);
+    Py_XDECREF(a);
+  }
+  Py_XDECREF(kw);
+  Py_DECREF(one);
+  if (t == NULL) goto out;
+  cap = PyObject_CallMethod(t, "__dlpack__", NULL);
+  if (cap == NULL || !PyCapsule_IsValid(cap, "dltensor")) goto out;
+  ext_dl_managed_t *m = PyCapsule_GetPointer(cap, "dltensor");
+  if (m == NULL) goto out;
+  ext_dl_type_t ty = m->dl_tensor.dtype;
+  res = PyLong_FromLong((long)ty.code | (long)ty.bits << 8 | (long)ty.lanes << 16);
+out:
+  PyErr_Clear();
+  Py_XDECREF(cap);
+  Py_XDECREF(t);
+  Py_XDECREF(empty);
+  return res;
+}
+
+/* A torch tensor of dtype and size (contiguous) over the bytes of b, a Block,
+ * made by torch._C._from_dlpack in one call (torch.frombuffer and a view
+ * cost two calls and their argument parsing). Returns NULL without an
+ * exception when this path does not apply (no _from_dlpack, a dtype torch
+ * does not import, more than DL_MAX_DIMS dimensions). */
+static PyObject *wrap_dlpack(BlockObject *b, PyObject *dtype, PyObject *size) {
+  if (torch_from_dlpack == NULL || dl_types == NULL || !PyTuple_Check(size))
+    return NULL;
+  Py_ssize_t nd = PyTuple_GET_SIZE(size);
+  if (nd > DL_MAX_DIMS) return NULL;
+  PyObject *code = PyDict_GetItemWithError(dl_types, dtype);
+  if (code == NULL) return NULL; /* absent (or a lookup error, cleared) */
+  long c = PyLong_AsLong(code);
+  if (c == -1 && PyErr_Occurred()) return NULL;
+  ext_dl_t *d = PyMem_RawMalloc(sizeof *d);
+  if (d == NULL) return NULL;
+  int64_t *shape = d->dims, *strides = d->dims + DL_MAX_DIMS;
+  for (Py_ssize_t i = 0; i < nd; i++) {
+    shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(size, i));
+    if (shape[i] < 0) {
+      PyMem_RawFree(d);
+      return NULL;
+    }
+  }
+  int64_t run = 1;
+  for (Py_ssize_t i = nd - 1; i >= 0; i--) {
+    strides[i] = run;
+    run *= shape[i] > 0 ? shape[i] : 1;
+  }
+  d->m.dl_tensor.data = b->data;
+  d->m.dl_tensor.device.device_type = 1; /* kDLCPU: the host backend */
+  d->m.dl_tensor.device.device_id = 0;
+  d->m.dl_tensor.ndim = (int32_t)nd;
+  d->m.dl_tensor.dtype.code = (uint8_t)(c & 0xff);
+  d->m.dl_tensor.dtype.bits = (uint8_t)((c >> 8) & 0xff);
+  d->m.dl_tensor.dtype.lanes = (uint16_t)(c >> 16);
+  d->m.dl_tensor.shape = shape;
+  d->m.dl_tensor.strides = strides;
+  d->m.dl_tensor.byte_offset = 0;
+  d->m.manager_ctx = NULL;
+  d->m.deleter = dl_deleter;
+  d->owner = keep((PyObject *)b);
+  PyObject *cap = PyCapsule_New(&d->m, "dltensor", dl_capsule_free);
+  if (cap == NULL) {
+    Py_DECREF(d->owner);
+    PyMem_RawFree(d);
+    return NULL;
+  }
+  PyObject *x = PyObject_CallOneArg(torch_from_dlpack, cap);
+  Py_DECREF(cap); /* consumed: torch owns d; else the destructor frees it */
+  return x;
+}
+
+/* A torch tensor over the bytes of popped handle h (host backend), over a
+ * Block that owns h: of dtype and size (contiguous) when size is given, else
+ * 1-D of dtype. Steals h (destroyed on failure). */
 static PyObject *wrap_block(HooksObject *self, ofl_tensor_t *h,
-                            Py_ssize_t nbytes, PyObject *dtype) {
+                            Py_ssize_t nbytes, PyObject *dtype, PyObject *size) {
   BlockObject *b = PyObject_New(BlockObject, &BlockType);
   if (b == NULL) {
     api.ofl_tensor_destroy(h);
@@ -765,8 +923,17 @@ static PyObject *wrap_block(HooksObject *self, ofl_tensor_t *h,
   b->data = api.ofl_tensor_data(h);
   b->nbytes = nbytes;
   self->live_blocks++;
-  PyObject *args[2] = {(PyObject *)b, dtype};
-  PyObject *x = PyObject_Vectorcall(torch_frombuffer, args, 1, kw_dtype);
+  PyObject *x = size != NULL ? wrap_dlpack(b, dtype, size) : NULL;
+  if (x == NULL && !PyErr_Occurred()) {
+    PyObject *args[2] = {(PyObject *)b, dtype};
+    x = PyObject_Vectorcall(torch_frombuffer, args, 1, kw_dtype);
+    if (x != NULL && size != NULL &&
+        !(PyTuple_Check(size) && PyTuple_GET_SIZE(size) == 1)) {
+      PyObject *v = view_as(x, size);
+      Py_DECREF(x);
+      x = v;
+    }
+  }
   Py_DECREF(b); /* torch holds it now, or it goes (and h with it) */
   return x;
 }
@@ -848,7 +1015,8 @@ static PyObject *pop_record(HooksObject *self, SavedObject *rec) {
     Py_DECREF(hv);
   } else {
     PyObject *b = wrap_block(self, h, (Py_ssize_t)rec->nbytes,
-                             rec->whole ? torch_uint8 : rec->dtype);
+                             rec->whole ? torch_uint8 : rec->dtype,
+                             rec->whole ? NULL : rec->size);
     if (b == NULL) return NULL;
     if (rec->whole) {
       PyObject *args[2] = {b, rec->dtype};
@@ -864,11 +1032,8 @@ static PyObject *pop_record(HooksObject *self, SavedObject *rec) {
       x = PyObject_VectorcallMethod(s_as_strided, sargs, 4, NULL);
       Py_DECREF(off);
       Py_DECREF(v);
-    } else if (PyTuple_Check(rec->size) && PyTuple_GET_SIZE(rec->size) == 1) {
-      x = b;
     } else {
-      x = view_as(b, rec->size);
-      Py_DECREF(b);
+      x = b; /* shaped by wrap_block */
     }
   }
   if (x == NULL) return NULL;
@@ -1399,6 +1564,51 @@ static int set_ref(PyObject **slot, PyObject *v) {
   return 0;
 }
 
+/* torch._C._from_dlpack and the DLPack type of every torch dtype this torch
+ * exports (dl_types); neither when torch has no _from_dlpack. OFL_EXT_DLPACK=0
+ * turns the path off (torch.frombuffer and a view). -1 on error. */
+static int set_dlpack(PyObject *torch) {
+  static const char *const names[] = {
+      "float32", "float64", "float16", "bfloat16", "complex64", "complex128",
+      "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+      "bool", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"};
+  Py_CLEAR(torch_from_dlpack);
+  Py_CLEAR(dl_types);
+  const char *env = getenv("OFL_EXT_DLPACK");
+  if (env != NULL && strcmp(env, "0") == 0) return 0;
+  PyObject *c = PyObject_GetAttrString(torch, "_C");
+  PyObject *f = c != NULL ? PyObject_GetAttrString(c, "_from_dlpack") : NULL;
+  Py_XDECREF(c);
+  if (f == NULL) {
+    PyErr_Clear();
+    return 0;
+  }
+  PyObject *types = PyDict_New();
+  if (types == NULL) {
+    Py_DECREF(f);
+    return -1;
+  }
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    PyObject *dt = PyObject_GetAttrString(torch, names[i]);
+    if (dt == NULL) {
+      PyErr_Clear();
+      continue;
+    }
+    PyObject *code = dl_type_of(torch, dt);
+    int r = code != NULL ? PyDict_SetItem(types, dt, code) : 0;
+    Py_XDECREF(code);
+    Py_DECREF(dt);
+    if (r < 0) {
+      Py_DECREF(types);
+      Py_DECREF(f);
+      return -1;
+    }
+  }
+  torch_from_dlpack = f;
+  dl_types = types;
+  return 0;
+}
+
 /* setup(addresses, error, torch): addresses maps each name of FUNCTIONS to
  * the address of libofl's function (ctypes.cast(lib.name, c_void_p).value);
  * error(status, where) builds the exception of a failed call. */
@@ -1438,6 +1648,7 @@ static PyObject *ext_setup(PyObject *mod, PyObject *args) {
     return NULL;
   }
   Py_DECREF(nn);
+  if (set_dlpack(torch) < 0) return NULL;
   Py_INCREF(error);
   Py_XSETREF(error_factory, error);
   api_ready = 1;

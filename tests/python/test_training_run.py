@@ -7,6 +7,7 @@ output head and buffers stay where they are. Gradients are compared bitwise
 against the same program without hooks."""
 import gc
 import os
+import subprocess
 import sys
 import threading
 import unittest
@@ -326,6 +327,31 @@ class Fidelity(Fresh):
                 ts.append(raw.view(dt).view(8, 8))
         st = self.roundtrip(ts)
         self.assertGreaterEqual(st["offloaded_tensors"], len(dts) - 2)
+
+    @unittest.skipUnless(ot._core.hooks_backend == "c", "the DLPack wrap is the C hooks'")
+    def test_reloaded_tensor_is_not_a_view(self):
+        # A saved tensor that is no view comes back as a tensor of its own
+        # (imported over the reloaded block through DLPack), as it was saved,
+        # not as a view of a byte buffer; the path without DLPack (a view of
+        # torch.frombuffer) gives the same bytes.
+        ts = [torch.randn(8, 8), torch.randn(4, 4, 4).to(torch.bfloat16),
+              torch.arange(64, dtype=torch.int64), (torch.randn(16, 4) > 0)]
+        self.roundtrip(ts)
+        self.assertEqual([g._base is None for g in Probe.seen], [True] * len(ts))
+        prog = ("import sys, unittest; sys.argv[1:] = []\n"
+                "import test_training_run as t\n"
+                "s = unittest.TestSuite([t.Fidelity('test_every_dtype'),"
+                " t.Fidelity('test_views_strides_zero_size')])\n"
+                "r = unittest.TextTestRunner(verbosity=0).run(s)\n"
+                "t.Fidelity('test_every_dtype').roundtrip([t.torch.randn(8, 8)])\n"
+                "view = t.Probe.seen[0]._base is not None  # torch.frombuffer's\n"
+                "sys.exit(0 if r.wasSuccessful() and r.testsRun == 2 and view else 1)\n")
+        env = dict(os.environ, OFL_EXT_DLPACK="0")
+        env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__))] +
+                                            sys.path)
+        run = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True,
+                             text=True, timeout=300)
+        self.assertEqual(run.returncode, 0, run.stdout[-2000:] + run.stderr[-2000:])
 
     def test_views_strides_zero_size(self):
         base = torch.randn(32, 16)

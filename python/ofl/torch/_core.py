@@ -26,7 +26,8 @@ How it comes back (unpack): ofl_manager_tensor_pop returns the handle with
 device storage. A tensor that was not offloaded still has the torch storage:
 the original torch tensor is returned. A reloaded one lives in a block of the
 manager's device pool: it is handed to torch without a copy
-(torch.frombuffer on the host backend, __cuda_array_interface__ on cuda) and
+(host backend: imported through DLPack by ofl._ext, torch.frombuffer in
+the Python hooks; cuda: __cuda_array_interface__) and
 the block goes back to the pool (stream-ordered after the compute stream on
 cuda) when torch frees the last view of it. Copying into torch.empty would
 cost one more memcpy of every reloaded byte and saves no allocation (the
