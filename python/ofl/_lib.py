@@ -483,10 +483,11 @@ for _name, (_res, _args) in _PROTOS.items():
     _f.argtypes = _args
 
 
-# The package's own variables: OFL_LIBRARY (above) and OFL_PYTHON_EXT
+# The package's own variables: OFL_LIBRARY (above), OFL_PYTHON_EXT
 # (ofl.torch._core: 0 runs the saved-tensor hooks over ctypes even where the
-# C extension ofl._ext is present).
-_PACKAGE_VARS = ("OFL_LIBRARY", "OFL_PYTHON_EXT")
+# C extension ofl._ext is present) and OFL_EXT_DLPACK (ofl._ext: 0 hands
+# reloaded blocks to torch with torch.frombuffer instead of DLPack).
+_PACKAGE_VARS = ("OFL_LIBRARY", "OFL_PYTHON_EXT", "OFL_EXT_DLPACK")
 
 
 def _load_config_quietly():
