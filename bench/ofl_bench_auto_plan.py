@@ -18,7 +18,12 @@ Peaks: (a) the plan's measured activation peak (its ledger); (b) and (c)
 have no plan, so theirs is the demo's own (pool bytes in use less its own
 tensors), which (a) reports too (demo_peak), so the columns compare.
 
-Usage: ofl_bench_auto_plan.py DEMO [--out PNG] [--iters N] [--quick]
+Repeats (--repeat R): every configuration runs R times; its overhead is
+the median of the R runs' (each run's own with/without ratio), its peaks
+the highest of the R, and it meets a target only if every run did. On a
+shared machine one run's step time moves by 10-30 points.
+
+Usage: ofl_bench_auto_plan.py DEMO [--out PNG] [--iters N] [--repeat R]
 Prints a table; writes a PNG (overhead against target, a line per strategy,
 a panel per link rate) with gnuplot when installed, else with a small PNG
 writer of its own (zlib). Not part of CI: a few minutes."""
@@ -62,23 +67,44 @@ def run_demo(demo, args, env_extra=None):
     return r
 
 
+def merge(runs):
+    """R runs of one configuration as one: the median overhead, the highest
+    peaks, identical only if all were, the first run's other figures."""
+    r = dict(runs[0])
+    ovh = sorted(overhead(x) for x in runs)
+    r["ovh"] = ovh[len(ovh) // 2]
+    r["ovh_all"] = ovh
+    for k in ("meas_peak", "demo_peak", "ledger_peak", "pred_peak"):
+        vals = [x[k] for x in runs if k in x]
+        if vals:
+            r[k] = max(vals)
+    r["identical"] = all(x["identical"] for x in runs)
+    r["rc"] = max(x["rc"] for x in runs)
+    return r
+
+
 class Bench:
-    def __init__(self, demo, iters, shape):
-        self.demo, self.iters, self.shape = demo, iters, shape
+    def __init__(self, demo, iters, shape, repeat=1):
+        self.demo, self.iters, self.shape, self.repeat = demo, iters, shape, repeat
+
+    def run(self, args):
+        return merge([run_demo(self.demo, args) for _ in range(self.repeat)])
 
     def args(self, link, extra):
         return self.shape + ["--iters", str(self.iters), "--quiet", "--link-gbps",
                              "%g" % link] + extra
 
     def auto(self, link, target):
-        return run_demo(self.demo, self.args(link, ["--offload", "auto", "--memory-target",
-                                                    "%.4f" % target]))
+        return self.run(self.args(link, ["--offload", "auto", "--memory-target",
+                                         "%.4f" % target]))
 
     def fixed(self, link, extra):
-        return run_demo(self.demo, self.args(link, extra))
+        return self.run(self.args(link, extra))
 
 
 def overhead(r):
+    if "ovh" in r:
+        return r["ovh"]
     if "step_offl" not in r or not r.get("step_base"):
         return float("nan")
     return r["step_offl"] / r["step_base"] - 1.0
@@ -162,12 +188,13 @@ def main():
     ap.add_argument("--out", default="ofl_bench_auto_plan.png")
     ap.add_argument("--iters", type=int, default=4)
     ap.add_argument("--targets", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     shape = ["--stages", "4", "--stage", "0", "--microbatches", "6", "--layers", "1",
              "--hidden", "64", "--seq", "128"]
-    b = Bench(args.demo, args.iters, shape)
+    b = Bench(args.demo, args.iters, shape, max(1, args.repeat))
     # R1: the whole offload's copy time ~ the step's compute
-    probe = b.fixed(0, ["--offload", "all"])
+    probe = run_demo(b.demo, b.args(0, ["--offload", "all"]))
     if probe["rc"] != 0 or "step_base" not in probe:
         print(probe["out"][-3000:])
         return 1
@@ -228,6 +255,27 @@ def main():
           "ovh: step time with offload / without - 1; a_exp: predicted exposed copy ms, "
           "a_stall: measured reload stall ms (last iteration); frac: the fastest fraction "
           "meeting the target (None: none does)")
+    if b.repeat > 1:
+        print("# overhead of each of the %d runs (%%), auto | everything:" % b.repeat)
+        for r in rows:
+            print("#   %.3f GB/s %.3f MiB: %s | %s" % (
+                r["link"], r["target"], " ".join("%.1f" % (100 * v) for v in r["a"]["ovh_all"]),
+                " ".join("%.1f" % (100 * v) for v in r["all"]["ovh_all"])))
+    # The issue's goal: every target everything meets is met; where the target
+    # leaves room (above everything's peak), auto's overhead is at most
+    # everything's and the best fraction's, and 30% below everything's.
+    met = sum(1 for r in rows if r["a_meets"])
+    need = sum(1 for r in rows if r["all_meets"])
+    roomy_rows = [r for r in rows if r["target"] > r["all"].get("ledger_peak", 0) * 1.0001]
+
+    def goal(r):
+        ao, lo, fo = overhead(r["a"]), overhead(r["all"]), r["best"][0]
+        return ao <= lo and (fo != fo or ao <= fo) and ao <= lo - 0.3 * abs(lo)
+    print("targets met: auto %d of %d (everything meets %d); where the target leaves room, "
+          "auto at most everything's and the best fraction's overhead and 30%% below "
+          "everything's in %d of %d rows" % (met, len(rows), need,
+                                             sum(1 for r in roomy_rows if goal(r)),
+                                             len(roomy_rows)))
     ok = shutil.which("gnuplot") is not None and write_png_gnuplot(args.out, panels)
     if not ok:
         write_png_plain(args.out, panels)
