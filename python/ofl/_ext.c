@@ -859,7 +859,7 @@ out:
  * made by torch._C._from_dlpack in one call (torch.frombuffer and a view
  * cost two calls and their argument parsing). Returns NULL without an
  * exception when this path does not apply (no _from_dlpack, a dtype torch
- * does not import, more than DL_MAX_DIMS dimensions). */
+ * does not export or import, more than DL_MAX_DIMS dimensions). */
 static PyObject *wrap_dlpack(BlockObject *b, PyObject *dtype, PyObject *size) {
   if (torch_from_dlpack == NULL || dl_types == NULL || !PyTuple_Check(size))
     return NULL;
@@ -905,6 +905,12 @@ static PyObject *wrap_dlpack(BlockObject *b, PyObject *dtype, PyObject *size) {
   }
   PyObject *x = PyObject_CallOneArg(torch_from_dlpack, cap);
   Py_DECREF(cap); /* consumed: torch owns d; else the destructor frees it */
+  if (x == NULL) {
+    /* A type torch exports but does not import: frombuffer from now on for
+     * this dtype (its error, if any, is raised there). */
+    PyErr_Clear();
+    if (PyDict_DelItem(dl_types, dtype) < 0) PyErr_Clear();
+  }
   return x;
 }
 
