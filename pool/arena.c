@@ -17,12 +17,6 @@
  * bound (held / peak in use <= 1.3 on the MoE benchmark), large enough that
  * a warmup makes a few tens of backend calls, not one per block. */
 #define GROWTH_DIV 8u
-/* A merged segment holds the pool's peak in use and this fraction of it
- * more, for the gaps between blocks of changing sizes: on the MoE benchmark
- * the peak in use of an iteration varies by about a tenth with the sizes
- * drawn, and a fifth more kept 20 counted iterations from growing on most
- * draws while holding at most 1.3 times their peak in use. */
-#define MERGE_MARGIN_DIV 5u
 
 void ofl__arena_init(ofl__arena_t *a, ofl_device_t *dev, ofl_pool_kind_t kind) {
   *a = (ofl__arena_t){.dev = dev, .kind = kind};
@@ -140,19 +134,6 @@ size_t ofl__arena_grow_bytes(const ofl__arena_t *a, size_t bytes, size_t room) {
   return want >= bytes ? want : 0;
 }
 
-static size_t round_up(size_t n, size_t step) {
-  return n > SIZE_MAX - step ? 0 : (n + step - 1) / step * step;
-}
-
-size_t ofl__arena_merge_bytes(const ofl__arena_t *a, size_t peak_bytes) {
-  size_t margin = peak_bytes / MERGE_MARGIN_DIV;
-  size_t want = peak_bytes > SIZE_MAX - margin ? SIZE_MAX : peak_bytes + margin;
-  size_t least = a->merged_bytes > SIZE_MAX - a->grow_request_max
-                     ? SIZE_MAX
-                     : a->merged_bytes + a->grow_request_max;
-  return round_up(want > least ? want : least, OFL__ARENA_MERGE_ROUND);
-}
-
 ofl_status_t ofl__arena_backend_alloc(ofl__arena_t *a, size_t bytes,
                                       void **out) {
   if (a->kind == OFL_POOL_PINNED)
@@ -166,8 +147,7 @@ bool ofl__arena_backend_free(ofl__arena_t *a, void *base) {
   return ofl_device_free(a->dev, base) == OFL_SUCCESS;
 }
 
-bool ofl__arena_add(ofl__arena_t *a, void *base, size_t bytes,
-                    size_t request) {
+bool ofl__arena_add(ofl__arena_t *a, void *base, size_t bytes) {
   ofl__segment_t *s = calloc(1, sizeof *s);
   ofl__range_t *r = record_get(a);
   if (s == NULL || r == NULL) {
@@ -188,15 +168,6 @@ bool ofl__arena_add(ofl__arena_t *a, void *base, size_t bytes,
   a->segs = s;
   a->held_bytes += bytes;
   a->nsegs++;
-  if (request == 0) { /* merged */
-    a->grew = false;
-    a->grow_request_max = 0;
-    a->merged_bytes = bytes;
-  } else {
-    a->grew = true;
-    if (request > a->grow_request_max)
-      a->grow_request_max = request;
-  }
   free_link(a, r);
   return true;
 }
@@ -229,15 +200,6 @@ ofl__segment_t *ofl__arena_take_idle(ofl__arena_t *a, size_t *bytes) {
   }
   *bytes = got;
   return list;
-}
-
-bool ofl__arena_mergeable(const ofl__arena_t *a) {
-  if (a->nsegs < 2)
-    return false;
-  for (const ofl__segment_t *s = a->segs; s != NULL; s = s->next)
-    if (s->used > 0)
-      return false;
-  return true;
 }
 
 uint64_t ofl__arena_free_segments(ofl__arena_t *a, ofl__segment_t *list) {

@@ -16,11 +16,8 @@
 
 #include <ofl/pool.h>
 
-/* Smallest segment grown for a request; such a segment is a whole number
- * of these. */
+/* Smallest segment; a segment is a whole number of these. */
 #define OFL__ARENA_SEGMENT_MIN ((size_t)2 << 20)
-/* A merged segment (ofl__arena_merge_bytes) is a whole number of these. */
-#define OFL__ARENA_MERGE_ROUND ((size_t)64 << 10)
 
 typedef struct ofl__segment ofl__segment_t;
 
@@ -53,11 +50,6 @@ typedef struct ofl__arena {
   size_t held_bytes;   /* bytes of all segments */
   size_t free_bytes;   /* bytes of free ranges */
   uint64_t nsegs;
-  /* Merging (ofl__arena_merge_bytes): a segment was grown since the last
-   * merge, the largest request that grew one, the last merged size. */
-  bool grew;
-  size_t grow_request_max;
-  size_t merged_bytes;
 } ofl__arena_t;
 
 void ofl__arena_init(ofl__arena_t *a, ofl_device_t *dev, ofl_pool_kind_t kind);
@@ -71,28 +63,17 @@ void ofl__arena_give(ofl__arena_t *a, ofl__range_t *r);
  * OFL__ARENA_SEGMENT_MIN), never past room (bytes the budget leaves; 0:
  * no limit) nor below the request. 0 when the request does not fit room. */
 size_t ofl__arena_grow_bytes(const ofl__arena_t *a, size_t bytes, size_t room);
-/* The size of the one segment that replaces all of them once none has a
- * range handed out, after the arena grew: peak_bytes (the most the pool
- * ever had in use) and a margin for the gaps between blocks, at least
- * the last merged size plus the largest request that grew the arena since
- * (the margin proved short). 0 on overflow. */
-size_t ofl__arena_merge_bytes(const ofl__arena_t *a, size_t peak_bytes);
 /* The backend calls, lock not held. */
 ofl_status_t ofl__arena_backend_alloc(ofl__arena_t *a, size_t bytes,
                                       void **out);
 bool ofl__arena_backend_free(ofl__arena_t *a, void *base);
 /* Adds memory from ofl__arena_backend_alloc as a segment; false when its
- * records cannot be made (the caller frees the memory). A segment grown
- * for request bytes sets grew (0: a merged segment; clears it). */
-bool ofl__arena_add(ofl__arena_t *a, void *base, size_t bytes,
-                    size_t request);
+ * records cannot be made (the caller frees the memory). */
+bool ofl__arena_add(ofl__arena_t *a, void *base, size_t bytes);
 /* Unlinks the segments with nothing handed out and returns them in a list
  * (next) for ofl__arena_free_segments outside the lock; *bytes gets their
  * size. */
 ofl__segment_t *ofl__arena_take_idle(ofl__arena_t *a, size_t *bytes);
-/* Whether a merge can replace the segments: two or more, none with a
- * range handed out. */
-bool ofl__arena_mergeable(const ofl__arena_t *a);
 /* Frees the memory of unlinked segments (lock not held); returns how many
  * backend calls succeeded. */
 uint64_t ofl__arena_free_segments(ofl__arena_t *a, ofl__segment_t *list);

@@ -81,9 +81,6 @@ struct ofl_pool {
   /* Segments for the blocks params.segments names (pool/arena.h). */
   ofl__arena_t arena;
   size_t growing_bytes; /* segments being allocated outside the lock */
-  /* The most bytes ever in use (never reset, unlike stats.peak_in_use_bytes):
-   * what a merged segment is sized for. */
-  size_t most_in_use_bytes;
   /* Ended handles, reused first in, first out and only once more than
    * OFL__HANDLE_QUARANTINE wait: a handle freed twice with allocations
    * between is still found ended rather than taken for its next owner's. */
@@ -172,15 +169,6 @@ void ofl__pool_destroy_victims(ofl_pool_t *p, pool_block_t *victims);
 ofl_status_t ofl__pool_memory(ofl_pool_t *p, size_t bytes, bool seg,
                               ofl_stream_t *stream, ofl__range_t **range,
                               void **mem, pool_block_t **reuse);
-/* Once a pool that grew has nothing in use, its segments give way to one:
- * a block never spans two segments, so every boundary leaves gaps that
- * large blocks cannot use (on the MoE benchmark 2 MiB segments held up to
- * 1.55 times the peak in use, and grew again in steady state). The cached
- * blocks are released first, after their queued last uses (section 5 rule
- * 2); the one segment is sized by ofl__arena_merge_bytes. Backend calls
- * happen only after the arena grew: a steady state that does not grow
- * makes none. Lock not held. */
-void ofl__pool_merge(ofl_pool_t *p);
 /* Lock not held: a free block taken off its key goes back to it. */
 void ofl__block_relink(ofl_pool_t *p, pool_block_t *b);
 /* Lock held: memory the pool holds from the backend. */

@@ -73,10 +73,9 @@ void ofl__pool_destroy_victims(ofl_pool_t *p, pool_block_t *victims) {
 
 /* Releases p's cached blocks outside the reserve, waiting (bounded) for
  * the last uses still queued, as PyTorch synchronises its events before it
- * frees its cache (a block whose use did not complete stays cached);
- * returns the bytes of the blocks of their own given back to the backend.
- * Lock not held. */
-static size_t release_blocks(ofl_pool_t *p) {
+ * frees its cache, and frees the segments left empty; returns the bytes
+ * given back to the backend. Lock not held. */
+static size_t release_cached(ofl_pool_t *p) {
   pool_block_t *victims = NULL;
   pthread_mutex_lock(&p->mu);
   for (pool_key_t *k = p->keys; k != NULL; k = k->lnext) {
@@ -109,26 +108,14 @@ static size_t release_blocks(ofl_pool_t *p) {
     pthread_mutex_unlock(&p->mu);
     ofl__block_destroy(p, b);
   }
-  return own;
-}
-
-/* Frees the memory of unlinked segments, counting the backend calls. Lock
- * not held. */
-static void free_segments(ofl_pool_t *p, ofl__segment_t *segs) {
+  size_t seg_bytes = 0;
+  pthread_mutex_lock(&p->mu);
+  ofl__segment_t *segs = ofl__arena_take_idle(&p->arena, &seg_bytes);
+  pthread_mutex_unlock(&p->mu);
   uint64_t n = ofl__arena_free_segments(&p->arena, segs);
   pthread_mutex_lock(&p->mu);
   p->stats.backend_frees += n;
   pthread_mutex_unlock(&p->mu);
-}
-
-/* Releases p's cached blocks (release_blocks) and frees the segments left
- * empty; returns the bytes given back to the backend. Lock not held. */
-static size_t release_cached(ofl_pool_t *p) {
-  size_t own = release_blocks(p), seg_bytes = 0;
-  pthread_mutex_lock(&p->mu);
-  ofl__segment_t *segs = ofl__arena_take_idle(&p->arena, &seg_bytes);
-  pthread_mutex_unlock(&p->mu);
-  free_segments(p, segs);
   return own + seg_bytes;
 }
 
@@ -228,13 +215,13 @@ static ofl_status_t own_alloc(ofl_pool_t *p, size_t bytes, ofl_stream_t *stream,
   return backend_alloc(p, bytes, out);
 }
 
-/* A new segment of seg_bytes, grown for request bytes (0: the merged
- * segment); the memory is freed again when its records cannot be made. */
-static ofl_status_t grow(ofl_pool_t *p, size_t seg_bytes, size_t request) {
+/* A new segment of seg_bytes; the memory is freed again when its records
+ * cannot be made. */
+static ofl_status_t grow(ofl_pool_t *p, size_t seg_bytes) {
   void *mem = NULL;
   OFL_CHECK(backend_alloc(p, seg_bytes, &mem));
   pthread_mutex_lock(&p->mu);
-  bool ok = ofl__arena_add(&p->arena, mem, seg_bytes, request);
+  bool ok = ofl__arena_add(&p->arena, mem, seg_bytes);
   pthread_mutex_unlock(&p->mu);
   if (!ok) {
     if (ofl__arena_backend_free(&p->arena, mem)) {
@@ -409,9 +396,9 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
       return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_POOL,
                         "pool %s: %zu bytes cannot be rounded to a segment",
                         p->name, bytes);
-    ofl_status_t s = grow(p, want, bytes);
+    ofl_status_t s = grow(p, want);
     if (s == OFL_ERR_NO_MEMORY && want > least)
-      s = grow(p, least, bytes); /* a smaller segment may still fit */
+      s = grow(p, least); /* a smaller segment may still fit */
     if (s == OFL_ERR_NO_MEMORY) {
       released = release_device(p);
       pthread_mutex_lock(&p->mu);
@@ -426,7 +413,7 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
         *range = r;
         return OFL_SUCCESS;
       }
-      s = grow(p, least, bytes);
+      s = grow(p, least);
       if (s == OFL_ERR_NO_MEMORY)
         return out_of_memory(p, bytes, released);
     }
@@ -435,36 +422,6 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
     /* Another thread may take the new segment first: try again. */
   }
   return out_of_memory(p, bytes, released);
-}
-
-/* ---- merging segments ---------------------------------------------------- */
-
-void ofl__pool_merge(ofl_pool_t *p) {
-  (void)release_blocks(p);
-  size_t old = 0, bytes = 0;
-  ofl__segment_t *segs = NULL;
-  pthread_mutex_lock(&p->mu);
-  bytes = ofl__arena_merge_bytes(&p->arena, p->most_in_use_bytes);
-  if (bytes != 0 && ofl__arena_mergeable(&p->arena))
-    segs = ofl__arena_take_idle(&p->arena, &old);
-  p->arena.grew = false; /* one try per growth: a block may stay queued */
-  pthread_mutex_unlock(&p->mu);
-  if (segs == NULL)
-    return;
-  free_segments(p, segs);
-  ofl_status_t s = grow(p, bytes, 0);
-  if (s != OFL_SUCCESS && bytes != old)
-    s = grow(p, old, 0);
-  if (s != OFL_SUCCESS)
-    OFL_INFO(OFL_SUBSYS_POOL,
-             "pool %s: %zu bytes of segments freed to merge them, and the "
-             "merged segment refused; the pool grows again when it needs to",
-             p->name, old);
-  else
-    OFL_INFO(OFL_SUBSYS_POOL,
-             "pool %s: segments of %zu bytes merged into one of %zu (most in "
-             "use %zu)",
-             p->name, old, p->arena.merged_bytes, p->most_in_use_bytes);
 }
 
 ofl_status_t ofl__pool_memory(ofl_pool_t *p, size_t bytes, bool seg,
