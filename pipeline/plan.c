@@ -564,8 +564,6 @@ static void fill_names(ofl_manager_t *m) {
 
 static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
-/* The chosen groups offload in steady state, the other offloadable ones
- * stay (OFL_KEEP_AUTO_PLAN). Returns the predicted exposed ns. */
 /* The predicted exposed copy time (ns) of the choice in p->chosen. */
 static double chosen_exposed(const ofl__plan_t *p) {
   double exposed = 0;
@@ -575,6 +573,8 @@ static double chosen_exposed(const ofl__plan_t *p) {
   return exposed;
 }
 
+/* The chosen groups offload in steady state, the other offloadable ones
+ * stay (OFL_KEEP_AUTO_PLAN). Returns the predicted exposed ns. */
 static double apply(ofl__plan_t *p) {
   for (uint32_t i = 0; i < p->nms; i++) {
     group_t *g = p->ms[i].g;

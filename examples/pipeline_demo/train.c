@@ -104,19 +104,19 @@ static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
 }
 
 
-/* The iterations of a run; 1 when an allocation ran out of device memory
- * and the run expected it (expect_oom), 0 when all of them ran. The
- * setjmp is here so that run()'s own locals are not modified between it
- * and the longjmp. */
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
 
+/* The iterations of a run; 1 when an allocation ran out of device memory
+ * and the run expected it (expect_oom), 0 when all of them ran. steady
+ * (o->iters entries) gets the steady iterations' times, *nsteady their
+ * count. The setjmp is here so that run()'s own locals are not modified
+ * between it and the longjmp. */
 static int run_iterations(run_t *r, const sched_step_t *steps, int nsteps,
                           int offload, int expect_oom, double *steady,
                           int *nsteady) {
-  /* steady: o->iters entries, the steady iterations' times */
   opts_t *o = r->o;
   jmp_buf jb;
   if (expect_oom) {
