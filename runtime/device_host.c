@@ -1149,7 +1149,7 @@ static ofl_status_t host_stream_destroy(ofl_stream_t *s) {
     pthread_mutex_lock(&hs->mu);
     atomic_store(&hs->stop, true);
     pthread_cond_broadcast(&hs->work_cv);
-    pthread_cond_signal(&hs->worker_cv);
+    wake_worker_locked(hs);
     pthread_mutex_unlock(&hs->mu);
     pthread_join(hs->thread, NULL);
   }
