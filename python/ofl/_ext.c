@@ -866,7 +866,7 @@ static PyObject *wrap_dlpack(BlockObject *b, PyObject *dtype, PyObject *size) {
   Py_ssize_t nd = PyTuple_GET_SIZE(size);
   if (nd > DL_MAX_DIMS) return NULL;
   PyObject *code = PyDict_GetItemWithError(dl_types, dtype);
-  if (code == NULL) return NULL; /* absent (or a lookup error, cleared) */
+  if (code == NULL) return NULL; /* absent; a lookup error is raised */
   long c = PyLong_AsLong(code);
   if (c == -1 && PyErr_Occurred()) return NULL;
   ext_dl_t *d = PyMem_RawMalloc(sizeof *d);
