@@ -214,6 +214,7 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long ns) {
 static void *worker_main(void *arg) {
   ofl_disk_t *d = arg;
   ofl__thread_mark_owned();
+  ofl__thread_name("disk io");
   pthread_mutex_lock(&d->mu);
   for (;;) {
     disk_req_t *r = ofl__disk_next_req(d);
@@ -331,6 +332,7 @@ static void uring_kick(ofl_disk_t *d) {
 static void *reaper_main(void *arg) {
   ofl_disk_t *d = arg;
   ofl__thread_mark_owned();
+  ofl__thread_name("disk reap");
   ofl_disk_extent_t **done = calloc((size_t)d->queue_depth, sizeof *done);
   for (;;) {
     struct io_uring_cqe *cqe = NULL;

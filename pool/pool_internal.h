@@ -30,6 +30,9 @@ typedef struct ofl__storage {
   uint32_t gen;
   ofl_release_fn release;
   void *release_user;
+  /* External storage: an ordered release runs in a host function of its
+   * stream (OFL_WRAP_RELEASE_IN_HOST_FN) instead of the release thread. */
+  bool release_in_host_fn;
 } ofl__storage_t;
 
 #define OFL__TENSOR_LIVE 0x7e45011eu

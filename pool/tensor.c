@@ -187,9 +187,22 @@ ofl_status_t ofl_tensor_wrap(void *data, const int64_t *shape, int ndim,
                              ofl_dtype_t dtype, ofl_location_t loc,
                              ofl_release_fn release, void *release_user,
                              ofl_tensor_t **out) {
+  return ofl_tensor_wrap_flags(data, shape, ndim, dtype, loc, release,
+                               release_user, 0, out);
+}
+
+ofl_status_t ofl_tensor_wrap_flags(void *data, const int64_t *shape, int ndim,
+                                   ofl_dtype_t dtype, ofl_location_t loc,
+                                   ofl_release_fn release, void *release_user,
+                                   unsigned flags, ofl_tensor_t **out) {
   if (out == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
                       "ofl_tensor_wrap: out must not be NULL");
+  if ((flags & ~(unsigned)OFL_WRAP_RELEASE_IN_HOST_FN) != 0)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
+                      "ofl_tensor_wrap_flags: unknown flags 0x%x (known: "
+                      "OFL_WRAP_RELEASE_IN_HOST_FN)",
+                      flags & ~(unsigned)OFL_WRAP_RELEASE_IN_HOST_FN);
   OFL_CHECK(check_loc(loc));
   ofl_tensor_t *t;
   OFL_CHECK(handle_new(shape, ndim, dtype, &t));
@@ -206,6 +219,7 @@ ofl_status_t ofl_tensor_wrap(void *data, const int64_t *shape, int ndim,
     free(t);
     return s;
   }
+  st->release_in_host_fn = (flags & OFL_WRAP_RELEASE_IN_HOST_FN) != 0;
   attach(t, st, 0);
   *out = t;
   return OFL_SUCCESS;
@@ -323,8 +337,11 @@ ofl_status_t ofl__tensor_release_external(ofl_tensor_t *t,
    * share the storage: so the caller never waits, and whoever drops the
    * last reference frees it after every use it queued. The release callback
    * runs on an ofl thread or at a synchronize of the stream, never inside a
-   * host function (include/ofl/tensor.h). */
-  ofl_status_t s = ofl__device_defer(stream, external_unref, st);
+   * host function (include/ofl/tensor.h), unless its owner said it may. */
+  ofl_status_t s =
+      st->release_in_host_fn
+          ? ofl_stream_launch_host_func(stream, external_unref, st)
+          : ofl__device_defer(stream, external_unref, st);
   if (s == OFL_SUCCESS)
     return OFL_SUCCESS;
   /* Could not defer: order it by waiting instead. */

@@ -131,6 +131,7 @@ static void *defer_main(void *arg) {
   ofl_device_t *dev = arg;
   struct ofl__defer *d = dev->defer;
   ofl__thread_mark_owned();
+  ofl__thread_name("release");
 #if OFL_HAVE_CUDA
   /* Callbacks here may call cudaFree while the application captures. */
   if (dev->backend == OFL_BACKEND_CUDA)

@@ -832,6 +832,7 @@ static void *worker_main(void *arg) {
   host_stream_t *hs = arg;
   ofl_device_t *dev = hs->s->dev;
   uint64_t spin_ns = (uint64_t)dev->cfg.spin_us * 1000u;
+  ofl__thread_name(hs->s->name);
   pthread_mutex_lock(&hs->mu);
   for (;;) {
     if (hs->head == NULL && spin_ns > 0 && !atomic_load(&hs->stop)) {

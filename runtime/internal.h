@@ -120,4 +120,11 @@ int64_t ofl__timeout_ms(int64_t timeout_ms);
  * wrapping, so that a very long timeout means "wait", not "expired". */
 uint64_t ofl__deadline_ns(int64_t timeout_ms);
 
+/* ---- threads --------------------------------------------------------------
+ */
+/* Names the calling thread "ofl <what>" (cut to the 15 bytes Linux keeps),
+ * so that top -H, gdb, perf and py-spy tell ofl's threads apart; a failure
+ * only leaves the inherited name. */
+void ofl__thread_name(const char *what);
+
 #endif /* OFL_RUNTIME_INTERNAL_H */

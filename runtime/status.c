@@ -1,5 +1,6 @@
 /* ofl: status codes and the thread's last-error message. */
 #include <stdarg.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -65,4 +66,10 @@ uint64_t ofl__deadline_ns(int64_t timeout_ms) {
   if (ms > (UINT64_MAX - now) / 1000000ull)
     return UINT64_MAX;
   return now + ms * 1000000ull;
+}
+
+void ofl__thread_name(const char *what) {
+  char name[16]; /* TASK_COMM_LEN, the terminating byte included */
+  snprintf(name, sizeof name, "ofl %s", what);
+  (void)pthread_setname_np(pthread_self(), name);
 }

@@ -73,6 +73,7 @@ static ofl_status_t write_set(const save_job_t *job) {
 static void *save_main(void *arg) {
   save_job_t *job = arg;
   ofl__thread_mark_owned(); /* keeps the device it selects (runtime/) */
+  ofl__thread_name("save");
   uint64_t t0 = ofl__now_ns();
   ofl_status_t st = ofl__staged_join(job->set, OFL_TIMEOUT_DEFAULT);
   if (st != OFL_SUCCESS)

@@ -71,7 +71,9 @@ typedef struct ofl_stream ofl_stream_t;
  *   first; never inside a stream's host function, so the callback may call
  *   CUDA (cudaFree) and take its own locks, but it must not wait for the
  *   thread that released. If the stream never completes (a stuck device),
- *   the callback never runs and device close leaks the memory, saying so. */
+ *   the callback never runs and device close leaks the memory, saying so.
+ *   Storage wrapped with OFL_WRAP_RELEASE_IN_HOST_FN is the exception: its
+ *   ordered release runs as a host function of that stream. */
 typedef void (*ofl_release_fn)(void *data, size_t bytes, void *user);
 
 OFL_API size_t ofl_dtype_size(ofl_dtype_t dtype); /* 0 for an invalid dtype */
@@ -90,6 +92,27 @@ OFL_API ofl_status_t ofl_tensor_wrap(void *data, const int64_t *shape,
                                      int ndim, ofl_dtype_t dtype,
                                      ofl_location_t loc, ofl_release_fn release,
                                      void *release_user, ofl_tensor_t **out);
+
+/* Flags of ofl_tensor_wrap_flags. */
+enum {
+  /* release obeys the rules of a stream's host function
+   * (ofl_stream_launch_host_func): it calls no CUDA and no ofl function and
+   * takes no lock that a thread waiting on a stream may hold (pushing the
+   * memory onto a lock-free list for the owner to free later qualifies).
+   * An ordered release then runs it on the stream's own timeline, right
+   * after the work queued before it, instead of recording an event for the
+   * device's release thread to poll: no event, no hand-off to another
+   * thread. Unordered releases are unchanged. */
+  OFL_WRAP_RELEASE_IN_HOST_FN = 1u
+};
+/* ofl_tensor_wrap with flags (0: the same as ofl_tensor_wrap); an unknown
+ * flag is OFL_ERR_INVALID_ARG. */
+OFL_API ofl_status_t ofl_tensor_wrap_flags(void *data, const int64_t *shape,
+                                           int ndim, ofl_dtype_t dtype,
+                                           ofl_location_t loc,
+                                           ofl_release_fn release,
+                                           void *release_user, unsigned flags,
+                                           ofl_tensor_t **out);
 /* A handle with a shape and dtype and no storage (location OFL_LOC_NONE),
  * to be given storage by ofl_pool_alloc_into or ofl_tensor_attach. */
 OFL_API ofl_status_t ofl_tensor_create(const int64_t *shape, int ndim,

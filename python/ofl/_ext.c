@@ -1310,8 +1310,11 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
   hold->next = NULL;
   ofl_tensor_t *h = NULL;
   int64_t shape[1] = {nb};
-  ext_status_t s = api.ofl_tensor_wrap((void *)src, shape, 1, EXT_DTYPE_U8,
-                                       EXT_LOC_DEVICE, ext_release, hold, &h);
+  /* ext_release only links hold into a lock-free list: it may run as a
+   * host function of the D2H stream, right after the copy. */
+  ext_status_t s = api.ofl_tensor_wrap_flags(
+      (void *)src, shape, 1, EXT_DTYPE_U8, EXT_LOC_DEVICE, ext_release, hold,
+      EXT_WRAP_RELEASE_IN_HOST_FN, &h);
   if (s != EXT_SUCCESS) {
     Py_DECREF(hold->obj);
     PyMem_RawFree(hold);

@@ -38,6 +38,7 @@ typedef void (*ext_release_fn)(void *data, size_t bytes, void *user);
 #define EXT_ERR_NO_MEMORY 4
 #define EXT_DTYPE_U8 9
 #define EXT_LOC_DEVICE 1
+#define EXT_WRAP_RELEASE_IN_HOST_FN 1u
 
 /* X(name, return type, parameter list): one entry per function. */
 #define OFL_EXT_FUNCTIONS(X)                                                   \
@@ -48,6 +49,10 @@ typedef void (*ext_release_fn)(void *data, size_t bytes, void *user);
     (void *data, const int64_t *shape, int ndim, ext_dtype_t dtype,            \
      ext_location_t loc, ext_release_fn release, void *release_user,           \
      ofl_tensor_t **out))                                                      \
+  X(ofl_tensor_wrap_flags, ext_status_t,                                       \
+    (void *data, const int64_t *shape, int ndim, ext_dtype_t dtype,            \
+     ext_location_t loc, ext_release_fn release, void *release_user,           \
+     unsigned flags, ofl_tensor_t **out))                                      \
   X(ofl_tensor_view, ext_status_t,                                             \
     (const ofl_tensor_t *base, size_t offset_bytes, const int64_t *shape,      \
      int ndim, ext_dtype_t dtype, ofl_tensor_t **out))                         \

@@ -28,6 +28,7 @@ import sys
 c_int = ctypes.c_int
 c_int64 = ctypes.c_int64
 c_uint64 = ctypes.c_uint64
+c_uint = ctypes.c_uint
 c_size_t = ctypes.c_size_t
 c_double = ctypes.c_double
 c_char_p = ctypes.c_char_p
@@ -330,6 +331,7 @@ _PROTOS = {
     "ofl_memcpy_async": (c_int, [_P, _P, c_size_t, c_int, _P]),
     # tensor
     "ofl_tensor_wrap": (c_int, [_P, _I64P, c_int, c_int, c_int, _P, _P, _PP]),
+    "ofl_tensor_wrap_flags": (c_int, [_P, _I64P, c_int, c_int, c_int, _P, _P, c_uint, _PP]),
     "ofl_tensor_create": (c_int, [_I64P, c_int, c_int, _PP]),
     "ofl_tensor_destroy": (c_int, [_P]),
     "ofl_tensor_view": (c_int, [_P, c_size_t, _I64P, c_int, c_int, _PP]),

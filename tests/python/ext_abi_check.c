@@ -26,6 +26,8 @@ _Static_assert(EXT_SUCCESS == OFL_SUCCESS, "OFL_SUCCESS");
 _Static_assert(EXT_ERR_NO_MEMORY == OFL_ERR_NO_MEMORY, "OFL_ERR_NO_MEMORY");
 _Static_assert(EXT_DTYPE_U8 == OFL_DTYPE_U8, "OFL_DTYPE_U8");
 _Static_assert(EXT_LOC_DEVICE == OFL_LOC_DEVICE, "OFL_LOC_DEVICE");
+_Static_assert(EXT_WRAP_RELEASE_IN_HOST_FN == OFL_WRAP_RELEASE_IN_HOST_FN,
+               "OFL_WRAP_RELEASE_IN_HOST_FN");
 
 int main(void) {
   static const char *const names[] = {

@@ -302,6 +302,82 @@ Test(tensor, stream_ordered_release_waits_for_the_queued_copy) {
   ofl_pinned_free(dev, dst);
 }
 
+typedef struct {
+  release_log_t *log;
+  int seen; /* log->calls when the host function ran */
+} order_probe_t;
+
+static void probe_release(void *arg) {
+  order_probe_t *p = arg;
+  p->seen = atomic_load(&p->log->calls);
+}
+
+/* OFL_WRAP_RELEASE_IN_HOST_FN: the ordered release runs on the stream's
+ * timeline, after the copy queued before it and before the work queued
+ * after it (a host function then sees it done), with the same bytes. */
+Test(tensor, release_in_host_fn_runs_in_stream_order) {
+  ofl_stream_t *s = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "d2h", &s), OFL_SUCCESS));
+  size_t n = 1 << 16;
+  uint8_t *src = NULL, *dst = NULL, *h = malloc(n);
+  cr_assert(eq(int, ofl_pinned_malloc(dev, n, (void **)&dst), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_device_malloc(dev, n, (void **)&src), OFL_SUCCESS));
+  for (size_t i = 0; i < n; ++i)
+    h[i] = (uint8_t)(i * 13 + 5);
+  cr_assert(eq(int, t_write(dev, src, h, n), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  free(h);
+  release_log_t log = {0};
+  int64_t shape[1] = {(int64_t)n};
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int,
+               ofl_tensor_wrap_flags(src, shape, 1, OFL_DTYPE_U8,
+                                     OFL_LOC_DEVICE, log_release, &log, 2u, &t),
+               OFL_ERR_INVALID_ARG)); /* an unknown flag */
+  cr_assert(eq(ptr, t, NULL));
+  cr_assert(eq(int,
+               ofl_tensor_wrap_flags(src, shape, 1, OFL_DTYPE_U8,
+                                     OFL_LOC_DEVICE, log_release, &log,
+                                     OFL_WRAP_RELEASE_IN_HOST_FN, &t),
+               OFL_SUCCESS), "%s", ofl_last_error());
+  order_probe_t before = {&log, -1}, after = {&log, -1};
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, sleep_ms, (void *)30),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, probe_release, &before),
+               OFL_SUCCESS));
+  cr_assert(
+      eq(int, ofl_memcpy_async(dst, src, n, OFL_COPY_D2H, s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_release_storage_after(t, s), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_stream_launch_host_func(s, probe_release, &after),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_location(t), OFL_LOC_NONE));
+  cr_assert(eq(int, ofl_stream_synchronize(s, 10000), OFL_SUCCESS));
+  cr_assert(eq(int, before.seen, 0));
+  cr_assert(eq(int, after.seen, 1));
+  cr_assert(eq(int, atomic_load(&log.calls), 1));
+  cr_assert(eq(ptr, log.data, src));
+  cr_assert(eq(sz, log.bytes, n));
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i)
+    wrong += dst[i] != (uint8_t)(i * 13 + 5);
+  cr_assert(eq(sz, wrong, 0));
+  /* Unordered releases are unchanged: at once, on this thread. */
+  ofl_tensor_t *u = NULL;
+  release_log_t log2 = {0};
+  cr_assert(eq(int,
+               ofl_tensor_wrap_flags(src, shape, 1, OFL_DTYPE_U8,
+                                     OFL_LOC_DEVICE, log_release, &log2,
+                                     OFL_WRAP_RELEASE_IN_HOST_FN, &u),
+               OFL_SUCCESS));
+  cr_assert(eq(int, ofl_tensor_release_storage(u), OFL_SUCCESS));
+  cr_assert(eq(int, atomic_load(&log2.calls), 1));
+  ofl_tensor_destroy(u);
+  ofl_tensor_destroy(t);
+  ofl_device_free(dev, src);
+  ofl_stream_destroy(s);
+  ofl_pinned_free(dev, dst);
+}
+
 Test(tensor, null_and_destroyed_handles_are_rejected) {
   cr_assert(eq(int, ofl_tensor_release_storage(NULL), OFL_ERR_INVALID_ARG));
   cr_assert(eq(int,
