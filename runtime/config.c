@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -307,6 +308,8 @@ static const entry_t table[] = {
 
 static pthread_mutex_t config_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool loaded;
+/* Bumped by every load: readers that cache a parsed value compare it. */
+static atomic_uint generation;
 static char *values[N_ENTRIES];
 static bool from_env[N_ENTRIES]; /* the value in force came from the env */
 /* The value last warned about per entry: an invalid value is warned about
@@ -646,10 +649,13 @@ static ofl_status_t load_locked(void) {
     }
   }
   loaded = true;
+  atomic_fetch_add(&generation, 1);
   if (bad_entry >= 0)
     return ofl__error_quiet(OFL_ERR_CONFIG, "%s", bad_msg);
   return OFL_SUCCESS;
 }
+
+unsigned ofl__config_generation(void) { return atomic_load(&generation); }
 
 ofl_status_t ofl_config_reload(void) {
   pthread_mutex_lock(&config_lock);

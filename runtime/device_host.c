@@ -832,30 +832,44 @@ static void *worker_main(void *arg) {
   host_stream_t *hs = arg;
   ofl_device_t *dev = hs->s->dev;
   uint64_t spin_ns = (uint64_t)dev->cfg.spin_us * 1000u;
+  /* The last idle periods, newest in bit 0: 1 when the next operation came
+   * within spin_ns. The worker polls only while one of the last four did:
+   * where operations come further apart (one tensor's copies per layer of
+   * a forward), every poll would end in the sleep anyway, and only take a
+   * core from the thread that computes. */
+  unsigned short_idles = 0xf;
   ofl__thread_name(hs->s->name);
   pthread_mutex_lock(&hs->mu);
   for (;;) {
-    if (hs->head == NULL && spin_ns > 0 && !atomic_load(&hs->stop)) {
+    bool idle = hs->head == NULL && !atomic_load(&hs->stop);
+    uint64_t idle_t0 = idle ? ofl__now_ns() : 0;
+    bool caught = false;
+    if (idle && spin_ns > 0 && (short_idles & 0xf) != 0) {
       /* Streams get bursts of small operations (one copy per tensor of a
        * group): poll briefly before sleeping, so that the next operation of
        * the burst does not pay a futex wake-up on each side. */
       uint64_t done = hs->completed;
       pthread_mutex_unlock(&hs->mu);
-      uint64_t until = ofl__now_ns() + spin_ns;
-      while (atomic_load_explicit(&hs->enqueued_seen, memory_order_acquire) ==
-                 done &&
+      uint64_t until = idle_t0 + spin_ns;
+      while (!(caught = atomic_load_explicit(&hs->enqueued_seen,
+                                             memory_order_acquire) != done) &&
              !atomic_load(&hs->stop) && ofl__now_ns() < until)
         sched_yield();
       pthread_mutex_lock(&hs->mu);
     }
     /* A waiter running the head (busy) keeps it even after stop: the
      * worker must not run it a second time. */
+    bool slept = false;
     while (((hs->head == NULL || hs->held) && !atomic_load(&hs->stop)) ||
            atomic_load(&hs->busy)) {
       hs->worker_sleeping = true;
       pthread_cond_wait(&hs->worker_cv, &hs->mu);
       hs->worker_sleeping = false;
+      slept = true;
     }
+    if (idle && spin_ns > 0)
+      short_idles = (short_idles << 1) |
+                    (caught || (slept && ofl__now_ns() - idle_t0 < spin_ns));
     if (hs->head == NULL)
       break;
     run_head_locked(hs, hs->head);

@@ -88,6 +88,9 @@ ofl_status_t ofl__config_str(const char *name, const char **out);
 int ofl__local_rank(int fallback);
 ofl_status_t ofl__config_bool(const char *name, bool *out);
 ofl_status_t ofl__config_int(const char *name, int64_t *out);
+/* Changes whenever the table is (re)loaded (0: never loaded): a value
+ * parsed under one generation holds until the next. */
+unsigned ofl__config_generation(void);
 /* Sizes accept K, M, G, T suffixes (powers of 1024) and KB/MB/GB. */
 ofl_status_t ofl__config_size(const char *name, size_t *out);
 ofl_status_t ofl__config_double(const char *name, double *out);
