@@ -340,7 +340,7 @@ ofl_status_t ofl__tensor_release_external(ofl_tensor_t *t,
    * host function (include/ofl/tensor.h), unless its owner said it may. */
   ofl_status_t s =
       st->release_in_host_fn
-          ? ofl_stream_launch_host_func(stream, external_unref, st)
+          ? ofl__stream_launch_release(stream, external_unref, st)
           : ofl__device_defer(stream, external_unref, st);
   if (s == OFL_SUCCESS)
     return OFL_SUCCESS;

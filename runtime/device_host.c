@@ -535,6 +535,7 @@ typedef struct op {
   uint64_t target;
   ofl_host_fn fn;
   void *arg;
+  bool any_thread; /* OP_HOSTFN: may run on a waiter or the submitter */
   hblock_t *blk[2]; /* blocks whose inflight count this op holds */
   struct op *next;
 } op_t;
@@ -880,13 +881,15 @@ static void *worker_main(void *arg) {
 
 /* Whether a waiter may run op, the head, on its own thread before deadline
  * (mu held). Never a host function: those run on the stream's thread
- * (docs/DESIGN.md section 3.2), where they may take locks the waiter holds.
+ * (docs/DESIGN.md section 3.2), where they may take locks the waiter holds;
+ * except a release that may run on any thread (ofl__stream_launch_release):
+ * left to the worker, it would keep the waiter from the copies behind it.
  * A wait only once its event completed: an operation never starts before
  * what it waits for. Nor one whose jitter or link-model pacing would keep
  * the waiter past its deadline: the worker runs those. */
 static bool stealable_locked(host_stream_t *hs, const op_t *op,
                              uint64_t deadline) {
-  if (op->type == OP_HOSTFN)
+  if (op->type == OP_HOSTFN && !op->any_thread)
     return false;
   if (op->type == OP_WAIT && !event_reached_now(op->ev, op->target))
     return false;
@@ -1207,12 +1210,17 @@ static void link_quiet_locked(host_stream_t *hs, op_t *q, bool wake) {
  * a machine with few cores. Copies up to cfg.inline_bytes and records; not
  * with strict-mode jitter (each operation must be delayed) nor a link model
  * (a copy takes its modelled time on the worker), nor while a test holds
- * the stream. The order is the stream's: nothing is before it. */
+ * the stream. The order is the stream's: nothing is before it. A release
+ * that may run on any thread runs here whatever cfg.inline_bytes says: all
+ * the work it follows is done. */
 static bool inline_ok_locked(host_stream_t *hs, const op_t *op) {
   const ofl__device_config_t *c = &hs->s->dev->cfg;
   if (hs->head != NULL || atomic_load(&hs->busy) || hs->held ||
-      atomic_load(&hs->stop) || (c->strict && c->jitter_max_us > 0) ||
-      c->inline_bytes == 0)
+      atomic_load(&hs->stop) || (c->strict && c->jitter_max_us > 0))
+    return false;
+  if (op->type == OP_HOSTFN && op->any_thread)
+    return true; /* everything before it completed: nothing to wait for */
+  if (c->inline_bytes == 0)
     return false;
   if (op->type == OP_RECORD)
     return true;
@@ -1450,6 +1458,12 @@ static ofl_status_t host_launch_host_func(ofl_stream_t *s, ofl_host_fn fn,
   return submit(s, &op);
 }
 
+static ofl_status_t host_launch_release(ofl_stream_t *s, ofl_host_fn fn,
+                                        void *arg) {
+  op_t op = {.type = OP_HOSTFN, .fn = fn, .arg = arg, .any_thread = true};
+  return submit(s, &op);
+}
+
 /* ---- ranges (trace only) ------------------------------------------------ */
 
 /* Names are copied: the caller's buffer may change before the pop. */
@@ -1555,6 +1569,7 @@ const ofl__device_ops_t ofl__host_ops = {
     .memcpy_async = host_memcpy_async,
     .memset_async = host_memset_async,
     .launch_host_func = host_launch_host_func,
+    .launch_release = host_launch_release,
     .range_push = host_range_push,
     .range_pop = host_range_pop,
 };

@@ -1,7 +1,8 @@
 /* Work stealing by the waiter on the host backend: a thread that waits for
  * an event or a stream runs the queued operations the worker has not
  * started itself. They run once each, in stream order, only up to what the
- * wait needs, never a host function (those stay on the stream's thread) and
+ * wait needs, never a host function (those stay on the stream's thread;
+ * releases that may run on any thread excepted) and
  * never an operation before the event it waits for; after the wait the
  * event's semantics hold (bytes arrived, the blocks are free to free in
  * strict mode). A held worker (ofl__host_stream_hold) plays one that has not
@@ -171,6 +172,50 @@ Test(host_steal, host_function_stays_on_the_stream_thread) {
   OK(ofl_device_free(dev, d2));
   ofl_event_destroy(e);
   OK(ofl_stream_destroy(s));
+}
+
+/* A release that may run on any thread (ofl__stream_launch_release: storage
+ * wrapped with OFL_WRAP_RELEASE_IN_HOST_FN) does not stop the waiter: with
+ * the worker held, a waiter runs the copy, the release and the copy behind
+ * it, in order, on its own thread. On an idle stream the release runs at
+ * once on the submitting thread. */
+Test(host_steal, a_release_host_function_is_taken_by_the_waiter) {
+  ofl_stream_t *s = NULL;
+  ofl_event_t *e = NULL;
+  void *d1 = NULL;
+  unsigned char src[N], out[N];
+  fill(src, N, 5);
+  memset(out, 0, N);
+  atomic_store(&fn_calls, 0);
+  OK(ofl_stream_create(dev, "d2h", &s));
+  OK(ofl_event_create(dev, &e));
+  OK(ofl_device_malloc(dev, N, &d1));
+  ofl__host_stream_hold(s, true);
+  OK(ofl_memcpy_async(d1, src, N, OFL_COPY_H2D, s));
+  OK(ofl__stream_launch_release(s, host_fn, NULL));
+  OK(ofl_memcpy_async(out, d1, N, OFL_COPY_D2H, s));
+  OK(ofl_event_record(e, s));
+  cr_assert(eq(int, atomic_load(&fn_calls), 0), "ran before its copy");
+  OK(ofl_event_synchronize(e, 2000));
+  cr_assert(eq(u64, ofl__host_stream_stolen(s), 4));
+  cr_assert(eq(int, atomic_load(&fn_calls), 1));
+  cr_assert(pthread_equal(fn_thread, pthread_self()));
+  cr_assert(eq(int, memcmp(out, src, N), 0));
+  ofl__host_stream_hold(s, false);
+  OK(ofl_stream_synchronize(s, OFL_TIMEOUT_DEFAULT));
+  OK(ofl_device_free(dev, d1));
+  ofl_event_destroy(e);
+  OK(ofl_stream_destroy(s));
+
+  /* Idle stream of a device without jitter: at once, here. */
+  ofl_device_t *quiet = open_host(0, -1.0, NULL);
+  OK(ofl_stream_create(quiet, "d2h", &s));
+  OK(ofl__stream_launch_release(s, host_fn, NULL));
+  cr_assert(eq(int, atomic_load(&fn_calls), 2));
+  cr_assert(pthread_equal(fn_thread, pthread_self()));
+  cr_assert(eq(u64, ofl__host_stream_inlined(s), 1));
+  OK(ofl_stream_destroy(s));
+  ofl_device_close(quiet);
 }
 
 /* A stream wait is taken only once its event completed: stream a waits for
