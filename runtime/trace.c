@@ -265,44 +265,71 @@ void ofl__trace_complete(ofl_device_t *dev, int track, const char *name,
   pthread_mutex_unlock(&t->lock);
 }
 
+/* Writes every event so far to the file, from its start: a complete JSON
+ * document after each write (t->lock held). False when the write failed. */
+static bool write_locked(ofl__trace_t *t) {
+  FILE *f = t->file;
+  rewind(f);
+  int pid = ofl_log_get_rank() >= 0 ? ofl_log_get_rank() : 0;
+  fprintf(f, "{\"traceEvents\":[\n");
+  fprintf(f,
+          "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
+          "\"args\":{\"name\":\"rank %d\"}}",
+          pid, pid);
+  for (int i = 0; i < t->ntracks; i++)
+    fprintf(f,
+            ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,"
+            "\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+            pid, t->tracks[i].id, t->tracks[i].name);
+  for (size_t i = 0; i < t->n; i++) {
+    const trace_ev_t *e = &t->evs[i];
+    /* Integer arithmetic: epoch microseconds (about 2^51) keep their
+     * nanosecond digits, which a double would round away. */
+    uint64_t s =
+        t->t0_epoch_ns + (e->start_ns > t->t0 ? e->start_ns - t->t0 : 0);
+    uint64_t d = e->end_ns > e->start_ns ? e->end_ns - e->start_ns : 0;
+    fprintf(f,
+            ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,"
+            "\"tid\":%d,\"ts\":%" PRIu64 ".%03u,\"dur\":%" PRIu64
+            ".%03u,\"args\":{%s}}",
+            e->name, e->cat, pid, e->track, s / 1000, (unsigned)(s % 1000),
+            d / 1000, (unsigned)(d % 1000), e->args);
+  }
+  fprintf(f, "\n]}\n");
+  /* A shorter document than an earlier write's: cut what is left of it. */
+  long end = ftell(f);
+  return fflush(f) == 0 && !ferror(f) && end >= 0 &&
+         ftruncate(fileno(f), (off_t)end) == 0;
+}
+
+ofl_status_t ofl_device_trace_flush(ofl_device_t *dev) {
+  if (dev == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl_device_trace_flush: device is NULL");
+  ofl__trace_t *t = dev->trace;
+  if (t == NULL)
+    return OFL_SUCCESS; /* no OFL_TRACE_FILE: nothing to write */
+  pthread_mutex_lock(&t->lock);
+  bool ok = write_locked(t);
+  pthread_mutex_unlock(&t->lock);
+  if (!ok)
+    return ofl__error(OFL_ERR_IO, OFL_SUBSYS_DEVICE,
+                      "cannot write trace file %s: %s; check the space left "
+                      "on its file system",
+                      t->path, strerror(errno));
+  return OFL_SUCCESS;
+}
+
 void ofl__trace_close(ofl_device_t *dev) {
   ofl__trace_t *t = dev ? dev->trace : NULL;
   if (t == NULL)
     return;
-  FILE *f = t->file;
-  {
-    int pid = ofl_log_get_rank() >= 0 ? ofl_log_get_rank() : 0;
-    fprintf(f, "{\"traceEvents\":[\n");
-    fprintf(f,
-            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
-            "\"args\":{\"name\":\"rank %d\"}}",
-            pid, pid);
-    for (int i = 0; i < t->ntracks; i++)
-      fprintf(f,
-              ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,"
-              "\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
-              pid, t->tracks[i].id, t->tracks[i].name);
-    for (size_t i = 0; i < t->n; i++) {
-      const trace_ev_t *e = &t->evs[i];
-      /* Integer arithmetic: epoch microseconds (about 2^51) keep their
-       * nanosecond digits, which a double would round away. */
-      uint64_t s =
-          t->t0_epoch_ns + (e->start_ns > t->t0 ? e->start_ns - t->t0 : 0);
-      uint64_t d = e->end_ns > e->start_ns ? e->end_ns - e->start_ns : 0;
-      fprintf(f,
-              ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,"
-              "\"tid\":%d,\"ts\":%" PRIu64 ".%03u,\"dur\":%" PRIu64
-              ".%03u,\"args\":{%s}}",
-              e->name, e->cat, pid, e->track, s / 1000, (unsigned)(s % 1000),
-              d / 1000, (unsigned)(d % 1000), e->args);
-    }
-    fprintf(f, "\n]}\n");
-    if (fclose(f) != 0)
-      OFL_WARN(OFL_SUBSYS_DEVICE,
-               "trace file %s may be incomplete: %s; check the space left "
-               "on its file system",
-               t->path, strerror(errno));
-  }
+  bool ok = write_locked(t);
+  if (fclose(t->file) != 0 || !ok)
+    OFL_WARN(OFL_SUBSYS_DEVICE,
+             "trace file %s may be incomplete: %s; check the space left "
+             "on its file system",
+             t->path, strerror(errno));
   free(t->evs);
   pthread_mutex_destroy(&t->lock);
   free(t);

@@ -88,6 +88,12 @@ OFL_API ofl_status_t ofl_device_open(const ofl_device_params_t *params,
  * warning) and runs when the last one is destroyed, so a pool never outlives
  * its device's memory. */
 OFL_API void ofl_device_close(ofl_device_t *dev);
+/* Writes the trace file (OFL_TRACE_FILE) with what the device recorded so
+ * far, a complete JSON document; recording goes on and close writes it
+ * again in full. For a process that never closes its device (ofl.torch
+ * calls it at interpreter exit). OFL_SUCCESS without a trace; OFL_ERR_IO
+ * when the file cannot be written. */
+OFL_API ofl_status_t ofl_device_trace_flush(ofl_device_t *dev);
 
 /* Whether a backend can be used on this machine, without opening a device
  * (ofl-info reports it): OFL_SUCCESS with its device count in *count (host:

@@ -311,6 +311,7 @@ _PROTOS = {
     # device
     "ofl_device_open": (c_int, [POINTER(DeviceParams), _PP]),
     "ofl_device_close": (None, [_P]),
+    "ofl_device_trace_flush": (c_int, [_P]),
     "ofl_device_backend": (c_int, [_P]),
     "ofl_device_adopt_host_memory": (c_int, [_P, c_int]),
     "ofl_device_ordinal": (c_int, [_P]),

@@ -341,6 +341,36 @@ class OffloadActivations(unittest.TestCase):
         ctx.close()
 
 
+class TraceFile(unittest.TestCase):
+    def test_trace_file_is_written_at_exit(self):
+        """OFL_TRACE_FILE under ofl.torch: the device is never closed, the
+        trace is written when the interpreter exits, with the offload's
+        copies in it."""
+        import json
+        import subprocess
+        prog = ("import torch, ofl.torch as ot\n"
+                "m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),"
+                " torch.nn.Linear(64, 64))\n"
+                "ctx = ot.offload_activations(min_offload_size=16)\n"
+                "for _ in range(3):\n"
+                "    with ctx:\n"
+                "        y = m(torch.randn(32, 64)).sum()\n"
+                "    y.backward()\n"
+                "assert ctx.stats()['offloaded_tensors'] > 0\n")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.json")
+            env = dict(os.environ, OFL_TRACE_FILE=path)
+            env["PYTHONPATH"] = os.pathsep.join(sys.path)
+            run = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True,
+                                 text=True, timeout=300)
+            self.assertEqual(run.returncode, 0, run.stdout[-2000:] + run.stderr[-2000:])
+            with open(path) as f:
+                events = json.load(f)["traceEvents"]
+        names = [e["name"] for e in events if e.get("ph") == "X"]
+        self.assertGreater(names.count("d2h"), 0, names[:20])
+        self.assertGreater(names.count("h2d"), 0, names[:20])
+
+
 class Checkpoints(unittest.TestCase):
     def state(self):
         torch.manual_seed(3)

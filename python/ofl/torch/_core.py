@@ -41,6 +41,7 @@ stream) and set as ofl's compute stream of the calling thread before every
 call that orders against compute (autograd runs backward on its own device
 thread, so it is set there too).
 """
+import atexit
 import ctypes
 import os
 import threading
@@ -146,6 +147,9 @@ class Runtime:
                              else torch.device("cpu"))
         self._wrapped = {}  # cudaStream_t -> ofl stream
         self._tls = threading.local()
+        # The device lives until the process ends and is never closed, so
+        # OFL_TRACE_FILE's trace is written at interpreter exit instead
+        atexit.register(L.ofl_device_trace_flush, self.dev)
 
     @classmethod
     def get(cls):

@@ -142,3 +142,54 @@ Test(trace, timestamps_are_microseconds_since_the_epoch) {
   unlink(path);
   rmdir(dir);
 }
+
+static size_t count(const char *text, const char *needle) {
+  size_t n = 0;
+  for (const char *p = text; (p = strstr(p, needle)) != NULL; p++)
+    n++;
+  return n;
+}
+
+/* ofl_device_trace_flush writes a complete document of what was recorded so
+ * far; recording goes on, a later flush or the close writes it all again.
+ * Without OFL_TRACE_FILE it writes nothing and succeeds. */
+Test(trace, flush_writes_a_complete_trace_before_close) {
+  char dir[64], path[128];
+  make_dir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/f.json", dir);
+  setenv("OFL_TRACE_FILE", path, 1);
+  OK(ofl_config_reload());
+  ofl_device_t *dev = open_host();
+  cr_assert(eq(int, ofl_device_trace_flush(NULL), OFL_ERR_INVALID_ARG));
+  OK(ofl_device_trace_flush(dev)); /* nothing recorded yet */
+  char *text = slurp(path);
+  cr_assert(ne(ptr, text, NULL));
+  cr_assert(ne(ptr, strstr(text, "{\"traceEvents\":["), NULL), "%s", text);
+  cr_assert(ne(ptr, strstr(text, "\n]}\n"), NULL), "%s", text);
+  cr_assert(eq(sz, count(text, "\"ph\":\"X\""), 0));
+  for (int round = 1; round <= 3; round++) {
+    ofl_range_push(dev, "work");
+    ofl_range_pop(dev);
+    OK(ofl_device_trace_flush(dev));
+    text = slurp(path);
+    cr_assert(eq(sz, count(text, "\"work\""), (size_t)round), "%s", text);
+    size_t len = strlen(text);
+    cr_assert(ge(sz, len, 4));
+    cr_assert(eq(str, text + len - 4, "\n]}\n"), "not one document: %s",
+              text);
+  }
+  ofl_range_push(dev, "last");
+  ofl_range_pop(dev);
+  ofl_device_close(dev);
+  text = slurp(path);
+  cr_assert(eq(sz, count(text, "\"work\""), 3));
+  cr_assert(eq(sz, count(text, "\"last\""), 1));
+  cr_assert(eq(sz, count(text, "]}"), 1), "%s", text);
+  unlink(path);
+  rmdir(dir);
+  unsetenv("OFL_TRACE_FILE");
+  OK(ofl_config_reload());
+  dev = open_host();
+  OK(ofl_device_trace_flush(dev));
+  ofl_device_close(dev);
+}
