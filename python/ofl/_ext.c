@@ -1272,25 +1272,27 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
     if (v == NULL) goto out;
     Py_DECREF(v);
   }
-  PyObject *st = call0(t, s_untyped_storage);
-  if (st == NULL) goto out;
-  uintptr_t sptr, src;
-  long long snb;
-  r = call_ptr(st, s_data_ptr, &sptr) < 0 || call_ll(st, s_nbytes, &snb) < 0;
-  Py_DECREF(st);
-  if (r) goto out;
+  uintptr_t src;
   int contiguous = attr_true(t, s_is_contiguous, 1);
   if (contiguous < 0) goto out;
   int whole = 0;
   if (contiguous) {
     if (call_ptr(t, s_data_ptr, &src) < 0) goto out; /* the tensor's bytes */
-  } else if (2 * nb >= snb) {
+  } else {
+    PyObject *st = call0(t, s_untyped_storage);
+    if (st == NULL) goto out;
+    uintptr_t sptr;
+    long long snb;
+    r = call_ptr(st, s_data_ptr, &sptr) < 0 || call_ll(st, s_nbytes, &snb) < 0;
+    Py_DECREF(st);
+    if (r) goto out;
+    if (2 * nb < snb) {
+      res = make_kept(t); /* a small strided view of a large storage */
+      goto out;
+    }
     whole = 1; /* the whole storage, rebuilt with as_strided */
     src = sptr;
     nb = snb;
-  } else {
-    res = make_kept(t); /* a small strided view of a large storage */
-    goto out;
   }
   rec = new_record(t, root, whole);
   if (rec == NULL) goto out;
