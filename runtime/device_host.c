@@ -432,7 +432,8 @@ static bool event_make_room(host_event_t *he) {
 }
 
 static void steal(struct host_stream *hs, host_event_t *he, uint64_t target,
-                  uint64_t deadline);
+                  uint64_t deadline, int depth);
+static struct host_stream *record_stream(host_event_t *he, uint64_t target);
 
 /* Waits until record `target` completed; false on timeout or stop. The
  * deadline (timeout_ms < 0: OFL_WAIT_TIMEOUT_MS) is resolved only when the
@@ -450,7 +451,7 @@ static bool event_wait_target(host_event_t *he, uint64_t target,
     return true;
   uint64_t deadline = ofl__deadline_ns(timeout_ms);
   if (from != NULL) {
-    steal(from, he, target, deadline);
+    steal(from, he, target, deadline, 0);
     if (event_reached_now(he, target))
       return true;
   }
@@ -459,7 +460,7 @@ static bool event_wait_target(host_event_t *he, uint64_t target,
     while (!event_reached_now(he, target) &&
            (stop == NULL || !atomic_load(stop)) && ofl__now_ns() < until) {
       if (from != NULL)
-        steal(from, he, target, deadline);
+        steal(from, he, target, deadline, 0);
       sched_yield();
     }
   }
@@ -915,18 +916,45 @@ static bool stealable_locked(host_stream_t *hs, const op_t *op,
  * operation of the stream runs, stopping once the goal is reached or the
  * head must be left to the worker (stealable_locked). The stream order is
  * the worker's: each op starts after the previous one finished, as there.
- * mu held on entry and return. */
+ * A head that waits for another stream's record not reached yet sends the
+ * waiter to that stream first, to run what the record follows (depth: how
+ * many such hops led here; at most STEAL_HOPS): a reload queued behind its
+ * own offload is not left to two workers that may both be descheduled.
+ * mu held on entry and return (dropped during a hop). */
+enum { STEAL_HOPS = 2 };
+
 static void steal_locked(host_stream_t *hs, host_event_t *he, uint64_t target,
-                         uint64_t deadline) {
+                         uint64_t deadline, int depth) {
   while (hs->head != NULL && !atomic_load(&hs->busy) &&
          !atomic_load(&hs->stop)) {
     if (he != NULL && event_reached_now(he, target))
       return;
     op_t *op = hs->head;
-    if (!stealable_locked(hs, op, deadline))
+    if (stealable_locked(hs, op, deadline)) {
+      atomic_fetch_add_explicit(&hs->stolen, 1, memory_order_relaxed);
+      run_head_locked(hs, op);
+      continue;
+    }
+    if (op->type != OP_WAIT || depth >= STEAL_HOPS ||
+        event_reached_now(op->ev, op->target))
       return;
-    atomic_fetch_add_explicit(&hs->stolen, 1, memory_order_relaxed);
-    run_head_locked(hs, op);
+    host_event_t *up_ev = op->ev;
+    uint64_t up_target = op->target;
+    host_stream_t *up = record_stream(up_ev, up_target);
+    if (up == NULL || up == hs) {
+      if (up != NULL)
+        stream_unref(up);
+      return;
+    }
+    atomic_fetch_add(&up_ev->refs, 1); /* the op may complete meanwhile */
+    pthread_mutex_unlock(&hs->mu);
+    steal(up, up_ev, up_target, deadline, depth + 1);
+    bool reached = event_reached_now(up_ev, up_target);
+    event_unref(up_ev);
+    stream_unref(up);
+    pthread_mutex_lock(&hs->mu);
+    if (!reached)
+      return; /* that stream's worker has it: wait for it */
   }
 }
 
@@ -947,7 +975,7 @@ static void steal_end_locked(host_stream_t *hs) {
 }
 
 static void steal(host_stream_t *hs, host_event_t *he, uint64_t target,
-                  uint64_t deadline) {
+                  uint64_t deadline, int depth) {
   /* A peek without the lock: the worker holds it from one op to the next,
    * and a waiter that spins must not slow it down. */
   if (atomic_load(&hs->busy) ||
@@ -955,7 +983,7 @@ static void steal(host_stream_t *hs, host_event_t *he, uint64_t target,
           atomic_load_explicit(&hs->completed_seen, memory_order_acquire))
     return;
   pthread_mutex_lock(&hs->mu);
-  steal_locked(hs, he, target, deadline);
+  steal_locked(hs, he, target, deadline, depth);
   steal_end_locked(hs);
   pthread_mutex_unlock(&hs->mu);
 }
@@ -1119,7 +1147,7 @@ static ofl_status_t host_stream_synchronize(ofl_stream_t *s,
   while (hs->completed < hs->enqueued && hs->has_thread) {
     /* The queue's operations that the worker has not started yet run here
      * (steal_locked); what is left is the worker's. */
-    steal_locked(hs, NULL, 0, deadline);
+    steal_locked(hs, NULL, 0, deadline, 0);
     steal_end_locked(hs);
     if (hs->completed >= hs->enqueued)
       break;

@@ -2,7 +2,8 @@
  * an event or a stream runs the queued operations the worker has not
  * started itself. They run once each, in stream order, only up to what the
  * wait needs, never a host function (those stay on the stream's thread;
- * releases that may run on any thread excepted) and
+ * releases that may run on any thread excepted), first the work of another
+ * stream that a wait in the queue is for, and
  * never an operation before the event it waits for; after the wait the
  * event's semantics hold (bytes arrived, the blocks are free to free in
  * strict mode). A held worker (ofl__host_stream_hold) plays one that has not
@@ -219,10 +220,13 @@ Test(host_steal, a_release_host_function_is_taken_by_the_waiter) {
 }
 
 /* A stream wait is taken only once its event completed: stream a waits for
- * b's event, both held. A waiter on a runs a's first copy and stops at the
+ * b's event, both held. Where b's queue starts with a host function (which
+ * stays with b's worker), a waiter on a runs a's first copy and stops at the
  * wait; after b completes (its synchronize takes b's ops), a waiter takes
- * the wait and what follows. The bytes a reads are b's. */
-Test(host_steal, never_runs_an_op_before_the_event_it_waits_for) {
+ * the wait and what follows. Where b's queue can be taken, a waiter on a
+ * runs b's work up to the event first, then a's (transitive steal). Either
+ * way the bytes a reads are b's. */
+static void wait_on_another_stream(bool host_fn_first) {
   ofl_stream_t *a = NULL, *b = NULL;
   ofl_event_t *eb = NULL, *ea = NULL;
   void *d = NULL, *x = NULL;
@@ -230,6 +234,7 @@ Test(host_steal, never_runs_an_op_before_the_event_it_waits_for) {
   fill(src, N, 11);
   memset(out, 0, N);
   memset(xout, 0, N);
+  atomic_store(&fn_calls, 0);
   OK(ofl_stream_create(dev, "a", &a));
   OK(ofl_stream_create(dev, "b", &b));
   OK(ofl_event_create(dev, &ea));
@@ -238,6 +243,8 @@ Test(host_steal, never_runs_an_op_before_the_event_it_waits_for) {
   OK(ofl_device_malloc(dev, N, &x));
   ofl__host_stream_hold(a, true);
   ofl__host_stream_hold(b, true);
+  if (host_fn_first)
+    OK(ofl_stream_launch_host_func(b, host_fn, NULL));
   OK(ofl_memset_async(d, 0x00, N, b));
   OK(ofl_memcpy_async(d, src, N, OFL_COPY_H2D, b));
   OK(ofl_event_record(eb, b));
@@ -247,15 +254,22 @@ Test(host_steal, never_runs_an_op_before_the_event_it_waits_for) {
   OK(ofl_memcpy_async(xout, x, N, OFL_COPY_D2H, a));
   OK(ofl_event_record(ea, a));
 
-  cr_assert(eq(int, ofl_event_synchronize(ea, 50), OFL_ERR_TIMEOUT));
-  cr_assert(eq(u64, ofl__host_stream_stolen(a), 1), "stole past the wait");
-  cr_assert(eq(int, out[0], 0));
-  cr_assert(eq(u64, ofl__host_stream_stolen(b), 0));
-
-  OK(ofl_stream_synchronize(b, OFL_TIMEOUT_DEFAULT));
-  cr_assert(eq(u64, ofl__host_stream_stolen(b), 3));
-  OK(ofl_event_synchronize(ea, OFL_TIMEOUT_DEFAULT));
-  cr_assert(eq(u64, ofl__host_stream_stolen(a), 5));
+  if (host_fn_first) {
+    cr_assert(eq(int, ofl_event_synchronize(ea, 50), OFL_ERR_TIMEOUT));
+    cr_assert(eq(u64, ofl__host_stream_stolen(a), 1), "stole past the wait");
+    cr_assert(eq(int, out[0], 0));
+    cr_assert(eq(u64, ofl__host_stream_stolen(b), 0));
+    cr_assert(eq(int, atomic_load(&fn_calls), 0));
+    ofl__host_stream_hold(b, false); /* b's worker runs the host function */
+    OK(ofl_stream_synchronize(b, OFL_TIMEOUT_DEFAULT));
+    cr_assert(eq(int, atomic_load(&fn_calls), 1));
+    OK(ofl_event_synchronize(ea, OFL_TIMEOUT_DEFAULT));
+    cr_assert(eq(u64, ofl__host_stream_stolen(a), 5));
+  } else {
+    OK(ofl_event_synchronize(ea, 2000));
+    cr_assert(eq(u64, ofl__host_stream_stolen(b), 3));
+    cr_assert(eq(u64, ofl__host_stream_stolen(a), 5));
+  }
   cr_assert(eq(int, memcmp(out, src, N), 0));
   for (size_t i = 0; i < N; i++)
     cr_assert(eq(u8, xout[i], 0x77));
@@ -267,6 +281,14 @@ Test(host_steal, never_runs_an_op_before_the_event_it_waits_for) {
   ofl_event_destroy(eb);
   OK(ofl_stream_destroy(a));
   OK(ofl_stream_destroy(b));
+}
+
+Test(host_steal, never_runs_an_op_before_the_event_it_waits_for) {
+  wait_on_another_stream(true);
+}
+
+Test(host_steal, a_waiter_runs_the_work_its_stream_waits_for_first) {
+  wait_on_another_stream(false);
 }
 
 /* Worker and waiters race for the same queue (no hold): a waiter on the
