@@ -51,8 +51,9 @@ static void run_moe(ofl_backend_t be) {
   cfg.thresh = 1024;
   cfg.size_lo = 1024;
   cfg.size_hi = 1u << 20;
-  cfg.seed = getenv("OFL_BENCH_SEED") ? strtoull(getenv("OFL_BENCH_SEED"), NULL, 10)
-                                     : 2024;
+  cfg.seed = getenv("OFL_BENCH_SEED")
+                 ? strtoull(getenv("OFL_BENCH_SEED"), NULL, 10)
+                 : 2024;
   cfg.offload = 1;
   cfg.keyed_by_bytes = 1;
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
@@ -98,11 +99,12 @@ static void run_moe(ofl_backend_t be) {
   if (sim)
     t_sim_stats(&c1);
   printf("moe workload, %s backend: 1F1B pp 4 rank 0, 8 microbatches, 2 "
-         "layers, 7 groups, sizes 1 KiB..1 MiB; %d counted iterations after "
-         "1 + %d (%.1f ms each), wrong bytes %zu\n",
-         be != OFL_BACKEND_CUDA ? "host" : sim ? "cuda (stand-in)" : "cuda",
-         COUNTED, SETTLE,
-         ms, d.wrong_bytes);
+         "layers, 7 groups, sizes 1 KiB..1 MiB (seed %llu); %d counted "
+         "iterations after 1 + %d (%.1f ms each), wrong bytes %zu\n",
+         be != OFL_BACKEND_CUDA ? "host"
+         : sim                  ? "cuda (stand-in)"
+                                : "cuda",
+         (unsigned long long)cfg.seed, COUNTED, SETTLE, ms, d.wrong_bytes);
   print_pool("activations", &a0, &a1);
   print_pool("offload-host", &h0, &h1);
   printf("  peak in use before the counted iterations (warmup included): "

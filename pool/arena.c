@@ -12,6 +12,10 @@
  * O_DIRECT bounce buffers need. */
 #define GRANULE_DEVICE ((size_t)256)
 #define GRANULE_PINNED ((size_t)4096)
+/* A merged segment holds the most bytes the pool had in use and this
+ * fraction of it more (ofl__arena_merge_bytes). */
+#define MERGE_MARGIN_NUM 3u
+#define MERGE_MARGIN_DEN 16u
 /* Growth: a new segment is at least this fraction of what the arena holds.
  * Small enough that the last segment's unused tail stays within the waste
  * bound (held / peak in use <= 1.3 on the MoE benchmark), large enough that
@@ -92,6 +96,8 @@ ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes) {
     free_unlink(a, best);
   }
   best->seg->used++;
+  if (need > a->largest)
+    a->largest = need;
   return best;
 }
 
@@ -132,6 +138,17 @@ size_t ofl__arena_grow_bytes(const ofl__arena_t *a, size_t bytes, size_t room) {
   if (room != 0 && want > room)
     want = room;
   return want >= bytes ? want : 0;
+}
+
+size_t ofl__arena_merge_bytes(const ofl__arena_t *a, size_t most_bytes) {
+  const size_t step = OFL__ARENA_MERGE_ROUND;
+  size_t margin = most_bytes / MERGE_MARGIN_DEN * MERGE_MARGIN_NUM;
+  if (most_bytes > SIZE_MAX - margin - step)
+    return 0;
+  size_t want = most_bytes + margin;
+  if (want < a->largest)
+    want = a->largest;
+  return (want + step - 1) / step * step;
 }
 
 ofl_status_t ofl__arena_backend_alloc(ofl__arena_t *a, size_t bytes,

@@ -18,6 +18,8 @@
 
 /* Smallest segment; a segment is a whole number of these. */
 #define OFL__ARENA_SEGMENT_MIN ((size_t)2 << 20)
+/* A merged segment is a whole number of these. */
+#define OFL__ARENA_MERGE_ROUND ((size_t)64 << 10)
 
 typedef struct ofl__segment ofl__segment_t;
 
@@ -50,6 +52,7 @@ typedef struct ofl__arena {
   size_t held_bytes;   /* bytes of all segments */
   size_t free_bytes;   /* bytes of free ranges */
   uint64_t nsegs;
+  size_t largest; /* the largest range handed out */
 } ofl__arena_t;
 
 void ofl__arena_init(ofl__arena_t *a, ofl_device_t *dev, ofl_pool_kind_t kind);
@@ -63,6 +66,12 @@ void ofl__arena_give(ofl__arena_t *a, ofl__range_t *r);
  * OFL__ARENA_SEGMENT_MIN), never past room (bytes the budget leaves; 0:
  * no limit) nor below the request. 0 when the request does not fit room. */
 size_t ofl__arena_grow_bytes(const ofl__arena_t *a, size_t bytes, size_t room);
+/* The bytes of the one segment that replaces all of them
+ * (ofl__pool_merge): most_bytes (the most the pool ever had in use) and a
+ * margin for the gaps between blocks of changing sizes and for the peaks of
+ * cycles still to come, at least the largest range handed out, in whole
+ * granules of OFL__ARENA_MERGE_ROUND. 0 on overflow. */
+size_t ofl__arena_merge_bytes(const ofl__arena_t *a, size_t most_bytes);
 /* The backend calls, lock not held. */
 ofl_status_t ofl__arena_backend_alloc(ofl__arena_t *a, size_t bytes,
                                       void **out);

@@ -307,6 +307,8 @@ static void block_take(ofl_pool_t *p, pool_key_t *k, pool_block_t *prev,
   p->stats.in_use_bytes += b->st.bytes;
   if (p->stats.in_use_bytes > p->stats.peak_in_use_bytes)
     p->stats.peak_in_use_bytes = p->stats.in_use_bytes;
+  if (p->stats.in_use_bytes > p->most_in_use_bytes)
+    p->most_in_use_bytes = p->stats.in_use_bytes;
 }
 
 /* Lock held: undoes block_take (a later step failed). */
@@ -528,6 +530,8 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
   p->stats.in_use_bytes += bytes;
   if (p->stats.in_use_bytes > p->stats.peak_in_use_bytes)
     p->stats.peak_in_use_bytes = p->stats.in_use_bytes;
+  if (p->stats.in_use_bytes > p->most_in_use_bytes)
+    p->most_in_use_bytes = p->stats.in_use_bytes;
   pthread_mutex_unlock(&p->mu);
   *out = b;
   return OFL_SUCCESS;
@@ -552,6 +556,12 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
   }
 
   pthread_mutex_lock(&p->mu);
+  /* Nothing in use: an idle point, where the segments may merge first. */
+  if (p->stats.blocks_in_use == 0 && ofl__pool_idle_point(p)) {
+    pthread_mutex_unlock(&p->mu);
+    ofl__pool_merge(p);
+    pthread_mutex_lock(&p->mu);
+  }
   p->stats.requests++;
   pool_key_t *k = ofl__key_get(p, dynamic, shape, ndim, dtype, key_bytes);
   if (k == NULL) {

