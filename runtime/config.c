@@ -155,7 +155,8 @@ static const entry_t table[] = {
      .lo = 0,
      .hi = 100000,
      .doc = "host backend: microseconds a worker stream polls for more work "
-            "before it sleeps (0: sleep at once)"},
+            "before it sleeps, while one of its last four idle periods was "
+            "that short (0: sleep at once)"},
     {.name = "OFL_HOST_INLINE_BYTES",
      .def = "0",
      .kind = K_SIZE,
