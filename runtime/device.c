@@ -675,7 +675,7 @@ ofl_status_t ofl__stream_launch_release(ofl_stream_t *s, ofl_host_fn fn,
                                         void *arg) {
   const ofl__device_ops_t *ops = s->dev->ops;
   return ops->launch_release != NULL ? ops->launch_release(s, fn, arg)
-                                     : ops->launch_host_func(s, fn, arg);
+                                     : ofl__device_defer(s, fn, arg);
 }
 
 void ofl_range_push(ofl_device_t *dev, const char *name) {

@@ -122,7 +122,7 @@ struct ofl__device_ops {
                                ofl_stream_t *s);
   ofl_status_t (*launch_host_func)(ofl_stream_t *s, ofl_host_fn fn, void *arg);
   /* A host function that may run on any thread (ofl__stream_launch_release);
-   * NULL: launch_host_func. */
+   * NULL: the device's release thread runs it (ofl__device_defer). */
   ofl_status_t (*launch_release)(ofl_stream_t *s, ofl_host_fn fn, void *arg);
   void (*range_push)(ofl_device_t *dev, const char *name);
   void (*range_pop)(ofl_device_t *dev);
@@ -163,12 +163,13 @@ void ofl__cuda_leave(const ofl__cuda_guard_t *g);
  * callbacks and CUDA calls are allowed in fn (docs/DESIGN.md section 3.1).
  * Steady state allocates nothing: entries and their events are reused. */
 ofl_status_t ofl__defer_init(ofl_device_t *dev);
-/* fn(arg) in stream order, as a host function that may run on any thread:
- * it calls no CUDA and no ofl function and takes no lock (a release of
- * storage wrapped with OFL_WRAP_RELEASE_IN_HOST_FN). On the host backend a
- * thread waiting on the stream may run it as it runs the copies before it
- * (steal), and it runs at once on the calling thread when the stream is
- * idle; on cuda it is a cudaLaunchHostFunc. */
+/* fn(arg) once the work queued on stream so far completed, where fn may run
+ * on any thread: it calls no CUDA and no ofl function and takes no lock (a
+ * release of storage wrapped with OFL_WRAP_RELEASE_IN_HOST_FN). On the host
+ * backend it is an operation of the stream, which a thread waiting on the
+ * stream may run as it runs the copies before it (steal), and which runs at
+ * once on the calling thread when the stream is idle; elsewhere (cuda,
+ * where a host function would hold up the stream) ofl__device_defer. */
 ofl_status_t ofl__stream_launch_release(ofl_stream_t *stream, ofl_host_fn fn,
                                         void *arg);
 ofl_status_t ofl__device_defer(ofl_stream_t *stream, void (*fn)(void *),

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "runtime/device_internal.h"
@@ -40,6 +41,11 @@ struct ofl__trace {
   track_t tracks[64];
   int ntracks;
   bool full_warned;
+  /* The file is not a regular one (a pipe, a terminal, /dev/stdout): it
+   * cannot be rewritten, so it gets one document, at the first flush or at
+   * close, and later events are not written. */
+  bool once;
+  bool written;
 };
 
 #define TRACE_MAX_EVENTS (4u << 20)
@@ -207,6 +213,8 @@ ofl_status_t ofl__trace_open(ofl_device_t *dev, const char *path) {
     free(t);
     return st;
   }
+  struct stat sb;
+  t->once = fstat(fileno(t->file), &sb) != 0 || !S_ISREG(sb.st_mode);
   pthread_mutex_init(&t->lock, NULL);
   struct timespec rt;
   t->t0 = ofl__now_ns();
@@ -266,10 +274,15 @@ void ofl__trace_complete(ofl_device_t *dev, int track, const char *name,
 }
 
 /* Writes every event so far to the file, from its start: a complete JSON
- * document after each write (t->lock held). False when the write failed. */
-static bool write_locked(ofl__trace_t *t) {
+ * document after each write (t->lock held). 0, or the errno of the write
+ * that failed. */
+static int write_locked(ofl__trace_t *t) {
   FILE *f = t->file;
-  rewind(f);
+  if (t->once && t->written)
+    return 0;
+  errno = 0;
+  if (!t->once)
+    rewind(f);
   int pid = ofl_log_get_rank() >= 0 ? ofl_log_get_rank() : 0;
   fprintf(f, "{\"traceEvents\":[\n");
   fprintf(f,
@@ -296,10 +309,16 @@ static bool write_locked(ofl__trace_t *t) {
             d / 1000, (unsigned)(d % 1000), e->args);
   }
   fprintf(f, "\n]}\n");
+  t->written = true;
+  if (fflush(f) != 0 || ferror(f))
+    return errno != 0 ? errno : EIO;
+  if (t->once)
+    return 0;
   /* A shorter document than an earlier write's: cut what is left of it. */
   long end = ftell(f);
-  return fflush(f) == 0 && !ferror(f) && end >= 0 &&
-         ftruncate(fileno(f), (off_t)end) == 0;
+  if (end < 0 || ftruncate(fileno(f), (off_t)end) != 0)
+    return errno != 0 ? errno : EIO;
+  return 0;
 }
 
 ofl_status_t ofl_device_trace_flush(ofl_device_t *dev) {
@@ -310,13 +329,13 @@ ofl_status_t ofl_device_trace_flush(ofl_device_t *dev) {
   if (t == NULL)
     return OFL_SUCCESS; /* no OFL_TRACE_FILE: nothing to write */
   pthread_mutex_lock(&t->lock);
-  bool ok = write_locked(t);
+  int err = write_locked(t);
   pthread_mutex_unlock(&t->lock);
-  if (!ok)
+  if (err != 0)
     return ofl__error(OFL_ERR_IO, OFL_SUBSYS_DEVICE,
                       "cannot write trace file %s: %s; check the space left "
                       "on its file system",
-                      t->path, strerror(errno));
+                      t->path, strerror(err));
   return OFL_SUCCESS;
 }
 
@@ -324,12 +343,20 @@ void ofl__trace_close(ofl_device_t *dev) {
   ofl__trace_t *t = dev ? dev->trace : NULL;
   if (t == NULL)
     return;
-  bool ok = write_locked(t);
-  if (fclose(t->file) != 0 || !ok)
+  bool flushed_once = t->once && t->written;
+  int err = write_locked(t);
+  if (fclose(t->file) != 0 && err == 0)
+    err = errno;
+  if (err != 0)
     OFL_WARN(OFL_SUBSYS_DEVICE,
              "trace file %s may be incomplete: %s; check the space left "
              "on its file system",
-             t->path, strerror(errno));
+             t->path, strerror(err));
+  else if (flushed_once && t->n > 0)
+    OFL_INFO(OFL_SUBSYS_DEVICE,
+             "trace file %s is not a regular file: it holds the events up "
+             "to its flush, not the %zu recorded in all",
+             t->path, t->n);
   free(t->evs);
   pthread_mutex_destroy(&t->lock);
   free(t);

@@ -91,8 +91,10 @@ OFL_API void ofl_device_close(ofl_device_t *dev);
 /* Writes the trace file (OFL_TRACE_FILE) with what the device recorded so
  * far, a complete JSON document; recording goes on and close writes it
  * again in full. For a process that never closes its device (ofl.torch
- * calls it at interpreter exit). OFL_SUCCESS without a trace; OFL_ERR_IO
- * when the file cannot be written. */
+ * calls it at interpreter exit). A trace path that is not a regular file (a
+ * pipe, a terminal) cannot be rewritten: it gets one document, at the first
+ * flush or at close, with the events recorded until then. OFL_SUCCESS
+ * without a trace; OFL_ERR_IO when the file cannot be written. */
 OFL_API ofl_status_t ofl_device_trace_flush(ofl_device_t *dev);
 
 /* Whether a backend can be used on this machine, without opening a device

@@ -95,14 +95,17 @@ OFL_API ofl_status_t ofl_tensor_wrap(void *data, const int64_t *shape,
 
 /* Flags of ofl_tensor_wrap_flags. */
 enum {
-  /* release obeys the rules of a stream's host function
-   * (ofl_stream_launch_host_func): it calls no CUDA and no ofl function and
-   * takes no lock that a thread waiting on a stream may hold (pushing the
-   * memory onto a lock-free list for the owner to free later qualifies).
-   * An ordered release then runs it on the stream's own timeline, right
-   * after the work queued before it, instead of recording an event for the
-   * device's release thread to poll: no event, no hand-off to another
-   * thread. Unordered releases are unchanged. */
+  /* release calls no CUDA and no ofl function and takes no lock at all
+   * (pushing the memory onto a lock-free list for the owner to free later
+   * qualifies), so it may run on any thread: on the host backend an ordered
+   * release then runs as an operation of the stream right after the work
+   * queued before it, on the stream's worker, on an application thread
+   * that waits on a stream and runs the queued work itself, or on the
+   * releasing thread before the release call returns when the stream has
+   * nothing queued; no event and no hand-off to the device's release
+   * thread. On cuda the release thread runs it as before (a host function
+   * there would hold up the stream's later copies until the driver's
+   * callback thread ran it). Unordered releases are unchanged. */
   OFL_WRAP_RELEASE_IN_HOST_FN = 1u
 };
 /* ofl_tensor_wrap with flags (0: the same as ofl_tensor_wrap); an unknown

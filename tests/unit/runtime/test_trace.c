@@ -4,6 +4,8 @@
  * traces of several ranks line up. Host backend only: its streams are the
  * ones that write trace events. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include "tests/cr_assert.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,4 +194,65 @@ Test(trace, flush_writes_a_complete_trace_before_close) {
   dev = open_host();
   OK(ofl_device_trace_flush(dev));
   ofl_device_close(dev);
+}
+
+typedef struct {
+  const char *path;
+  char text[1 << 16];
+  size_t n;
+} fifo_reader_t;
+
+static void *read_fifo(void *arg) {
+  fifo_reader_t *r = arg;
+  int fd = open(r->path, O_RDONLY);
+  if (fd < 0)
+    return NULL;
+  ssize_t k;
+  while (r->n < sizeof r->text - 1 &&
+         (k = read(fd, r->text + r->n, sizeof r->text - 1 - r->n)) > 0)
+    r->n += (size_t)k;
+  r->text[r->n] = '\0';
+  close(fd);
+  return NULL;
+}
+
+/* A trace path that is not a regular file (here a FIFO) gets one complete
+ * document, at the first flush, with the events until then; later flushes
+ * and the close add nothing and report no error. */
+Test(trace, a_pipe_gets_one_document_at_the_first_flush) {
+  char dir[64], path[128];
+  make_dir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/p.json", dir);
+  cr_assert(eq(int, mkfifo(path, 0600), 0));
+  static fifo_reader_t r;
+  memset(&r, 0, sizeof r);
+  r.path = path;
+  pthread_t th;
+  cr_assert(eq(int, pthread_create(&th, NULL, read_fifo, &r), 0));
+  setenv("OFL_TRACE_FILE", path, 1);
+  OK(ofl_config_reload());
+  capture_t c = {0};
+  ofl_log_set_level(OFL_LOG_WARN);
+  ofl_log_set_handler(capture, &c);
+  ofl_device_t *dev = open_host(); /* opens the FIFO: the reader is there */
+  ofl_range_push(dev, "before");
+  ofl_range_pop(dev);
+  OK(ofl_device_trace_flush(dev));
+  ofl_range_push(dev, "after");
+  ofl_range_pop(dev);
+  OK(ofl_device_trace_flush(dev));
+  ofl_device_close(dev);
+  pthread_join(th, NULL);
+  ofl_log_set_handler(NULL, NULL);
+  cr_assert(eq(int, c.warnings, 0), "%s", c.last);
+  cr_assert(eq(sz, count(r.text, "{\"traceEvents\":["), 1), "%s", r.text);
+  cr_assert(eq(sz, count(r.text, "\"before\""), 1), "%s", r.text);
+  cr_assert(eq(sz, count(r.text, "\"after\""), 0), "%s", r.text);
+  size_t len = strlen(r.text);
+  cr_assert(ge(sz, len, 4));
+  cr_assert(eq(str, r.text + len - 4, "\n]}\n"));
+  unlink(path);
+  rmdir(dir);
+  unsetenv("OFL_TRACE_FILE");
+  OK(ofl_config_reload());
 }
