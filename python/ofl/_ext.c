@@ -615,17 +615,21 @@ static PyObject *hooks_pack(PyObject *op, PyObject *t) {
   return res;
 }
 
+/* The address and size of t's storage: 0, or -1 with an exception. */
+static int storage_of(PyObject *t, uintptr_t *sptr, long long *snb) {
+  PyObject *st = call0(t, s_untyped_storage);
+  if (st == NULL) return -1;
+  int r = call_ptr(st, s_data_ptr, sptr) < 0 || call_ll(st, s_nbytes, snb) < 0;
+  Py_DECREF(st);
+  return r ? -1 : 0;
+}
+
 /* pack of a tensor that passed eligible(), into the innermost open group. */
 static PyObject *pack_eligible(HooksObject *self, PyObject *t, long long nb,
                                PyObject *root) {
-  int r;
-  PyObject *st = call0(t, s_untyped_storage);
-  if (st == NULL) return NULL;
   uintptr_t sptr;
   long long snb;
-  r = call_ptr(st, s_data_ptr, &sptr) < 0 || call_ll(st, s_nbytes, &snb) < 0;
-  Py_DECREF(st);
-  if (r) return NULL;
+  if (storage_of(t, &sptr, &snb) < 0) return NULL;
   int contiguous = attr_true(t, s_is_contiguous, 1);
   if (contiguous < 0) return NULL;
   long long off;
@@ -1279,13 +1283,9 @@ static PyObject *hooks_pack_offload(PyObject *op, PyObject *const *args,
   if (contiguous) {
     if (call_ptr(t, s_data_ptr, &src) < 0) goto out; /* the tensor's bytes */
   } else {
-    PyObject *st = call0(t, s_untyped_storage);
-    if (st == NULL) goto out;
     uintptr_t sptr;
     long long snb;
-    r = call_ptr(st, s_data_ptr, &sptr) < 0 || call_ll(st, s_nbytes, &snb) < 0;
-    Py_DECREF(st);
-    if (r) goto out;
+    if (storage_of(t, &sptr, &snb) < 0) goto out;
     if (2 * nb < snb) {
       res = make_kept(t); /* a small strided view of a large storage */
       goto out;

@@ -259,20 +259,27 @@ Test(tensor, release_keeps_the_handle_and_attach_gives_new_storage) {
 
 static void sleep_ms(void *arg) { usleep((useconds_t)(uintptr_t)arg * 1000); }
 
+/* n device bytes (i * mul + add) in *src and n pinned bytes in *dst: dst
+ * pinned, since a copy to pageable memory may complete before the call
+ * returns on a GPU, and the copy must still be queued at the release. */
+static void copy_pair(size_t n, unsigned mul, unsigned add, uint8_t **src,
+                      uint8_t **dst) {
+  uint8_t *h = malloc(n);
+  cr_assert(eq(int, ofl_pinned_malloc(dev, n, (void **)dst), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_device_malloc(dev, n, (void **)src), OFL_SUCCESS));
+  for (size_t i = 0; i < n; ++i)
+    h[i] = (uint8_t)(i * mul + add);
+  cr_assert(eq(int, t_write(dev, *src, h, n), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  free(h);
+}
+
 Test(tensor, stream_ordered_release_waits_for_the_queued_copy) {
   ofl_stream_t *s = NULL;
   cr_assert(eq(int, ofl_stream_create(dev, "d2h", &s), OFL_SUCCESS));
   size_t n = 1 << 16;
-  /* dst pinned: a copy to pageable memory may complete before the call
-   * returns on a GPU, and the copy must still be queued at the release */
-  uint8_t *src = NULL, *dst = NULL, *h = malloc(n);
-  cr_assert(eq(int, ofl_pinned_malloc(dev, n, (void **)&dst), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_device_malloc(dev, n, (void **)&src), OFL_SUCCESS));
-  for (size_t i = 0; i < n; ++i)
-    h[i] = (uint8_t)(i * 7 + 3);
-  cr_assert(eq(int, t_write(dev, src, h, n), OFL_SUCCESS), "%s",
-            ofl_last_error());
-  free(h);
+  uint8_t *src = NULL, *dst = NULL;
+  copy_pair(n, 7, 3, &src, &dst);
   release_log_t log = {0};
   int64_t shape[1] = {(int64_t)n};
   ofl_tensor_t *t = NULL;
@@ -320,14 +327,8 @@ Test(tensor, release_in_host_fn_runs_in_stream_order) {
   ofl_stream_t *s = NULL;
   cr_assert(eq(int, ofl_stream_create(dev, "d2h", &s), OFL_SUCCESS));
   size_t n = 1 << 16;
-  uint8_t *src = NULL, *dst = NULL, *h = malloc(n);
-  cr_assert(eq(int, ofl_pinned_malloc(dev, n, (void **)&dst), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_device_malloc(dev, n, (void **)&src), OFL_SUCCESS));
-  for (size_t i = 0; i < n; ++i)
-    h[i] = (uint8_t)(i * 13 + 5);
-  cr_assert(eq(int, t_write(dev, src, h, n), OFL_SUCCESS), "%s",
-            ofl_last_error());
-  free(h);
+  uint8_t *src = NULL, *dst = NULL;
+  copy_pair(n, 13, 5, &src, &dst);
   release_log_t log = {0};
   int64_t shape[1] = {(int64_t)n};
   ofl_tensor_t *t = NULL;

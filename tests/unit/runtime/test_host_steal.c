@@ -137,23 +137,31 @@ Test(host_steal, compute_wait_runs_the_ops_before_the_event_once_in_order) {
 /* A host function is never taken: the waiter runs what comes before it and
  * leaves it, and everything after it, to the worker, on whose thread it
  * runs once. */
+/* On a new held stream *s: src -> *d1, host_fn (a release that may run on
+ * any thread when release), *d1 -> out, a record of a new *e. */
+static void fn_between_copies(ofl_stream_t **s, ofl_event_t **e, void **d1,
+                              const unsigned char *src, unsigned char *out,
+                              bool release) {
+  atomic_store(&fn_calls, 0);
+  OK(ofl_stream_create(dev, "d2h", s));
+  OK(ofl_event_create(dev, e));
+  OK(ofl_device_malloc(dev, N, d1));
+  ofl__host_stream_hold(*s, true);
+  OK(ofl_memcpy_async(*d1, src, N, OFL_COPY_H2D, *s));
+  OK(release ? ofl__stream_launch_release(*s, host_fn, NULL)
+             : ofl_stream_launch_host_func(*s, host_fn, NULL));
+  OK(ofl_memcpy_async(out, *d1, N, OFL_COPY_D2H, *s));
+  OK(ofl_event_record(*e, *s));
+}
+
 Test(host_steal, host_function_stays_on_the_stream_thread) {
   ofl_stream_t *s = NULL;
   ofl_event_t *e = NULL;
-  void *d1 = NULL, *d2 = NULL;
+  void *d1 = NULL;
   unsigned char src[N], out[N];
   fill(src, N, 3);
   memset(out, 0, N);
-  atomic_store(&fn_calls, 0);
-  OK(ofl_stream_create(dev, "d2h", &s));
-  OK(ofl_event_create(dev, &e));
-  OK(ofl_device_malloc(dev, N, &d1));
-  OK(ofl_device_malloc(dev, N, &d2));
-  ofl__host_stream_hold(s, true);
-  OK(ofl_memcpy_async(d1, src, N, OFL_COPY_H2D, s));
-  OK(ofl_stream_launch_host_func(s, host_fn, NULL));
-  OK(ofl_memcpy_async(out, d1, N, OFL_COPY_D2H, s));
-  OK(ofl_event_record(e, s));
+  fn_between_copies(&s, &e, &d1, src, out, false);
 
   /* The worker is held: the waiter runs the first copy, stops at the host
    * function and times out. */
@@ -170,7 +178,6 @@ Test(host_steal, host_function_stays_on_the_stream_thread) {
             "the host function ran on the waiting thread");
   cr_assert(eq(int, memcmp(out, src, N), 0));
   OK(ofl_device_free(dev, d1));
-  OK(ofl_device_free(dev, d2));
   ofl_event_destroy(e);
   OK(ofl_stream_destroy(s));
 }
@@ -187,15 +194,7 @@ Test(host_steal, a_release_host_function_is_taken_by_the_waiter) {
   unsigned char src[N], out[N];
   fill(src, N, 5);
   memset(out, 0, N);
-  atomic_store(&fn_calls, 0);
-  OK(ofl_stream_create(dev, "d2h", &s));
-  OK(ofl_event_create(dev, &e));
-  OK(ofl_device_malloc(dev, N, &d1));
-  ofl__host_stream_hold(s, true);
-  OK(ofl_memcpy_async(d1, src, N, OFL_COPY_H2D, s));
-  OK(ofl__stream_launch_release(s, host_fn, NULL));
-  OK(ofl_memcpy_async(out, d1, N, OFL_COPY_D2H, s));
-  OK(ofl_event_record(e, s));
+  fn_between_copies(&s, &e, &d1, src, out, true);
   cr_assert(eq(int, atomic_load(&fn_calls), 0), "ran before its copy");
   OK(ofl_event_synchronize(e, 2000));
   cr_assert(eq(u64, ofl__host_stream_stolen(s), 4));

@@ -49,6 +49,16 @@ static void make_dir(char *dir, size_t cap) {
   cr_assert(ne(ptr, mkdtemp(dir), NULL));
 }
 
+/* OFL_TRACE_FILE set to dir/name in a new temporary dir (path: the file),
+ * the configuration reloaded. */
+static void trace_to(char *dir, size_t dcap, char *path, size_t pcap,
+                     const char *name) {
+  make_dir(dir, dcap);
+  snprintf(path, pcap, "%s/%s", dir, name);
+  setenv("OFL_TRACE_FILE", path, 1);
+  OK(ofl_config_reload());
+}
+
 /* Opens a host-backend device (the backend whose streams write trace
  * events; the cuda backend's ranges go to NVTX), does some traced work, and
  * closes it. */
@@ -92,10 +102,7 @@ Test(trace, unwritable_path_is_reported_at_open_with_the_reason) {
 
 Test(trace, two_devices_in_one_process_write_two_traces) {
   char dir[64], path[128], second[160], third[160];
-  make_dir(dir, sizeof dir);
-  snprintf(path, sizeof path, "%s/t.json", dir);
-  setenv("OFL_TRACE_FILE", path, 1);
-  OK(ofl_config_reload());
+  trace_to(dir, sizeof dir, path, sizeof path, "t.json");
   traced_session();
   traced_session();
   traced_session();
@@ -123,10 +130,7 @@ Test(trace, two_devices_in_one_process_write_two_traces) {
 
 Test(trace, timestamps_are_microseconds_since_the_epoch) {
   char dir[64], path[128];
-  make_dir(dir, sizeof dir);
-  snprintf(path, sizeof path, "%s/t.json", dir);
-  setenv("OFL_TRACE_FILE", path, 1);
-  OK(ofl_config_reload());
+  trace_to(dir, sizeof dir, path, sizeof path, "t.json");
   double before = (double)time(NULL) * 1e6;
   traced_session();
   double after = ((double)time(NULL) + 1) * 1e6;
@@ -157,10 +161,7 @@ static size_t count(const char *text, const char *needle) {
  * Without OFL_TRACE_FILE it writes nothing and succeeds. */
 Test(trace, flush_writes_a_complete_trace_before_close) {
   char dir[64], path[128];
-  make_dir(dir, sizeof dir);
-  snprintf(path, sizeof path, "%s/f.json", dir);
-  setenv("OFL_TRACE_FILE", path, 1);
-  OK(ofl_config_reload());
+  trace_to(dir, sizeof dir, path, sizeof path, "f.json");
   ofl_device_t *dev = open_host();
   cr_assert(eq(int, ofl_device_trace_flush(NULL), OFL_ERR_INVALID_ARG));
   OK(ofl_device_trace_flush(dev)); /* nothing recorded yet */
