@@ -843,10 +843,11 @@ static void *worker_main(void *arg) {
   ofl__thread_name(hs->s->name);
   pthread_mutex_lock(&hs->mu);
   for (;;) {
-    bool idle = hs->head == NULL && !atomic_load(&hs->stop);
+    /* Idle periods are timed only where there is a poll to decide on. */
+    bool idle = spin_ns > 0 && hs->head == NULL && !atomic_load(&hs->stop);
     uint64_t idle_t0 = idle ? ofl__now_ns() : 0;
     bool caught = false;
-    if (idle && spin_ns > 0 && (short_idles & 0xf) != 0) {
+    if (idle && (short_idles & 0xf) != 0) {
       /* Streams get bursts of small operations (one copy per tensor of a
        * group): poll briefly before sleeping, so that the next operation of
        * the burst does not pay a futex wake-up on each side. */
@@ -869,7 +870,7 @@ static void *worker_main(void *arg) {
       hs->worker_sleeping = false;
       slept = true;
     }
-    if (idle && spin_ns > 0)
+    if (idle)
       short_idles = (short_idles << 1) |
                     (caught || (slept && ofl__now_ns() - idle_t0 < spin_ns));
     if (hs->head == NULL)
