@@ -481,6 +481,7 @@ static void end_iteration(ofl_manager_t *m) {
   m->fwd_cursor = m->bwd_cursor = 0;
   m->gen++;
   m->st.iterations++;
+  ofl__pool_cycle_end(m->dev_pool);
 }
 
 ofl_status_t ofl_manager_reset(ofl_manager_t *m) {

@@ -88,6 +88,10 @@ struct ofl_pool {
   size_t most_in_use_bytes;
   uint64_t idle_points, grown_at;
   bool grew, merging;
+  /* Training iterations the offload manager reported ended
+   * (ofl__pool_cycle_end; 0: none, the pool is used on its own), and the
+   * count at the last growth. */
+  uint64_t cycles, grown_cycle;
   /* The last merge: the most in use it was sized for, and the idle point
    * it happened at (0: none yet). */
   size_t merged_most_bytes;

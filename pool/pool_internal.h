@@ -84,6 +84,11 @@ void ofl__pool_handle_put(ofl_tensor_t *t);
 void ofl__pool_destroy_when_idle(ofl_pool_t *pool, void (*then)(void *),
                                  void *arg);
 
+/* The offload manager ended a training iteration whose tensors came from
+ * pool: a pool that grew merges its segments only once MERGE_CYCLES such
+ * iterations went by without growth (pool/reclaim.c). NULL: nothing. */
+void ofl__pool_cycle_end(ofl_pool_t *pool);
+
 /* External storage: detaches t (last handle releases the memory, through
  * the stream's timeline when stream is non-NULL). */
 ofl_status_t ofl__tensor_release_external(ofl_tensor_t *t,

@@ -15,6 +15,7 @@
 
 #include <ofl/ofl.h>
 #include "tests/devmem.h"
+#include "pool/pool_internal.h"
 #include "tests/unit/pipeline/driver.h"
 
 #define KIB ((size_t)1024)
@@ -294,6 +295,74 @@ Test(pool_memory, idle_pool_merges_its_segments_after_a_cycle_without_growth) {
   ofl_pool_stats_t s2 = stats_of(pool);
   cr_assert(eq(u64, s2.backend_allocs, s1.backend_allocs));
   cr_assert(eq(u64, s2.backend_frees, s1.backend_frees));
+  ofl_pool_destroy(pool);
+}
+
+/* Under an offload manager (which reports each iteration's end,
+ * ofl__pool_cycle_end), a pool that grew merges only after MERGE_CYCLES (3)
+ * iterations without growth, so that the merge sees more than the first
+ * iterations' peaks; through its first 8 iterations a peak in use more than
+ * a 32nd above the one the merged segment was sized for resizes it at the
+ * next idle point; later, a peak that fits changes nothing. */
+Test(pool_memory, pool_under_a_manager_merges_after_three_quiet_iterations) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
+  ofl_tensor_t *a, *b;
+  grow_two_segments(pool, &a, &b);
+  size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  ofl_pool_stats_t s0 = stats_of(pool);
+  for (int it = 0; it < 2; it++) { /* two quiet iterations: no merge */
+    ofl__pool_cycle_end(pool);
+    small_cycle(pool, 10 + (uint64_t)it);
+    small_cycle(pool, 20 + (uint64_t)it);
+  }
+  ofl_pool_stats_t s1 = stats_of(pool);
+  cr_assert(eq(u64, s1.segments, 2));
+  cr_assert(eq(u64, s1.backend_allocs, s0.backend_allocs));
+  cr_assert(eq(u64, s1.backend_frees, s0.backend_frees));
+  ofl__pool_cycle_end(pool); /* the third: merged at the next idle point */
+  small_cycle(pool, 30);
+  ofl_pool_stats_t s2 = stats_of(pool);
+  cr_assert(eq(u64, s2.segments, 1));
+  cr_assert(eq(u64, s2.backend_frees - s1.backend_frees, 2));
+  cr_assert(eq(u64, s2.backend_allocs - s1.backend_allocs, 1));
+  cr_assert(ge(sz, s2.held_bytes, most));
+  cr_assert(le(sz, s2.held_bytes, most + most / 4));
+  /* Iteration 4 (learning), well after the merge (8 idle points): a peak
+   * a tenth higher that still fits the merged segment resizes it at the
+   * next idle point. */
+  ofl__pool_cycle_end(pool);
+  for (int i = 0; i < 8; i++)
+    small_cycle(pool, 31 + (uint64_t)i);
+  size_t big = most + most / 10;
+  ofl_tensor_t *c = alloc_bytes(pool, big, 1);
+  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(c), big, 40), OFL_SUCCESS));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(c), big, 40), 0));
+  ofl_pool_stats_t s3 = stats_of(pool);
+  cr_assert(eq(u64, s3.backend_allocs, s2.backend_allocs)); /* it fit */
+  cr_assert(eq(int, ofl_pool_free(pool, c), OFL_SUCCESS));
+  small_cycle(pool, 41);
+  ofl_pool_stats_t s4 = stats_of(pool);
+  cr_assert(eq(u64, s4.backend_frees - s3.backend_frees, 1));
+  cr_assert(eq(u64, s4.backend_allocs - s3.backend_allocs, 1));
+  cr_assert(ge(sz, s4.held_bytes, big + big / 8));
+  /* After iteration 8, a higher peak that fits changes nothing. */
+  for (int it = 5; it <= 10; it++) {
+    ofl__pool_cycle_end(pool);
+    small_cycle(pool, 50 + (uint64_t)it);
+  }
+  size_t bigger = big + big / 16;
+  ofl_tensor_t *d = alloc_bytes(pool, bigger, 1);
+  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(d), bigger, 60), OFL_SUCCESS));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(d), bigger, 60), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, d), OFL_SUCCESS));
+  for (int i = 0; i < 4; i++)
+    small_cycle(pool, 70 + (uint64_t)i);
+  ofl_pool_stats_t s5 = stats_of(pool);
+  cr_assert(eq(u64, s5.backend_allocs, s4.backend_allocs));
+  cr_assert(eq(u64, s5.backend_frees, s4.backend_frees));
+  cr_assert(eq(u64, s5.segments, 1));
   ofl_pool_destroy(pool);
 }
 
