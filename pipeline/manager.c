@@ -482,6 +482,7 @@ static void end_iteration(ofl_manager_t *m) {
   m->gen++;
   m->st.iterations++;
   ofl__pool_cycle_end(m->dev_pool);
+  ofl__pool_cycle_end(m->host_pool);
 }
 
 ofl_status_t ofl_manager_reset(ofl_manager_t *m) {

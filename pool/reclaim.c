@@ -486,12 +486,32 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
  * one draw) left too little room for the ones after. */
 #define LEARN_CYCLES 8u
 
+/* A pinned pool never merges (ofl__pool_idle_point): it grows when a
+ * request finds no room, so an iteration whose peak rises a little past
+ * the ones before grows it, however late (MoE benchmark, seed 58: 3% room
+ * left after the warmup, a peak 1.2% higher in the counted iterations).
+ * Through its first LEARN_CYCLES iterations, an iteration's end that finds
+ * less than a ROOM_DIV-th of its most bytes in use free grows it by one
+ * segment (an eighth of what it holds), between iterations. */
+#define ROOM_DIV 12u
+
 void ofl__pool_cycle_end(ofl_pool_t *p) {
   if (p == NULL)
     return;
   pthread_mutex_lock(&p->mu);
   p->cycles++;
+  size_t most = p->most_in_use_bytes, held = p->arena.held_bytes;
+  bool room = p->kind == OFL_POOL_PINNED && p->arena.nsegs > 0 &&
+              p->stats.budget_bytes == 0 && p->cycles <= LEARN_CYCLES &&
+              held < most + most / ROOM_DIV;
+  size_t want = room ? ofl__arena_grow_bytes(&p->arena, 1, 0) : 0;
   pthread_mutex_unlock(&p->mu);
+  if (want == 0)
+    return;
+  if (grow(p, want, false) != OFL_SUCCESS)
+    OFL_INFO(OFL_SUBSYS_POOL,
+             "pool %s: no room made ahead of the next iteration (%s)", p->name,
+             ofl_last_error());
 }
 
 bool ofl__pool_idle_point(ofl_pool_t *p) {

@@ -366,6 +366,49 @@ Test(pool_memory, pool_under_a_manager_merges_after_three_quiet_iterations) {
   ofl_pool_destroy(pool);
 }
 
+/* A pinned pool under a manager: an iteration's end that finds less than
+ * a twelfth of its most bytes in use free grows it by one segment through
+ * its first 8 iterations (the registration happens between iterations, not
+ * in the next one's request); with room, or later, nothing. */
+Test(pool_memory, pinned_pool_makes_room_between_its_first_iterations) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, OFL_POOL_SEGMENTS_ALL, "pin");
+  /* 1.9 MiB of the first 2 MiB segment: under a twelfth free. */
+  ofl_tensor_t *a = alloc_bytes(pool, 1900 * KIB, 1);
+  t_pattern(ofl_tensor_data(a), 1900 * KIB, 7);
+  ofl_pool_stats_t s0 = stats_of(pool);
+  cr_assert(eq(u64, s0.segments, 1));
+  cr_assert(eq(sz, s0.held_bytes, 2 * MIB));
+  ofl__pool_cycle_end(pool);
+  ofl_pool_stats_t s1 = stats_of(pool);
+  cr_assert(eq(u64, s1.segments, 2));
+  cr_assert(eq(u64, s1.backend_allocs - s0.backend_allocs, 1));
+  cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(a), 1900 * KIB, 7), 0));
+  /* Room now: the next ends add nothing, and a peak a tenth higher fits. */
+  ofl__pool_cycle_end(pool);
+  ofl_tensor_t *b = alloc_bytes(pool, 190 * KIB, 0);
+  t_pattern(ofl_tensor_data(b), 190 * KIB, 8);
+  cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(a), 1900 * KIB, 7), 0));
+  cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(b), 190 * KIB, 8), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  ofl_pool_stats_t s2 = stats_of(pool);
+  cr_assert(eq(u64, s2.backend_allocs, s1.backend_allocs));
+  /* After the eighth iteration, a pool short of room is left as it is. */
+  for (int it = 3; it <= 8; it++)
+    ofl__pool_cycle_end(pool);
+  ofl_tensor_t *c = alloc_bytes(pool, 1900 * KIB, 1);
+  t_pattern(ofl_tensor_data(c), 1900 * KIB, 9);
+  ofl_pool_stats_t s3 = stats_of(pool);
+  cr_assert(lt(sz, s3.held_bytes, s3.peak_in_use_bytes +
+                                      s3.peak_in_use_bytes / 12));
+  ofl__pool_cycle_end(pool);
+  ofl_pool_stats_t s4 = stats_of(pool);
+  cr_assert(eq(u64, s4.backend_allocs, s3.backend_allocs));
+  cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(c), 1900 * KIB, 9), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, c), OFL_SUCCESS));
+  ofl_pool_destroy(pool);
+}
+
 /* Holds its stream until *arg is set (10 s at most: a failed assertion
  * leaves it closed, and the stream's destroy waits for it). */
 static void gate_fn(void *arg) {
