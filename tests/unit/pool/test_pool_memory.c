@@ -367,9 +367,10 @@ Test(pool_memory, pool_under_a_manager_merges_after_three_quiet_iterations) {
 }
 
 /* A pinned pool under a manager: an iteration's end that finds less than
- * a twelfth of its most bytes in use free grows it by one segment through
- * its first 8 iterations (the registration happens between iterations, not
- * in the next one's request); with room, or later, nothing. */
+ * a twelfth of its most bytes in use free adds a segment for the room
+ * missing (whole 2 MiB) through its first 8 iterations (the registration
+ * happens between iterations, not in the next one's request); with room,
+ * or later, nothing. */
 Test(pool_memory, pinned_pool_makes_room_between_its_first_iterations) {
   ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, OFL_POOL_SEGMENTS_ALL, "pin");
   /* 1.9 MiB of the first 2 MiB segment: under a twelfth free. */
