@@ -265,6 +265,17 @@ static void small_cycle(ofl_pool_t *pool, uint64_t seed) {
   cr_assert(eq(int, ofl_pool_free(pool, c), OFL_SUCCESS));
 }
 
+/* Between a and b the pool's two segments gave way to one (two frees, one
+ * allocation) sized for most bytes in use and a margin under a quarter. */
+static void assert_merged(const ofl_pool_stats_t *a, const ofl_pool_stats_t *b,
+                          size_t most) {
+  cr_assert(eq(u64, b->segments, 1));
+  cr_assert(eq(u64, b->backend_frees - a->backend_frees, 2));
+  cr_assert(eq(u64, b->backend_allocs - a->backend_allocs, 1));
+  cr_assert(ge(sz, b->held_bytes, most));
+  cr_assert(le(sz, b->held_bytes, most + most / 4));
+}
+
 /* A device pool whose sizes change grew, then went a whole cycle (from a
  * request that found nothing in use to the next) without growing: at the
  * next such request its two segments give way to one sized for the most
@@ -284,11 +295,7 @@ Test(pool_memory, idle_pool_merges_its_segments_after_a_cycle_without_growth) {
   cr_assert(eq(u64, s0.segments, 2));
   small_cycle(pool, 4); /* a whole cycle without growth: merged first */
   ofl_pool_stats_t s1 = stats_of(pool);
-  cr_assert(eq(u64, s1.segments, 1));
-  cr_assert(eq(u64, s1.backend_frees - s0.backend_frees, 2));
-  cr_assert(eq(u64, s1.backend_allocs - s0.backend_allocs, 1));
-  cr_assert(ge(sz, s1.held_bytes, most));
-  cr_assert(le(sz, s1.held_bytes, most + most / 4));
+  assert_merged(&s0, &s1, most);
   /* Nothing grows again: no more backend calls. */
   for (int i = 0; i < 4; i++)
     small_cycle(pool, 5 + (uint64_t)i);
@@ -324,11 +331,7 @@ Test(pool_memory, pool_under_a_manager_merges_after_three_quiet_iterations) {
   ofl__pool_cycle_end(pool); /* the third: merged at the next idle point */
   small_cycle(pool, 30);
   ofl_pool_stats_t s2 = stats_of(pool);
-  cr_assert(eq(u64, s2.segments, 1));
-  cr_assert(eq(u64, s2.backend_frees - s1.backend_frees, 2));
-  cr_assert(eq(u64, s2.backend_allocs - s1.backend_allocs, 1));
-  cr_assert(ge(sz, s2.held_bytes, most));
-  cr_assert(le(sz, s2.held_bytes, most + most / 4));
+  assert_merged(&s1, &s2, most);
   /* Iteration 4 (learning), well after the merge (8 idle points): a peak
    * a tenth higher that still fits the merged segment resizes it at the
    * next idle point. */
