@@ -85,8 +85,9 @@ void ofl__pool_destroy_when_idle(ofl_pool_t *pool, void (*then)(void *),
                                  void *arg);
 
 /* The offload manager ended a training iteration whose tensors came from
- * pool: a pool that grew merges its segments only once MERGE_CYCLES such
- * iterations went by without growth (pool/reclaim.c). NULL: nothing. */
+ * pool: through its first iterations a device pool resizes its merged
+ * segment for higher peaks, and a pinned pool short of room grows between
+ * iterations (pool/reclaim.c). NULL: nothing. */
 void ofl__pool_cycle_end(ofl_pool_t *pool);
 
 /* External storage: detaches t (last handle releases the memory, through

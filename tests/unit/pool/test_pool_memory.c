@@ -306,33 +306,24 @@ Test(pool_memory, idle_pool_merges_its_segments_after_a_cycle_without_growth) {
 }
 
 /* Under an offload manager (which reports each iteration's end,
- * ofl__pool_cycle_end), a pool that grew merges only after MERGE_CYCLES (3)
- * iterations without growth, so that the merge sees more than the first
- * iterations' peaks; through its first 8 iterations a peak in use more than
- * a 32nd above the one the merged segment was sized for resizes it at the
- * next idle point; later, a peak that fits changes nothing. */
-Test(pool_memory, pool_under_a_manager_merges_after_three_quiet_iterations) {
+ * ofl__pool_cycle_end), a pool merges as on its own, and through its first
+ * 8 iterations a peak in use more than a 32nd above the one the merged
+ * segment was sized for resizes it at the next idle point, however long
+ * after the merge; later, a peak that fits changes nothing. */
+Test(pool_memory, pool_under_a_manager_resizes_through_its_first_iterations) {
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
   ofl_tensor_t *a, *b;
   grow_two_segments(pool, &a, &b);
   size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
   cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
   cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
-  ofl_pool_stats_t s0 = stats_of(pool);
-  for (int it = 0; it < 2; it++) { /* two quiet iterations: no merge */
-    ofl__pool_cycle_end(pool);
-    small_cycle(pool, 10 + (uint64_t)it);
-    small_cycle(pool, 20 + (uint64_t)it);
-  }
+  ofl__pool_cycle_end(pool); /* the warmup */
+  small_cycle(pool, 10);
   ofl_pool_stats_t s1 = stats_of(pool);
-  cr_assert(eq(u64, s1.segments, 2));
-  cr_assert(eq(u64, s1.backend_allocs, s0.backend_allocs));
-  cr_assert(eq(u64, s1.backend_frees, s0.backend_frees));
-  ofl__pool_cycle_end(pool); /* the third: merged at the next idle point */
-  small_cycle(pool, 30);
+  small_cycle(pool, 11); /* a whole cycle without growth: merged first */
   ofl_pool_stats_t s2 = stats_of(pool);
   assert_merged(&s1, &s2, most);
-  /* Iteration 4 (learning), well after the merge (8 idle points): a peak
+  /* Iteration 2 (learning), well after the merge (8 idle points): a peak
    * a tenth higher that still fits the merged segment resizes it at the
    * next idle point. */
   ofl__pool_cycle_end(pool);
@@ -351,7 +342,7 @@ Test(pool_memory, pool_under_a_manager_merges_after_three_quiet_iterations) {
   cr_assert(eq(u64, s4.backend_allocs - s3.backend_allocs, 1));
   cr_assert(ge(sz, s4.held_bytes, big + big / 8));
   /* After iteration 8, a higher peak that fits changes nothing. */
-  for (int it = 5; it <= 10; it++) {
+  for (int it = 3; it <= 9; it++) {
     ofl__pool_cycle_end(pool);
     small_cycle(pool, 50 + (uint64_t)it);
   }
@@ -366,6 +357,41 @@ Test(pool_memory, pool_under_a_manager_merges_after_three_quiet_iterations) {
   cr_assert(eq(u64, s5.backend_allocs, s4.backend_allocs));
   cr_assert(eq(u64, s5.backend_frees, s4.backend_frees));
   cr_assert(eq(u64, s5.segments, 1));
+  ofl_pool_destroy(pool);
+}
+
+/* A device pool whose sizes keep changing (more than 64 byte sizes seen)
+ * under a manager merges only once three iterations ended without growth,
+ * so that its merged segment is sized for more iterations' peaks. */
+Test(pool_memory, pool_of_many_sizes_merges_after_three_quiet_iterations) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
+  for (size_t i = 1; i <= 70; i++) /* 70 sizes, one at a time */
+    cr_assert(eq(int, ofl_pool_free(pool, alloc_bytes(pool, i * 4 * KIB, 1)),
+                 OFL_SUCCESS));
+  /* Two blocks too large for the first segment's room: it grows. */
+  ofl_tensor_t *a = alloc_bytes(pool, 1536 * KIB, 1);
+  ofl_tensor_t *b = alloc_bytes(pool, 1540 * KIB, 1);
+  cr_assert(ge(u64, stats_of(pool).segments, 2));
+  size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  ofl_pool_stats_t s0 = stats_of(pool);
+  for (int it = 0; it < 2; it++) { /* two quiet iterations: no merge */
+    ofl__pool_cycle_end(pool);
+    small_cycle(pool, 80 + (uint64_t)it);
+    small_cycle(pool, 90 + (uint64_t)it);
+  }
+  ofl_pool_stats_t s1 = stats_of(pool);
+  cr_assert(eq(u64, s1.segments, s0.segments));
+  cr_assert(eq(u64, s1.backend_allocs, s0.backend_allocs));
+  cr_assert(eq(u64, s1.backend_frees, s0.backend_frees));
+  ofl__pool_cycle_end(pool); /* the third: merged at the next idle point */
+  small_cycle(pool, 100);
+  ofl_pool_stats_t s2 = stats_of(pool);
+  cr_assert(eq(u64, s2.segments, 1));
+  cr_assert(eq(u64, s2.backend_frees - s1.backend_frees, s1.segments));
+  cr_assert(eq(u64, s2.backend_allocs - s1.backend_allocs, 1));
+  cr_assert(ge(sz, s2.held_bytes, most));
   ofl_pool_destroy(pool);
 }
 
