@@ -486,10 +486,10 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
  * MERGE_CYCLES iterations ended without growth, so that its merge sees
  * more iterations' peaks: on the MoE benchmark (host backend, seeds 13-40)
  * the pool grew in the counted iterations on 4 of 30 runs with the
- * learning resize alone, 5 of 86 with both (4 of 28 before either). A pool of a few sizes (one
- * that grows in its first steady iteration, when reloads join the
- * activations) merges at once, so that the iterations after it make no
- * call. */
+ * learning resize alone, 5 of 86 with both (4 of 28 before either). A pool
+ * of a few sizes (one that grows in its first steady iteration, when
+ * reloads join the activations) merges at once, so that the iterations
+ * after it make no call. */
 #define MANY_SIZES 64u
 #define MERGE_CYCLES 3u
 
