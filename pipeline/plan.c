@@ -81,6 +81,7 @@ struct ofl__plan {
   bool raised;     /* the raised plan runs; not yet under the target */
   bool raise_done; /* no more raises */
   bool ever_over;  /* an iteration went over the target */
+  ofl__plan_under_t under; /* the evidence for a raise */
   uint64_t changes_seen; /* replans + lead changes when last looked */
   bool ledger;  /* the ledger's arrays exist (the warmup ended) */
   bool touched; /* the ledger moved in this iteration */
@@ -877,7 +878,7 @@ static bool learn(ofl_manager_t *m, bool over) {
 }
 
 static bool replan(ofl_manager_t *m);
-static void raise_aim(ofl_manager_t *m);
+static void raise_aim(ofl_manager_t *m, uint64_t err);
 static void raise_back(ofl_manager_t *m);
 
 void ofl__plan_end_iteration(ofl_manager_t *m) {
@@ -907,7 +908,12 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
   if (p->touched && p->inst != NULL) { /* the auto plan's feedback */
     ofl_manager_plan_t *o = &p->out;
     bool over = o->target_bytes > 0 && o->measured_peak_bytes > o->target_bytes;
+    uint64_t under_err =
+        ofl__plan_under_note(&p->under, o->settled_iterations == 1,
+                             o->predicted_peak_bytes, o->measured_peak_bytes);
+    uint64_t changes_before = o->replans + o->lead_changes;
     bool back = learn(m, over);
+    bool learnt = o->replans + o->lead_changes != changes_before;
     for (uint32_t i = 0; i < p->nms; i++)
       p->ms[i].g->stalled = false;
     for (size_t k = 0; k < o->nnames; k++)
@@ -939,10 +945,9 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
     } else if (!over && p->raised) {
       p->raised = false; /* the raised plan holds */
     } else if (!over && !p->raise_done && !p->ever_over &&
-               o->target_bytes > 0 &&
-               o->predicted_exposed_ms > 0 && o->replans < REPLAN_MAX &&
-               o->predicted_peak_bytes > o->measured_peak_bytes) {
-      raise_aim(m);
+               o->target_bytes > 0 && o->predicted_exposed_ms > 0 &&
+               o->replans < REPLAN_MAX && under_err > 0 && !learnt) {
+      raise_aim(m, under_err);
     }
     p->ever_over |= over;
   }
@@ -1007,13 +1012,14 @@ static bool replan(ofl_manager_t *m) {
   return true;
 }
 
-/* The plan predicted its peak well above what it measured (the model
- * erred on the safe side: a release latency that one late copy of the
- * warmup set for every group) and exposes copy time: solve once for the
- * aim raised by that error, keeping fewer groups offloaded; the plan
+/* The plan predicted its peak above what it measured in
+ * OFL__PLAN_RAISE_AFTER iterations in a row (the model erred on the safe
+ * side: a release latency that one late copy of the warmup set for every
+ * group) and exposes copy time: solve once for the aim raised by the
+ * smallest of those errors (err), keeping fewer groups offloaded; the plan
  * before is kept, and comes back if the raised one goes over the target
  * (raise_back). Only before any iteration went over the target, once. */
-static void raise_aim(ofl_manager_t *m) {
+static void raise_aim(ofl_manager_t *m, uint64_t err) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
   p->raise_done = true;
@@ -1021,7 +1027,6 @@ static void raise_aim(ofl_manager_t *m) {
     p->chosen_safe = calloc(p->nms ? p->nms : 1, sizeof *p->chosen_safe);
   if (p->chosen_safe == NULL)
     return;
-  uint64_t err = o->predicted_peak_bytes - o->measured_peak_bytes;
   uint64_t aim = p->solve_target + err;
   memcpy(p->chosen_safe, p->chosen, p->nms * sizeof *p->chosen);
   ofl__plan_result_t r;
@@ -1043,11 +1048,12 @@ static void raise_aim(ofl_manager_t *m) {
   /* Its prediction carries the error measured under the plan before. */
   adopt(m, aim, r.predicted_peak > err ? r.predicted_peak - err : 0);
   OFL_INFO(OFL_SUBSYS_PIPELINE,
-           "rank %d: auto plan %llu: measured peak %.2f MiB, %.2f MiB under "
-           "the predicted %.2f; solved again for %.2f MiB: predicted %.2f "
-           "MiB, exposed %.3f ms (was %.3f)",
-           m->rank, (unsigned long long)o->replans,
-           mib(o->measured_peak_bytes), mib(err), mib(p->safe_pred), mib(aim),
+           "rank %d: auto plan %llu: measured peak %.2f MiB, at least %.2f "
+           "MiB under the predicted %.2f in %d iterations in a row; solved "
+           "again for %.2f MiB: predicted %.2f MiB, exposed %.3f ms (was "
+           "%.3f)",
+           m->rank, (unsigned long long)o->replans, mib(o->measured_peak_bytes),
+           mib(err), mib(p->safe_pred), OFL__PLAN_RAISE_AFTER, mib(aim),
            mib(r.predicted_peak), after, before);
 }
 

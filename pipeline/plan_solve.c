@@ -674,3 +674,18 @@ uint64_t ofl__plan_replan_aim(uint64_t target, uint64_t last_aim,
   }
   return aim;
 }
+
+uint64_t ofl__plan_under_note(ofl__plan_under_t *u, bool fresh,
+                              uint64_t predicted, uint64_t measured) {
+  if (fresh)
+    u->iters = 0;
+  if (measured >= predicted) {
+    u->iters = 0;
+    return 0;
+  }
+  uint64_t err = predicted - measured;
+  if (u->iters == 0 || err < u->err)
+    u->err = err;
+  u->iters++;
+  return u->iters >= OFL__PLAN_RAISE_AFTER ? u->err : 0;
+}

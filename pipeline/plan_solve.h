@@ -99,4 +99,26 @@ ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
 uint64_t ofl__plan_replan_aim(uint64_t target, uint64_t last_aim,
                               uint64_t measured, uint64_t predicted);
 
+/* The evidence for raising the aim (a plan that measures under its
+ * prediction). One iteration under the prediction says little: the first
+ * steady iterations can run with copies that finish earlier than they will
+ * later (measured on an H200: 7.75 MiB in the first iteration of a plan
+ * that held 9.50 in every later one, so a raise on that one figure went
+ * over the target). A raise needs OFL__PLAN_RAISE_AFTER consecutive
+ * iterations of one plan under its prediction, and raises by the smallest
+ * of their errors. */
+#define OFL__PLAN_RAISE_AFTER 3
+
+typedef struct ofl__plan_under {
+  uint32_t iters; /* consecutive iterations of one plan under its prediction */
+  uint64_t err;   /* the smallest predicted - measured among them */
+} ofl__plan_under_t;
+
+/* Takes one iteration's figures (fresh: the plan or a prefetch lead changed
+ * at the end of the iteration before, so this is the first of a new plan);
+ * returns the error to raise the aim by once the evidence is enough, else
+ * 0. */
+uint64_t ofl__plan_under_note(ofl__plan_under_t *u, bool fresh,
+                              uint64_t predicted, uint64_t measured);
+
 #endif /* OFL_PLAN_SOLVE_H */

@@ -808,3 +808,29 @@ Test(pipeline_plan_solve, a_replan_aims_below_the_model_error) {
     pred = aim - M;
   }
 }
+
+/* A raise of the aim needs three iterations of one plan in a row under its
+ * prediction, and raises by the smallest of their errors: one iteration
+ * under it (the H200's first steady iteration, 7.75 MiB against 9.50,
+ * where every later one measured 9.50) raises nothing. */
+Test(pipeline_plan_solve, a_raise_needs_three_iterations_under_the_prediction) {
+  const uint64_t M = 1024 * 1024;
+  ofl__plan_under_t u = {0};
+  /* the H200 run: under once, then on the prediction */
+  cr_assert(eq(u64, ofl__plan_under_note(&u, true, 950 * M, 775 * M), 0));
+  cr_assert(eq(u64, ofl__plan_under_note(&u, false, 950 * M, 950 * M), 0));
+  cr_assert(eq(u64, ofl__plan_under_note(&u, false, 950 * M, 900 * M), 0));
+  cr_assert(eq(u64, ofl__plan_under_note(&u, false, 950 * M, 925 * M), 0));
+  /* the third in a row raises by the smallest error of the three */
+  cr_assert(eq(u64, ofl__plan_under_note(&u, false, 950 * M, 940 * M), 10 * M));
+  /* a plan that changed starts again */
+  u = (ofl__plan_under_t){0};
+  cr_assert(eq(u64, ofl__plan_under_note(&u, true, 100 * M, 80 * M), 0));
+  cr_assert(eq(u64, ofl__plan_under_note(&u, false, 100 * M, 90 * M), 0));
+  cr_assert(eq(u64, ofl__plan_under_note(&u, true, 100 * M, 70 * M), 0));
+  cr_assert(eq(u64, ofl__plan_under_note(&u, false, 100 * M, 75 * M), 0));
+  cr_assert(eq(u64, ofl__plan_under_note(&u, false, 100 * M, 72 * M), 25 * M));
+  /* over the prediction (or on it) clears the evidence */
+  cr_assert(eq(u64, ofl__plan_under_note(&u, false, 100 * M, 101 * M), 0));
+  cr_assert(eq(u64, u.iters, 0));
+}
