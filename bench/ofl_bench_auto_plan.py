@@ -23,11 +23,12 @@ the median of the R runs' (each run's own with/without ratio), its peaks
 the highest of the R, and it meets a target only if every run did. On a
 shared machine one run's step time moves by 10-30 points.
 
-Usage: ofl_bench_auto_plan.py DEMO [--out PNG] [--iters N] [--repeat R]
+Usage: ofl_bench_auto_plan.py DEMO [--out PNG] [--iters N] [--repeat R] [--jobs J]
 Prints a table; writes a PNG (overhead against target, a line per strategy,
 a panel per link rate) with gnuplot when installed, else with a small PNG
 writer of its own (zlib). Not part of CI: a few minutes."""
 import argparse
+import concurrent.futures
 import os
 import re
 import shutil
@@ -84,22 +85,32 @@ def merge(runs):
 
 
 class Bench:
-    def __init__(self, demo, iters, shape, repeat=1):
+    def __init__(self, demo, iters, shape, repeat=1, jobs=1):
         self.demo, self.iters, self.shape, self.repeat = demo, iters, shape, repeat
+        self.pool = concurrent.futures.ThreadPoolExecutor(max(1, jobs))
+
+    def submit(self, args):
+        """The R runs of one configuration, started (at most --jobs demos
+        run at once); run() or result() waits for them."""
+        return [self.pool.submit(run_demo, self.demo, args) for _ in range(self.repeat)]
+
+    @staticmethod
+    def result(futures):
+        return merge([f.result() for f in futures])
 
     def run(self, args):
-        return merge([run_demo(self.demo, args) for _ in range(self.repeat)])
+        return self.result(self.submit(args))
 
     def args(self, link, extra):
         return self.shape + ["--iters", str(self.iters), "--quiet", "--link-gbps",
                              "%g" % link] + extra
 
     def auto(self, link, target):
-        return self.run(self.args(link, ["--offload", "auto", "--memory-target",
-                                         "%.4f" % target]))
+        return self.submit(self.args(link, ["--offload", "auto", "--memory-target",
+                                            "%.4f" % target]))
 
     def fixed(self, link, extra):
-        return self.run(self.args(link, extra))
+        return self.submit(self.args(link, extra))
 
 
 def overhead(r):
@@ -189,10 +200,13 @@ def main():
     ap.add_argument("--iters", type=int, default=4)
     ap.add_argument("--targets", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="demos run at once (default 1; more only on a machine with idle "
+                    "cores to spare: concurrent runs share its cores and memory bandwidth)")
     args = ap.parse_args()
     shape = ["--stages", "4", "--stage", "0", "--microbatches", "6", "--layers", "1",
              "--hidden", "64", "--seq", "128"]
-    b = Bench(args.demo, args.iters, shape, max(1, args.repeat))
+    b = Bench(args.demo, args.iters, shape, max(1, args.repeat), args.jobs)
     # R1: the whole offload's copy time ~ the step's compute
     probe = run_demo(b.demo, b.args(0, ["--offload", "all"]))
     if probe["rc"] != 0 or "step_base" not in probe:
@@ -210,19 +224,21 @@ def main():
     for link in rates:
         # from what offloading everything measurably leaves (b's peak; the
         # plan's predicted peak_all can miss it) to what nothing leaves
-        roomy = b.auto(link, 1e6)
-        allr = b.fixed(link, ["--offload", "all"])
+        roomy_f, allr_f = b.auto(link, 1e6), b.fixed(link, ["--offload", "all"])
+        roomy, allr = b.result(roomy_f), b.result(allr_f)
         lo, hi = allr.get("ledger_peak", 0), roomy.get("ledger_peak", 0)
         targets = [lo + (hi - lo) * k / args.targets for k in range(args.targets + 1)]
         print("link %.4f GB/s: plan's peak_all %.3f MiB (measured with everything offloaded "
               "%.3f), peak_none %.3f (measured %.3f)" % (
                   link, roomy.get("peak_all", float("nan")), lo,
                   roomy.get("peak_none", float("nan")), hi))
-        fr = {f: b.fixed(link, ["--offload", "all", "--offload-fraction", "%g" % f])
-              for f in FRACTIONS}
+        fr_f = {f: b.fixed(link, ["--offload", "all", "--offload-fraction", "%g" % f])
+                for f in FRACTIONS}
+        a_f = [b.auto(link, t) for t in targets]
+        fr = {f: b.result(x) for f, x in fr_f.items()}
         lines = {"auto": [], "all": [], "best fraction": []}
-        for t in targets:
-            a = b.auto(link, t)
+        for t, af in zip(targets, a_f):
+            a = b.result(af)
             meets = lambda r: r.get("ledger_peak", float("inf")) <= t * 1.0001  # noqa: E731
             ok_f = [(overhead(r), f) for f, r in fr.items() if meets(r)]
             best = min(ok_f) if ok_f else (float("nan"), None)
@@ -280,6 +296,7 @@ def main():
     if not ok:
         write_png_plain(args.out, panels)
     print("plot (%s): %s" % ("gnuplot" if ok else "built-in PNG writer", args.out))
+    b.pool.shutdown()
     return 0
 
 

@@ -9,11 +9,20 @@
 #      then targets between them, each against --offload all;
 #   3. issue 22: the ofl.torch hook bench on this machine's quiet cores
 #      (host backend, CPU tensors).
+# Not by default (name them in GPU_CHECK_ONLY):
+#   seeds: issue 25's MoE workload over draws GPU_CHECK_SEEDS (default
+#      "1 40"), GPU_CHECK_PAR at a time (4), through tools/moe_seeds.sh;
+#   planbench: issue 26's benchmark (bench/ofl_bench_auto_plan.py, host
+#      backend with an emulated link) on this machine's quiet cores,
+#      --iters 8 --repeat 3 --jobs GPU_CHECK_PAR, its PNG to $OUT (or
+#      the current folder);
+#   steps: issue 22's per-saved-tensor step bench alone (--step-only),
+#      twice.
 # Usage: tools/gpu_issue_checks.sh [BUILD] [SECONDS]  (SECONDS: the budget
-# for all three, default 240). GPU_CHECK_ONLY="pool plan hooks" (default
-# all three) picks checks; GPU_CHECK_ITERS the demo's iterations (6),
-# GPU_CHECK_HIDDEN its hidden size and sequence (256), GPU_CHECK_BACKEND
-# its backend (cuda).
+# for all, default 240). GPU_CHECK_ONLY="pool plan hooks" (the default)
+# picks checks, in the order of this list; GPU_CHECK_ITERS the demo's
+# iterations (6), GPU_CHECK_HIDDEN its hidden size and sequence (256),
+# GPU_CHECK_BACKEND its backend (cuda).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build-gpu}
@@ -41,6 +50,12 @@ echo "== issue 25: MoE pools on cuda"
 run 60 "$build/bench/ofl_bench_moe_pool" cuda
 fi
 
+if [[ $only == *" seeds "* ]]; then
+echo "== issue 25: MoE pools on cuda, many draws"
+read -r sfirst slast <<<"${GPU_CHECK_SEEDS:-1 40}"
+BUILD=$build run 200 "$here/tools/moe_seeds.sh" cuda "$sfirst" "$slast" "${GPU_CHECK_PAR:-4}"
+fi
+
 if [[ $only == *" plan "* ]]; then
 echo "== issue 26: auto plan on cuda"
 demo="$build/examples/ofl_pipeline_demo_single"
@@ -61,6 +76,20 @@ if [ -n "${all:-}" ] && [ -n "${none:-}" ]; then
 else
   echo "no plan line in the roomy run"
 fi
+fi
+
+if [[ $only == *" planbench "* ]]; then
+echo "== issue 26: the auto plan bench (host backend, emulated link, quiet cores)"
+run 240 python3 "$here/bench/ofl_bench_auto_plan.py" "$build/examples/ofl_pipeline_demo_single" \
+  --iters 8 --repeat 3 --jobs "${GPU_CHECK_PAR:-4}" --out "${OUT:-.}/ofl_bench_auto_plan.png"
+fi
+
+if [[ $only == *" steps "* ]]; then
+echo "== issue 22: per saved tensor on a small GPT step (host backend, quiet cores), twice"
+for k in 1 2; do
+  run 60 env OFL_LIBRARY="$build/libofl.so" OFL_DEBUG=WARN OFL_BACKEND=host \
+    PYTHONPATH="$here/python:$build/python" python3 "$here/bench/bench_torch_hooks.py" --step-only
+done
 fi
 
 if [[ $only == *" hooks "* ]]; then
