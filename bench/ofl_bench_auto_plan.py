@@ -19,9 +19,10 @@ have no plan, so theirs is the demo's own (pool bytes in use less its own
 tensors), which (a) reports too (demo_peak), so the columns compare.
 
 Repeats (--repeat R): every configuration runs R times; its overhead is
-the median of the R runs' (each run's own with/without ratio), its peaks
-the highest of the R, and it meets a target only if every run did. On a
-shared machine one run's step time moves by 10-30 points.
+the median of its R steps with offload against the median baseline (step
+without offload) of every run at that link rate, its peaks the highest of
+the R, and it meets a target only if every run did. On a shared machine
+one run's step time moves by 10-30 points, its own baseline too.
 
 Usage: ofl_bench_auto_plan.py DEMO [--out PNG] [--iters N] [--repeat R] [--jobs J]
 Prints a table; writes a PNG (overhead against target, a line per strategy,
@@ -75,6 +76,8 @@ def merge(runs):
     ovh = sorted(overhead(x) for x in runs)
     r["ovh"] = ovh[len(ovh) // 2]
     r["ovh_all"] = ovh
+    r["offl_runs"] = [x["step_offl"] for x in runs if "step_offl" in x]
+    r["base_runs"] = [x["step_base"] for x in runs if "step_base" in x]
     for k in ("meas_peak", "demo_peak", "ledger_peak", "pred_peak"):
         vals = [x[k] for x in runs if k in x]
         if vals:
@@ -111,6 +114,29 @@ class Bench:
 
     def fixed(self, link, extra):
         return self.submit(self.args(link, extra))
+
+
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if v else float("nan")
+
+
+def against_base(results):
+    """Every run measures the step without offload (its baseline) beside the
+    one with it, and on a shared machine one run's baseline moves by tens of
+    points (67 to 113 ms for the same step on a 2-core VM), so a run's own
+    ratio carries that noise twice. The baseline is the same computation in every
+    run of a link: its median over all of them is the 'without' of every
+    strategy's overhead (median step with offload / that - 1). Returns the
+    median and the spread of the baselines."""
+    base = [x for r in results for x in r.get("base_runs", [])]
+    med = median(base)
+    for r in results:
+        ovh = sorted(x / med - 1.0 for x in r.get("offl_runs", []))
+        if ovh:
+            r["ovh_all"] = ovh
+            r["ovh"] = median(ovh)
+    return med, (min(base) if base else float("nan")), (max(base) if base else float("nan")), len(base)
 
 
 def overhead(r):
@@ -236,9 +262,13 @@ def main():
                 for f in FRACTIONS}
         a_f = [b.auto(link, t) for t in targets]
         fr = {f: b.result(x) for f, x in fr_f.items()}
+        autos = [b.result(af) for af in a_f]
+        base, bmin, bmax, nbase = against_base([roomy, allr] + list(fr.values()) + autos)
+        print("link %.4f GB/s: step without offload %.1f ms (median of %d runs' baselines, "
+              "%.1f-%.1f), the 'without' of every overhead below" % (link, base, nbase, bmin,
+                                                                     bmax))
         lines = {"auto": [], "all": [], "best fraction": []}
-        for t, af in zip(targets, a_f):
-            a = b.result(af)
+        for t, a in zip(targets, autos):
             meets = lambda r: r.get("ledger_peak", float("inf")) <= t * 1.0001  # noqa: E731
             ok_f = [(overhead(r), f) for f, r in fr.items() if meets(r)]
             best = min(ok_f) if ok_f else (float("nan"), None)
@@ -268,7 +298,7 @@ def main():
           "done); a_*: auto plan (a_peak the ledger since the plan settled, a_demo the "
           "demo's pool figure, which drops at the free before the copy ends, a_pred "
           "predicted); "
-          "ovh: step time with offload / without - 1; a_exp: predicted exposed copy ms, "
+          "ovh: median step time with offload / the link's median step without - 1; a_exp: predicted exposed copy ms, "
           "a_stall: measured reload stall ms (last iteration); frac: the fastest fraction "
           "meeting the target (None: none does)")
     if b.repeat > 1:
