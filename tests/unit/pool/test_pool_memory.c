@@ -413,6 +413,54 @@ Test(pool_memory, pool_of_many_sizes_merges_after_three_quiet_iterations) {
   ofl_pool_destroy(pool);
 }
 
+/* A pool of many sizes under a manager that grows after its first twelve
+ * iterations keeps the new segment: no merge (an allocation and a free per
+ * segment) inside the steady iterations; the same peak then fits without a
+ * call. */
+Test(pool_memory, pool_of_many_sizes_keeps_a_segment_grown_after_learning) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
+  for (size_t i = 1; i <= 70; i++) /* 70 sizes, one at a time */
+    cr_assert(eq(int, ofl_pool_free(pool, alloc_bytes(pool, i * 4 * KIB, 1)),
+                 OFL_SUCCESS));
+  for (int it = 1; it <= 12; it++) { /* the learning iterations */
+    ofl__pool_cycle_end(pool);
+    small_cycle(pool, 200 + (uint64_t)it);
+  }
+  ofl_pool_stats_t s0 = stats_of(pool);
+  /* Iteration 13: two blocks too large for what it holds: it grows. */
+  size_t na = s0.held_bytes, nb = s0.held_bytes / 2 + 4 * KIB;
+  ofl_tensor_t *a = alloc_bytes(pool, na, 1);
+  ofl_tensor_t *b = alloc_bytes(pool, nb, 1);
+  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(a), na, 21), OFL_SUCCESS));
+  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(b), nb, 22), OFL_SUCCESS));
+  ofl_pool_stats_t s1 = stats_of(pool);
+  cr_assert(gt(u64, s1.backend_allocs, s0.backend_allocs));
+  cr_assert(gt(u64, s1.segments, s0.segments));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(a), na, 21), 0));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(b), nb, 22), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  for (int it = 14; it <= 20; it++) { /* quiet iterations: no merge */
+    ofl__pool_cycle_end(pool);
+    small_cycle(pool, 300 + (uint64_t)it);
+    small_cycle(pool, 400 + (uint64_t)it);
+  }
+  /* The same peak again: no call. */
+  a = alloc_bytes(pool, na, 1);
+  b = alloc_bytes(pool, nb, 1);
+  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(a), na, 23), OFL_SUCCESS));
+  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(b), nb, 24), OFL_SUCCESS));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(a), na, 23), 0));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(b), nb, 24), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  ofl_pool_stats_t s2 = stats_of(pool);
+  cr_assert(eq(u64, s2.backend_allocs, s1.backend_allocs));
+  cr_assert(eq(u64, s2.backend_frees, s1.backend_frees));
+  cr_assert(eq(u64, s2.segments, s1.segments));
+  ofl_pool_destroy(pool);
+}
+
 /* A pinned pool under a manager: an iteration's end that finds less than
  * a twelfth of its most bytes in use free adds a segment for the room
  * missing (whole 2 MiB) through its first 12 iterations (the registration
