@@ -33,6 +33,7 @@ import concurrent.futures
 import os
 import re
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -117,18 +118,17 @@ class Bench:
 
 
 def median(v):
-    v = sorted(v)
-    return v[len(v) // 2] if v else float("nan")
+    return statistics.median(v) if v else float("nan")
 
 
 def against_base(results):
     """Every run measures the step without offload (its baseline) beside the
     one with it, and on a shared machine one run's baseline moves by tens of
-    points (67 to 113 ms for the same step on a 2-core VM), so a run's own
+    points (62 to 114 ms for the same step on a 2-core VM), so a run's own
     ratio carries that noise twice. The baseline is the same computation in every
     run of a link: its median over all of them is the 'without' of every
     strategy's overhead (median step with offload / that - 1). Returns the
-    median and the spread of the baselines."""
+    median, the least and the most of the baselines, and their count."""
     base = [x for r in results for x in r.get("base_runs", [])]
     med = median(base)
     for r in results:

@@ -73,8 +73,9 @@ struct ofl__plan {
   uint32_t fifo_head, fifo_len;
   uint64_t stall_ns_start;
   uint64_t solve_target; /* the target the last solve aimed at */
-  /* One raise (a plan predicted well above its measured peak solves
-   * again for a higher aim, to expose less copy time): the plan before
+  /* One raise (a plan predicted above its measured peak in
+   * OFL__PLAN_RAISE_AFTER iterations in a row solves again for a higher
+   * aim, to expose less copy time): the plan before
    * it, kept to go back to when the raised one goes over the target. */
   bool *chosen_safe;
   uint64_t safe_aim, safe_pred;

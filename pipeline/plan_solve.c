@@ -686,6 +686,7 @@ uint64_t ofl__plan_under_note(ofl__plan_under_t *u, bool fresh,
   uint64_t err = predicted - measured;
   if (u->iters == 0 || err < u->err)
     u->err = err;
-  u->iters++;
+  if (u->iters < OFL__PLAN_RAISE_AFTER)
+    u->iters++;
   return u->iters >= OFL__PLAN_RAISE_AFTER ? u->err : 0;
 }

@@ -188,7 +188,9 @@ ofl_status_t ofl__pool_memory(ofl_pool_t *p, size_t bytes, bool seg,
  * and says whether a merge of the segments is due (ofl__pool_merge). */
 bool ofl__pool_idle_point(ofl_pool_t *p);
 /* Once a device pool whose sizes change (two byte sizes seen) grew and then
- * went a whole cycle, idle point to idle point, without growing, its segments
+ * went a whole cycle, idle point to idle point, without growing (under a
+ * manager, a pool of many sizes: three iterations, and only until its
+ * twelfth iteration ended; see ofl__pool_idle_point), its segments
  * give way to one sized for the most bytes it ever had in use and a
  * margin: a block never spans two segments, and on the MoE benchmark the
  * gaps at the ends of 2 MiB segments held up to 1.55 times the peak in

@@ -547,14 +547,15 @@ bool ofl__pool_idle_point(ofl_pool_t *p) {
    * free per segment and an allocation, not to be paid every cycle while
    * the pool still grows. */
   if (p->grew) {
-    /* A pool of many sizes under a manager merges only what it grew in its
-     * first LEARN_CYCLES iterations. A later growth keeps its segment: a
-     * merge then would cost an allocation and a free per segment inside
-     * the steady iterations to save the new segment's slack (MoE bench,
-     * seed 22, host backend: a growth in iteration 13 with 15% of the
-     * merged segment free in pieces, its merge in iteration 16). */
+    /* A pool of many sizes under a manager merges only within its first
+     * LEARN_CYCLES iterations and the one after them (cycles counts the
+     * iterations ended). Later its segments stay as they are: a merge then
+     * would cost an allocation and a free per segment inside the steady
+     * iterations to save a grown segment's slack (MoE bench, seed 22, host
+     * backend: a growth in iteration 13 with 15% of the merged segment free
+     * in pieces, its merge in iteration 16). */
     if (p->cycles > 0 && p->byte_keys_made > MANY_SIZES)
-      return p->grown_cycle < LEARN_CYCLES &&
+      return p->cycles <= LEARN_CYCLES &&
              p->cycles >= p->grown_cycle + MERGE_CYCLES;
     return p->idle_points >= p->grown_at + 2;
   }

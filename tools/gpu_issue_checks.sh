@@ -20,7 +20,8 @@
 #      twice.
 # Usage: tools/gpu_issue_checks.sh [BUILD] [SECONDS]  (SECONDS: the budget
 # for all, default 240). GPU_CHECK_ONLY="pool plan hooks" (the default)
-# picks checks, in the order of this list; GPU_CHECK_ITERS the demo's
+# picks checks; they run in the order pool, seeds, plan, planbench, steps,
+# hooks; GPU_CHECK_ITERS the demo's
 # iterations (6), GPU_CHECK_HIDDEN its hidden size and sequence (256),
 # GPU_CHECK_BACKEND its backend (cuda).
 set -u

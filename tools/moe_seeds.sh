@@ -20,7 +20,9 @@ build=${BUILD:-$here/build}
 bin=$build/bench/ofl_bench_moe_pool
 [ -x "$bin" ] || { echo "moe_seeds: $bin not built" >&2; exit 2; }
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# stopped from outside (a timeout): the runs still going stop too
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'exit 143' TERM INT
 
 running=0
 for s in $(seq "$first" "$last"); do
@@ -35,7 +37,7 @@ done
 wait
 
 printf '%-6s %-22s %-22s %-16s %s\n' seed "activations a/f ratio" "offload-host a/f ratio" "device a/f, pinned a/f" "wrong bytes"
-calls=0 runs=0 failed=0 worst=0
+calls=0 runs=0 failed=0 wrongruns=0 worst=0
 for s in $(seq "$first" "$last"); do
   f=$tmp/$s.txt
   runs=$((runs + 1))
@@ -56,6 +58,8 @@ for s in $(seq "$first" "$last"); do
   printf '%-6s %-22s %-22s %-16s %s\n' "$s" "$a" "$h" "${d:--}" "$wrong"
   n=$(echo "$a $h ${d:-0/0 0/0}" | awk '{n = 0; for (i = 1; i <= 6; i++) if (i != 2 && i != 4) { split($i, x, "/"); n += x[1] + x[2] } print n}')
   [ "$n" -gt 0 ] && calls=$((calls + 1))
+  [ "$wrong" -gt 0 ] && wrongruns=$((wrongruns + 1))
   worst=$(echo "$a $h $worst" | awk '{m = $5; if ($2 > m) m = $2; if ($4 > m) m = $4; print m}')
 done
-echo "moe_seeds $backend: $runs runs (seeds $first-$last, $par at a time), $calls with a backend call in the counted iterations, $failed failed; worst held/peak $worst"
+echo "moe_seeds $backend: $runs runs (seeds $first-$last, $par at a time), $calls with a backend call in the counted iterations, $wrongruns with wrong bytes, $failed failed; worst held/peak $worst"
+[ "$failed" -eq 0 ] && [ "$wrongruns" -eq 0 ]
