@@ -305,6 +305,27 @@ Test(pool_memory, idle_pool_merges_its_segments_after_a_cycle_without_growth) {
   ofl_pool_destroy(pool);
 }
 
+/* A peak of bytes (one block, written and read back) that fits the merged
+ * segment without a backend call (stats before: b), and the resize at the
+ * next idle point: one free, one allocation, a segment sized for it and
+ * more than an eighth. Returns the stats after the resize. */
+static ofl_pool_stats_t fits_then_resizes(ofl_pool_t *pool, size_t bytes,
+                                          uint64_t seed,
+                                          const ofl_pool_stats_t *b) {
+  ofl_tensor_t *c = alloc_bytes(pool, bytes, 1);
+  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(c), bytes, seed), OFL_SUCCESS));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(c), bytes, seed), 0));
+  ofl_pool_stats_t fit = stats_of(pool);
+  cr_assert(eq(u64, fit.backend_allocs, b->backend_allocs)); /* it fit */
+  cr_assert(eq(int, ofl_pool_free(pool, c), OFL_SUCCESS));
+  small_cycle(pool, seed + 1);
+  ofl_pool_stats_t after = stats_of(pool);
+  cr_assert(eq(u64, after.backend_frees - fit.backend_frees, 1));
+  cr_assert(eq(u64, after.backend_allocs - fit.backend_allocs, 1));
+  cr_assert(ge(sz, after.held_bytes, bytes + bytes / 8));
+  return after;
+}
+
 /* Under an offload manager (which reports each iteration's end,
  * ofl__pool_cycle_end), a pool merges as on its own, and through its first
  * 12 iterations (in the 2nd and in the 11th here) a peak in use more than a
@@ -333,17 +354,7 @@ Test(pool_memory, pool_under_a_manager_resizes_through_its_first_iterations) {
   for (int i = 0; i < 8; i++)
     small_cycle(pool, 31 + (uint64_t)i);
   size_t big = most + most / 10;
-  ofl_tensor_t *c = alloc_bytes(pool, big, 1);
-  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(c), big, 40), OFL_SUCCESS));
-  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(c), big, 40), 0));
-  ofl_pool_stats_t s3 = stats_of(pool);
-  cr_assert(eq(u64, s3.backend_allocs, s2.backend_allocs)); /* it fit */
-  cr_assert(eq(int, ofl_pool_free(pool, c), OFL_SUCCESS));
-  small_cycle(pool, 41);
-  ofl_pool_stats_t s4 = stats_of(pool);
-  cr_assert(eq(u64, s4.backend_frees - s3.backend_frees, 1));
-  cr_assert(eq(u64, s4.backend_allocs - s3.backend_allocs, 1));
-  cr_assert(ge(sz, s4.held_bytes, big + big / 8));
+  ofl_pool_stats_t s4 = fits_then_resizes(pool, big, 40, &s2);
   /* In the twelfth (eleven ended), still learning: a peak a tenth higher
    * again resizes. */
   for (int it = 3; it <= 11; it++) {
@@ -351,17 +362,7 @@ Test(pool_memory, pool_under_a_manager_resizes_through_its_first_iterations) {
     small_cycle(pool, 50 + (uint64_t)it);
   }
   size_t big2 = big + big / 10;
-  ofl_tensor_t *c2 = alloc_bytes(pool, big2, 1);
-  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(c2), big2, 45), OFL_SUCCESS));
-  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(c2), big2, 45), 0));
-  cr_assert(eq(u64, stats_of(pool).backend_allocs, s4.backend_allocs));
-  cr_assert(eq(int, ofl_pool_free(pool, c2), OFL_SUCCESS));
-  small_cycle(pool, 46);
-  ofl_pool_stats_t s4b = stats_of(pool);
-  cr_assert(eq(u64, s4b.backend_frees - s4.backend_frees, 1));
-  cr_assert(eq(u64, s4b.backend_allocs - s4.backend_allocs, 1));
-  cr_assert(ge(sz, s4b.held_bytes, big2 + big2 / 8));
-  s4 = s4b;
+  s4 = fits_then_resizes(pool, big2, 45, &s4);
   /* After iteration 12 (and more than six idle points after the merge), a
    * higher peak that fits changes nothing. */
   for (int it = 12; it <= 13; it++) {
