@@ -479,11 +479,11 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
  * first or second iteration, saw only those iterations' peaks (8.1 MB for
  * one draw), later higher ones (8.9 MB) still fitted its margin and changed
  * nothing, and the first counted iteration that rose further grew the pool
- * after 12 settling iterations. */
-/* Twelve: the most in use keeps rising with the iterations seen (the
- * largest of more draws), and with eight a merge sized for 11.1-11.4 MB
- * met 12.4 MB in the iterations after it (seed 22, host backend), where
- * the 6% left free was too fragmented for a 1 MiB block. */
+ * after 12 settling iterations. Twelve of them: the most in use keeps
+ * rising with the iterations seen (the largest of more draws), and with
+ * eight a merge sized for 11.1-11.4 MB met 12.4 MB after them (seed 22,
+ * host backend), where the 6% left free was too fragmented for a 1 MiB
+ * block. */
 #define LEARN_CYCLES 12u
 /* And a device pool whose sizes keep changing (more than MANY_SIZES byte
  * sizes seen, as an MoE pool's expert blocks) merges only once

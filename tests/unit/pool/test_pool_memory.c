@@ -384,14 +384,57 @@ Test(pool_memory, pool_under_a_manager_resizes_through_its_first_iterations) {
   ofl_pool_destroy(pool);
 }
 
+/* A device pool under a manager whose sizes keep changing: 70 byte sizes
+ * allocated and freed one at a time (more than the 64 of a pool of many
+ * sizes). */
+static ofl_pool_t *many_sizes_pool(void) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
+  for (size_t i = 1; i <= 70; i++)
+    cr_assert(eq(int, ofl_pool_free(pool, alloc_bytes(pool, i * 4 * KIB, 1)),
+                 OFL_SUCCESS));
+  return pool;
+}
+
+/* Iterations first..last ended, each followed by two small cycles. */
+static void quiet_iterations(ofl_pool_t *pool, int first, int last,
+                             uint64_t seed) {
+  for (int it = first; it <= last; it++) {
+    ofl__pool_cycle_end(pool);
+    small_cycle(pool, seed + (uint64_t)it);
+    small_cycle(pool, seed + 100 + (uint64_t)it);
+  }
+}
+
+/* Between a and b the pool made no backend call and kept its segments. */
+static void assert_no_call(const ofl_pool_stats_t *a,
+                           const ofl_pool_stats_t *b) {
+  cr_assert(eq(u64, b->backend_allocs, a->backend_allocs));
+  cr_assert(eq(u64, b->backend_frees, a->backend_frees));
+  cr_assert(eq(u64, b->segments, a->segments));
+}
+
+/* Two blocks of na and nb bytes held at once, written and read back, then
+ * freed; returns the pool's stats while both were held. */
+static ofl_pool_stats_t hold_two(ofl_pool_t *pool, size_t na, size_t nb,
+                                 uint64_t seed) {
+  ofl_tensor_t *a = alloc_bytes(pool, na, 1);
+  ofl_tensor_t *b = alloc_bytes(pool, nb, 1);
+  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(a), na, seed), OFL_SUCCESS));
+  cr_assert(
+      eq(int, t_fill(dev, ofl_tensor_data(b), nb, seed + 1), OFL_SUCCESS));
+  ofl_pool_stats_t held = stats_of(pool);
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(a), na, seed), 0));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(b), nb, seed + 1), 0));
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  return held;
+}
+
 /* A device pool whose sizes keep changing (more than 64 byte sizes seen)
  * under a manager merges only once three iterations ended without growth,
  * so that its merged segment is sized for more iterations' peaks. */
 Test(pool_memory, pool_of_many_sizes_merges_after_three_quiet_iterations) {
-  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
-  for (size_t i = 1; i <= 70; i++) /* 70 sizes, one at a time */
-    cr_assert(eq(int, ofl_pool_free(pool, alloc_bytes(pool, i * 4 * KIB, 1)),
-                 OFL_SUCCESS));
+  ofl_pool_t *pool = many_sizes_pool();
   /* Two blocks too large for the first segment's room: it grows. */
   ofl_tensor_t *a = alloc_bytes(pool, 1536 * KIB, 1);
   ofl_tensor_t *b = alloc_bytes(pool, 1540 * KIB, 1);
@@ -400,15 +443,9 @@ Test(pool_memory, pool_of_many_sizes_merges_after_three_quiet_iterations) {
   cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
   cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
   ofl_pool_stats_t s0 = stats_of(pool);
-  for (int it = 0; it < 2; it++) { /* two quiet iterations: no merge */
-    ofl__pool_cycle_end(pool);
-    small_cycle(pool, 80 + (uint64_t)it);
-    small_cycle(pool, 90 + (uint64_t)it);
-  }
+  quiet_iterations(pool, 1, 2, 80); /* two quiet iterations: no merge */
   ofl_pool_stats_t s1 = stats_of(pool);
-  cr_assert(eq(u64, s1.segments, s0.segments));
-  cr_assert(eq(u64, s1.backend_allocs, s0.backend_allocs));
-  cr_assert(eq(u64, s1.backend_frees, s0.backend_frees));
+  assert_no_call(&s0, &s1);
   ofl__pool_cycle_end(pool); /* the third: merged at the next idle point */
   small_cycle(pool, 100);
   ofl_pool_stats_t s2 = stats_of(pool);
@@ -421,10 +458,7 @@ Test(pool_memory, pool_of_many_sizes_merges_after_three_quiet_iterations) {
  * segment) inside the steady iterations; the same peak then fits without a
  * call. */
 Test(pool_memory, pool_of_many_sizes_keeps_a_segment_grown_after_learning) {
-  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
-  for (size_t i = 1; i <= 70; i++) /* 70 sizes, one at a time */
-    cr_assert(eq(int, ofl_pool_free(pool, alloc_bytes(pool, i * 4 * KIB, 1)),
-                 OFL_SUCCESS));
+  ofl_pool_t *pool = many_sizes_pool();
   for (int it = 1; it <= 12; it++) { /* the learning iterations */
     ofl__pool_cycle_end(pool);
     small_cycle(pool, 200 + (uint64_t)it);
@@ -432,35 +466,15 @@ Test(pool_memory, pool_of_many_sizes_keeps_a_segment_grown_after_learning) {
   ofl_pool_stats_t s0 = stats_of(pool);
   /* Iteration 13: two blocks too large for what it holds: it grows. */
   size_t na = s0.held_bytes, nb = s0.held_bytes / 2 + 4 * KIB;
-  ofl_tensor_t *a = alloc_bytes(pool, na, 1);
-  ofl_tensor_t *b = alloc_bytes(pool, nb, 1);
-  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(a), na, 21), OFL_SUCCESS));
-  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(b), nb, 22), OFL_SUCCESS));
-  ofl_pool_stats_t s1 = stats_of(pool);
+  ofl_pool_stats_t s1 = hold_two(pool, na, nb, 21);
   cr_assert(gt(u64, s1.backend_allocs, s0.backend_allocs));
   cr_assert(gt(u64, s1.segments, s0.segments));
-  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(a), na, 21), 0));
-  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(b), nb, 22), 0));
-  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
-  for (int it = 14; it <= 20; it++) { /* quiet iterations: no merge */
-    ofl__pool_cycle_end(pool);
-    small_cycle(pool, 300 + (uint64_t)it);
-    small_cycle(pool, 400 + (uint64_t)it);
-  }
+  quiet_iterations(pool, 14, 20, 300); /* quiet iterations: no merge */
   /* The same peak again: no call. */
-  a = alloc_bytes(pool, na, 1);
-  b = alloc_bytes(pool, nb, 1);
-  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(a), na, 23), OFL_SUCCESS));
-  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(b), nb, 24), OFL_SUCCESS));
-  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(a), na, 23), 0));
-  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(b), nb, 24), 0));
-  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
-  ofl_pool_stats_t s2 = stats_of(pool);
-  cr_assert(eq(u64, s2.backend_allocs, s1.backend_allocs));
-  cr_assert(eq(u64, s2.backend_frees, s1.backend_frees));
-  cr_assert(eq(u64, s2.segments, s1.segments));
+  ofl_pool_stats_t s2 = hold_two(pool, na, nb, 23);
+  ofl_pool_stats_t s3 = stats_of(pool); /* after the frees */
+  assert_no_call(&s1, &s2);
+  assert_no_call(&s1, &s3);
   ofl_pool_destroy(pool);
 }
 
