@@ -95,15 +95,12 @@ class Bench:
 
     def submit(self, args):
         """The R runs of one configuration, started (at most --jobs demos
-        run at once); run() or result() waits for them."""
+        run at once); result() waits for them."""
         return [self.pool.submit(run_demo, self.demo, args) for _ in range(self.repeat)]
 
     @staticmethod
     def result(futures):
         return merge([f.result() for f in futures])
-
-    def run(self, args):
-        return self.result(self.submit(args))
 
     def args(self, link, extra):
         return self.shape + ["--iters", str(self.iters), "--quiet", "--link-gbps",
