@@ -157,6 +157,15 @@ static const entry_t table[] = {
      .doc = "host backend: microseconds a worker stream polls for more work "
             "before it sleeps, while one of its last four idle periods was "
             "that short (0: sleep at once)"},
+    {.name = "OFL_HOST_DOZE_US",
+     .def = "100",
+     .kind = K_INT,
+     .lo = 0,
+     .hi = 1000000,
+     .doc = "host backend: within 20 ms of its last operation a worker "
+            "stream sleeps in timed dozes of this many microseconds and "
+            "finds new work itself, so that queueing a copy wakes nobody "
+            "(0: every queueing onto a sleeping worker wakes it)"},
     {.name = "OFL_HOST_INLINE_BYTES",
      .def = "0",
      .kind = K_SIZE,

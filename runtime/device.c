@@ -69,6 +69,9 @@ static ofl_status_t resolve_config(const ofl_device_params_t *p,
   int64_t spin = 0;
   OFL_CHECK(ofl__config_int("OFL_HOST_SPIN_US", &spin));
   c->spin_us = spin < 0 ? 0 : spin > 100000 ? 100000 : (int)spin;
+  int64_t doze = 0;
+  OFL_CHECK(ofl__config_int("OFL_HOST_DOZE_US", &doze));
+  c->doze_us = doze < 0 ? 0 : doze > 1000000 ? 1000000 : (int)doze;
   OFL_CHECK(ofl__config_size("OFL_HOST_INLINE_BYTES", &c->inline_bytes));
   if (c->jitter_max_us < 0)
     c->jitter_max_us = 0;

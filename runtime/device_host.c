@@ -16,6 +16,7 @@
 #define PINNED_ALIGN 4096
 #define LINK_SLICE (1u << 20)
 #define WAIT_SLICE_NS 20000000ull /* a waiting worker checks for stop */
+#define DOZE_WINDOW_NS 20000000ull /* worker_main: dozes this long at most */
 
 /* One slice of a bounded wait on cv (mu held): until deadline_ns or
  * WAIT_SLICE_NS from now, whichever is first, so that callers re-check their
@@ -558,6 +559,9 @@ typedef struct host_stream {
    * flag, so that the operations queued before it runs cost one wake-up
    * (one futex call), not one each. */
   bool worker_sleeping;
+  /* On worker_cv in a doze (a timed wait of cfg.doze_us, see worker_main):
+   * submitters leave it to wake on its own; only destroy signals it. */
+  bool worker_dozing;
   int idle_waiters;     /* threads on idle_cv (mu held) */
   uint64_t rng;
   /* An operation of the stream runs (on the worker or on a waiter that took
@@ -573,6 +577,7 @@ typedef struct host_stream {
   bool held; /* tests: the worker starts nothing (ofl__host_stream_hold) */
   atomic_uint_fast64_t stolen; /* operations waiters ran */
   atomic_uint_fast64_t inlined; /* operations their submitters ran */
+  atomic_uint_fast64_t wakes;   /* signals to a sleeping worker */
   ofl_status_t error;    /* first asynchronous error (first wins) */
   atomic_bool has_error; /* error set; read without mu */
   char error_msg[512];
@@ -840,6 +845,14 @@ static void *worker_main(void *arg) {
    * a forward), every poll would end in the sleep anyway, and only take a
    * core from the thread that computes. */
   unsigned short_idles = 0xf;
+  /* Within DOZE_WINDOW_NS of its last operation the worker sleeps in
+   * timed dozes of doze_ns and finds new work itself: a submitter then
+   * pays no wake-up (a futex call, and on a virtual machine an
+   * interprocessor interrupt, several microseconds each) for every copy
+   * of a burst spread over a forward pass. Longer idle: a sleep until
+   * signalled. */
+  uint64_t doze_ns = (uint64_t)dev->cfg.doze_us * 1000u;
+  uint64_t last_work_ns = 0;
   ofl__thread_name(hs->s->name);
   pthread_mutex_lock(&hs->mu);
   for (;;) {
@@ -865,9 +878,16 @@ static void *worker_main(void *arg) {
     bool slept = false;
     while (((hs->head == NULL || hs->held) && !atomic_load(&hs->stop)) ||
            atomic_load(&hs->busy)) {
-      hs->worker_sleeping = true;
-      pthread_cond_wait(&hs->worker_cv, &hs->mu);
-      hs->worker_sleeping = false;
+      uint64_t now = doze_ns > 0 ? ofl__now_ns() : 0;
+      if (doze_ns > 0 && !hs->held && now - last_work_ns < DOZE_WINDOW_NS) {
+        hs->worker_dozing = true;
+        cond_wait_until(&hs->worker_cv, &hs->mu, now, now + doze_ns);
+        hs->worker_dozing = false;
+      } else {
+        hs->worker_sleeping = true;
+        pthread_cond_wait(&hs->worker_cv, &hs->mu);
+        hs->worker_sleeping = false;
+      }
       slept = true;
     }
     if (idle)
@@ -876,6 +896,8 @@ static void *worker_main(void *arg) {
     if (hs->head == NULL)
       break;
     run_head_locked(hs, hs->head);
+    if (doze_ns > 0)
+      last_work_ns = ofl__now_ns();
   }
   pthread_mutex_unlock(&hs->mu);
   return NULL;
@@ -963,6 +985,7 @@ static void steal_locked(host_stream_t *hs, host_event_t *he, uint64_t target,
 static void wake_worker_locked(host_stream_t *hs) {
   if (hs->worker_sleeping) {
     hs->worker_sleeping = false;
+    atomic_fetch_add_explicit(&hs->wakes, 1, memory_order_relaxed);
     pthread_cond_signal(&hs->worker_cv);
   }
 }
@@ -1012,6 +1035,13 @@ uint64_t ofl__host_stream_inlined(ofl_stream_t *s) {
     return 0;
   host_stream_t *hs = s->impl;
   return atomic_load(&hs->inlined);
+}
+
+uint64_t ofl__host_stream_wakes(ofl_stream_t *s) {
+  if (s->dev->backend != OFL_BACKEND_HOST)
+    return 0;
+  host_stream_t *hs = s->impl;
+  return atomic_load(&hs->wakes);
 }
 
 static void stream_unref(host_stream_t *hs) {
@@ -1196,6 +1226,8 @@ static ofl_status_t host_stream_destroy(ofl_stream_t *s) {
     pthread_mutex_lock(&hs->mu);
     atomic_store(&hs->stop, true);
     pthread_cond_broadcast(&hs->work_cv);
+    if (hs->worker_dozing)
+      pthread_cond_signal(&hs->worker_cv);
     wake_worker_locked(hs);
     pthread_mutex_unlock(&hs->mu);
     pthread_join(hs->thread, NULL);

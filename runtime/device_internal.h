@@ -26,6 +26,7 @@ typedef struct ofl__device_config {
   uint64_t jitter_seed;
   int jitter_max_us;
   int spin_us; /* host backend: worker poll before sleeping */
+  int doze_us; /* host backend: worker's timed doze after recent work */
   size_t inline_bytes; /* host backend: copies up to this size run on the
                           submitting thread when their stream is idle */
   double link_h2d_bps, link_d2h_bps, link_total_bps; /* bytes/s; 0: off */
@@ -243,6 +244,10 @@ uint64_t ofl__host_stream_stolen(ofl_stream_t *s);
 /* Operations of the stream that ran on the thread that submitted them
  * (OFL_HOST_INLINE_BYTES; 0 off the host backend). */
 uint64_t ofl__host_stream_inlined(ofl_stream_t *s);
+/* Signals that woke the stream's sleeping worker (not counted: a worker
+ * dozing after recent work, OFL_HOST_DOZE_US, finds new work itself); 0 off
+ * the host backend. */
+uint64_t ofl__host_stream_wakes(ofl_stream_t *s);
 /* Fills [ptr, ptr+bytes) with the strict-mode poison byte (host backend). */
 void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes);
 #define OFL__POISON_BYTE 0xDB

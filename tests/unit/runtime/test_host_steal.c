@@ -480,3 +480,133 @@ Test(host_inline, work_queued_behind_an_inline_copy_reaches_the_worker) {
   ofl_device_close(d);
   free(big_h);
 }
+
+/* ---- dozing workers (OFL_HOST_DOZE_US) ---------------------------------
+ * Within 20 ms of its last operation a worker sleeps in timed dozes and finds
+ * new work itself: queueing onto it signals nobody. Longer idle, it sleeps
+ * until signalled; a destroy ends a doze at once. Polling with
+ * ofl_event_query (no wait, so no stealing) leaves every copy to the worker. */
+
+static ofl_device_t *open_doze(const char *doze_us) {
+  setenv("OFL_BACKEND", "host", 1);
+  setenv("OFL_HOST_DOZE_US", doze_us, 1);
+  setenv("OFL_HOST_SPIN_US", "0", 1); /* no poll: every idle is a sleep */
+  ofl_config_reload();
+  ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
+  p.backend = OFL_BACKEND_HOST;
+  p.strict = 1;
+  ofl_device_t *d = NULL;
+  OK(ofl_device_open(&p, &d));
+  unsetenv("OFL_HOST_DOZE_US");
+  unsetenv("OFL_HOST_SPIN_US");
+  ofl_config_reload();
+  ofl_log_set_level(OFL_LOG_NONE);
+  return d;
+}
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Queues a copy of round's bytes from dv to out and polls until it is done
+ * (10 s at most); checks every byte. Returns when it was queued. */
+static uint64_t copy_and_poll(ofl_stream_t *s, ofl_event_t *e, void *dv,
+                              int round) {
+  unsigned char src[N], out[N];
+  fill(src, N, (unsigned)round);
+  memset(out, 0, N);
+  memcpy(dv, src, N); /* host backend: device memory is CPU memory */
+  uint64_t queued = mono_ns();
+  OK(ofl_memcpy_async(out, dv, N, OFL_COPY_D2H, s));
+  OK(ofl_event_record(e, s));
+  int polls = 0;
+  while (ofl_event_query(e) != OFL_SUCCESS && polls++ < 100000)
+    nanosleep(&(struct timespec){0, 100000}, NULL);
+  cr_assert(eq(int, ofl_event_query(e), OFL_SUCCESS), "round %d never ran",
+            round);
+  cr_assert(eq(int, memcmp(out, src, N), 0), "round %d", round);
+  return queued;
+}
+
+Test(host_doze, queueing_onto_a_dozing_worker_signals_nobody) {
+  enum { ROUNDS = 40 };
+  ofl_device_t *d = open_doze("1000");
+  ofl_stream_t *s = NULL;
+  ofl_event_t *e = NULL;
+  void *dv = NULL;
+  OK(ofl_stream_create(d, "d2h", &s));
+  OK(ofl_event_create(d, &e));
+  OK(ofl_device_malloc(d, N, &dv));
+  /* the first copy wakes the worker if it was asleep yet */
+  uint64_t last = copy_and_poll(s, e, dv, 0);
+  uint64_t first = ofl__host_stream_wakes(s);
+  cr_assert(le(u64, first, 1));
+  /* A copy queued within 20 ms of the previous one finds the worker dozing
+   * (it cannot have ended its window before then); a longer gap (this
+   * thread descheduled) may find it asleep: one signal allowed for each. */
+  uint64_t late = 0;
+  for (int r = 1; r <= ROUNDS; r++) {
+    uint64_t q = copy_and_poll(s, e, dv, r);
+    late += q - last >= 19000000ull;
+    last = q;
+  }
+  cr_assert(le(u64, ofl__host_stream_wakes(s), first + late),
+            "%llu signals for %d copies, %llu of them after a long gap",
+            (unsigned long long)ofl__host_stream_wakes(s), ROUNDS,
+            (unsigned long long)late);
+  cr_assert(eq(u64, ofl__host_stream_stolen(s), 0));
+  /* idle past the window: asleep, and the next copy signals it */
+  nanosleep(&(struct timespec){0, 60000000}, NULL);
+  uint64_t before = ofl__host_stream_wakes(s);
+  copy_and_poll(s, e, dv, ROUNDS + 1);
+  cr_assert(eq(u64, ofl__host_stream_wakes(s), before + 1));
+  OK(ofl_device_free(d, dv));
+  ofl_event_destroy(e);
+  OK(ofl_stream_destroy(s));
+  ofl_device_close(d);
+}
+
+Test(host_doze, without_dozes_every_copy_to_a_sleeping_worker_signals_it) {
+  ofl_device_t *d = open_doze("0");
+  ofl_stream_t *s = NULL;
+  ofl_event_t *e = NULL;
+  void *dv = NULL;
+  OK(ofl_stream_create(d, "d2h", &s));
+  OK(ofl_event_create(d, &e));
+  OK(ofl_device_malloc(d, N, &dv));
+  copy_and_poll(s, e, dv, 0); /* wakes the worker if it was asleep yet */
+  nanosleep(&(struct timespec){0, 5000000}, NULL);
+  uint64_t first = ofl__host_stream_wakes(s);
+  for (int r = 1; r <= 10; r++) {
+    copy_and_poll(s, e, dv, r);
+    /* long enough for the worker to be back asleep */
+    nanosleep(&(struct timespec){0, 5000000}, NULL);
+  }
+  cr_assert(eq(u64, ofl__host_stream_wakes(s), first + 10));
+  OK(ofl_device_free(d, dv));
+  ofl_event_destroy(e);
+  OK(ofl_stream_destroy(s));
+  ofl_device_close(d);
+}
+
+Test(host_doze, destroy_ends_a_doze_at_once) {
+  ofl_device_t *d = open_doze("1000000"); /* a one-second doze */
+  ofl_stream_t *s = NULL;
+  ofl_event_t *e = NULL;
+  void *dv = NULL;
+  OK(ofl_stream_create(d, "d2h", &s));
+  OK(ofl_event_create(d, &e));
+  OK(ofl_device_malloc(d, N, &dv));
+  copy_and_poll(s, e, dv, 1); /* the worker dozes after it */
+  nanosleep(&(struct timespec){0, 2000000}, NULL);
+  uint64_t t0 = mono_ns();
+  ofl_event_destroy(e);
+  OK(ofl_stream_destroy(s));
+  uint64_t took = mono_ns() - t0;
+  cr_assert(lt(u64, took, 500000000ull), "destroy took %llu ms",
+            (unsigned long long)(took / 1000000));
+  OK(ofl_device_free(d, dv));
+  ofl_device_close(d);
+}
