@@ -17,6 +17,7 @@
 #define LINK_SLICE (1u << 20)
 #define WAIT_SLICE_NS 20000000ull /* a waiting worker checks for stop */
 #define DOZE_WINDOW_NS 20000000ull /* worker_main: dozes this long at most */
+#define DOZES_BEFORE_BACKOFF 8     /* worker_main: dozes of OFL_HOST_DOZE_US */
 
 /* One slice of a bounded wait on cv (mu held): until deadline_ns or
  * WAIT_SLICE_NS from now, whichever is first, so that callers re-check their
@@ -559,9 +560,11 @@ typedef struct host_stream {
    * flag, so that the operations queued before it runs cost one wake-up
    * (one futex call), not one each. */
   bool worker_sleeping;
-  /* On worker_cv in a doze (a timed wait of cfg.doze_us, see worker_main):
-   * submitters leave it to wake on its own; only destroy signals it. */
+  /* On worker_cv in a doze (a timed wait, see worker_main) that ends at
+   * doze_until: a submitter leaves it to wake on its own unless the doze
+   * has more than cfg.doze_us left (wake_worker_locked). */
   bool worker_dozing;
+  uint64_t doze_until;
   int idle_waiters;     /* threads on idle_cv (mu held) */
   uint64_t rng;
   /* An operation of the stream runs (on the worker or on a waiter that took
@@ -577,7 +580,8 @@ typedef struct host_stream {
   bool held; /* tests: the worker starts nothing (ofl__host_stream_hold) */
   atomic_uint_fast64_t stolen; /* operations waiters ran */
   atomic_uint_fast64_t inlined; /* operations their submitters ran */
-  atomic_uint_fast64_t wakes;   /* signals to a sleeping worker */
+  atomic_uint_fast64_t wakes;   /* signals to a sleeping or dozing worker */
+  atomic_uint_fast64_t dozes;   /* dozes the worker began */
   ofl_status_t error;    /* first asynchronous error (first wins) */
   atomic_bool has_error; /* error set; read without mu */
   char error_msg[512];
@@ -846,13 +850,19 @@ static void *worker_main(void *arg) {
    * core from the thread that computes. */
   unsigned short_idles = 0xf;
   /* Within DOZE_WINDOW_NS of its last operation the worker sleeps in
-   * timed dozes of doze_ns and finds new work itself: a submitter then
-   * pays no wake-up (a futex call, and on a virtual machine an
-   * interprocessor interrupt, several microseconds each) for every copy
-   * of a burst spread over a forward pass. Longer idle: a sleep until
-   * signalled. */
+   * timed dozes and finds new work itself: a submitter then pays no
+   * wake-up (a futex call, and on a virtual machine an interprocessor
+   * interrupt, several microseconds each) for every copy of a burst spread
+   * over a forward pass. The first DOZES_BEFORE_BACKOFF dozes last
+   * doze_ns (the gaps between one tensor's copies and the next), each
+   * empty one after them doubles the next: an idle worker wakes a few
+   * times, not every doze_ns (on cores that the training threads fill,
+   * each wake-up takes one from them), and a submitter signals a doze with
+   * more than doze_ns left, so work never waits longer than that for its
+   * start. Idle past the window: a sleep until signalled. */
   uint64_t doze_ns = (uint64_t)dev->cfg.doze_us * 1000u;
-  uint64_t last_work_ns = 0;
+  uint64_t last_work_ns = 0, next_doze_ns = doze_ns;
+  unsigned empty_dozes = 0;
   ofl__thread_name(hs->s->name);
   pthread_mutex_lock(&hs->mu);
   for (;;) {
@@ -881,8 +891,13 @@ static void *worker_main(void *arg) {
       uint64_t now = doze_ns > 0 ? ofl__now_ns() : 0;
       if (doze_ns > 0 && !hs->held && now - last_work_ns < DOZE_WINDOW_NS) {
         hs->worker_dozing = true;
-        cond_wait_until(&hs->worker_cv, &hs->mu, now, now + doze_ns);
+        atomic_fetch_add_explicit(&hs->dozes, 1, memory_order_relaxed);
+        hs->doze_until = now + next_doze_ns;
+        cond_wait_until(&hs->worker_cv, &hs->mu, now, hs->doze_until);
         hs->worker_dozing = false;
+        if (++empty_dozes > DOZES_BEFORE_BACKOFF &&
+            next_doze_ns < DOZE_WINDOW_NS)
+          next_doze_ns *= 2;
       } else {
         hs->worker_sleeping = true;
         pthread_cond_wait(&hs->worker_cv, &hs->mu);
@@ -896,8 +911,11 @@ static void *worker_main(void *arg) {
     if (hs->head == NULL)
       break;
     run_head_locked(hs, hs->head);
-    if (doze_ns > 0)
+    if (doze_ns > 0) {
       last_work_ns = ofl__now_ns();
+      next_doze_ns = doze_ns;
+      empty_dozes = 0;
+    }
   }
   pthread_mutex_unlock(&hs->mu);
   return NULL;
@@ -981,9 +999,18 @@ static void steal_locked(host_stream_t *hs, host_event_t *he, uint64_t target,
   }
 }
 
-/* Wakes the worker if it sleeps and nobody woke it yet (mu held). */
+/* Wakes the worker if it sleeps and nobody woke it yet, or if it dozes
+ * with more than cfg.doze_us left (mu held): a start waits no longer. */
 static void wake_worker_locked(host_stream_t *hs) {
-  if (hs->worker_sleeping) {
+  bool signal = hs->worker_sleeping;
+  if (!signal && hs->worker_dozing) {
+    uint64_t now = ofl__now_ns();
+    uint64_t doze_ns = (uint64_t)hs->s->dev->cfg.doze_us * 1000u;
+    signal = hs->doze_until > now && hs->doze_until - now > doze_ns;
+    if (signal)
+      hs->doze_until = now; /* signalled once */
+  }
+  if (signal) {
     hs->worker_sleeping = false;
     atomic_fetch_add_explicit(&hs->wakes, 1, memory_order_relaxed);
     pthread_cond_signal(&hs->worker_cv);
@@ -1042,6 +1069,13 @@ uint64_t ofl__host_stream_wakes(ofl_stream_t *s) {
     return 0;
   host_stream_t *hs = s->impl;
   return atomic_load(&hs->wakes);
+}
+
+uint64_t ofl__host_stream_dozes(ofl_stream_t *s) {
+  if (s->dev->backend != OFL_BACKEND_HOST)
+    return 0;
+  host_stream_t *hs = s->impl;
+  return atomic_load(&hs->dozes);
 }
 
 static void stream_unref(host_stream_t *hs) {

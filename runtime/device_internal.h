@@ -244,10 +244,12 @@ uint64_t ofl__host_stream_stolen(ofl_stream_t *s);
 /* Operations of the stream that ran on the thread that submitted them
  * (OFL_HOST_INLINE_BYTES; 0 off the host backend). */
 uint64_t ofl__host_stream_inlined(ofl_stream_t *s);
-/* Signals that woke the stream's sleeping worker (not counted: a worker
- * dozing after recent work, OFL_HOST_DOZE_US, finds new work itself); 0 off
- * the host backend. */
+/* Signals that woke the stream's worker: asleep, or in a doze with more
+ * than OFL_HOST_DOZE_US left (a worker in a shorter doze after recent work
+ * finds new work itself); dozes counts the dozes it began. 0 off the host
+ * backend. */
 uint64_t ofl__host_stream_wakes(ofl_stream_t *s);
+uint64_t ofl__host_stream_dozes(ofl_stream_t *s);
 /* Fills [ptr, ptr+bytes) with the strict-mode poison byte (host backend). */
 void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes);
 #define OFL__POISON_BYTE 0xDB

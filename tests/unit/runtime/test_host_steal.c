@@ -483,9 +483,12 @@ Test(host_inline, work_queued_behind_an_inline_copy_reaches_the_worker) {
 
 /* ---- dozing workers (OFL_HOST_DOZE_US) ---------------------------------
  * Within 20 ms of its last operation a worker sleeps in timed dozes and finds
- * new work itself: queueing onto it signals nobody. Longer idle, it sleeps
- * until signalled; a destroy ends a doze at once. Polling with
- * ofl_event_query (no wait, so no stealing) leaves every copy to the worker. */
+ * new work itself: queueing onto it signals nobody. Its first nine dozes
+ * after an operation last OFL_HOST_DOZE_US, each later one twice the one
+ * before; a doze with more than OFL_HOST_DOZE_US left is signalled. Idle
+ * past the window, it sleeps until signalled; a destroy ends a doze at
+ * once. Polling with ofl_event_query (no wait, so no stealing) leaves every
+ * copy to the worker. */
 
 static ofl_device_t *open_doze(const char *doze_us) {
   setenv("OFL_BACKEND", "host", 1);
@@ -532,7 +535,7 @@ static uint64_t copy_and_poll(ofl_stream_t *s, ofl_event_t *e, void *dv,
 
 Test(host_doze, queueing_onto_a_dozing_worker_signals_nobody) {
   enum { ROUNDS = 40 };
-  ofl_device_t *d = open_doze("1000");
+  ofl_device_t *d = open_doze("2000"); /* 18 ms of 2 ms dozes */
   ofl_stream_t *s = NULL;
   ofl_event_t *e = NULL;
   void *dv = NULL;
@@ -543,13 +546,14 @@ Test(host_doze, queueing_onto_a_dozing_worker_signals_nobody) {
   uint64_t last = copy_and_poll(s, e, dv, 0);
   uint64_t first = ofl__host_stream_wakes(s);
   cr_assert(le(u64, first, 1));
-  /* A copy queued within 20 ms of the previous one finds the worker dozing
-   * (it cannot have ended its window before then); a longer gap (this
-   * thread descheduled) may find it asleep: one signal allowed for each. */
+  /* A copy queued within 16 ms of the previous one finds the worker in one
+   * of its first nine dozes (they begin after that copy ran): none has more
+   * than 2 ms left. A longer gap (this thread descheduled) may find it in a
+   * longer doze or asleep: one signal allowed for each. */
   uint64_t late = 0;
   for (int r = 1; r <= ROUNDS; r++) {
     uint64_t q = copy_and_poll(s, e, dv, r);
-    late += q - last >= 19000000ull;
+    late += q - last >= 16000000ull;
     last = q;
   }
   cr_assert(le(u64, ofl__host_stream_wakes(s), first + late),
@@ -608,5 +612,43 @@ Test(host_doze, destroy_ends_a_doze_at_once) {
   cr_assert(lt(u64, took, 500000000ull), "destroy took %llu ms",
             (unsigned long long)(took / 1000000));
   OK(ofl_device_free(d, dv));
+  ofl_device_close(d);
+}
+
+Test(host_doze, an_idle_worker_dozes_longer_and_a_long_doze_is_signalled) {
+  ofl_device_t *d = open_doze("1000");
+  ofl_stream_t *s = NULL;
+  ofl_event_t *e = NULL;
+  void *dv = NULL;
+  OK(ofl_stream_create(d, "d2h", &s));
+  OK(ofl_event_create(d, &e));
+  OK(ofl_device_malloc(d, N, &dv));
+  /* no work yet: no doze */
+  nanosleep(&(struct timespec){0, 5000000}, NULL);
+  cr_assert(eq(u64, ofl__host_stream_dozes(s), 0));
+  /* after a copy: nine dozes of 1 ms (9 ms), then 2, 4 and 8 ms; the one
+   * that would begin past 20 ms is a sleep (a few more where a doze ends
+   * early: valgrind). At 1 ms each it would be 20. */
+  copy_and_poll(s, e, dv, 1);
+  nanosleep(&(struct timespec){0, 60000000}, NULL);
+  uint64_t n = ofl__host_stream_dozes(s);
+  cr_assert(ge(u64, n, 1));
+  cr_assert(le(u64, n, 15), "%llu dozes in 60 ms idle", (unsigned long long)n);
+  /* Wait for the twelfth doze after a copy (8 ms, from about 15 ms) and
+   * queue into it: more than 1 ms left, so the copy signals it. */
+  uint64_t base = ofl__host_stream_dozes(s), wakes = 0; /* asleep: fixed */
+  copy_and_poll(s, e, dv, 2);
+  int polls = 0;
+  while (ofl__host_stream_dozes(s) < base + 12 && polls++ < 10000)
+    nanosleep(&(struct timespec){0, 20000}, NULL);
+  if (ofl__host_stream_dozes(s) == base + 12) { /* not yet past it */
+    wakes = ofl__host_stream_wakes(s);
+    copy_and_poll(s, e, dv, 3);
+    cr_assert(eq(u64, ofl__host_stream_wakes(s), wakes + 1));
+  }
+  cr_assert(gt(u64, wakes, 0), "the twelfth doze was never seen");
+  OK(ofl_device_free(d, dv));
+  ofl_event_destroy(e);
+  OK(ofl_stream_destroy(s));
   ofl_device_close(d);
 }
