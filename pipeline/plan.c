@@ -566,13 +566,12 @@ static void fill_names(ofl_manager_t *m) {
 
 static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
-/* The predicted exposed copy time (ns) of the choice in p->chosen. */
+/* The predicted exposed copy time (ns) of the choice in p->chosen, the
+ * reloads queued on their stream (ofl__plan_exposed); 0 where its scratch
+ * cannot be allocated. */
 static double chosen_exposed(const ofl__plan_t *p) {
-  double exposed = 0;
-  for (uint32_t i = 0; i < p->nms; i++)
-    if (p->inst[i].offloadable && p->chosen[i])
-      exposed += ofl__plan_group_exposed(&p->inst[i]);
-  return exposed;
+  double exposed = ofl__plan_exposed(p->inst, p->nms, p->chosen);
+  return isfinite(exposed) ? exposed : 0;
 }
 
 /* The chosen groups offload in steady state, the other offloadable ones

@@ -199,6 +199,108 @@ uint64_t ofl__plan_peak(const ofl__plan_group_t *g, size_t n,
   return peak;
 }
 
+/* ---- the exposed copy time --------------------------------------------- */
+
+typedef struct {
+  double t; /* ns after the instance's earliest t_alloc */
+  size_t group;
+  bool need; /* false: the reload is issued; true: its backward begins */
+} plan_h2d_event_t;
+
+static int h2d_event_cmp(const void *pa, const void *pb) {
+  const plan_h2d_event_t *a = pa, *b = pb;
+  if (a->t != b->t)
+    return a->t < b->t ? -1 : 1;
+  if (a->need != b->need)
+    return a->need ? 1 : -1; /* an issue at the same time goes first */
+  return a->group < b->group ? -1 : (a->group > b->group);
+}
+
+/* The reloads of the chosen groups on the one H2D stream, in the order
+ * they are issued (t_reload): each starts when it is issued, the stream is
+ * free and its own D2H copy has ended (the D2H copies run in t_alloc order
+ * on their stream, as in the peak simulation); a backward that begins
+ * (t_reload + bwd_window_ns) before its reload ended waits, and everything
+ * after that wait runs that much later (the issues of later reloads
+ * included). Returns the sum of the waits, ns; ev and d2h_end are scratch
+ * of 2n and n entries. */
+static double h2d_stall(const ofl__plan_group_t *g, size_t n,
+                        const bool *chosen, plan_h2d_event_t *ev,
+                        double *d2h_end, const size_t *by_alloc) {
+  if (n == 0)
+    return 0;
+  int64_t t0 = g[0].t_alloc;
+  for (size_t i = 1; i < n; i++)
+    if (g[i].t_alloc < t0)
+      t0 = g[i].t_alloc;
+  double stream = -INFINITY;
+  for (size_t k = 0; k < n; k++) {
+    size_t i = by_alloc[k];
+    if (!is_chosen(g, chosen, i))
+      continue;
+    double start = (double)(g[i].t_alloc - t0);
+    if (start < stream)
+      start = stream;
+    stream = start + (g[i].d2h_ns > 0 ? g[i].d2h_ns : 0);
+    d2h_end[i] = stream;
+  }
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!is_chosen(g, chosen, i))
+      continue;
+    double issue = (double)(g[i].t_reload - t0);
+    double need = issue + (g[i].bwd_window_ns > 0 ? g[i].bwd_window_ns : 0);
+    ev[m++] = (plan_h2d_event_t){issue, i, false};
+    ev[m++] = (plan_h2d_event_t){need, i, true};
+  }
+  qsort(ev, m, sizeof *ev, h2d_event_cmp);
+  double shift = 0, link = -INFINITY, stall = 0;
+  for (size_t e = 0; e < m; e++) {
+    size_t i = ev[e].group;
+    double now = ev[e].t + shift;
+    if (!ev[e].need) {
+      double start = now;
+      if (start < link)
+        start = link;
+      if (start < d2h_end[i])
+        start = d2h_end[i];
+      link = start + (g[i].h2d_ns > 0 ? g[i].h2d_ns : 0);
+      d2h_end[i] = link; /* from here on: its reload's end */
+    } else if (d2h_end[i] > now) {
+      stall += d2h_end[i] - now;
+      shift += d2h_end[i] - now;
+    }
+  }
+  return stall;
+}
+
+/* The D2H part of the exposure: per group, as ofl__plan_group_exposed. */
+static double d2h_exposed(const ofl__plan_group_t *g, size_t n,
+                          const bool *chosen) {
+  double x = 0;
+  for (size_t i = 0; i < n; i++)
+    if (is_chosen(g, chosen, i))
+      x += fmax(0.0, g[i].d2h_ns - g[i].fwd_window_ns);
+  return x;
+}
+
+double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
+                         const bool *chosen) {
+  plan_order_t o;
+  if (n > SIZE_MAX / (2 * sizeof(plan_h2d_event_t) + sizeof(double)))
+    return INFINITY;
+  plan_h2d_event_t *ev = malloc(n ? n * (2 * sizeof *ev + sizeof(double)) : 1);
+  if (ev == NULL || !plan_order_init(&o, g, n)) {
+    free(ev);
+    return INFINITY;
+  }
+  double x = d2h_exposed(g, n, chosen) +
+             h2d_stall(g, n, chosen, ev, (double *)(ev + 2 * n), o.by_alloc);
+  plan_order_fini(&o);
+  free(ev);
+  return x;
+}
+
 /* ---- the instance ------------------------------------------------------ */
 
 /* Per name, its offloadable groups in split_rank order and the prefix sums
@@ -373,7 +475,15 @@ typedef struct {
   plan_order_t order;
   bool *cand; /* n: the choice being evaluated */
   uint32_t evaluated;
+  plan_h2d_event_t *h2d_ev; /* 2n, then n doubles: h2d_stall's scratch */
 } plan_search_t;
+
+/* The exposed time of p->cand (ofl__plan_exposed). */
+static double cand_exposed(const plan_search_t *p) {
+  return d2h_exposed(p->g, p->n, p->cand) +
+         h2d_stall(p->g, p->n, p->cand, p->h2d_ev,
+                   (double *)(p->h2d_ev + 2 * p->n), p->order.by_alloc);
+}
 
 /* The choice: the active names k with whole[k] (whole indexes
  * names->active), and the first j groups of name split (-1: none). */
@@ -403,15 +513,20 @@ typedef struct {
   bool found; /* score is of a choice that meets the target */
 } plan_best_t;
 
+/* bound: the sum of the choice's per-group exposed times, never above its
+ * exposed time (ofl__plan_exposed), which the reload queue can raise: a
+ * choice whose bound cannot beat the best is not simulated. */
 static void try_choice(plan_search_t *p, plan_best_t *best, bool *whole,
-                       unsigned mask, int split, size_t j, double exposed,
+                       unsigned mask, int split, size_t j, double bound,
                        uint64_t moved) {
-  if (!may_beat(exposed, moved, best->score))
+  if (!may_beat(bound, moved, best->score))
     return;
   set_choice(p, whole, split, j);
   uint64_t peak = evaluate(p, false);
-  plan_score_t sc = {exposed, moved, peak};
-  if (peak <= p->target && beats(sc, best->score))
+  if (peak > p->target)
+    return;
+  plan_score_t sc = {cand_exposed(p), moved, peak};
+  if (beats(sc, best->score))
     *best = (plan_best_t){sc, mask, split, j, true};
 }
 
@@ -565,16 +680,12 @@ static ofl_status_t search_greedy(plan_search_t *p, uint64_t *peak) {
   return OFL_SUCCESS;
 }
 
-static void fill_result(const ofl__plan_group_t *g, size_t n, const bool *c,
-                        ofl__plan_result_t *r) {
-  r->exposed_ns = 0;
+static void fill_result(const plan_search_t *p, ofl__plan_result_t *r) {
+  r->exposed_ns = cand_exposed(p);
   r->moved_bytes = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (!c[i])
-      continue;
-    r->exposed_ns += ofl__plan_group_exposed(&g[i]);
-    r->moved_bytes += g[i].bytes;
-  }
+  for (size_t i = 0; i < p->n; i++)
+    if (p->cand[i])
+      r->moved_bytes += p->g[i].bytes;
 }
 
 static ofl_status_t solve(plan_search_t *p, ofl__plan_result_t *r) {
@@ -597,12 +708,11 @@ static ofl_status_t solve(plan_search_t *p, ofl__plan_result_t *r) {
    * the target; where it does not, a subset still may (the peak is not
    * monotone), and where none does, the answer is all of them, not met. */
   plan_best_t best = {{INFINITY, UINT64_MAX, UINT64_MAX}, 0, -1, 0, false};
-  if (r->peak_all <= p->target) {
-    best.score = (plan_score_t){0, 0, r->peak_all};
+  if (r->peak_all <= p->target) { /* p->cand: every offloadable group */
+    best.score = (plan_score_t){cand_exposed(p), 0, r->peak_all};
     best.found = true;
     for (int k = 0; k < s->nactive; k++) {
       int m = s->active[k];
-      best.score.exposed += name_exposed(s, m, s->count[m]);
       best.score.moved += name_bytes(s, m, s->count[m]);
     }
   }
@@ -633,21 +743,23 @@ ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
                       (const void *)g, n, (void *)chosen, (void *)out, nnames);
   plan_names_t names;
   OFL_CHECK(names_alloc(&names, nnames, n));
-  plan_search_t p = {g, n, target, &names, {0}, NULL, 0};
+  plan_search_t p = {g, n, target, &names, {0}, NULL, 0, NULL};
   ofl__plan_result_t r;
   memset(&r, 0, sizeof r);
   ofl_status_t st = names_build(&names, g, n);
   if (st != OFL_SUCCESS)
     goto out_names;
   p.cand = calloc(n + 1, sizeof *p.cand);
-  if (p.cand == NULL || !plan_order_init(&p.order, g, n)) {
+  if (n <= SIZE_MAX / (2 * sizeof *p.h2d_ev + sizeof(double)))
+    p.h2d_ev = malloc((n + 1) * (2 * sizeof *p.h2d_ev + sizeof(double)));
+  if (p.cand == NULL || p.h2d_ev == NULL || !plan_order_init(&p.order, g, n)) {
     st =
         ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
                    "plan solve: no memory for the simulation of %zu groups", n);
     goto out_cand;
   }
   OFL_CHECK_GOTO(solve(&p, &r), st, out_order);
-  fill_result(g, n, p.cand, &r);
+  fill_result(&p, &r);
   r.met = r.predicted_peak <= target;
   r.evaluated = p.evaluated;
   if (n > 0)
@@ -656,6 +768,7 @@ ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
 out_order:
   plan_order_fini(&p.order);
 out_cand:
+  free(p.h2d_ev);
   free(p.cand);
 out_names:
   names_fini(&names);

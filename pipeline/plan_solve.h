@@ -59,6 +59,18 @@ typedef struct ofl__plan_result {
  * direction's copy that its window does not cover. */
 double ofl__plan_group_exposed(const ofl__plan_group_t *g);
 
+/* Exposed copy time of the choice chosen[i] (1: group i offloaded; ignored
+ * where !offloadable), ns: the D2H part per group as
+ * ofl__plan_group_exposed; the H2D part from the reloads queued on one
+ * stream in issue order (t_reload), each after its own D2H copy (those
+ * queued in t_alloc order), and a backward that begins
+ * (t_reload + bwd_window_ns) before its reload ended waits, delaying
+ * everything after it. Never below the sum of ofl__plan_group_exposed
+ * over the choice (the solver's bound). INFINITY where it cannot allocate
+ * its scratch. */
+double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
+                         const bool *chosen);
+
 /* Predicted peak of the device bytes for the choice chosen[i] (1: group i
  * offloaded; ignored where !offloadable). The D2H copies of chosen groups
  * run one after another in t_alloc order (one stream): a group's bytes leave

@@ -469,7 +469,10 @@ typedef struct ofl_plan_name {
   uint64_t chosen_bytes;    /* of them, offloaded */
   double copy_ms;           /* D2H + H2D time of all its groups' bytes */
   double window_ms;         /* forward + backward windows of its groups */
-  double exposed_ms;        /* predicted exposed copy time of the chosen */
+  double exposed_ms;        /* predicted exposed copy time of the chosen,
+                               each group's own (its copies against its
+                               windows; the plan's total adds the reloads'
+                               queue) */
   uint32_t prefetch_lead_max; /* largest learned lead of its groups */
 } ofl_plan_name_t;
 
@@ -482,7 +485,10 @@ typedef struct ofl_manager_plan {
   uint64_t peak_all_bytes;       /* offloading everything it may */
   uint64_t peak_none_bytes;      /* offloading nothing */
   uint64_t shortfall_bytes;      /* predicted peak - target when not met */
-  double predicted_exposed_ms;   /* per iteration */
+  double predicted_exposed_ms;   /* per iteration: D2H copy time past its
+                                    forward window, and the waits of the
+                                    backward for reloads queued on the H2D
+                                    stream behind each other */
   double d2h_gbps, h2d_gbps;     /* link rates the plan used */
   const char *rate_source;       /* "measured", "link model", "memcpy" */
   double release_ms;             /* host backend: the longest a copy of the
