@@ -828,6 +828,8 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
     ni->st.stalls++;
     ni->st.stall_ns += dt;
     g->stalled = true;
+    if (m->warmup)
+      g->warm_stall_ns += dt;
   }
   g->reload_joined = true;
   return OFL_SUCCESS;

@@ -68,6 +68,9 @@ typedef struct group {
   uint8_t lead_cap;  /* the lead it may grow to (lowered where a deeper one
                         put the measured peak over the target) */
   bool stalled;      /* its reload stalled compute in this iteration */
+  uint64_t warm_stall_ns; /* how long its backward waited for its reload in
+                             the warmup (the auto plan takes it out of the
+                             warmup's timeline) */
   uint64_t dev_bytes; /* bytes on the device at its commit (ledger) */
   /* Per iteration. */
   bool open, delayed, committed, offloaded, reload_issued, reload_joined;

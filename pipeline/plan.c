@@ -31,6 +31,7 @@
 typedef struct stamp {
   uint64_t cpu;    /* ofl__now_ns() at the call */
   ofl_event_t *ev; /* timed event, where the backend has them */
+  uint32_t waits;  /* backward waits for reloads before it (bwd_seq) */
   bool set;
 } stamp_t;
 
@@ -59,6 +60,8 @@ struct ofl__plan {
   ofl__plan_group_t *inst; /* by pidx */
   bool *chosen;
   uint32_t *bwd_order; /* pidx in backward order */
+  uint64_t *stalled_before; /* nbwd + 1: the warmup's reload waits before
+                               the k-th backward begin, summed (ns) */
   int64_t *t_bwd_end;  /* by pidx */
   uint32_t nbwd;
   ofl_plan_name_t *names;
@@ -104,6 +107,7 @@ static bool followed(const ofl_manager_t *m, const group_t *g) {
 static void stamp(ofl_manager_t *m, stamp_t *s, ofl_stream_t *stream) {
   ofl__plan_t *p = m->ap;
   s->cpu = ofl__now_ns();
+  s->waits = p->bwd_seq;
   s->set = true;
   if (!p->timed || p->timing_lost)
     return;
@@ -318,15 +322,26 @@ uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
 /* ---- end of warmup: the instance ------------------------------------------ */
 
 /* ns of a stamp on the warmup's axis (0 at the base). */
+/* Where s is on the warmup's timeline less the time its backward passes
+ * waited for reloads before it: the plan models the compute, and the
+ * warmup offloaded every group, where a steady iteration offloads only
+ * some. A wait inflated every later gap and window (a reload's window
+ * took in the wait it caused, so a copy the link could not hide looked
+ * hidden). Copy stamps move with the compute stamp they were issued at. */
 static int64_t at_ns(const ofl__plan_t *p, const stamp_t *s) {
   if (!s->set)
     return -1;
+  int64_t t = (int64_t)(s->cpu - p->base.cpu);
   if (p->timed && !p->timing_lost && s->ev != NULL && p->base.ev != NULL) {
     uint64_t ns = 0;
     if (ofl__event_elapsed_ns(p->base.ev, s->ev, &ns) == OFL_SUCCESS)
-      return (int64_t)ns;
+      t = (int64_t)ns;
   }
-  return (int64_t)(s->cpu - p->base.cpu);
+  if (p->stalled_before != NULL) {
+    uint32_t k = s->waits < p->nbwd ? s->waits : p->nbwd;
+    t -= (int64_t)(p->stalled_before[k] - p->stalled_before[0]);
+  }
+  return t;
 }
 
 static bool span_ns(const ofl__plan_t *p, const stamp_t *a, const stamp_t *b,
@@ -436,6 +451,21 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
                       "no memory for the auto plan");
   link_rates(m);
   double d2h_bps = p->out.d2h_gbps * 1e9, h2d_bps = p->out.h2d_gbps * 1e9;
+  p->nbwd = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (p->ms[i].bwd_seq > 0)
+      p->bwd_order[p->nbwd++] = i;
+  sort_bwd(p->bwd_order, p->nbwd, p->ms);
+  /* The warmup's reload waits, in backward order (bwd_seq 1..nbwd): from
+   * here on at_ns leaves them out of the timeline. */
+  p->stalled_before = calloc((size_t)p->nbwd + 1, sizeof *p->stalled_before);
+  if (p->stalled_before == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "no memory for the auto plan");
+  for (uint32_t k = 0; k < p->nbwd; k++)
+    p->stalled_before[k + 1] =
+        p->stalled_before[k] + p->ms[p->bwd_order[k]].g->warm_stall_ns;
+  p->out.warmup_stall_ms = (double)p->stalled_before[p->nbwd] / 1e6;
   /* Commit order is the stamp order of the commits (one thread). */
   int64_t last = 0;
   for (uint32_t i = 0; i < n; i++) {
@@ -447,11 +477,6 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     if (p->t_bwd_end[i] > last)
       last = p->t_bwd_end[i];
   }
-  p->nbwd = 0;
-  for (uint32_t i = 0; i < n; i++)
-    if (p->ms[i].bwd_seq > 0)
-      p->bwd_order[p->nbwd++] = i;
-  sort_bwd(p->bwd_order, p->nbwd, p->ms);
   /* A copy of the warmup that ended later than the model puts its end
    * (the warmup's commits, every copy at the link rate one after another:
    * queueing is the model's already) shows latency the model lacks (a copy
@@ -609,12 +634,14 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   p->base_lead = (uint8_t)(m->prefetch_groups > LEAD_MAX ? LEAD_MAX
                                                          : m->prefetch_groups);
-  /* The stamps are read once: the warmup's work must have finished. */
+  /* The stamps are read once: the warmup's work must have finished, and
+   * its reload waits measured (on cuda by timing events, read here). */
   ofl_status_t s = ofl_stream_synchronize(ofl__compute(m), OFL_TIMEOUT_DEFAULT);
   if (s == OFL_SUCCESS)
     s = ofl_manager_synchronize(m, OFL_TIMEOUT_DEFAULT);
   if (s != OFL_SUCCESS)
     return s;
+  ofl__stall_harvest(m, true);
   int nnames = 0;
   OFL_CHECK(build_instance(m, &nnames));
   OFL_CHECK(ledger_alloc(p));
@@ -666,11 +693,12 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   OFL_INFO(OFL_SUBSYS_PIPELINE,
            "rank %d: auto plan: %s search, predicted peak %.2f MiB (target "
            "%.2f, all offloaded %.2f, none %.2f), predicted exposed %.3f ms, "
-           "links d2h %.2f h2d %.2f GB/s (%s), release latency %.3f ms",
+           "links d2h %.2f h2d %.2f GB/s (%s), release latency %.3f ms, "
+           "the warmup's reload waits (%.3f ms) out of its timeline",
            m->rank, r.exact ? "exact" : "greedy", mib(r.predicted_peak),
-           mib(m->mem_target), mib(r.peak_all), mib(r.peak_none),
-           exposed / 1e6, p->out.d2h_gbps, p->out.h2d_gbps,
-           p->out.rate_source, p->out.release_ms);
+           mib(m->mem_target), mib(r.peak_all), mib(r.peak_none), exposed / 1e6,
+           p->out.d2h_gbps, p->out.h2d_gbps, p->out.rate_source,
+           p->out.release_ms, p->out.warmup_stall_ms);
   p->stall_ns_start = m->st.stall_ns;
   return OFL_SUCCESS;
 }
@@ -1116,6 +1144,7 @@ void ofl__plan_free(ofl_manager_t *m) {
   free(p->chosen);
   free(p->chosen_safe);
   free(p->bwd_order);
+  free(p->stalled_before);
   free(p->t_bwd_end);
   free(p->off_now);
   free(p->pending);

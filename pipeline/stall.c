@@ -20,6 +20,7 @@ typedef struct probe {
   int nid;
   group_t *g; /* its reload (groups live as long as the manager) */
   bool pending;
+  bool warm; /* recorded in the warmup */
 } probe_t;
 
 struct ofl__stall_probes {
@@ -47,8 +48,11 @@ static void harvest_one(ofl_manager_t *m, probe_t *p, bool wait) {
     m->names[p->nid].st.stalls++;
     m->names[p->nid].st.stall_ns += ns;
   }
-  if (p->g != NULL)
+  if (p->g != NULL) {
     p->g->stalled = true;
+    if (p->warm)
+      p->g->warm_stall_ns += ns;
+  }
 }
 
 void ofl__stall_harvest(ofl_manager_t *m, bool wait) {
@@ -94,6 +98,7 @@ ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, group_t *g,
   OFL_CHECK(ofl_event_record(p->after, compute));
   p->nid = g->nid;
   p->g = g;
+  p->warm = m->warmup;
   p->pending = true;
   m->probes->next = (m->probes->next + 1) % NPROBES;
   return OFL_SUCCESS;

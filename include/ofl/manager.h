@@ -491,6 +491,9 @@ typedef struct ofl_manager_plan {
                                     stream behind each other */
   double d2h_gbps, h2d_gbps;     /* link rates the plan used */
   const char *rate_source;       /* "measured", "link model", "memcpy" */
+  double warmup_stall_ms;        /* the warmup's reload waits (it offloads
+                                    every group), taken out of the timeline
+                                    the plan models */
   double release_ms;             /* host backend: the longest a copy of the
                                     warmup was seen unfinished; every
                                     offloaded group's bytes are taken to stay

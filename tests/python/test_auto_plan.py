@@ -22,7 +22,7 @@ PLAN_FIELDS = {"automatic", "met", "exact", "target_bytes", "predicted_peak_byte
                "peak_all_bytes", "peak_none_bytes", "shortfall_bytes",
                "predicted_exposed_ms", "d2h_gbps", "h2d_gbps", "rate_source", "iterations",
                "measured_peak_bytes", "measured_peak_max_bytes", "measured_stall_ms",
-               "lead_changes", "replans", "names", "release_ms",
+               "lead_changes", "replans", "names", "release_ms", "warmup_stall_ms",
                "settled_iterations", "measured_peak_settled_bytes"}
 NAME_FIELDS = {"name", "groups", "chosen", "bytes", "chosen_bytes", "copy_ms", "window_ms",
                "exposed_ms", "prefetch_lead_max"}
