@@ -274,11 +274,12 @@ static void random_inst(inst_t *in, uint64_t *s) {
 /* A naive simulation: the bytes on the device just after the additions at
  * each commit or reload, summed group by group (O(n^2); times as doubles,
  * exact for these small multiples of 10). */
-static uint64_t naive_peak(const inst_t *in, const bool *c) {
-  double end[MAXG];
+/* The D2H queue of the chosen groups: the earliest commit first, ties by
+ * index, each after the one before; end[i] its copy's end. */
+static void naive_d2h(const inst_t *in, const bool *c, double *end) {
   bool queued[MAXG] = {false};
   double stream = -1e300;
-  for (;;) { /* the D2H queue: the earliest commit first, ties by index */
+  for (;;) {
     size_t next = SIZE_MAX;
     for (size_t j = 0; j < in->n; j++)
       if (c[j] && in->g[j].offloadable && !queued[j] &&
@@ -291,6 +292,11 @@ static uint64_t naive_peak(const inst_t *in, const bool *c) {
     end[next] = (stream > start ? stream : start) + in->g[next].d2h_ns;
     stream = end[next];
   }
+}
+
+static uint64_t naive_peak(const inst_t *in, const bool *c) {
+  double end[MAXG];
+  naive_d2h(in, c, end);
   int64_t peak = 0;
   for (size_t e = 0; e < 2 * in->n; e++) {
     const ofl__plan_group_t *at = &in->g[e / 2];
@@ -345,22 +351,11 @@ Test(pipeline_plan_solve, peak_matches_a_naive_simulation) {
  * every wait delaying what follows it (O(n^2)). */
 static double naive_exposed(const inst_t *in, const bool *c) {
   double end[MAXG], x = 0;
-  bool queued[MAXG] = {false}, issued[MAXG] = {false}, begun[MAXG] = {false};
-  double stream = -1e300;
-  for (;;) {
-    size_t next = SIZE_MAX;
-    for (size_t j = 0; j < in->n; j++)
-      if (c[j] && in->g[j].offloadable && !queued[j] &&
-          (next == SIZE_MAX || in->g[j].t_alloc < in->g[next].t_alloc))
-        next = j;
-    if (next == SIZE_MAX)
-      break;
-    queued[next] = true;
-    double start = (double)in->g[next].t_alloc;
-    end[next] = (stream > start ? stream : start) + in->g[next].d2h_ns;
-    stream = end[next];
-    x += fmax(0.0, in->g[next].d2h_ns - in->g[next].fwd_window_ns);
-  }
+  bool issued[MAXG] = {false}, begun[MAXG] = {false};
+  naive_d2h(in, c, end);
+  for (size_t i = 0; i < in->n; i++)
+    if (c[i] && in->g[i].offloadable)
+      x += fmax(0.0, in->g[i].d2h_ns - in->g[i].fwd_window_ns);
   double shift = 0, link = -1e300;
   for (;;) {
     size_t best = SIZE_MAX;

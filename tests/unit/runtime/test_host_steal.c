@@ -490,7 +490,16 @@ Test(host_inline, work_queued_behind_an_inline_copy_reaches_the_worker) {
  * once. Polling with ofl_event_query (no wait, so no stealing) leaves every
  * copy to the worker. */
 
-static ofl_device_t *open_doze(const char *doze_us) {
+/* A strict host device at doze_us (no poll before a sleep), one stream,
+ * an event and a device block of N bytes. */
+typedef struct {
+  ofl_device_t *d;
+  ofl_stream_t *s;
+  ofl_event_t *e;
+  void *dv;
+} doze_t;
+
+static doze_t open_doze(const char *doze_us) {
   setenv("OFL_BACKEND", "host", 1);
   setenv("OFL_HOST_DOZE_US", doze_us, 1);
   setenv("OFL_HOST_SPIN_US", "0", 1); /* no poll: every idle is a sleep */
@@ -498,13 +507,27 @@ static ofl_device_t *open_doze(const char *doze_us) {
   ofl_device_params_t p = OFL_DEVICE_PARAMS_INIT;
   p.backend = OFL_BACKEND_HOST;
   p.strict = 1;
-  ofl_device_t *d = NULL;
-  OK(ofl_device_open(&p, &d));
+  doze_t z = {NULL, NULL, NULL, NULL};
+  OK(ofl_device_open(&p, &z.d));
   unsetenv("OFL_HOST_DOZE_US");
   unsetenv("OFL_HOST_SPIN_US");
   ofl_config_reload();
   ofl_log_set_level(OFL_LOG_NONE);
-  return d;
+  OK(ofl_stream_create(z.d, "d2h", &z.s));
+  OK(ofl_event_create(z.d, &z.e));
+  OK(ofl_device_malloc(z.d, N, &z.dv));
+  return z;
+}
+
+/* The event and stream first (the destroy test times them), then the
+ * block and the device. */
+static void close_doze(doze_t *z) {
+  if (z->e != NULL)
+    ofl_event_destroy(z->e);
+  if (z->s != NULL)
+    OK(ofl_stream_destroy(z->s));
+  OK(ofl_device_free(z->d, z->dv));
+  ofl_device_close(z->d);
 }
 
 static uint64_t mono_ns(void) {
@@ -515,19 +538,18 @@ static uint64_t mono_ns(void) {
 
 /* Queues a copy of round's bytes from dv to out and polls until it is done
  * (10 s at most); checks every byte. Returns when it was queued. */
-static uint64_t copy_and_poll(ofl_stream_t *s, ofl_event_t *e, void *dv,
-                              int round) {
+static uint64_t copy_and_poll(const doze_t *z, int round) {
   unsigned char src[N], out[N];
   fill(src, N, (unsigned)round);
   memset(out, 0, N);
-  memcpy(dv, src, N); /* host backend: device memory is CPU memory */
+  memcpy(z->dv, src, N); /* host backend: device memory is CPU memory */
   uint64_t queued = mono_ns();
-  OK(ofl_memcpy_async(out, dv, N, OFL_COPY_D2H, s));
-  OK(ofl_event_record(e, s));
+  OK(ofl_memcpy_async(out, z->dv, N, OFL_COPY_D2H, z->s));
+  OK(ofl_event_record(z->e, z->s));
   int polls = 0;
-  while (ofl_event_query(e) != OFL_SUCCESS && polls++ < 100000)
+  while (ofl_event_query(z->e) != OFL_SUCCESS && polls++ < 100000)
     nanosleep(&(struct timespec){0, 100000}, NULL);
-  cr_assert(eq(int, ofl_event_query(e), OFL_SUCCESS), "round %d never ran",
+  cr_assert(eq(int, ofl_event_query(z->e), OFL_SUCCESS), "round %d never ran",
             round);
   cr_assert(eq(int, memcmp(out, src, N), 0), "round %d", round);
   return queued;
@@ -535,16 +557,10 @@ static uint64_t copy_and_poll(ofl_stream_t *s, ofl_event_t *e, void *dv,
 
 Test(host_doze, queueing_onto_a_dozing_worker_signals_nobody) {
   enum { ROUNDS = 40 };
-  ofl_device_t *d = open_doze("2000"); /* 18 ms of 2 ms dozes */
-  ofl_stream_t *s = NULL;
-  ofl_event_t *e = NULL;
-  void *dv = NULL;
-  OK(ofl_stream_create(d, "d2h", &s));
-  OK(ofl_event_create(d, &e));
-  OK(ofl_device_malloc(d, N, &dv));
+  doze_t z = open_doze("2000"); /* 18 ms of 2 ms dozes */
   /* the first copy wakes the worker if it was asleep yet */
-  uint64_t last = copy_and_poll(s, e, dv, 0);
-  uint64_t first = ofl__host_stream_wakes(s);
+  uint64_t last = copy_and_poll(&z, 0);
+  uint64_t first = ofl__host_stream_wakes(z.s);
   cr_assert(le(u64, first, 1));
   /* A copy queued within 16 ms of the previous one finds the worker in one
    * of its first nine dozes (they begin after that copy ran): none has more
@@ -552,103 +568,77 @@ Test(host_doze, queueing_onto_a_dozing_worker_signals_nobody) {
    * longer doze or asleep: one signal allowed for each. */
   uint64_t late = 0;
   for (int r = 1; r <= ROUNDS; r++) {
-    uint64_t q = copy_and_poll(s, e, dv, r);
+    uint64_t q = copy_and_poll(&z, r);
     late += q - last >= 16000000ull;
     last = q;
   }
-  cr_assert(le(u64, ofl__host_stream_wakes(s), first + late),
+  cr_assert(le(u64, ofl__host_stream_wakes(z.s), first + late),
             "%llu signals for %d copies, %llu of them after a long gap",
-            (unsigned long long)ofl__host_stream_wakes(s), ROUNDS,
+            (unsigned long long)ofl__host_stream_wakes(z.s), ROUNDS,
             (unsigned long long)late);
-  cr_assert(eq(u64, ofl__host_stream_stolen(s), 0));
+  cr_assert(eq(u64, ofl__host_stream_stolen(z.s), 0));
   /* idle past the window: asleep, and the next copy signals it */
   nanosleep(&(struct timespec){0, 60000000}, NULL);
-  uint64_t before = ofl__host_stream_wakes(s);
-  copy_and_poll(s, e, dv, ROUNDS + 1);
-  cr_assert(eq(u64, ofl__host_stream_wakes(s), before + 1));
-  OK(ofl_device_free(d, dv));
-  ofl_event_destroy(e);
-  OK(ofl_stream_destroy(s));
-  ofl_device_close(d);
+  uint64_t before = ofl__host_stream_wakes(z.s);
+  copy_and_poll(&z, ROUNDS + 1);
+  cr_assert(eq(u64, ofl__host_stream_wakes(z.s), before + 1));
+  close_doze(&z);
 }
 
 Test(host_doze, without_dozes_every_copy_to_a_sleeping_worker_signals_it) {
-  ofl_device_t *d = open_doze("0");
-  ofl_stream_t *s = NULL;
-  ofl_event_t *e = NULL;
-  void *dv = NULL;
-  OK(ofl_stream_create(d, "d2h", &s));
-  OK(ofl_event_create(d, &e));
-  OK(ofl_device_malloc(d, N, &dv));
-  copy_and_poll(s, e, dv, 0); /* wakes the worker if it was asleep yet */
+  doze_t z = open_doze("0");
+  copy_and_poll(&z, 0); /* wakes the worker if it was asleep yet */
   nanosleep(&(struct timespec){0, 5000000}, NULL);
-  uint64_t first = ofl__host_stream_wakes(s);
+  uint64_t first = ofl__host_stream_wakes(z.s);
   for (int r = 1; r <= 10; r++) {
-    copy_and_poll(s, e, dv, r);
+    copy_and_poll(&z, r);
     /* long enough for the worker to be back asleep */
     nanosleep(&(struct timespec){0, 5000000}, NULL);
   }
-  cr_assert(eq(u64, ofl__host_stream_wakes(s), first + 10));
-  OK(ofl_device_free(d, dv));
-  ofl_event_destroy(e);
-  OK(ofl_stream_destroy(s));
-  ofl_device_close(d);
+  cr_assert(eq(u64, ofl__host_stream_wakes(z.s), first + 10));
+  close_doze(&z);
 }
 
 Test(host_doze, destroy_ends_a_doze_at_once) {
-  ofl_device_t *d = open_doze("1000000"); /* a one-second doze */
-  ofl_stream_t *s = NULL;
-  ofl_event_t *e = NULL;
-  void *dv = NULL;
-  OK(ofl_stream_create(d, "d2h", &s));
-  OK(ofl_event_create(d, &e));
-  OK(ofl_device_malloc(d, N, &dv));
-  copy_and_poll(s, e, dv, 1); /* the worker dozes after it */
+  doze_t z = open_doze("1000000"); /* a one-second doze */
+  copy_and_poll(&z, 1);            /* the worker dozes after it */
   nanosleep(&(struct timespec){0, 2000000}, NULL);
   uint64_t t0 = mono_ns();
-  ofl_event_destroy(e);
-  OK(ofl_stream_destroy(s));
+  ofl_event_destroy(z.e);
+  OK(ofl_stream_destroy(z.s));
   uint64_t took = mono_ns() - t0;
   cr_assert(lt(u64, took, 500000000ull), "destroy took %llu ms",
             (unsigned long long)(took / 1000000));
-  OK(ofl_device_free(d, dv));
-  ofl_device_close(d);
+  z.e = NULL;
+  z.s = NULL;
+  close_doze(&z);
 }
 
 Test(host_doze, an_idle_worker_dozes_longer_and_a_long_doze_is_signalled) {
-  ofl_device_t *d = open_doze("1000");
-  ofl_stream_t *s = NULL;
-  ofl_event_t *e = NULL;
-  void *dv = NULL;
-  OK(ofl_stream_create(d, "d2h", &s));
-  OK(ofl_event_create(d, &e));
-  OK(ofl_device_malloc(d, N, &dv));
+  doze_t z = open_doze("1000");
   /* no work yet: no doze */
   nanosleep(&(struct timespec){0, 5000000}, NULL);
-  cr_assert(eq(u64, ofl__host_stream_dozes(s), 0));
+  cr_assert(eq(u64, ofl__host_stream_dozes(z.s), 0));
   /* after a copy: nine dozes of 1 ms (9 ms), then 2, 4 and 8 ms; the one
    * that would begin past 20 ms is a sleep (a few more where a doze ends
    * early: valgrind). At 1 ms each it would be 20. */
-  copy_and_poll(s, e, dv, 1);
+  copy_and_poll(&z, 1);
   nanosleep(&(struct timespec){0, 60000000}, NULL);
-  uint64_t n = ofl__host_stream_dozes(s);
+  uint64_t n = ofl__host_stream_dozes(z.s);
   cr_assert(ge(u64, n, 1));
   cr_assert(le(u64, n, 15), "%llu dozes in 60 ms idle", (unsigned long long)n);
   /* Wait for the twelfth doze after a copy (8 ms, from about 15 ms) and
    * queue into it: more than 1 ms left, so the copy signals it. */
-  uint64_t base = ofl__host_stream_dozes(s), wakes = 0; /* asleep: fixed */
-  copy_and_poll(s, e, dv, 2);
+  uint64_t base = ofl__host_stream_dozes(z.s), wakes = 0; /* asleep: fixed */
+  copy_and_poll(&z, 2);
   int polls = 0;
-  while (ofl__host_stream_dozes(s) < base + 12 && polls++ < 10000)
+  while (ofl__host_stream_dozes(z.s) < base + 12 && polls++ < 10000)
     nanosleep(&(struct timespec){0, 20000}, NULL);
-  if (ofl__host_stream_dozes(s) == base + 12) { /* not yet past it */
-    wakes = ofl__host_stream_wakes(s);
-    copy_and_poll(s, e, dv, 3);
-    cr_assert(eq(u64, ofl__host_stream_wakes(s), wakes + 1));
+  if (ofl__host_stream_dozes(z.s) == base + 12) { /* not yet past it */
+    wakes = ofl__host_stream_wakes(z.s);
+    copy_and_poll(&z, 3);
+    cr_assert(eq(u64, ofl__host_stream_wakes(z.s), wakes + 1));
   }
   cr_assert(gt(u64, wakes, 0), "the twelfth doze was never seen");
-  OK(ofl_device_free(d, dv));
-  ofl_event_destroy(e);
-  OK(ofl_stream_destroy(s));
-  ofl_device_close(d);
+  close_doze(&z);
 }
