@@ -793,8 +793,10 @@ ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g) {
 }
 
 /* Compute waits for the group's prefetch (counted as a stall when it has not
- * finished yet). */
-static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
+ * finished yet). at_begin: the wait of its backward's begin (the auto plan
+ * takes the warmup's out of the later stamps; a pop's wait comes after the
+ * begin's stamp). */
+static ofl_status_t join_reload(ofl_manager_t *m, group_t *g, bool at_begin) {
   if (!g->reload_issued)
     return OFL_SUCCESS;
   /* Rule 3: a pop on another compute stream than the one that joined
@@ -806,10 +808,10 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
   /* On a backend with timing events the wait is timed on the device
    * (stall.c): a CPU query here would see nearly every reload unfinished,
    * the CPU being far ahead of the GPU. */
-  ofl_status_t timed =
-      g->reload_joined
-          ? OFL_ERR_NOT_SUPPORTED
-          : ofl__stall_timed_wait(m, g, compute, g->reload_ev);
+  ofl_status_t timed = g->reload_joined
+                           ? OFL_ERR_NOT_SUPPORTED
+                           : ofl__stall_timed_wait(m, g, compute, g->reload_ev,
+                                                   m->warmup && at_begin);
   if (timed != OFL_SUCCESS && timed != OFL_ERR_NOT_SUPPORTED)
     return timed;
   bool late = timed == OFL_ERR_NOT_SUPPORTED && !g->reload_joined &&
@@ -828,7 +830,7 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g) {
     ni->st.stalls++;
     ni->st.stall_ns += dt;
     g->stalled = true;
-    if (m->warmup)
+    if (m->warmup && at_begin)
       g->warm_stall_ns += dt;
   }
   g->reload_joined = true;
@@ -914,7 +916,7 @@ ofl_status_t ofl_manager_group_backward_begin(ofl_manager_t *m,
     stack_remove(g->chunk, g);
     g->inline_reload = true;
   }
-  OFL_CHECK(join_reload(m, g));
+  OFL_CHECK(join_reload(m, g, true));
   ofl__plan_on_backward(m, g, 0);
   OFL__PLOG(OFL_LOG_TRACE, m, g->chunk, name, "backward begins%s",
             g->inline_reload ? " (inline reload)" : "");
@@ -1112,7 +1114,7 @@ ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
     OFL__PLOG(OFL_LOG_TRACE, m, g->chunk, ofl__gname(m, g),
               "inline reload of tensor %u", k - 1);
   } else if (e->state == E_RELOADED) {
-    OFL_CHECK(join_reload(m, g));
+    OFL_CHECK(join_reload(m, g, false));
   }
   *out = e->t;
   e->t = NULL;

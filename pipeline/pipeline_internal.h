@@ -263,9 +263,11 @@ void ofl__group_end_iteration(ofl_manager_t *m, group_t *g);
 /* stall.c: on backends with timing events, compute's wait for a reload is
  * timed on the device (events before and after the wait, read later). */
 /* Makes compute wait for ev and times the wait: OFL_ERR_NOT_SUPPORTED
- * where the backend cannot time (the caller measures on the CPU). */
+ * where the backend cannot time (the caller measures on the CPU). warm:
+ * the time also goes to g->warm_stall_ns (a warmup backward's begin). */
 ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, group_t *g,
-                                   ofl_stream_t *compute, ofl_event_t *ev);
+                                   ofl_stream_t *compute, ofl_event_t *ev,
+                                   bool warm);
 /* Adds the completed measurements to the stall counters (all of them,
  * waiting boundedly, when wait). */
 void ofl__stall_harvest(ofl_manager_t *m, bool wait);

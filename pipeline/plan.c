@@ -498,15 +498,15 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     double t0 = (double)at_ns(p, &x->commit);
     queue = (queue > t0 ? queue : t0) +
             (d2h_bps > 0 ? (double)x->g->warm_bytes * 1e9 / d2h_bps : 0);
-    double end = timed ? (double)at_ns(p, &x->d2h_b)
-                 : x->late > x->commit.cpu
-                     ? (double)(int64_t)(x->late - p->base.cpu)
-                     : -1;
-    if (timed && x->late != 0 && (uint32_t)x->late_ms < n) {
+    double end = timed ? (double)at_ns(p, &x->d2h_b) : -1;
+    if (x->late != 0 && (uint32_t)x->late_ms < n &&
+        (timed || x->late > x->commit.cpu)) {
       /* The ledger sees a copy end at its markers, on the CPU: where the
        * CPU runs ahead of the device (a GPU), a marker whose own place on
        * the compute stream is well past the copy's end can still see it
-       * unfinished, and the bytes stay until then. */
+       * unfinished, and the bytes stay until then. Without timing events
+       * that marker's stamp is the end (its CPU time, taken right after
+       * the look, with the warmup's waits out like every stamp). */
       const meas_t *y = &p->ms[x->late_ms];
       const stamp_t *at = x->late_kind == 0   ? &y->commit
                           : x->late_kind == 1 ? &y->bwd_begin
@@ -1079,9 +1079,9 @@ static void raise_aim(ofl_manager_t *m, uint64_t err) {
     if (ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen, &r) !=
         OFL_SUCCESS)
       break;
-    double after = chosen_exposed(p) / 1e6;
-    if (after >= before)
-      break; /* nothing to gain, and less at lower aims */
+    double after = ofl__plan_exposed(p->inst, p->nms, p->chosen) / 1e6;
+    if (!isfinite(after) || after >= before)
+      break; /* nothing to gain (and less at lower aims), or no memory */
     double share = moved > 0 ? (double)r.moved_bytes / (double)moved : 0;
     uint64_t carried = (uint64_t)((double)err * (share < 1 ? share : 1));
     uint64_t pred = r.predicted_peak > carried ? r.predicted_peak - carried : 0;

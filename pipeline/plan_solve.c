@@ -238,7 +238,7 @@ static double h2d_stall(const ofl__plan_group_t *g, size_t n,
     size_t i = by_alloc[k];
     if (!is_chosen(g, chosen, i))
       continue;
-    double start = (double)(g[i].t_alloc - t0);
+    double start = ((double)g[i].t_alloc - (double)t0);
     if (start < stream)
       start = stream;
     stream = start + (g[i].d2h_ns > 0 ? g[i].d2h_ns : 0);
@@ -248,7 +248,7 @@ static double h2d_stall(const ofl__plan_group_t *g, size_t n,
   for (size_t i = 0; i < n; i++) {
     if (!is_chosen(g, chosen, i))
       continue;
-    double issue = (double)(g[i].t_reload - t0);
+    double issue = ((double)g[i].t_reload - (double)t0);
     double need = issue + (g[i].bwd_window_ns > 0 ? g[i].bwd_window_ns : 0);
     ev[m++] = (plan_h2d_event_t){issue, i, false};
     ev[m++] = (plan_h2d_event_t){need, i, true};

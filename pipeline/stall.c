@@ -20,7 +20,7 @@ typedef struct probe {
   int nid;
   group_t *g; /* its reload (groups live as long as the manager) */
   bool pending;
-  bool warm; /* recorded in the warmup */
+  bool warm; /* a warmup backward's begin: also to g->warm_stall_ns */
 } probe_t;
 
 struct ofl__stall_probes {
@@ -81,7 +81,8 @@ static ofl_status_t make_probes(ofl_manager_t *m) {
 }
 
 ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, group_t *g,
-                                   ofl_stream_t *compute, ofl_event_t *ev) {
+                                   ofl_stream_t *compute, ofl_event_t *ev,
+                                   bool warm) {
   if (m->probes == NULL && ofl_device_backend(m->dev) != OFL_BACKEND_HOST)
     (void)make_probes(m);
   if (m->probes == NULL || m->probes->unsupported)
@@ -98,7 +99,7 @@ ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, group_t *g,
   OFL_CHECK(ofl_event_record(p->after, compute));
   p->nid = g->nid;
   p->g = g;
-  p->warm = m->warmup;
+  p->warm = warm;
   p->pending = true;
   m->probes->next = (m->probes->next + 1) % NPROBES;
   return OFL_SUCCESS;

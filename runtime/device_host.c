@@ -17,21 +17,32 @@
 #define LINK_SLICE (1u << 20)
 #define WAIT_SLICE_NS 20000000ull /* a waiting worker checks for stop */
 #define DOZE_WINDOW_NS 20000000ull /* worker_main: dozes this long at most */
-#define DOZES_BEFORE_BACKOFF 8     /* worker_main: dozes of OFL_HOST_DOZE_US */
+#define DOZES_BEFORE_BACKOFF 9     /* worker_main: dozes of OFL_HOST_DOZE_US */
 
-/* One slice of a bounded wait on cv (mu held): until deadline_ns or
- * WAIT_SLICE_NS from now, whichever is first, so that callers re-check their
- * condition, the deadline and stop flags in slices. */
+/* The condition variables here time their waits on CLOCK_MONOTONIC, the
+ * clock of ofl__now_ns and of every deadline: a wall-clock step (NTP, a
+ * resumed virtual machine) must not stretch a wait (a doze that nobody
+ * signals, POSIX pthread_condattr_setclock). */
+static void cond_init(pthread_cond_t *cv) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(cv, &a);
+  pthread_condattr_destroy(&a);
+}
+
+/* One slice of a bounded wait on cv (mu held; cv made by cond_init): until
+ * deadline_ns or WAIT_SLICE_NS from now, whichever is first, so that
+ * callers re-check their condition, the deadline and stop flags in
+ * slices. */
 static void cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
                             uint64_t now_ns, uint64_t deadline_ns) {
   uint64_t slice = deadline_ns > now_ns ? deadline_ns - now_ns : 0;
   if (slice > WAIT_SLICE_NS)
     slice = WAIT_SLICE_NS;
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t ns = (uint64_t)ts.tv_nsec + slice;
-  ts.tv_sec += (time_t)(ns / 1000000000ull);
-  ts.tv_nsec = (long)(ns % 1000000000ull);
+  uint64_t until = ofl__now_ns() + slice;
+  struct timespec ts = {(time_t)(until / 1000000000ull),
+                        (long)(until % 1000000000ull)};
   pthread_cond_timedwait(cv, mu, &ts);
 }
 
@@ -313,7 +324,7 @@ static ofl_status_t host_event_create(ofl_event_t *e) {
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                       "cannot allocate an event");
   pthread_mutex_init(&he->mu, NULL);
-  pthread_cond_init(&he->cv, NULL);
+  cond_init(&he->cv);
   atomic_init(&he->recorded, 0);
   atomic_init(&he->completed, 0);
   atomic_init(&he->refs, 1);
@@ -895,7 +906,7 @@ static void *worker_main(void *arg) {
         hs->doze_until = now + next_doze_ns;
         cond_wait_until(&hs->worker_cv, &hs->mu, now, hs->doze_until);
         hs->worker_dozing = false;
-        if (++empty_dozes > DOZES_BEFORE_BACKOFF &&
+        if (++empty_dozes >= DOZES_BEFORE_BACKOFF &&
             next_doze_ns < DOZE_WINDOW_NS)
           next_doze_ns *= 2;
       } else {
@@ -1166,9 +1177,9 @@ static ofl_status_t host_stream_create(ofl_stream_t *s) {
                       "cannot allocate stream '%s'", s->name);
   hs->s = s;
   pthread_mutex_init(&hs->mu, NULL);
-  pthread_cond_init(&hs->worker_cv, NULL);
-  pthread_cond_init(&hs->work_cv, NULL);
-  pthread_cond_init(&hs->idle_cv, NULL);
+  cond_init(&hs->worker_cv);
+  cond_init(&hs->work_cv);
+  cond_init(&hs->idle_cv);
   hs->rng = s->dev->cfg.jitter_seed * 0x9E3779B97F4A7C15ull +
             (uint64_t)s->id * 7919u + 1;
   atomic_init(&hs->refs, 1);
@@ -1618,7 +1629,7 @@ static ofl_status_t host_open(ofl_device_t *dev) {
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_DEVICE,
                       "cannot allocate the host backend");
   pthread_mutex_init(&h->reg_lock, NULL);
-  pthread_cond_init(&h->reg_cond, NULL);
+  cond_init(&h->reg_cond);
   dev->impl = h;
   return OFL_SUCCESS;
 }
