@@ -61,8 +61,9 @@ struct ofl__plan {
   ofl__plan_group_t *inst; /* by pidx */
   bool *chosen;
   uint32_t *bwd_order; /* pidx in backward order */
-  uint64_t *stalled_before; /* nbwd + 1: the warmup's reload waits before
-                               the k-th backward begin, summed (ns) */
+  uint64_t *stalled_before; /* nbwd + 1: the warmup's reload waits up to
+                               the k-th backward begin, summed (ns; 0 at
+                               0) */
   int64_t *t_bwd_end;  /* by pidx */
   uint32_t nbwd;
   ofl_plan_name_t *names;
@@ -322,9 +323,9 @@ uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
 
 /* ---- end of warmup: the instance ------------------------------------------ */
 
-/* ns of a stamp on the warmup's axis (0 at the base). */
-/* Where s is on the warmup's timeline less the time its backward passes
- * waited for reloads before it: the plan models the compute, and the
+/* ns of a stamp on the warmup's axis (0 at the base), less the time its
+ * backward passes waited for reloads before it: the plan models the
+ * compute, and the
  * warmup offloaded every group, where a steady iteration offloads only
  * some. A wait inflated every later gap and window (a reload's window
  * took in the wait it caused, so a copy the link could not hide looked
@@ -340,7 +341,7 @@ static int64_t at_ns(const ofl__plan_t *p, const stamp_t *s) {
   }
   if (p->stalled_before != NULL) {
     uint32_t k = s->waits < p->nbwd ? s->waits : p->nbwd;
-    t -= (int64_t)(p->stalled_before[k] - p->stalled_before[0]);
+    t -= (int64_t)p->stalled_before[k];
   }
   return t;
 }

@@ -31,16 +31,26 @@ typedef struct {
   double frac;
 } plan_time_t;
 
+/* A reload issued or a backward that needs it (h2d_stall). */
+typedef struct {
+  double t; /* ns after the instance's earliest t_alloc */
+  size_t group;
+  bool need; /* false: the reload is issued; true: its backward begins */
+} plan_h2d_event_t;
+
 /* What does not depend on the choice, sorted once per instance: the commit,
  * reload and free events by time (additions first at equal times), and the
  * groups in t_alloc order (ties by index), the D2H stream's order. Each
  * evaluation is then one merge of these with the copy ends, which the
- * serialised stream produces already sorted. */
+ * serialised stream produces already sorted. Also the per-evaluation
+ * scratch of the peak and of the reload queue (h2d_stall). */
 typedef struct {
   const ofl__plan_group_t *g;
   size_t n;
   plan_event_t *ev; /* 3n */
   size_t *by_alloc; /* n */
+  plan_h2d_event_t *h2d; /* 2n, per evaluation */
+  double *end;           /* n, per evaluation: a group's copy end */
   unsigned char *back; /* n, per evaluation: reloaded before its bytes left
                           (they never leave) */
 } plan_order_t;
@@ -64,13 +74,17 @@ static bool plan_order_init(plan_order_t *o, const ofl__plan_group_t *g,
   o->n = n;
   if (n == 0)
     return true;
-  if (n > SIZE_MAX / (3 * sizeof(plan_event_t) + sizeof(size_t) + 1))
+  size_t each = 3 * sizeof(plan_event_t) + sizeof(size_t) +
+                2 * sizeof(plan_h2d_event_t) + sizeof(double) + 1;
+  if (n > SIZE_MAX / each)
     return false;
-  o->ev = malloc(n * (3 * sizeof(plan_event_t) + sizeof(size_t) + 1));
+  o->ev = malloc(n * each);
   if (o->ev == NULL)
     return false;
   o->by_alloc = (size_t *)(o->ev + 3 * n);
-  o->back = (unsigned char *)(o->by_alloc + n);
+  o->h2d = (plan_h2d_event_t *)(o->by_alloc + n);
+  o->end = (double *)(o->h2d + 2 * n);
+  o->back = (unsigned char *)(o->end + n);
   for (size_t i = 0; i < n; i++) {
     o->ev[3 * i] = (plan_event_t){g[i].t_alloc, i, PLAN_EV_ALLOC};
     o->ev[3 * i + 1] = (plan_event_t){g[i].t_reload, i, PLAN_EV_RELOAD};
@@ -89,6 +103,8 @@ static void plan_order_fini(plan_order_t *o) {
   free(o->ev);
   o->ev = NULL;
   o->by_alloc = NULL;
+  o->h2d = NULL;
+  o->end = NULL;
   o->back = NULL;
 }
 
@@ -201,12 +217,6 @@ uint64_t ofl__plan_peak(const ofl__plan_group_t *g, size_t n,
 
 /* ---- the exposed copy time --------------------------------------------- */
 
-typedef struct {
-  double t; /* ns after the instance's earliest t_alloc */
-  size_t group;
-  bool need; /* false: the reload is issued; true: its backward begins */
-} plan_h2d_event_t;
-
 static int h2d_event_cmp(const void *pa, const void *pb) {
   const plan_h2d_event_t *a = pa, *b = pb;
   if (a->t != b->t)
@@ -218,57 +228,45 @@ static int h2d_event_cmp(const void *pa, const void *pb) {
 
 /* The reloads of the chosen groups on the one H2D stream, in the order
  * they are issued (t_reload): each starts when it is issued, the stream is
- * free and its own D2H copy has ended (the D2H copies run in t_alloc order
- * on their stream, as in the peak simulation); a backward that begins
- * (t_reload + bwd_window_ns) before its reload ended waits, and everything
- * after that wait runs that much later (the issues of later reloads
- * included). Returns the sum of the waits, ns; ev and d2h_end are scratch
- * of 2n and n entries. */
-static double h2d_stall(const ofl__plan_group_t *g, size_t n,
-                        const bool *chosen, plan_h2d_event_t *ev,
-                        double *d2h_end, const size_t *by_alloc) {
-  if (n == 0)
+ * free and its own D2H copy has ended (the D2H copies queued as in the peak
+ * simulation, next_copy); a backward that begins (t_reload +
+ * bwd_window_ns) before its reload ended waits, and everything after that
+ * wait runs that much later (the issues of later reloads included).
+ * Returns the sum of the waits, ns; o's h2d and end are its scratch. */
+static double h2d_stall(const plan_order_t *o, const bool *chosen) {
+  const ofl__plan_group_t *g = o->g;
+  if (o->n == 0)
     return 0;
-  int64_t t0 = g[0].t_alloc;
-  for (size_t i = 1; i < n; i++)
-    if (g[i].t_alloc < t0)
-      t0 = g[i].t_alloc;
-  double stream = -INFINITY;
-  for (size_t k = 0; k < n; k++) {
-    size_t i = by_alloc[k];
-    if (!is_chosen(g, chosen, i))
-      continue;
-    double start = ((double)g[i].t_alloc - (double)t0);
-    if (start < stream)
-      start = stream;
-    stream = start + (g[i].d2h_ns > 0 ? g[i].d2h_ns : 0);
-    d2h_end[i] = stream;
-  }
+  double t0 = (double)g[o->by_alloc[0]].t_alloc; /* the earliest commit */
+  size_t next = 0, i = 0;
+  plan_time_t stream = {INT64_MIN, 0}, leave;
+  while (next_copy(o, chosen, false, &next, &stream, &leave, &i))
+    o->end[i] = ((double)stream.ns - t0) + stream.frac;
   size_t m = 0;
-  for (size_t i = 0; i < n; i++) {
+  for (i = 0; i < o->n; i++) {
     if (!is_chosen(g, chosen, i))
       continue;
-    double issue = ((double)g[i].t_reload - (double)t0);
+    double issue = (double)g[i].t_reload - t0;
     double need = issue + (g[i].bwd_window_ns > 0 ? g[i].bwd_window_ns : 0);
-    ev[m++] = (plan_h2d_event_t){issue, i, false};
-    ev[m++] = (plan_h2d_event_t){need, i, true};
+    o->h2d[m++] = (plan_h2d_event_t){issue, i, false};
+    o->h2d[m++] = (plan_h2d_event_t){need, i, true};
   }
-  qsort(ev, m, sizeof *ev, h2d_event_cmp);
+  qsort(o->h2d, m, sizeof *o->h2d, h2d_event_cmp);
   double shift = 0, link = -INFINITY, stall = 0;
   for (size_t e = 0; e < m; e++) {
-    size_t i = ev[e].group;
-    double now = ev[e].t + shift;
-    if (!ev[e].need) {
+    const plan_h2d_event_t *ev = &o->h2d[e];
+    double now = ev->t + shift;
+    if (!ev->need) {
       double start = now;
       if (start < link)
         start = link;
-      if (start < d2h_end[i])
-        start = d2h_end[i];
-      link = start + (g[i].h2d_ns > 0 ? g[i].h2d_ns : 0);
-      d2h_end[i] = link; /* from here on: its reload's end */
-    } else if (d2h_end[i] > now) {
-      stall += d2h_end[i] - now;
-      shift += d2h_end[i] - now;
+      if (start < o->end[ev->group])
+        start = o->end[ev->group];
+      link = start + (g[ev->group].h2d_ns > 0 ? g[ev->group].h2d_ns : 0);
+      o->end[ev->group] = link; /* from here on: its reload's end */
+    } else if (o->end[ev->group] > now) {
+      stall += o->end[ev->group] - now;
+      shift += o->end[ev->group] - now;
     }
   }
   return stall;
@@ -287,17 +285,10 @@ static double d2h_exposed(const ofl__plan_group_t *g, size_t n,
 double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
                          const bool *chosen) {
   plan_order_t o;
-  if (n > SIZE_MAX / (2 * sizeof(plan_h2d_event_t) + sizeof(double)))
+  if (!plan_order_init(&o, g, n))
     return INFINITY;
-  plan_h2d_event_t *ev = malloc(n ? n * (2 * sizeof *ev + sizeof(double)) : 1);
-  if (ev == NULL || !plan_order_init(&o, g, n)) {
-    free(ev);
-    return INFINITY;
-  }
-  double x = d2h_exposed(g, n, chosen) +
-             h2d_stall(g, n, chosen, ev, (double *)(ev + 2 * n), o.by_alloc);
+  double x = d2h_exposed(g, n, chosen) + h2d_stall(&o, chosen);
   plan_order_fini(&o);
-  free(ev);
   return x;
 }
 
@@ -475,14 +466,11 @@ typedef struct {
   plan_order_t order;
   bool *cand; /* n: the choice being evaluated */
   uint32_t evaluated;
-  plan_h2d_event_t *h2d_ev; /* 2n, then n doubles: h2d_stall's scratch */
 } plan_search_t;
 
 /* The exposed time of p->cand (ofl__plan_exposed). */
 static double cand_exposed(const plan_search_t *p) {
-  return d2h_exposed(p->g, p->n, p->cand) +
-         h2d_stall(p->g, p->n, p->cand, p->h2d_ev,
-                   (double *)(p->h2d_ev + 2 * p->n), p->order.by_alloc);
+  return d2h_exposed(p->g, p->n, p->cand) + h2d_stall(&p->order, p->cand);
 }
 
 /* The choice: the active names k with whole[k] (whole indexes
@@ -743,16 +731,14 @@ ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
                       (const void *)g, n, (void *)chosen, (void *)out, nnames);
   plan_names_t names;
   OFL_CHECK(names_alloc(&names, nnames, n));
-  plan_search_t p = {g, n, target, &names, {0}, NULL, 0, NULL};
+  plan_search_t p = {g, n, target, &names, {0}, NULL, 0};
   ofl__plan_result_t r;
   memset(&r, 0, sizeof r);
   ofl_status_t st = names_build(&names, g, n);
   if (st != OFL_SUCCESS)
     goto out_names;
   p.cand = calloc(n + 1, sizeof *p.cand);
-  if (n <= SIZE_MAX / (2 * sizeof *p.h2d_ev + sizeof(double)))
-    p.h2d_ev = malloc((n + 1) * (2 * sizeof *p.h2d_ev + sizeof(double)));
-  if (p.cand == NULL || p.h2d_ev == NULL || !plan_order_init(&p.order, g, n)) {
+  if (p.cand == NULL || !plan_order_init(&p.order, g, n)) {
     st =
         ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
                    "plan solve: no memory for the simulation of %zu groups", n);
@@ -768,7 +754,6 @@ ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
 out_order:
   plan_order_fini(&p.order);
 out_cand:
-  free(p.h2d_ev);
   free(p.cand);
 out_names:
   names_fini(&names);

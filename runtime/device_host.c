@@ -534,6 +534,10 @@ static uint64_t spin_ns_of(const ofl_device_t *dev) {
   return (uint64_t)dev->cfg.spin_us * 1000u;
 }
 
+static uint64_t doze_ns_of(const ofl_device_t *dev) {
+  return (uint64_t)dev->cfg.doze_us * 1000u;
+}
+
 /* ---- streams ------------------------------------------------------------ */
 
 typedef enum { OP_COPY, OP_MEMSET, OP_RECORD, OP_WAIT, OP_HOSTFN } op_type_t;
@@ -853,7 +857,7 @@ static void run_head_locked(host_stream_t *hs, op_t *op) {
 static void *worker_main(void *arg) {
   host_stream_t *hs = arg;
   ofl_device_t *dev = hs->s->dev;
-  uint64_t spin_ns = (uint64_t)dev->cfg.spin_us * 1000u;
+  uint64_t spin_ns = spin_ns_of(dev);
   /* The last idle periods, newest in bit 0: 1 when the next operation came
    * within spin_ns. The worker polls only while one of the last four did:
    * where operations come further apart (one tensor's copies per layer of
@@ -871,7 +875,7 @@ static void *worker_main(void *arg) {
    * each wake-up takes one from them), and a submitter signals a doze with
    * more than doze_ns left, so work never waits longer than that for its
    * start. Idle past the window: a sleep until signalled. */
-  uint64_t doze_ns = (uint64_t)dev->cfg.doze_us * 1000u;
+  uint64_t doze_ns = doze_ns_of(dev);
   uint64_t last_work_ns = 0, next_doze_ns = doze_ns;
   unsigned empty_dozes = 0;
   ofl__thread_name(hs->s->name);
@@ -1016,8 +1020,8 @@ static void wake_worker_locked(host_stream_t *hs) {
   bool signal = hs->worker_sleeping;
   if (!signal && hs->worker_dozing) {
     uint64_t now = ofl__now_ns();
-    uint64_t doze_ns = (uint64_t)hs->s->dev->cfg.doze_us * 1000u;
-    signal = hs->doze_until > now && hs->doze_until - now > doze_ns;
+    signal =
+        hs->doze_until > now && hs->doze_until - now > doze_ns_of(hs->s->dev);
     if (signal)
       hs->doze_until = now; /* signalled once */
   }
