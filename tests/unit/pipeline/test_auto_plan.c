@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "pipeline/plan_solve.h"
 #include "runtime/device_internal.h"
 
 #define PP 4
@@ -369,28 +370,26 @@ static void *unhold_later(void *arg) {
   return NULL;
 }
 
-/* The warmup's first copies start 40 ms late (its D2H worker held), so the
- * plan takes every offloaded group's bytes to leave that much after its
- * copy: its "all offloaded" peak is well above what offloading everything
- * measures. A target between the two is one the plan says it cannot meet:
- * it offloads everything, and the steady iterations measure under the
- * prediction. After three of them it solves again for a raised aim (less
- * exposed copy time). The raised plan carries the error only in proportion
- * to the bytes it still moves (with the whole error carried it measured
- * 2.44-3.00 MiB against a 1.88 MiB target; in proportion 1.50-1.94 against
- * 1.84-2.12, within it in most runs): at most its first iteration may go
- * over, and then the plan before it comes back. Bytes exact throughout.
- * Host backend (the held worker, the link model). */
-Test(auto_plan, a_plan_under_its_prediction_raises_its_aim) {
-  if (t_on_cuda())
-    cr_skip_test("the held copy worker is the host backend's");
-  /* Whether the raise comes at all depends on this machine's timing (a
-   * stalled reload that moves a prefetch lead restarts the evidence; the
-   * late warmup must move the model): 7 of 8 runs under the suite's
-   * environment on the 2-core VM. Run on request, not in the suite. */
-  if (getenv("OFLTEST_TIMING") == NULL)
-    cr_skip_test("timing-driven: OFLTEST_TIMING=1 runs it");
-  const double gbps = 0.25; /* core_attn's 512 KiB: 2.1 ms, in 1.5 ms */
+/* Opens a run at target whose warmup's D2H worker is held for its first
+ * 40 ms (unhold_later) and runs the warmup. */
+static void open_late_warmup(run_t *r, int64_t target, double gbps) {
+  open_run(r, WORKLOAD, target, gbps);
+  ofl_stream_t *d2h = ofl_manager_d2h_stream(r->e.m);
+  ofl__host_stream_hold(d2h, true);
+  pthread_t t;
+  cr_assert(eq(int, pthread_create(&t, NULL, unhold_later, d2h), 0));
+  iteration(r);
+  pthread_join(t, NULL);
+}
+
+/* One try of the raise: the model of "all offloaded" from a run as it
+ * comes and from a late warmup, then a run with the late warmup at a
+ * target between the two. Asserts what holds whether or not the raise
+ * came: bytes exact, at most one iteration over the target and then a
+ * change of plan, the settled peak within the target, a raise that lowers
+ * the predicted exposed time. Returns the iteration at whose end the aim
+ * was raised, 0 where it was not. */
+static int raise_try(double gbps) {
   run_t r;
   open_run(&r, WORKLOAD, 1, gbps);
   iteration(&r);
@@ -398,38 +397,18 @@ Test(auto_plan, a_plan_under_its_prediction_raises_its_aim) {
   plan_of(&r, &p);
   uint64_t all = p.peak_all_bytes;
   close_run(&r);
-  /* the same run with the late warmup: its model of "all offloaded" */
-  open_run(&r, WORKLOAD, 1, gbps);
-  ofl_stream_t *d2h = ofl_manager_d2h_stream(r.e.m);
-  ofl__host_stream_hold(d2h, true);
-  pthread_t t;
-  cr_assert(eq(int, pthread_create(&t, NULL, unhold_later, d2h), 0));
-  iteration(&r);
-  pthread_join(t, NULL);
+  open_late_warmup(&r, 1, gbps);
   plan_of(&r, &p);
   uint64_t all_late = p.peak_all_bytes;
   close_run(&r);
-  if (getenv("OFLTEST_SLOW") != NULL && all_late <= all + (64 << 10))
-    cr_skip_test("under this tool the unheld warmup's copies were as late "
-                 "(%llu against %llu bytes)",
-                 (unsigned long long)all, (unsigned long long)all_late);
-  cr_assert(gt(u64, all_late, all + (64 << 10)),
-            "the late warmup did not move the model (%llu against %llu)",
-            (unsigned long long)all_late, (unsigned long long)all);
+  if (all_late <= all + (64 << 10)) /* this machine's copies came late */
+    return 0;                       /* in the unheld warmup too */
   uint64_t target = all + (all_late - all) / 2;
-  open_run(&r, WORKLOAD, (int64_t)target, gbps);
-  d2h = ofl_manager_d2h_stream(r.e.m);
-  ofl__host_stream_hold(d2h, true);
-  cr_assert(eq(int, pthread_create(&t, NULL, unhold_later, d2h), 0));
-  iteration(&r); /* warmup */
-  pthread_join(t, NULL);
+  open_late_warmup(&r, (int64_t)target, gbps);
   plan_of(&r, &p);
-  cr_assert(getenv("OFLTEST_SLOW") != NULL || p.met == 0,
-            "predicted %llu, target %llu",
-            (unsigned long long)p.predicted_peak_bytes,
-            (unsigned long long)target);
   double exposed0 = p.predicted_exposed_ms;
-  uint64_t replans = 0;
+  bool late = p.met == 0; /* this warmup moved the model past the target */
+  uint64_t replans = p.replans;
   int raised_at = 0, over = 0, over_kept = 0;
   for (int i = 1; i <= 10; i++) {
     iteration(&r);
@@ -448,20 +427,60 @@ Test(auto_plan, a_plan_under_its_prediction_raises_its_aim) {
     replans = p.replans;
   }
   cr_assert(eq(sz, r.wrong, 0), "%zu wrong bytes", r.wrong);
-  if (getenv("OFLTEST_SLOW") != NULL) {
+  if (getenv("OFLTEST_SLOW") == NULL) {
     /* Valgrind and the sanitizers slow copies and compute by different
      * factors, and the model reads them: there the run checks the bytes
      * and the memory, not the timing-driven figures. */
-    close_run(&r);
-    return;
+    cr_assert(le(int, over, 1), "%d iterations over the target", over);
+    cr_assert(eq(int, over_kept, 0),
+              "an iteration over the target left the plan as it was");
+    cr_assert(le(u64, p.measured_peak_settled_bytes, target),
+              "settled at %llu bytes, target %llu",
+              (unsigned long long)p.measured_peak_settled_bytes,
+              (unsigned long long)target);
   }
-  cr_assert(eq(int, raised_at, 3), "raised after %d iterations", raised_at);
-  /* At most the raised plan's first iteration over the target, and then
-   * the plan changed (back to the plan before it). */
-  cr_assert(le(int, over, 1), "%d iterations over the target", over);
-  cr_assert(eq(int, over_kept, 0));
-  cr_assert(le(u64, p.measured_peak_settled_bytes, target));
   close_run(&r);
+  return late ? raised_at : 0;
+}
+
+/* The warmup's first copies start 40 ms late (its D2H worker held), so the
+ * plan takes every offloaded group's bytes to leave that much after its
+ * copy: its "all offloaded" peak is well above what offloading everything
+ * measures. A target between the two is one the plan says it cannot meet:
+ * it offloads everything, and the steady iterations measure under the
+ * prediction. After three of them it solves again for a raised aim (less
+ * exposed copy time). The raised plan carries the error only in proportion
+ * to the bytes it still moves (with the whole error carried it measured
+ * 2.44-3.00 MiB against a 1.88 MiB target; in proportion 1.50-1.94 against
+ * 1.84-2.12, within it in most runs): at most its first iteration may go
+ * over, and then the plan before it comes back. Host backend (the held
+ * worker, the link model).
+ * Whether one try raises depends on this machine's timing: how late the
+ * held warmup's copies were sets the model's error, and where the error
+ * is small against the bytes a raised plan keeps, no raised plan is
+ * predicted within the target, so none is taken (on the 2-core VM with two
+ * busy loops beside it, 5 tries in 10 raised; unloaded, 7 in 8). Every try
+ * asserts the safety of what happened; of up to TRIES tries one must
+ * raise, at the end of its third steady iteration or later. */
+Test(auto_plan, a_plan_under_its_prediction_raises_its_aim) {
+  if (t_on_cuda())
+    cr_skip_test("the held copy worker is the host backend's");
+  enum { TRIES = 5 };
+  const double gbps = 0.25; /* core_attn's 512 KiB: 2.1 ms, in 1.5 ms */
+  /* under valgrind and the sanitizers: one try, its bytes and memory */
+  const int most = getenv("OFLTEST_SLOW") != NULL ? 1 : TRIES;
+  int raised_at = 0, tries = 0;
+  while (raised_at == 0 && tries < most) {
+    tries++;
+    raised_at = raise_try(gbps);
+  }
+  if (getenv("OFLTEST_SLOW") != NULL)
+    return;
+  /* never on less evidence than the rule's; later where a prefetch lead
+   * that moved restarted it */
+  cr_assert(ge(int, raised_at, OFL__PLAN_RAISE_AFTER),
+            "raised after %d iterations (0: never; try %d of %d)", raised_at,
+            tries, TRIES);
 }
 
 /* Thousands of steady iterations (no compute sleeps): the plan's counters
