@@ -57,10 +57,11 @@ def run_demo(demo, args, env_extra=None):
         r.update(offl_mib=float(m.group(3)), stall_ms=float(m.group(6)),
                  step_base=float(m.group(7)), step_offl=float(m.group(8)))
     m = re.search(r"^\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
-                  r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$", out, re.M)
+                  r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$", out, re.M)
     if m:
         (r["target"], r["pred_peak"], r["meas_peak"], r["demo_peak"], r["peak_all"],
-         r["peak_none"], r["pred_exp_ms"], r["meas_stall_ms"]) = map(float, m.groups())
+         r["peak_none"], r["pred_exp_ms"], r["pred_stall_ms"],
+         r["meas_stall_ms"]) = map(float, m.groups())
     m = re.search(r"demo activation peak rank \d+: ([\d.]+) MiB.*the manager's ledger: "
                   r"([\d.]+) MiB", out)
     if m:
@@ -277,16 +278,17 @@ def main():
             lines["all"].append((t, overhead(allr)))
             lines["best fraction"].append((t, best[0]))
         panels.append(("link %.3f GB/s per direction" % link, list(lines.items())))
-    print("\n%-8s %8s | %9s %9s %9s %8s %8s %9s %9s | %9s %8s | %9s %8s %5s" % (
-        "link", "target", "a_peak", "a_demo", "a_pred", "a_ovh", "a_exp", "a_stall",
-        "identical", "all_peak", "all_ovh", "frac_ovh", "frac", "ok"))
+    print("\n%-8s %8s | %9s %9s %9s %8s %8s %8s %9s %9s | %9s %8s | %9s %8s %5s" % (
+        "link", "target", "a_peak", "a_demo", "a_pred", "a_ovh", "a_exp", "a_pstall",
+        "a_stall", "identical", "all_peak", "all_ovh", "frac_ovh", "frac", "ok"))
     for r in rows:
         a, al = r["a"], r["all"]
-        print("%-8.3f %8.3f | %9.3f %9.3f %9.3f %7.1f%% %8.2f %9.2f %9s | %9.3f %7.1f%% | "
+        print("%-8.3f %8.3f | %9.3f %9.3f %9.3f %7.1f%% %8.2f %8.2f %9.2f %9s | %9.3f %7.1f%% | "
               "%8.1f%% %8s %5s" % (
                   r["link"], r["target"], a.get("meas_peak", float("nan")),
                   a.get("demo_peak", float("nan")), a.get("pred_peak", float("nan")),
                   100 * overhead(a), a.get("pred_exp_ms", float("nan")),
+                  a.get("pred_stall_ms", float("nan")),
                   a.get("meas_stall_ms", float("nan")), "yes" if a["identical"] else "NO",
                   al.get("ledger_peak", float("nan")), 100 * overhead(al),
                   100 * r["best"][0], r["best"][1], "yes" if r["a_meets"] else "NO"))
@@ -295,8 +297,9 @@ def main():
           "done); a_*: auto plan (a_peak the ledger since the plan settled, a_demo the "
           "demo's pool figure, which drops at the free before the copy ends, a_pred "
           "predicted); "
-          "ovh: median step time with offload / the link's median step without - 1; a_exp: predicted exposed copy ms, "
-          "a_stall: measured reload stall ms (last iteration); frac: the fastest fraction "
+          "ovh: median step time with offload / the link's median step without - 1; a_exp: predicted exposed copy ms "
+          "(D2H past its window and the reloads' waits), a_pstall: of it the predicted reload "
+          "waits, a_stall: measured reload stall ms (last iteration); frac: the fastest fraction "
           "meeting the target (None: none does)")
     if b.repeat > 1:
         print("# overhead of each of the %d runs (%%), auto | everything:" % b.repeat)

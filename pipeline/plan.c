@@ -601,8 +601,19 @@ static double chosen_exposed(const ofl__plan_t *p) {
   return isfinite(exposed) ? exposed : 0;
 }
 
+/* The plan's predicted exposed time and reload waits, for the choice in
+ * p->chosen with the prefetch leads now in force (each lead sets its
+ * group's modelled reload time: set_lead). Returns the exposed ns. */
+static double predict(ofl__plan_t *p) {
+  double stall = ofl__plan_reload_stall(p->inst, p->nms, p->chosen);
+  p->out.predicted_stall_ms = isfinite(stall) ? stall / 1e6 : 0;
+  double exposed = chosen_exposed(p);
+  p->out.predicted_exposed_ms = exposed / 1e6;
+  return exposed;
+}
+
 /* The chosen groups offload in steady state, the other offloadable ones
- * stay (OFL_KEEP_AUTO_PLAN). Returns the predicted exposed ns. */
+ * stay (OFL_KEEP_AUTO_PLAN). Returns the predicted exposed ns (predict). */
 static double apply(ofl__plan_t *p) {
   for (uint32_t i = 0; i < p->nms; i++) {
     group_t *g = p->ms[i].g;
@@ -611,7 +622,7 @@ static double apply(ofl__plan_t *p) {
     g->policy_offload = p->chosen[i];
     g->keep_why = p->chosen[i] ? OFL_KEEP_NONE : OFL_KEEP_AUTO_PLAN;
   }
-  return chosen_exposed(p);
+  return predict(p);
 }
 
 /* The ledger's arrays, one entry per group of the record. */
@@ -694,13 +705,14 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
              mib(p->out.shortfall_bytes));
   OFL_INFO(OFL_SUBSYS_PIPELINE,
            "rank %d: auto plan: %s search, predicted peak %.2f MiB (target "
-           "%.2f, all offloaded %.2f, none %.2f), predicted exposed %.3f ms, "
+           "%.2f, all offloaded %.2f, none %.2f), predicted exposed %.3f ms "
+           "(reload waits %.3f), "
            "links d2h %.2f h2d %.2f GB/s (%s), release latency %.3f ms, "
            "the warmup's reload waits (%.3f ms) out of its timeline",
            m->rank, r.exact ? "exact" : "greedy", mib(r.predicted_peak),
            mib(m->mem_target), mib(r.peak_all), mib(r.peak_none), exposed / 1e6,
-           p->out.d2h_gbps, p->out.h2d_gbps, p->out.rate_source,
-           p->out.release_ms, p->out.warmup_stall_ms);
+           p->out.predicted_stall_ms, p->out.d2h_gbps, p->out.h2d_gbps,
+           p->out.rate_source, p->out.release_ms, p->out.warmup_stall_ms);
   p->stall_ns_start = m->st.stall_ns;
   return OFL_SUCCESS;
 }
@@ -710,9 +722,20 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
 static const char *const FIELDS[] = {"bytes",  "groups",  "chosen",
                                      "copy",   "window",  "exposed"};
 enum { F_BYTES, F_GROUPS, F_CHOSEN, F_COPY, F_WINDOW, F_EXPOSED, NF };
-static const char *const SCALARS[] = {"target", "peak",  "all", "none",
-                                      "expo",   "d2h",   "h2d", "met"};
-enum { S_TARGET, S_PEAK, S_ALL, S_NONE, S_EXPO, S_D2H, S_H2D, S_MET, NS };
+static const char *const SCALARS[] = {"target", "peak", "all", "none", "expo",
+                                      "stall",  "d2h",  "h2d", "met"};
+enum {
+  S_TARGET,
+  S_PEAK,
+  S_ALL,
+  S_NONE,
+  S_EXPO,
+  S_STALL,
+  S_D2H,
+  S_H2D,
+  S_MET,
+  NS
+};
 
 static ofl_status_t encode(const ofl_manager_t *m, ofl_byte_table_t *t) {
   const ofl__plan_t *p = m->ap;
@@ -725,6 +748,7 @@ static ofl_status_t encode(const ofl_manager_t *m, ofl_byte_table_t *t) {
                      o->peak_all_bytes,
                      o->peak_none_bytes,
                      (uint64_t)llround(o->predicted_exposed_ms * 1e6),
+                     (uint64_t)llround(o->predicted_stall_ms * 1e6),
                      (uint64_t)llround(o->d2h_gbps * 1e3),
                      (uint64_t)llround(o->h2d_gbps * 1e3),
                      (uint64_t)o->met};
@@ -792,20 +816,21 @@ static void render(const ofl_summary_t *s, FILE *f) {
     if (sc[S_TARGET] > 0)
       fprintf(f,
               "rank %d: predicted peak %.2f MiB against target %.2f MiB (%s); "
-              "all offloaded %.2f, none %.2f; predicted exposed %.3f ms; "
-              "links d2h %.2f h2d %.2f GB/s\n",
+              "all offloaded %.2f, none %.2f; predicted exposed %.3f ms "
+              "(reload waits %.3f); links d2h %.2f h2d %.2f GB/s\n",
               r, mib(sc[S_PEAK]), mib(sc[S_TARGET]),
               sc[S_MET] ? "met" : "NOT met", mib(sc[S_ALL]), mib(sc[S_NONE]),
-              (double)sc[S_EXPO] / 1e6, (double)sc[S_D2H] / 1e3,
-              (double)sc[S_H2D] / 1e3);
+              (double)sc[S_EXPO] / 1e6, (double)sc[S_STALL] / 1e6,
+              (double)sc[S_D2H] / 1e3, (double)sc[S_H2D] / 1e3);
     else
       fprintf(f,
               "rank %d: no memory target: copies that hide are offloaded; "
               "predicted peak %.2f MiB (all offloaded %.2f, none %.2f); "
-              "predicted exposed %.3f ms; links d2h %.2f h2d %.2f GB/s\n",
+              "predicted exposed %.3f ms (reload waits %.3f); links d2h %.2f "
+              "h2d %.2f GB/s\n",
               r, mib(sc[S_PEAK]), mib(sc[S_ALL]), mib(sc[S_NONE]),
-              (double)sc[S_EXPO] / 1e6, (double)sc[S_D2H] / 1e3,
-              (double)sc[S_H2D] / 1e3);
+              (double)sc[S_EXPO] / 1e6, (double)sc[S_STALL] / 1e6,
+              (double)sc[S_D2H] / 1e3, (double)sc[S_H2D] / 1e3);
   }
 }
 
@@ -942,8 +967,13 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
         ofl__plan_under_note(&p->under, o->settled_iterations == 1,
                              o->predicted_peak_bytes, o->measured_peak_bytes);
     uint64_t changes_before = o->replans + o->lead_changes;
+    /* the predictions this iteration ran under, for its line below */
+    double pred_stall = o->predicted_stall_ms,
+           pred_exposed = o->predicted_exposed_ms;
     bool back = learn(m, over);
     bool learnt = o->replans + o->lead_changes != changes_before;
+    if (learnt) /* leads moved: the next iteration's predictions */
+      predict(p);
     for (uint32_t i = 0; i < p->nms; i++)
       p->ms[i].g->stalled = false;
     for (size_t k = 0; k < o->nnames; k++)
@@ -956,10 +986,11 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
     OFL_INFO(OFL_SUBSYS_PIPELINE,
              "rank %d: auto plan, iteration %llu: measured activation peak "
              "%.2f MiB (predicted %.2f, target %.2f), reload stalls %.3f ms "
-             "(predicted exposed %.3f)",
-             m->rank, (unsigned long long)m->st.iterations, mib(o->measured_peak_bytes),
-             mib(o->predicted_peak_bytes), mib(o->target_bytes),
-             o->measured_stall_ms, o->predicted_exposed_ms);
+             "(predicted %.3f; exposed in all %.3f)",
+             m->rank, (unsigned long long)m->st.iterations,
+             mib(o->measured_peak_bytes), mib(o->predicted_peak_bytes),
+             mib(o->target_bytes), o->measured_stall_ms, pred_stall,
+             pred_exposed);
     if (over && p->raised) {
       raise_back(m);
     } else if (over && !back && o->replans < REPLAN_MAX && replan(m)) {

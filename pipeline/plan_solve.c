@@ -292,6 +292,16 @@ double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
   return x;
 }
 
+double ofl__plan_reload_stall(const ofl__plan_group_t *g, size_t n,
+                              const bool *chosen) {
+  plan_order_t o;
+  if (!plan_order_init(&o, g, n))
+    return INFINITY;
+  double x = h2d_stall(&o, chosen);
+  plan_order_fini(&o);
+  return x;
+}
+
 /* ---- the instance ------------------------------------------------------ */
 
 /* Per name, its offloadable groups in split_rank order and the prefix sums

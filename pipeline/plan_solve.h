@@ -71,6 +71,14 @@ double ofl__plan_group_exposed(const ofl__plan_group_t *g);
 double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
                          const bool *chosen);
 
+/* The H2D part of ofl__plan_exposed alone, ns: the backward's predicted
+ * waits for reloads, the figure a run measures as its reload stalls (the D2H
+ * part past a forward window delays nothing by itself: it shows through
+ * the reloads that wait for their copies). INFINITY where it cannot
+ * allocate its scratch. */
+double ofl__plan_reload_stall(const ofl__plan_group_t *g, size_t n,
+                              const bool *chosen);
+
 /* Predicted peak of the device bytes for the choice chosen[i] (1: group i
  * offloaded; ignored where !offloadable). The D2H copies of chosen groups
  * run one after another in t_alloc order (one stream): a group's bytes leave

@@ -129,6 +129,7 @@ typedef struct {
   int met;                    /* it predicted the target met */
   double target, predicted_peak, measured_peak_max, peak_all, peak_none;
   double predicted_exposed_ms, measured_stall_ms;
+  double predicted_stall_ms; /* the backward's predicted reload waits */
 } plan_result_t;
 
 /* What a run leaves for the report and the comparison. */

@@ -400,9 +400,9 @@ int report_plan(const opts_t *o, const double *all, int NF, int rep_first,
                 int rep_n) {
   int over = 0;
   printf("\nauto plan (steady state, peaks since the plan last changed; "
-         "MiB):\n%30s %10s %10s %10s %10s %10s %10s %11s %11s\n",
-         "rank", "target", "pred_peak", "meas_peak", "demo_peak",
-         "all_offl", "no_offl", "pred_exp_ms", "stall_ms");
+         "MiB):\n%30s %10s %10s %10s %10s %10s %10s %11s %11s %11s\n",
+         "rank", "target", "pred_peak", "meas_peak", "demo_peak", "all_offl",
+         "no_offl", "pred_exp_ms", "pred_stall", "stall_ms");
   for (int i = 0; i < rep_n; i++) {
     const double *v = &all[NF * i];
     if (v[21] == 0) {
@@ -411,9 +411,11 @@ int report_plan(const opts_t *o, const double *all, int NF, int rep_first,
       over++;
       continue;
     }
-    printf("%30d %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %11.3f %11.3f\n",
+    printf("%30d %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %11.3f %11.3f "
+           "%11.3f\n",
            rep_first + i, v[22] / 1048576, v[23] / 1048576, v[24] / 1048576,
-           v[25] / 1048576, v[28] / 1048576, v[30] / 1048576, v[26], v[27]);
+           v[25] / 1048576, v[28] / 1048576, v[30] / 1048576, v[26], v[32],
+           v[27]);
   }
   for (int i = 0; i < rep_n; i++) {
     const double *v = &all[NF * i];

@@ -309,7 +309,8 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
         .peak_all = (double)plan.peak_all_bytes,
         .peak_none = (double)plan.peak_none_bytes,
         .predicted_exposed_ms = plan.predicted_exposed_ms,
-        .measured_stall_ms = plan.measured_stall_ms};
+        .measured_stall_ms = plan.measured_stall_ms,
+        .predicted_stall_ms = plan.predicted_stall_ms};
   if (offload && !o->offload_auto) {
 #ifdef OFL_DEMO_NO_MPI
     /* The summary of this process's self comm has one row, "Rank 0": it is

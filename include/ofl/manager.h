@@ -489,6 +489,9 @@ typedef struct ofl_manager_plan {
                                     forward window, and the waits of the
                                     backward for reloads queued on the H2D
                                     stream behind each other */
+  double predicted_stall_ms;     /* the second part alone: the backward's
+                                    waits for reloads, what a run measures
+                                    as measured_stall_ms */
   double d2h_gbps, h2d_gbps;     /* link rates the plan used */
   const char *rate_source;       /* "measured", "link model", "memcpy" */
   double warmup_stall_ms;        /* the warmup's reload waits (it offloads

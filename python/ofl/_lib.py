@@ -133,6 +133,7 @@ class ManagerPlan(ctypes.Structure):
                 ("target_bytes", c_uint64), ("predicted_peak_bytes", c_uint64),
                 ("peak_all_bytes", c_uint64), ("peak_none_bytes", c_uint64),
                 ("shortfall_bytes", c_uint64), ("predicted_exposed_ms", c_double),
+                ("predicted_stall_ms", c_double),
                 ("d2h_gbps", c_double), ("h2d_gbps", c_double),
                 ("rate_source", c_char_p), ("warmup_stall_ms", c_double),
                 ("release_ms", c_double),

@@ -20,7 +20,7 @@ torch.set_num_threads(1)
 VOCAB, SEQ = 64, 16
 PLAN_FIELDS = {"automatic", "met", "exact", "target_bytes", "predicted_peak_bytes",
                "peak_all_bytes", "peak_none_bytes", "shortfall_bytes",
-               "predicted_exposed_ms", "d2h_gbps", "h2d_gbps", "rate_source", "iterations",
+               "predicted_exposed_ms", "predicted_stall_ms", "d2h_gbps", "h2d_gbps", "rate_source", "iterations",
                "measured_peak_bytes", "measured_peak_max_bytes", "measured_stall_ms",
                "lead_changes", "replans", "names", "release_ms", "warmup_stall_ms",
                "settled_iterations", "measured_peak_settled_bytes"}

@@ -415,6 +415,15 @@ Test(pipeline_plan_solve, exposed_time_queues_the_reloads) {
     double want = naive_exposed(&in, c);
     cr_assert(le(dbl, fabs(got - want), 1e-6 * fmax(1.0, want)),
               "instance %d: %f against %f", it, got, want);
+    /* the reloads' waits alone: the exposure less its D2H part */
+    double d2h = 0;
+    for (size_t i = 0; i < in.n; i++)
+      if (c[i] && in.g[i].offloadable)
+        d2h += fmax(0.0, in.g[i].d2h_ns - in.g[i].fwd_window_ns);
+    double waits = ofl__plan_reload_stall(in.g, in.n, c);
+    cr_assert(ge(dbl, waits, 0.0));
+    cr_assert(le(dbl, fabs(waits - (want - d2h)), 1e-6 * fmax(1.0, want)),
+              "instance %d: reload waits %f against %f", it, waits, want - d2h);
     double sum = 0;
     for (size_t i = 0; i < in.n; i++)
       if (c[i] && in.g[i].offloadable)
