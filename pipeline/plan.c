@@ -431,11 +431,14 @@ static void sort_bwd(uint32_t *v, uint32_t n, const meas_t *ms) {
   }
 }
 
-/* When group at backward place pos (0-based) reloads with lead L: at the
- * end of the backward L places earlier, never before its commit. */
+/* When group at backward place pos (0-based) reloads with lead L and
+ * every group offloaded: at the end of the backward L places earlier, or
+ * at gate's end where that is later (the runtime issues reloads at most one
+ * chunk ahead), never before its commit nor after its backward begins. */
 static int64_t reload_time(const ofl__plan_t *p, uint32_t pos, uint32_t lead,
-                           int64_t t_alloc, int64_t t_begin) {
-  int64_t t = pos >= lead ? p->t_bwd_end[p->bwd_order[pos - lead]] : t_begin;
+                           uint32_t gate, int64_t t_alloc, int64_t t_begin) {
+  uint32_t from = pos >= lead && pos - lead > gate ? pos - lead : gate;
+  int64_t t = from < pos ? p->t_bwd_end[p->bwd_order[from]] : t_begin;
   if (t < t_alloc)
     t = t_alloc;
   return t > t_begin ? t_begin : t;
@@ -520,6 +523,29 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
       latency = end - queue;
   }
   p->out.release_ms = latency / 1e6;
+  /* Per backward place, the first place of the chunk before its own in
+   * backward order (its own chunk's first where none is): the earliest
+   * backward end that can issue its reload (prefetch_next reaches one
+   * chunk ahead). */
+  uint32_t *gate = calloc(p->nbwd ? p->nbwd : 1, sizeof *gate);
+  if (gate == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "no memory for the auto plan");
+  for (uint32_t k = 0, run = 0, prev_run = 0; k < p->nbwd; k++) {
+    if (k > 0 && p->ms[p->bwd_order[k]].g->chunk !=
+                     p->ms[p->bwd_order[k - 1]].g->chunk) {
+      prev_run = run;
+      run = k;
+    }
+    gate[k] = prev_run;
+  }
+  for (uint32_t i = 0; i < n; i++)
+    p->inst[i].bwd_pos = -1;
+  for (uint32_t k = 0; k < p->nbwd; k++) {
+    p->inst[p->bwd_order[k]].bwd_pos = (int32_t)k;
+    p->inst[p->bwd_order[k]].gate_pos = (int32_t)gate[k];
+  }
+  free(gate);
   int split[OFL__MAX_NAMES] = {0};
   *nnames = m->nnames;
   for (uint32_t i = 0; i < n; i++) {
@@ -542,13 +568,16 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
       q->split_rank = split[g->nid]++;
     g->lead = p->base_lead;
     g->lead_cap = LEAD_MAX;
-    uint32_t pos = 0;
-    for (uint32_t k = 0; k < p->nbwd; k++)
-      if (p->bwd_order[k] == i)
-        pos = k;
-    q->t_reload = x->bwd_seq > 0
-                      ? reload_time(p, pos, g->lead, q->t_alloc, begin)
+    q->t_reload = q->bwd_pos >= 0
+                      ? reload_time(p, (uint32_t)q->bwd_pos, g->lead,
+                                    (uint32_t)q->gate_pos, q->t_alloc, begin)
                       : q->t_free;
+    if (q->bwd_pos >= 0) { /* where any choice may issue it */
+      q->lead = g->lead;
+      int64_t early = reload_time(p, (uint32_t)q->bwd_pos, LEAD_MAX + 1,
+                                  (uint32_t)q->gate_pos, q->t_alloc, begin);
+      q->bwd_window_max_ns = (double)(begin - early);
+    }
     /* The next commit after this one (else the iteration's last stamp). */
     int64_t next = last;
     for (uint32_t k = 0; k < n; k++) {
@@ -563,6 +592,22 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     q->h2d_ns = h2d_bps > 0 ? (double)q->bytes * 1e9 / h2d_bps : 0;
   }
   return OFL_SUCCESS;
+}
+
+/* Each name's exposed_ms: its chosen groups' parts of the plan's exposed
+ * time (ofl__plan_exposed_parts, the reload queue included); where the
+ * scratch cannot be allocated, each group's bound alone. */
+static void name_exposure(ofl__plan_t *p) {
+  double *part = calloc(p->nms ? p->nms : 1, sizeof *part);
+  bool queued =
+      part != NULL && ofl__plan_exposed_parts(p->inst, p->nms, p->chosen, part);
+  for (size_t k = 0; k < p->out.nnames; k++)
+    p->names[k].exposed_ms = 0;
+  for (uint32_t i = 0; i < p->nms; i++)
+    if (p->chosen[i])
+      p->names[p->inst[i].name].exposed_ms +=
+          (queued ? part[i] : ofl__plan_group_exposed(&p->inst[i])) / 1e6;
+  free(part);
 }
 
 static void fill_names(ofl_manager_t *m) {
@@ -582,11 +627,11 @@ static void fill_names(ofl_manager_t *m) {
     if (p->chosen[i]) {
       x->chosen++;
       x->chosen_bytes += q->bytes;
-      x->exposed_ms += ofl__plan_group_exposed(q) / 1e6;
     }
     if (p->ms[i].g->lead > x->prefetch_lead_max)
       x->prefetch_lead_max = p->ms[i].g->lead;
   }
+  name_exposure(p);
   p->out.nnames = (size_t)m->nnames;
   p->out.names = p->names;
 }
@@ -609,6 +654,8 @@ static double predict(ofl__plan_t *p) {
   p->out.predicted_stall_ms = isfinite(stall) ? stall / 1e6 : 0;
   double exposed = chosen_exposed(p);
   p->out.predicted_exposed_ms = exposed / 1e6;
+  if (p->names != NULL)
+    name_exposure(p);
   return exposed;
 }
 
@@ -664,10 +711,15 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
                               p->chosen, &r));
   } else {
     /* No target: every group whose copies hide entirely (memory saved at
-     * no predicted cost). */
-    for (uint32_t i = 0; i < p->nms; i++)
-      p->chosen[i] = p->inst[i].offloadable &&
-                     ofl__plan_group_exposed(&p->inst[i]) < 1.0;
+     * no predicted cost), each in the window it has with every group
+     * offloaded (the shortest: the choice only widens them). */
+    for (uint32_t i = 0; i < p->nms; i++) {
+      const ofl__plan_group_t *q = &p->inst[i];
+      p->chosen[i] =
+          q->offloadable && fmax(0.0, q->d2h_ns - q->fwd_window_ns) +
+                                    fmax(0.0, q->h2d_ns - q->bwd_window_ns) <
+                                1.0;
+    }
     memset(&r, 0, sizeof r);
     r.predicted_peak = ofl__plan_peak(p->inst, p->nms, p->chosen);
     r.met = true;
@@ -855,13 +907,6 @@ ofl_status_t ofl__plan_gather_print(ofl_manager_t *m) {
 
 /* ---- steady iterations ---------------------------------------------------- */
 
-static uint32_t bwd_pos(const ofl__plan_t *p, uint32_t pidx) {
-  for (uint32_t k = 0; k < p->nbwd; k++)
-    if (p->bwd_order[k] == pidx)
-      return k;
-  return 0;
-}
-
 /* Moves group g's reload to lead want (recomputing its modelled reload
  * time and backward window). An earlier reload is refused when the
  * predicted peak with it goes over the target. */
@@ -873,13 +918,17 @@ static bool set_lead(ofl_manager_t *m, group_t *g, uint8_t want,
   int64_t begin = at_ns(p, &p->ms[i].bwd_begin);
   if (begin < q->t_alloc || begin > q->t_free)
     begin = q->t_free;
+  if (q->bwd_pos < 0)
+    return false;
   int64_t old = q->t_reload;
-  q->t_reload = reload_time(p, bwd_pos(p, i), want, q->t_alloc, begin);
+  q->t_reload = reload_time(p, (uint32_t)q->bwd_pos, want,
+                            (uint32_t)q->gate_pos, q->t_alloc, begin);
   if (want > g->lead && m->mem_target > 0 &&
       ofl__plan_peak(p->inst, p->nms, p->chosen) > m->mem_target) {
     q->t_reload = old; /* the target leaves no room for it */
     return false;
   }
+  q->lead = want;
   q->bwd_window_ns = (double)(begin - q->t_reload);
   OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
             "prefetch lead %u -> %u (%s)", g->lead, want, why);
@@ -1032,7 +1081,6 @@ static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
   for (size_t k = 0; k < o->nnames; k++) {
     p->names[k].chosen = 0;
     p->names[k].chosen_bytes = 0;
-    p->names[k].exposed_ms = 0;
   }
   for (uint32_t i = 0; i < p->nms; i++) {
     if (!p->chosen[i])
@@ -1040,7 +1088,6 @@ static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
     ofl_plan_name_t *x = &p->names[p->inst[i].name];
     x->chosen++;
     x->chosen_bytes += p->inst[i].bytes;
-    x->exposed_ms += ofl__plan_group_exposed(&p->inst[i]) / 1e6;
   }
 }
 

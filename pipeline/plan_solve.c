@@ -51,6 +51,10 @@ typedef struct {
   size_t *by_alloc; /* n */
   plan_h2d_event_t *h2d; /* 2n, per evaluation */
   double *end;           /* n, per evaluation: a group's copy end */
+  double *issue;         /* n, per evaluation: a reload's issue */
+  size_t *at_pos;        /* n: the group at each backward place (SIZE_MAX:
+                            none) */
+  size_t *prev;          /* n, per evaluation: places of chosen groups */
   unsigned char *back; /* n, per evaluation: reloaded before its bytes left
                           (they never leave) */
 } plan_order_t;
@@ -74,8 +78,8 @@ static bool plan_order_init(plan_order_t *o, const ofl__plan_group_t *g,
   o->n = n;
   if (n == 0)
     return true;
-  size_t each = 3 * sizeof(plan_event_t) + sizeof(size_t) +
-                2 * sizeof(plan_h2d_event_t) + sizeof(double) + 1;
+  size_t each = 3 * sizeof(plan_event_t) + 3 * sizeof(size_t) +
+                2 * sizeof(plan_h2d_event_t) + 2 * sizeof(double) + 1;
   if (n > SIZE_MAX / each)
     return false;
   o->ev = malloc(n * each);
@@ -84,7 +88,15 @@ static bool plan_order_init(plan_order_t *o, const ofl__plan_group_t *g,
   o->by_alloc = (size_t *)(o->ev + 3 * n);
   o->h2d = (plan_h2d_event_t *)(o->by_alloc + n);
   o->end = (double *)(o->h2d + 2 * n);
-  o->back = (unsigned char *)(o->end + n);
+  o->issue = o->end + n;
+  o->at_pos = (size_t *)(o->issue + n);
+  o->prev = o->at_pos + n;
+  o->back = (unsigned char *)(o->prev + n);
+  for (size_t i = 0; i < n; i++)
+    o->at_pos[i] = SIZE_MAX;
+  for (size_t i = 0; i < n; i++)
+    if (g[i].lead > 0 && g[i].bwd_pos >= 0 && (size_t)g[i].bwd_pos < n)
+      o->at_pos[g[i].bwd_pos] = i;
   for (size_t i = 0; i < n; i++) {
     o->ev[3 * i] = (plan_event_t){g[i].t_alloc, i, PLAN_EV_ALLOC};
     o->ev[3 * i + 1] = (plan_event_t){g[i].t_reload, i, PLAN_EV_RELOAD};
@@ -105,6 +117,9 @@ static void plan_order_fini(plan_order_t *o) {
   o->by_alloc = NULL;
   o->h2d = NULL;
   o->end = NULL;
+  o->issue = NULL;
+  o->at_pos = NULL;
+  o->prev = NULL;
   o->back = NULL;
 }
 
@@ -201,8 +216,9 @@ static uint64_t peak_eval(const plan_order_t *o, const bool *chosen,
 }
 
 double ofl__plan_group_exposed(const ofl__plan_group_t *g) {
+  double window = g->lead > 0 ? g->bwd_window_max_ns : g->bwd_window_ns;
   return fmax(0.0, g->d2h_ns - g->fwd_window_ns) +
-         fmax(0.0, g->h2d_ns - g->bwd_window_ns);
+         fmax(0.0, g->h2d_ns - window);
 }
 
 uint64_t ofl__plan_peak(const ofl__plan_group_t *g, size_t n,
@@ -226,14 +242,54 @@ static int h2d_event_cmp(const void *pa, const void *pb) {
   return a->group < b->group ? -1 : (a->group > b->group);
 }
 
+/* The backward of group i begins (ns). */
+static int64_t bwd_begin(const ofl__plan_group_t *x) {
+  double w = x->bwd_window_ns > 0 ? x->bwd_window_ns : 0;
+  return x->t_reload + (int64_t)llround(w);
+}
+
+/* When each chosen group's reload is issued under the choice, into
+ * o->issue (ns after t0): t_reload where lead is 0, else at the end of the
+ * backward of the lead-th chosen group before it in backward order or of
+ * the group at gate_pos, whichever is later, within [t_alloc, its
+ * backward's begin] (see ofl__plan_group_t). */
+static void issue_times(const plan_order_t *o, const bool *chosen, double t0) {
+  const ofl__plan_group_t *g = o->g;
+  for (size_t i = 0; i < o->n; i++)
+    o->issue[i] = (double)g[i].t_reload - t0;
+  size_t seen = 0; /* chosen groups so far in backward order */
+  for (size_t pos = 0; pos < o->n; pos++) {
+    size_t i = o->at_pos[pos];
+    if (i == SIZE_MAX || !is_chosen(g, chosen, i))
+      continue;
+    const ofl__plan_group_t *x = &g[i];
+    int64_t begin = bwd_begin(x), at = begin;
+    size_t from = x->gate_pos >= 0 ? (size_t)x->gate_pos : pos;
+    if (seen >= x->lead && o->prev[seen - x->lead] > from)
+      from = o->prev[seen - x->lead];
+    if (from < pos) { /* a backward before its own ends */
+      size_t k = o->at_pos[from];
+      at = k != SIZE_MAX ? g[k].t_free : x->t_reload;
+    }
+    if (at < x->t_alloc)
+      at = x->t_alloc;
+    if (at > begin)
+      at = begin;
+    o->issue[i] = (double)at - t0;
+    o->prev[seen++] = pos;
+  }
+}
+
 /* The reloads of the chosen groups on the one H2D stream, in the order
- * they are issued (t_reload): each starts when it is issued, the stream is
- * free and its own D2H copy has ended (the D2H copies queued as in the peak
- * simulation, next_copy); a backward that begins (t_reload +
+ * they are issued (issue_times): each starts when it is issued, the stream
+ * is free and its own D2H copy has ended (the D2H copies queued as in the
+ * peak simulation, next_copy); a backward that begins (t_reload +
  * bwd_window_ns) before its reload ended waits, and everything after that
  * wait runs that much later (the issues of later reloads included).
- * Returns the sum of the waits, ns; o's h2d and end are its scratch. */
-static double h2d_stall(const plan_order_t *o, const bool *chosen) {
+ * Returns the sum of the waits, ns, and each group's into wait[i] where
+ * wait is not NULL; o's h2d, end, issue and prev are its scratch. */
+static double h2d_stall(const plan_order_t *o, const bool *chosen,
+                        double *wait) {
   const ofl__plan_group_t *g = o->g;
   if (o->n == 0)
     return 0;
@@ -242,12 +298,13 @@ static double h2d_stall(const plan_order_t *o, const bool *chosen) {
   plan_time_t stream = {INT64_MIN, 0}, leave;
   while (next_copy(o, chosen, false, &next, &stream, &leave, &i))
     o->end[i] = ((double)stream.ns - t0) + stream.frac;
+  issue_times(o, chosen, t0);
   size_t m = 0;
   for (i = 0; i < o->n; i++) {
     if (!is_chosen(g, chosen, i))
       continue;
-    double issue = (double)g[i].t_reload - t0;
-    double need = issue + (g[i].bwd_window_ns > 0 ? g[i].bwd_window_ns : 0);
+    double issue = o->issue[i];
+    double need = (double)bwd_begin(&g[i]) - t0;
     o->h2d[m++] = (plan_h2d_event_t){issue, i, false};
     o->h2d[m++] = (plan_h2d_event_t){need, i, true};
   }
@@ -267,6 +324,8 @@ static double h2d_stall(const plan_order_t *o, const bool *chosen) {
     } else if (o->end[ev->group] > now) {
       stall += o->end[ev->group] - now;
       shift += o->end[ev->group] - now;
+      if (wait != NULL)
+        wait[ev->group] = o->end[ev->group] - now;
     }
   }
   return stall;
@@ -287,9 +346,24 @@ double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
   plan_order_t o;
   if (!plan_order_init(&o, g, n))
     return INFINITY;
-  double x = d2h_exposed(g, n, chosen) + h2d_stall(&o, chosen);
+  double x = d2h_exposed(g, n, chosen) + h2d_stall(&o, chosen, NULL);
   plan_order_fini(&o);
   return x;
+}
+
+bool ofl__plan_exposed_parts(const ofl__plan_group_t *g, size_t n,
+                             const bool *chosen, double *part) {
+  plan_order_t o;
+  if (!plan_order_init(&o, g, n))
+    return false;
+  for (size_t i = 0; i < n; i++)
+    part[i] = 0;
+  (void)h2d_stall(&o, chosen, part);
+  for (size_t i = 0; i < n; i++)
+    if (is_chosen(g, chosen, i))
+      part[i] += fmax(0.0, g[i].d2h_ns - g[i].fwd_window_ns);
+  plan_order_fini(&o);
+  return true;
 }
 
 double ofl__plan_reload_stall(const ofl__plan_group_t *g, size_t n,
@@ -297,7 +371,7 @@ double ofl__plan_reload_stall(const ofl__plan_group_t *g, size_t n,
   plan_order_t o;
   if (!plan_order_init(&o, g, n))
     return INFINITY;
-  double x = h2d_stall(&o, chosen);
+  double x = h2d_stall(&o, chosen, NULL);
   plan_order_fini(&o);
   return x;
 }
@@ -379,6 +453,15 @@ static ofl_status_t check_group(const ofl__plan_group_t *x, size_t i,
                       "bwd_window_ns %g",
                       i, x->d2h_ns, x->h2d_ns, x->fwd_window_ns,
                       x->bwd_window_ns);
+  if (x->lead > 0 &&
+      (x->bwd_pos < 0 || x->gate_pos < 0 || x->gate_pos > x->bwd_pos ||
+       bad_ns(x->bwd_window_max_ns) || x->bwd_window_max_ns < x->bwd_window_ns))
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "plan solve: group %zu reload place out of range: "
+                      "lead %u bwd_pos %d gate_pos %d bwd_window_max_ns %g "
+                      "(bwd_window_ns %g)",
+                      i, x->lead, x->bwd_pos, x->gate_pos, x->bwd_window_max_ns,
+                      x->bwd_window_ns);
   if (!add_u64(total, x->bytes) || !add_u64(total, x->bytes) ||
       !add_u64(total, x->kept_bytes))
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
@@ -393,6 +476,16 @@ static ofl_status_t names_build(plan_names_t *s, const ofl__plan_group_t *g,
   const ofl__plan_group_t *first = NULL;
   for (size_t i = 0; i < n; i++) {
     OFL_CHECK(check_group(&g[i], i, s->nnames, &total));
+    if (g[i].lead > 0 && (size_t)g[i].bwd_pos >= n)
+      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                        "plan solve: group %zu bwd_pos %d not below the "
+                        "%zu groups",
+                        i, g[i].bwd_pos, n);
+    for (size_t j = 0; g[i].lead > 0 && j < i; j++)
+      if (g[j].lead > 0 && g[j].bwd_pos == g[i].bwd_pos)
+        return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                          "plan solve: groups %zu and %zu share bwd_pos %d", j,
+                          i, g[i].bwd_pos);
     if (!g[i].offloadable)
       continue;
     s->count[g[i].name]++;
@@ -480,7 +573,7 @@ typedef struct {
 
 /* The exposed time of p->cand (ofl__plan_exposed). */
 static double cand_exposed(const plan_search_t *p) {
-  return d2h_exposed(p->g, p->n, p->cand) + h2d_stall(&p->order, p->cand);
+  return d2h_exposed(p->g, p->n, p->cand) + h2d_stall(&p->order, p->cand, NULL);
 }
 
 /* The choice: the active names k with whole[k] (whole indexes

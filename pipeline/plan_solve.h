@@ -41,6 +41,24 @@ typedef struct ofl__plan_group {
                         (latency the copy queue does not model: a copy
                         worker that woke late); the same for every
                         offloadable group of an instance */
+  /* Where the reload is issued under a choice (the reload queue of the
+   * exposed time). The runtime issues a reload at the end of a backward
+   * once fewer than lead reloads wait for their backward, and at most one
+   * chunk ahead: with lead > 0 the reload is issued at the end of the
+   * backward of the lead-th chosen group before it in backward order, or
+   * of the group at gate_pos where that is later, never before t_alloc nor
+   * after its own backward begins (t_reload + bwd_window_ns); groups kept
+   * between widen the window. t_reload is the place with every group
+   * chosen (the peak simulation's). lead 0: the reload is issued at
+   * t_reload whatever the choice. */
+  uint32_t lead;
+  int32_t bwd_pos;  /* place in backward order (0-based, distinct, < n) */
+  int32_t gate_pos; /* the earliest place whose end may issue it (<= bwd_pos;
+                       bwd_pos itself: none, the reload is issued as its
+                       backward begins) */
+  double bwd_window_max_ns; /* lead > 0: the longest window any choice
+                               gives (issued at gate_pos's end); the
+                               search's bound takes it */
 } ofl__plan_group_t;
 
 typedef struct ofl__plan_result {
@@ -55,8 +73,10 @@ typedef struct ofl__plan_result {
   bool exact;              /* the exact search ran (<= 16 names) */
 } ofl__plan_result_t;
 
-/* Exposed copy time of one group when offloaded: the part of each
- * direction's copy that its window does not cover. */
+/* Exposed copy time of one group when offloaded, at least: the part of each
+ * direction's copy that its window does not cover, the backward's window
+ * the longest any choice gives it (bwd_window_max_ns where lead > 0). The
+ * search's bound: never above the group's part of ofl__plan_exposed. */
 double ofl__plan_group_exposed(const ofl__plan_group_t *g);
 
 /* Exposed copy time of the choice chosen[i] (1: group i offloaded; ignored
@@ -78,6 +98,12 @@ double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
  * allocate its scratch. */
 double ofl__plan_reload_stall(const ofl__plan_group_t *g, size_t n,
                               const bool *chosen);
+
+/* Each chosen group's part of ofl__plan_exposed, ns, into part[n] (0 for
+ * the others): its D2H copy past its forward window and the backward's
+ * wait for its reload. Returns false where it cannot allocate. */
+bool ofl__plan_exposed_parts(const ofl__plan_group_t *g, size_t n,
+                             const bool *chosen, double *part);
 
 /* Predicted peak of the device bytes for the choice chosen[i] (1: group i
  * offloaded; ignored where !offloadable). The D2H copies of chosen groups

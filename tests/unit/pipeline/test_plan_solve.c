@@ -264,11 +264,82 @@ static void make_inst(inst_t *in, uint64_t *s, int nnames, const int *counts,
   in->n = n;
 }
 
+/* The group at backward place pos (lead > 0), else SIZE_MAX. */
+static size_t at_place(const inst_t *in, int32_t pos) {
+  for (size_t j = 0; j < in->n; j++)
+    if (in->g[j].lead > 0 && in->g[j].bwd_pos == pos)
+      return j;
+  return SIZE_MAX;
+}
+
+/* When group i's reload is issued under choice c, by the rule of
+ * ofl__plan_group_t written out again: walking back from its place, the
+ * lead-th chosen group's backward end, or gate_pos's where that is later,
+ * within [t_alloc, its backward's begin]. */
+static double naive_issue(const inst_t *in, const bool *c, size_t i) {
+  const ofl__plan_group_t *x = &in->g[i];
+  if (x->lead == 0)
+    return (double)x->t_reload;
+  double begin = (double)x->t_reload + fmax(0.0, x->bwd_window_ns);
+  int32_t from = x->gate_pos;
+  uint32_t seen = 0;
+  for (int32_t q = x->bwd_pos - 1; q >= 0; q--) {
+    size_t j = at_place(in, q);
+    if (j != SIZE_MAX && c[j] && in->g[j].offloadable && ++seen == x->lead) {
+      if (q > from)
+        from = q;
+      break;
+    }
+  }
+  double at = begin;
+  if (from < x->bwd_pos)
+    at = (double)in->g[at_place(in, from)].t_free;
+  at = fmax(at, (double)x->t_alloc);
+  return fmin(at, begin);
+}
+
+/* The reload places of a make_inst instance: backward order is the
+ * reverse of the forward, each group with a lead (1-3) and a gate below
+ * its place; each backward begins between its commit and its end, and
+ * t_reload and the windows follow from the rule with every group chosen. */
+static void place_reloads(inst_t *in, uint64_t *s) {
+  size_t n = in->n;
+  double begin[MAXG];
+  for (size_t i = 0; i < n; i++) {
+    ofl__plan_group_t *x = &in->g[i];
+    x->bwd_pos = (int32_t)(n - 1 - i);
+    x->lead = (uint32_t)rnd(s, 1, 3);
+    x->gate_pos = (int32_t)rnd(s, 0, (uint64_t)x->bwd_pos);
+    int64_t b = x->t_free - 10 * (int64_t)rnd(s, 0, 10);
+    begin[i] = (double)(b < x->t_alloc ? x->t_alloc : b);
+    x->t_reload = (int64_t)begin[i]; /* begin, until the rule places it */
+    x->bwd_window_ns = 0;
+  }
+  bool all[MAXG];
+  for (size_t i = 0; i < n; i++)
+    all[i] = in->g[i].offloadable;
+  int64_t reload[MAXG];
+  for (size_t i = 0; i < n; i++)
+    reload[i] = (int64_t)naive_issue(in, all, i);
+  for (size_t i = 0; i < n; i++) {
+    ofl__plan_group_t *x = &in->g[i];
+    x->t_reload = reload[i];
+    x->bwd_window_ns = begin[i] - (double)reload[i];
+    double early = begin[i];
+    if (x->gate_pos < x->bwd_pos)
+      early = (double)in->g[at_place(in, x->gate_pos)].t_free;
+    early = fmin(fmax(early, (double)x->t_alloc), begin[i]);
+    x->bwd_window_max_ns = begin[i] - early;
+  }
+}
+
 static void random_inst(inst_t *in, uint64_t *s) {
   int nnames = (int)rnd(s, 1, 4), counts[4];
   for (int m = 0; m < nnames; m++)
     counts[m] = (int)rnd(s, 1, 5);
   make_inst(in, s, nnames, counts, (int)rnd(s, 0, 2), rnd(s, 0, 2) == 0);
+  if (rnd(s, 0, 1) == 1) /* half the instances: reloads placed by choice */
+    place_reloads(in, s);
 }
 
 /* A naive simulation: the bytes on the device just after the additions at
@@ -364,8 +435,8 @@ static double naive_exposed(const inst_t *in, const bool *c) {
     for (size_t j = 0; j < in->n; j++) {
       if (!c[j] || !in->g[j].offloadable)
         continue;
-      double issue = (double)in->g[j].t_reload;
-      double need = issue + in->g[j].bwd_window_ns;
+      double issue = naive_issue(in, c, j);
+      double need = (double)in->g[j].t_reload + in->g[j].bwd_window_ns;
       for (int k = 0; k < 2; k++) {
         bool is_need = k == 1;
         if (is_need ? begun[j] : issued[j])
@@ -404,7 +475,7 @@ static double naive_exposed(const inst_t *in, const bool *c) {
  * reload queue makes them differ often). */
 Test(pipeline_plan_solve, exposed_time_queues_the_reloads) {
   uint64_t s = 11;
-  int more = 0;
+  int more = 0, earlier = 0;
   for (int it = 0; it < 4000; it++) {
     inst_t in;
     random_inst(&in, &s);
@@ -415,6 +486,13 @@ Test(pipeline_plan_solve, exposed_time_queues_the_reloads) {
     double want = naive_exposed(&in, c);
     cr_assert(le(dbl, fabs(got - want), 1e-6 * fmax(1.0, want)),
               "instance %d: %f against %f", it, got, want);
+    /* choices whose kept groups let a reload be issued earlier */
+    for (size_t i = 0; i < in.n; i++)
+      if (c[i] && in.g[i].offloadable &&
+          naive_issue(&in, c, i) < (double)in.g[i].t_reload) {
+        earlier++;
+        break;
+      }
     /* the reloads' waits alone: the exposure less its D2H part */
     double d2h = 0;
     for (size_t i = 0; i < in.n; i++)
@@ -433,6 +511,7 @@ Test(pipeline_plan_solve, exposed_time_queues_the_reloads) {
     more += got > sum + 1e-6;
   }
   cr_assert(gt(int, more, 400), "queued above the sum in %d", more);
+  cr_assert(gt(int, earlier, 400), "a reload issued earlier in %d", earlier);
 }
 
 /* ---- the solver against a brute force ---------------------------------- */
