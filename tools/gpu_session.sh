@@ -12,7 +12,9 @@
 #   1. nvidia-smi and ofl-info (which runtime, driver and GPU ofl sees);
 #   2. the build: a tree carried prebuilt from a CPU machine (both are
 #      x86-64: `meson setup build-gpu -Dbuildtype=release && ninja -C
-#      build-gpu`, then carry build-gpu) is only brought up to date; else it
+#      build-gpu`, then carry build-gpu) is only brought up to date, and
+#      configured again where it does not build or run there (a tree
+#      configured beside Criterion, liburing or MPI links them); else it
 #      is configured and built with -j16 under its own timeout;
 #   3. the gpu test programs by name (tests/gpu: the pipeline schedule, the
 #      copy bandwidth, the stager, NCCL where built);
@@ -80,10 +82,14 @@ say "nvcc: $(nvcc --version 2>&1 | tail -n 2 | head -n 1)"
 
 build_tree() {
   if [ -f "$build/build.ninja" ]; then
-    ninja -C "$build" -j16 # carried prebuilt: brought up to date
-  else
-    meson setup "$build" "$here" -Dbuildtype=release && ninja -C "$build" -j16
+    # carried prebuilt: brought up to date; a tree configured where other
+    # libraries were found (Criterion, liburing, MPI) does not build or
+    # run here: it is configured again
+    ninja -C "$build" -j16 && "$build/tools/ofl-info" >/dev/null 2>&1 && return 0
+    echo "the carried $build does not build or run here: configuring it again"
+    rm -rf "$build"
   fi
+  meson setup "$build" "$here" -Dbuildtype=release && ninja -C "$build" -j16
 }
 export -f build_tree
 export build here
