@@ -341,39 +341,38 @@ static double d2h_exposed(const ofl__plan_group_t *g, size_t n,
   return x;
 }
 
-double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
-                         const bool *chosen) {
+/* The exposure of a choice outside the search: the reloads' waits, with the
+ * D2H part where with_d2h; each group's part into part[n] where not NULL.
+ * INFINITY where the scratch cannot be allocated. */
+static double exposure(const ofl__plan_group_t *g, size_t n, const bool *chosen,
+                       bool with_d2h, double *part) {
   plan_order_t o;
   if (!plan_order_init(&o, g, n))
     return INFINITY;
-  double x = d2h_exposed(g, n, chosen) + h2d_stall(&o, chosen, NULL);
+  for (size_t i = 0; part != NULL && i < n; i++)
+    part[i] = 0;
+  double x = h2d_stall(&o, chosen, part);
   plan_order_fini(&o);
-  return x;
+  for (size_t i = 0; with_d2h && part != NULL && i < n; i++)
+    if (is_chosen(g, chosen, i))
+      part[i] += fmax(0.0, g[i].d2h_ns - g[i].fwd_window_ns);
+  /* the sum in the search's order (cand_exposed) */
+  return with_d2h ? d2h_exposed(g, n, chosen) + x : x;
+}
+
+double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
+                         const bool *chosen) {
+  return exposure(g, n, chosen, true, NULL);
 }
 
 bool ofl__plan_exposed_parts(const ofl__plan_group_t *g, size_t n,
                              const bool *chosen, double *part) {
-  plan_order_t o;
-  if (!plan_order_init(&o, g, n))
-    return false;
-  for (size_t i = 0; i < n; i++)
-    part[i] = 0;
-  (void)h2d_stall(&o, chosen, part);
-  for (size_t i = 0; i < n; i++)
-    if (is_chosen(g, chosen, i))
-      part[i] += fmax(0.0, g[i].d2h_ns - g[i].fwd_window_ns);
-  plan_order_fini(&o);
-  return true;
+  return isfinite(exposure(g, n, chosen, true, part));
 }
 
 double ofl__plan_reload_stall(const ofl__plan_group_t *g, size_t n,
                               const bool *chosen) {
-  plan_order_t o;
-  if (!plan_order_init(&o, g, n))
-    return INFINITY;
-  double x = h2d_stall(&o, chosen, NULL);
-  plan_order_fini(&o);
-  return x;
+  return exposure(g, n, chosen, false, NULL);
 }
 
 /* ---- the instance ------------------------------------------------------ */
