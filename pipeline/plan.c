@@ -523,21 +523,41 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
       latency = end - queue;
   }
   p->out.release_ms = latency / 1e6;
-  /* Per backward place, the first place of the chunk before its own in
-   * backward order (its own chunk's first where none is): the earliest
-   * backward end that can issue its reload (prefetch_next reaches one
-   * chunk ahead). */
-  uint32_t *gate = calloc(p->nbwd ? p->nbwd : 1, sizeof *gate);
+  /* Per backward place, the earliest backward end that can issue its
+   * reload: prefetch_next reaches one chunk ahead, and into a chunk only
+   * once its forward finished (forward_finished), so the first place of
+   * the chunk before in backward order whose end comes after this chunk's
+   * last commit; its own chunk's first where none does or none is. */
+  uint32_t *gate = calloc(2 * (size_t)(p->nbwd ? p->nbwd : 1), sizeof *gate);
   if (gate == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
                       "no memory for the auto plan");
-  for (uint32_t k = 0, run = 0, prev_run = 0; k < p->nbwd; k++) {
-    if (k > 0 && p->ms[p->bwd_order[k]].g->chunk !=
-                     p->ms[p->bwd_order[k - 1]].g->chunk) {
-      prev_run = run;
-      run = k;
+  uint32_t *start = gate + (p->nbwd ? p->nbwd : 1); /* of each place's run */
+  for (uint32_t k = 0; k < p->nbwd; k++)
+    start[k] = k > 0 && p->ms[p->bwd_order[k]].g->chunk ==
+                            p->ms[p->bwd_order[k - 1]].g->chunk
+                   ? start[k - 1]
+                   : k;
+  for (uint32_t k = 0; k < p->nbwd; k++) {
+    uint32_t run = start[k];
+    gate[k] = run;
+    if (k > run || run == 0) {
+      gate[k] = k > run ? gate[run] : run;
+      continue;
     }
-    gate[k] = prev_run;
+    /* The chunk's forward ends at its last commit: only a backward end
+     * after it reaches into the chunk (forward_finished). */
+    int64_t fwd_end = INT64_MIN;
+    for (uint32_t j = run; j < p->nbwd && start[j] == run; j++) {
+      int64_t t = at_ns(p, &p->ms[p->bwd_order[j]].commit);
+      if (t > fwd_end)
+        fwd_end = t;
+    }
+    for (uint32_t q = start[run - 1]; q < run; q++)
+      if (p->t_bwd_end[p->bwd_order[q]] >= fwd_end) {
+        gate[k] = q;
+        break;
+      }
   }
   for (uint32_t i = 0; i < n; i++)
     p->inst[i].bwd_pos = -1;
@@ -574,7 +594,7 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
                       : q->t_free;
     if (q->bwd_pos >= 0) { /* where any choice may issue it */
       q->lead = g->lead;
-      int64_t early = reload_time(p, (uint32_t)q->bwd_pos, LEAD_MAX + 1,
+      int64_t early = reload_time(p, (uint32_t)q->bwd_pos, UINT32_MAX,
                                   (uint32_t)q->gate_pos, q->t_alloc, begin);
       q->bwd_window_max_ns = (double)(begin - early);
     }

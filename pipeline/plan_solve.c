@@ -35,7 +35,8 @@ typedef struct {
 typedef struct {
   double t; /* ns after the instance's earliest t_alloc */
   size_t group;
-  bool need; /* false: the reload is issued; true: its backward begins */
+  size_t key; /* ties: its backward place where it has one, else group */
+  bool need;  /* false: the reload is issued; true: its backward begins */
 } plan_h2d_event_t;
 
 /* What does not depend on the choice, sorted once per instance: the commit,
@@ -239,6 +240,8 @@ static int h2d_event_cmp(const void *pa, const void *pb) {
     return a->t < b->t ? -1 : 1;
   if (a->need != b->need)
     return a->need ? 1 : -1; /* an issue at the same time goes first */
+  if (a->key != b->key)      /* in backward order, as the runtime issues */
+    return a->key < b->key ? -1 : 1;
   return a->group < b->group ? -1 : (a->group > b->group);
 }
 
@@ -278,6 +281,20 @@ static void issue_times(const plan_order_t *o, const bool *chosen, double t0) {
     o->issue[i] = (double)at - t0;
     o->prev[seen++] = pos;
   }
+  /* A group whose lead reaches deeper issues the ones before it too
+   * (ofl__plan_prefetch_depth: as deep as the deepest lead asks, in
+   * order): each takes the earliest issue after it, never before its own
+   * commit. */
+  double pull = INFINITY;
+  for (size_t k = seen; k-- > 0;) {
+    size_t i = o->at_pos[o->prev[k]];
+    double t = o->issue[i];
+    if (pull < t)
+      t = fmax(pull, (double)g[i].t_alloc - t0);
+    o->issue[i] = t;
+    if (t < pull)
+      pull = t;
+  }
 }
 
 /* The reloads of the chosen groups on the one H2D stream, in the order
@@ -305,8 +322,13 @@ static double h2d_stall(const plan_order_t *o, const bool *chosen,
       continue;
     double issue = o->issue[i];
     double need = (double)bwd_begin(&g[i]) - t0;
-    o->h2d[m++] = (plan_h2d_event_t){issue, i, false};
-    o->h2d[m++] = (plan_h2d_event_t){need, i, true};
+    size_t key = g[i].lead > 0 && g[i].bwd_pos >= 0 &&
+                         (size_t)g[i].bwd_pos < o->n &&
+                         o->at_pos[g[i].bwd_pos] == i
+                     ? (size_t)g[i].bwd_pos
+                     : i;
+    o->h2d[m++] = (plan_h2d_event_t){issue, i, key, false};
+    o->h2d[m++] = (plan_h2d_event_t){need, i, key, true};
   }
   qsort(o->h2d, m, sizeof *o->h2d, h2d_event_cmp);
   double shift = 0, link = -INFINITY, stall = 0;
@@ -480,11 +502,23 @@ static ofl_status_t names_build(plan_names_t *s, const ofl__plan_group_t *g,
                         "plan solve: group %zu bwd_pos %d not below the "
                         "%zu groups",
                         i, g[i].bwd_pos, n);
-    for (size_t j = 0; g[i].lead > 0 && j < i; j++)
-      if (g[j].lead > 0 && g[j].bwd_pos == g[i].bwd_pos)
+    for (size_t j = 0; g[i].lead > 0 && j < i; j++) {
+      if (g[j].lead == 0)
+        continue;
+      if (g[j].bwd_pos == g[i].bwd_pos)
         return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                           "plan solve: groups %zu and %zu share bwd_pos %d", j,
                           i, g[i].bwd_pos);
+      const ofl__plan_group_t *a = g[j].bwd_pos < g[i].bwd_pos ? &g[j] : &g[i],
+                              *b = a == &g[j] ? &g[i] : &g[j];
+      if (a->gate_pos > b->gate_pos)
+        return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                          "plan solve: groups %zu and %zu: gate_pos goes "
+                          "back along backward order (%d at place %d, %d at "
+                          "place %d)",
+                          j, i, a->gate_pos, a->bwd_pos, b->gate_pos,
+                          b->bwd_pos);
+    }
     if (!g[i].offloadable)
       continue;
     s->count[g[i].name]++;

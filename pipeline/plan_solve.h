@@ -42,14 +42,18 @@ typedef struct ofl__plan_group {
                         worker that woke late); the same for every
                         offloadable group of an instance */
   /* Where the reload is issued under a choice (the reload queue of the
-   * exposed time). The runtime issues a reload at the end of a backward
-   * once fewer than lead reloads wait for their backward, and at most one
-   * chunk ahead: with lead > 0 the reload is issued at the end of the
-   * backward of the lead-th chosen group before it in backward order, or
-   * of the group at gate_pos where that is later, never before t_alloc nor
-   * after its own backward begins (t_reload + bwd_window_ns); groups kept
-   * between widen the window. t_reload is the place with every group
-   * chosen (the peak simulation's). lead 0: the reload is issued at
+   * exposed time). The runtime issues reloads at the end of a backward, in
+   * backward order, as deep as the deepest lead asks (a group at depth d
+   * goes when some group at depth >= d has a lead that reaches its own
+   * depth), and at most one chunk ahead: with lead > 0 the reload is
+   * issued at the end of the backward of the lead-th chosen group before
+   * it in backward order, or of the group at gate_pos where that is later,
+   * or as early as a chosen group after it is issued, never before t_alloc
+   * nor after its own backward begins (t_reload + bwd_window_ns); groups
+   * kept between widen the window; reloads issued at once queue in
+   * backward order. t_reload is the place with every group chosen and
+   * each by its own lead (the peak simulation's: the peak does not move
+   * the reloads a choice moves earlier). lead 0: the reload is issued at
    * t_reload whatever the choice. */
   uint32_t lead;
   int32_t bwd_pos;  /* place in backward order (0-based, distinct, < n) */
@@ -76,7 +80,10 @@ typedef struct ofl__plan_result {
 /* Exposed copy time of one group when offloaded, at least: the part of each
  * direction's copy that its window does not cover, the backward's window
  * the longest any choice gives it (bwd_window_max_ns where lead > 0). The
- * search's bound: never above the group's part of ofl__plan_exposed. */
+ * search's bound: over any choice the sum of its groups' is never above
+ * ofl__plan_exposed (one group's part can be below its own: a wait is
+ * charged to the group that waits, also where its reload queued behind
+ * another's). */
 double ofl__plan_group_exposed(const ofl__plan_group_t *g);
 
 /* Exposed copy time of the choice chosen[i] (1: group i offloaded; ignored

@@ -469,10 +469,11 @@ typedef struct ofl_plan_name {
   uint64_t chosen_bytes;    /* of them, offloaded */
   double copy_ms;           /* D2H + H2D time of all its groups' bytes */
   double window_ms;         /* forward + backward windows of its groups */
-  double exposed_ms;        /* predicted exposed copy time of the chosen,
-                               each group's own (its copies against its
-                               windows; the plan's total adds the reloads'
-                               queue) */
+  double exposed_ms;        /* predicted exposed copy time of the chosen:
+                               their D2H copies past their windows and the
+                               backward's waits for their reloads (queued on
+                               the H2D stream: a wait is charged to the group
+                               that waits); the names' sum is the plan's */
   uint32_t prefetch_lead_max; /* largest learned lead of its groups */
 } ofl_plan_name_t;
 
