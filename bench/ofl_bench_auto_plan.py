@@ -27,9 +27,9 @@ step with offload against that run's own step without (the demo measures
 both in one process, a second apart). On a shared machine a run's step
 time moves by 10-30 points; in some periods this project's VM also
 switches between two speeds (the same step 62 or 90-110 ms), from one run
-to the next and within one, and then neither figure is steady (one run
-measured -39.8% paired and +1.8% pooled for a plan that offloads
-nothing). The closing line counts the goal both ways.
+to the next and within one, and then neither figure is steady (pooled:
++45-70% for plans with no stall; paired: -39.8% for one run of a plan
+that offloads nothing). The closing line counts the goal both ways.
 
 Usage: ofl_bench_auto_plan.py DEMO [--out PNG] [--iters N] [--repeat R] [--jobs J]
                                [--baseline pooled|paired]
