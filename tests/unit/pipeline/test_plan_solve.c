@@ -520,13 +520,22 @@ static ofl__plan_group_t placed(int name, int64_t begin, int64_t t_free,
   return g;
 }
 
-/* Reloads issued as the runtime issues them, by hand. Places 0-2, their
- * backward passes 0-100, 100-200, 200-300, 150 ns reloads, lead 1. */
+/* Places 0-2 of one chunk, their backward passes 0-100, 100-200,
+ * 200-300, every reload h2d ns with the same lead; indices in commit order,
+ * the reverse of backward order (g[0] is place 2). */
+static void three_places(ofl__plan_group_t *g, double h2d, uint32_t lead) {
+  for (int k = 0; k < 3; k++) {
+    int32_t place = 2 - k;
+    g[k] = placed(place, 100 * place, 100 * (place + 1), h2d, lead, place, 0,
+                  place > 0 ? 100.0 * (place - 1) : 0);
+  }
+}
+
+/* Reloads issued as the runtime issues them, by hand: 150 ns reloads,
+ * lead 1. */
 Test(pipeline_plan_solve, a_kept_group_widens_the_next_reloads_window) {
-  /* indices in commit order: the reverse of backward order */
-  ofl__plan_group_t g[3] = {placed(2, 200, 300, 150, 1, 2, 0, 100),
-                            placed(1, 100, 200, 150, 1, 1, 0, 0),
-                            placed(0, 0, 100, 150, 1, 0, 0, 0)};
+  ofl__plan_group_t g[3];
+  three_places(g, 150, 1);
   /* place 2 alone: issued at place 0's end (100), 100 before its
    * backward: waits 50 (issued at place 1's end, it would wait 150) */
   bool c[3] = {true, false, false};
@@ -549,9 +558,8 @@ Test(pipeline_plan_solve, a_kept_group_widens_the_next_reloads_window) {
  * (200-300) is done when its backward begins (200, moved to 300). Taken
  * in index order (place 2 first) place 1 would wait 200. */
 Test(pipeline_plan_solve, reloads_issued_together_queue_in_backward_order) {
-  ofl__plan_group_t g[3] = {placed(2, 200, 300, 100, 2, 2, 0, 100),
-                            placed(1, 100, 200, 100, 2, 1, 0, 0),
-                            placed(0, 0, 100, 100, 2, 0, 0, 0)};
+  ofl__plan_group_t g[3];
+  three_places(g, 100, 2);
   bool c[3] = {true, true, false};
   cr_assert(eq(dbl, ofl__plan_reload_stall(g, 3, c), 100.0));
 }
