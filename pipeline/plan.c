@@ -540,11 +540,13 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
                    : k;
   for (uint32_t k = 0; k < p->nbwd; k++) {
     uint32_t run = start[k];
-    gate[k] = run;
-    if (k > run || run == 0) {
-      gate[k] = k > run ? gate[run] : run;
+    if (k > run) { /* the same as its chunk's first place */
+      gate[k] = gate[run];
       continue;
     }
+    gate[k] = run; /* its own chunk's first, unless the chunk before's */
+    if (run == 0)
+      continue;
     /* The chunk's forward ends at its last commit: only a backward end
      * after it reaches into the chunk (forward_finished). */
     int64_t fwd_end = INT64_MIN;
@@ -615,19 +617,15 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
 }
 
 /* Each name's exposed_ms: its chosen groups' parts of the plan's exposed
- * time (ofl__plan_exposed_parts, the reload queue included); where the
- * scratch cannot be allocated, each group's bound alone. */
-static void name_exposure(ofl__plan_t *p) {
-  double *part = calloc(p->nms ? p->nms : 1, sizeof *part);
-  bool queued =
-      part != NULL && ofl__plan_exposed_parts(p->inst, p->nms, p->chosen, part);
+ * time (part, from ofl__plan_exposure: the reload queue included); where
+ * part is NULL (no memory for it), each group's bound alone. */
+static void name_exposure(ofl__plan_t *p, const double *part) {
   for (size_t k = 0; k < p->out.nnames; k++)
     p->names[k].exposed_ms = 0;
   for (uint32_t i = 0; i < p->nms; i++)
     if (p->chosen[i])
       p->names[p->inst[i].name].exposed_ms +=
-          (queued ? part[i] : ofl__plan_group_exposed(&p->inst[i])) / 1e6;
-  free(part);
+          (part != NULL ? part[i] : ofl__plan_group_exposed(&p->inst[i])) / 1e6;
 }
 
 static void fill_names(ofl_manager_t *m) {
@@ -651,31 +649,32 @@ static void fill_names(ofl_manager_t *m) {
     if (p->ms[i].g->lead > x->prefetch_lead_max)
       x->prefetch_lead_max = p->ms[i].g->lead;
   }
-  name_exposure(p);
   p->out.nnames = (size_t)m->nnames;
   p->out.names = p->names;
 }
 
 static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
-/* The predicted exposed copy time (ns) of the choice in p->chosen, the
- * reloads queued on their stream (ofl__plan_exposed); 0 where its scratch
- * cannot be allocated. */
-static double chosen_exposed(const ofl__plan_t *p) {
-  double exposed = ofl__plan_exposed(p->inst, p->nms, p->chosen);
-  return isfinite(exposed) ? exposed : 0;
-}
-
-/* The plan's predicted exposed time and reload waits, for the choice in
- * p->chosen with the prefetch leads now in force (each lead sets its
- * group's modelled reload time: set_lead). Returns the exposed ns. */
+/* The plan's predicted exposed time, its reload waits and each name's
+ * share, for the choice in p->chosen with the prefetch leads now in force
+ * (each lead sets its group's modelled reload time: set_lead), from one
+ * simulation; 0 where its scratch cannot be allocated. Returns the exposed
+ * ns. */
 static double predict(ofl__plan_t *p) {
-  double stall = ofl__plan_reload_stall(p->inst, p->nms, p->chosen);
-  p->out.predicted_stall_ms = isfinite(stall) ? stall / 1e6 : 0;
-  double exposed = chosen_exposed(p);
+  double *part =
+      p->names != NULL ? calloc(p->nms ? p->nms : 1, sizeof *part) : NULL;
+  double waits = 0;
+  double exposed = ofl__plan_exposure(p->inst, p->nms, p->chosen, &waits, part);
+  if (!isfinite(exposed)) {
+    exposed = waits = 0;
+    free(part);
+    part = NULL;
+  }
+  p->out.predicted_stall_ms = waits / 1e6;
   p->out.predicted_exposed_ms = exposed / 1e6;
   if (p->names != NULL)
-    name_exposure(p);
+    name_exposure(p, part);
+  free(part);
   return exposed;
 }
 
@@ -753,6 +752,7 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
       free(all);
     }
   }
+  fill_names(m); /* before apply: its prediction fills their exposure */
   double exposed = apply(p);
   p->solve_target = m->mem_target;
   p->out.automatic = 1;
@@ -764,8 +764,6 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   p->out.peak_none_bytes = r.peak_none;
   p->out.shortfall_bytes =
       r.met || m->mem_target == 0 ? 0 : r.predicted_peak - m->mem_target;
-  p->out.predicted_exposed_ms = exposed / 1e6;
-  fill_names(m);
   if (m->mem_target > 0 && !r.met)
     OFL_WARN(OFL_SUBSYS_PIPELINE,
              "rank %d: memory target %.2f MiB cannot be met: offloading every "

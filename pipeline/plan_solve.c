@@ -363,11 +363,8 @@ static double d2h_exposed(const ofl__plan_group_t *g, size_t n,
   return x;
 }
 
-/* The exposure of a choice outside the search: the reloads' waits, with the
- * D2H part where with_d2h; each group's part into part[n] where not NULL.
- * INFINITY where the scratch cannot be allocated. */
-static double exposure(const ofl__plan_group_t *g, size_t n, const bool *chosen,
-                       bool with_d2h, double *part) {
+double ofl__plan_exposure(const ofl__plan_group_t *g, size_t n,
+                          const bool *chosen, double *waits, double *part) {
   plan_order_t o;
   if (!plan_order_init(&o, g, n))
     return INFINITY;
@@ -375,26 +372,17 @@ static double exposure(const ofl__plan_group_t *g, size_t n, const bool *chosen,
     part[i] = 0;
   double x = h2d_stall(&o, chosen, part);
   plan_order_fini(&o);
-  for (size_t i = 0; with_d2h && part != NULL && i < n; i++)
+  for (size_t i = 0; part != NULL && i < n; i++)
     if (is_chosen(g, chosen, i))
       part[i] += fmax(0.0, g[i].d2h_ns - g[i].fwd_window_ns);
-  /* the sum in the search's order (cand_exposed) */
-  return with_d2h ? d2h_exposed(g, n, chosen) + x : x;
+  if (waits != NULL)
+    *waits = x;
+  return d2h_exposed(g, n, chosen) + x; /* the search's order (cand_exposed) */
 }
 
 double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
                          const bool *chosen) {
-  return exposure(g, n, chosen, true, NULL);
-}
-
-bool ofl__plan_exposed_parts(const ofl__plan_group_t *g, size_t n,
-                             const bool *chosen, double *part) {
-  return isfinite(exposure(g, n, chosen, true, part));
-}
-
-double ofl__plan_reload_stall(const ofl__plan_group_t *g, size_t n,
-                              const bool *chosen) {
-  return exposure(g, n, chosen, false, NULL);
+  return ofl__plan_exposure(g, n, chosen, NULL, NULL);
 }
 
 /* ---- the instance ------------------------------------------------------ */

@@ -98,19 +98,16 @@ double ofl__plan_group_exposed(const ofl__plan_group_t *g);
 double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
                          const bool *chosen);
 
-/* The H2D part of ofl__plan_exposed alone, ns: the backward's predicted
- * waits for reloads, the figure a run measures as its reload stalls (the D2H
- * part past a forward window delays nothing by itself: it shows through
- * the reloads that wait for their copies). INFINITY where it cannot
- * allocate its scratch. */
-double ofl__plan_reload_stall(const ofl__plan_group_t *g, size_t n,
-                              const bool *chosen);
-
-/* Each chosen group's part of ofl__plan_exposed, ns, into part[n] (0 for
- * the others): its D2H copy past its forward window and the backward's
- * wait for its reload. Returns false where it cannot allocate. */
-bool ofl__plan_exposed_parts(const ofl__plan_group_t *g, size_t n,
-                             const bool *chosen, double *part);
+/* ofl__plan_exposed with its parts, from the same simulation: returns the
+ * exposed ns (INFINITY where it cannot allocate its scratch); where not
+ * NULL, *waits gets the H2D part alone, the backward's predicted waits for
+ * reloads (the figure a run measures as its reload stalls; the D2H part
+ * past a forward window delays nothing by itself: it shows through the
+ * reloads that wait for their copies), and part[n] each chosen group's
+ * part (its D2H copy past its forward window and the backward's wait for
+ * its reload; 0 for the others). */
+double ofl__plan_exposure(const ofl__plan_group_t *g, size_t n,
+                          const bool *chosen, double *waits, double *part);
 
 /* Predicted peak of the device bytes for the choice chosen[i] (1: group i
  * offloaded; ignored where !offloadable). The D2H copies of chosen groups
