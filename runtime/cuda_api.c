@@ -113,8 +113,11 @@ static ofl_status_t answer(lib_state_t *s, char *why, size_t cap) {
 
 static lib_state_t cudart_state = {PTHREAD_MUTEX_INITIALIZER, false,
                                    OFL_SUCCESS, ""};
-/* Which runtime the table uses and why (set once, under cudart_state.lock). */
-static char cudart_choice[512];
+/* Which runtime the table uses and why (set once, under cudart_state.lock):
+ * the name it was opened by and the file that name resolved to (each a path
+ * of up to PATH_MAX bytes), then how it was chosen (settle_cudart's how[]). */
+#define CUDART_HOW_CAP 160
+static char cudart_choice[2 * PATH_MAX + CUDART_HOW_CAP + 8];
 
 /* Names the loader resolves to a CUDA runtime, newest first. */
 static const char *const cudart_names[] = {"libcudart.so.13",
@@ -295,13 +298,21 @@ static void *load_cudart(ofl__cudart_api_t *t, const char **used,
   return h12;
 }
 
+/* Ends a line that snprintf cut at cap bytes with a visible mark. */
+static void mark_truncated(char *buf, size_t cap) {
+  static const char mark[] = " ... (cut)";
+  if (cap >= sizeof mark)
+    memcpy(buf + cap - sizeof mark, mark, sizeof mark);
+}
+
 /* Fills the table: OFL_CUDART_LIBRARY when set, else a runtime the process
  * has loaded, else one ofl loads (load_cudart). Then the first call, which
  * says whether the runtime can be used at all. */
 static void settle_cudart(lib_state_t *s) {
   const char *override = getenv("OFL_CUDART_LIBRARY");
   const char *used = NULL, *missing = NULL;
-  char tried[400] = "", how[160] = "", name[PATH_MAX] = "", extra[300] = "";
+  char tried[400] = "", how[CUDART_HOW_CAP] = "", name[PATH_MAX] = "";
+  char extra[300] = "";
   cudaError_t first = cudaSuccess;
   bool called = false;
   ofl__cudart_api_t t = {0};
@@ -332,12 +343,17 @@ static void settle_cudart(lib_state_t *s) {
   if (dlopen(used, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL) == NULL)
     dlerror();
   ofl__cu = t;
-  char path[PATH_MAX] = "";
+  const char *file = "";
   struct link_map *lm = NULL;
   if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm != NULL && lm->l_name &&
       strcmp(lm->l_name, used) != 0)
-    snprintf(path, sizeof path, " (%s)", lm->l_name);
-  snprintf(cudart_choice, sizeof cudart_choice, "%s%s, %s", used, path, how);
+    file = lm->l_name;
+  /* OFL_CUDART_LIBRARY may name a path longer than PATH_MAX (dlopen refuses
+   * it, so only a loaded one lands here): a longer line is cut and says so. */
+  int n = snprintf(cudart_choice, sizeof cudart_choice, "%s%s%s%s, %s", used,
+                   file[0] ? " (" : "", file, file[0] ? ")" : "", how);
+  if (n < 0 || (size_t)n >= sizeof cudart_choice)
+    mark_truncated(cudart_choice, sizeof cudart_choice);
   OFL_INFO(OFL_SUBSYS_DEVICE, "cuda runtime: %s", cudart_choice);
   if (first != cudaSuccess) {
     s->status = OFL_ERR_NO_DEVICE;
