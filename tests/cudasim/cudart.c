@@ -8,8 +8,15 @@
  *   - host functions run on one process-wide thread that may not call CUDA;
  *   - copies are checked against their kind, one live allocation, the
  *     stream's device, and frees of memory that queued work still uses;
- *   - a basic graph-capture model refuses what a real capture refuses.
- * Not modelled: cudaStreamPerThread (using it is misuse); kernels; peer
+ *   - a basic graph-capture model refuses what a real capture refuses;
+ *   - kernel launches run as the CPU emulation the program registered for
+ *     the kernel (cudasim_register_kernel), once per thread of a 1-D grid,
+ *     on the launch's stream in stream order, each pointer span checked
+ *     against a live allocation at the launch and when it runs; a kernel
+ *     with no emulation fails with cudaErrorNoKernelImageForDevice.
+ * Not modelled: cudaStreamPerThread (using it is misuse); device code itself
+ * (shared memory, synchronisation within a block, 2-D and 3-D launches are misuse,
+ * the GPU's timing and its floating-point rounding); peer
  * copies (device memory of another device than the stream's is misuse);
  * graph nodes and edges (a graph is its captured operations in record order,
  * replayed on the launch stream; unjoined forks are not detected; a capturing
