@@ -15,8 +15,8 @@
  *     against a live allocation at the launch and when it runs; a kernel
  *     with no emulation fails with cudaErrorNoKernelImageForDevice.
  * Not modelled: cudaStreamPerThread (using it is misuse); device code itself
- * (shared memory, synchronisation within a block, 2-D and 3-D launches are misuse,
- * the GPU's timing and its floating-point rounding); peer
+ * (shared memory, synchronisation within a block), 2-D and 3-D launches
+ * (misuse), the GPU's kernel timing and floating-point rounding; peer
  * copies (device memory of another device than the stream's is misuse);
  * graph nodes and edges (a graph is its captured operations in record order,
  * replayed on the launch stream; unjoined forks are not detected; a capturing
