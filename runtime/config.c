@@ -265,8 +265,8 @@ static const entry_t table[] = {
     {.name = "OFL_DISK_BUDGET",
      .def = "0",
      .kind = K_SIZE,
-     .doc = "disk tier byte budget (0: disk tier off unless groups are "
-            "named)"},
+     .doc = "cap on the disk tier file's size (0: no cap, the file grows "
+            "until the file system refuses; 1 to 4095: refused at open)"},
     {.name = "OFL_DISK_BOUNCE_BUDGET",
      .def = "0",
      .kind = K_SIZE,
