@@ -59,6 +59,7 @@ pool_key_t *ofl__key_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
   k->hash = key_hash(dynamic, shape, ndim, dtype, bytes);
   k->dynamic = dynamic;
   p->byte_keys_made += dynamic;
+  p->keys_made++;
   k->block_bytes = bytes;
   if (!dynamic) {
     k->dtype = dtype;

@@ -65,6 +65,7 @@ struct ofl_pool {
   bool has_allocator;
   ofl_allocator_t allocator;
   uint64_t byte_keys_made; /* byte-size keys ever created */
+  uint64_t keys_made;      /* keys of either kind ever created */
   char name[32];
   pool_key_t *buckets[OFL__POOL_NBUCKETS];
   pool_key_t *keys;
@@ -96,6 +97,17 @@ struct ofl_pool {
    * it happened at (0: none yet). */
   size_t merged_most_bytes;
   uint64_t merged_at;
+  /* The least bytes a merge may make: after a merged segment proved too
+   * small (the pool grew while it had one), its size and the request it
+   * could not place, so that the next merge does not make the same
+   * segment again (pool/reclaim.c). 0: none. */
+  size_t merge_floor_bytes;
+  size_t merged_bytes; /* the last merged segment's (0: none) */
+  /* Learning (under a manager): the iteration whose end ended it (0: still
+   * learning), and the keys made and backend calls counted at the last
+   * iteration's end, to see whether an iteration changed anything. */
+  uint64_t learned_cycle;
+  uint64_t cycle_keys, cycle_calls;
   /* Ended handles, reused first in, first out and only once more than
    * OFL__HANDLE_QUARANTINE wait: a handle freed twice with allocations
    * between is still found ended rather than taken for its next owner's. */

@@ -28,6 +28,8 @@ void ofl_pool_get_stats(const ofl_pool_t *pool, ofl_pool_stats_t *out) {
   out->cached_bytes = p->stats.total_bytes - p->stats.in_use_bytes;
   out->segment_bytes = p->arena.held_bytes;
   out->segments = p->arena.nsegs;
+  out->iterations = p->cycles;
+  out->learned_iteration = p->learned_cycle;
   pthread_mutex_unlock(&p->mu);
 }
 

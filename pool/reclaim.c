@@ -407,6 +407,23 @@ static bool settle_pending(ofl_pool_t *p) {
   return any;
 }
 
+/* Lock held: a request found no room in a pool that holds a merged
+ * segment, which grows now. The next merge must not make a segment of the
+ * same size again: sized for the same most in use, it met the same gaps
+ * and grew again, a growth and a merge (an allocation and a free per
+ * segment) in iteration after iteration while the bytes held stayed flat
+ * (interleaved 1F1B, byte-keyed expert blocks in an application's pool).
+ * So the merged segment's size and the request it could not place become
+ * the least a merge makes. */
+static void note_merge_too_small(ofl_pool_t *p, size_t bytes) {
+  if (p->merged_bytes == 0)
+    return;
+  size_t step = OFL__ARENA_MERGE_ROUND;
+  size_t floor = p->merged_bytes + (bytes + step - 1) / step * step;
+  if (floor > p->merge_floor_bytes)
+    p->merge_floor_bytes = floor;
+}
+
 static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
                                    ofl_stream_t *stream, ofl__range_t **range,
                                    pool_block_t **reuse) {
@@ -428,6 +445,7 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
     }
     pthread_mutex_lock(&p->mu);
     size_t want = ofl__arena_grow_bytes(&p->arena, bytes, 0);
+    note_merge_too_small(p, bytes);
     pthread_mutex_unlock(&p->mu);
     /* After a refusal, no more than the request (whole granules). */
     size_t g = p->arena.granule, least = (bytes + g - 1) / g * g;
@@ -506,14 +524,42 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
  * the room missing, between iterations. */
 #define ROOM_DIV 12u
 
+/* Lock held: whether the pool is in its learning iterations, under a
+ * manager (cycles > 0) only. */
+static bool learning(const ofl_pool_t *p) {
+  return p->cycles > 0 && p->learned_cycle == 0;
+}
+
+/* Lock held, at an iteration's end: learning ends after an iteration that
+ * made no new key and no backend call (a pool that has seen every size it
+ * will see has nothing left to learn, and a resize for a peak a little
+ * higher would be an allocation and a free inside the steady iterations:
+ * fixed shapes, 1F1B pp 4, made 10 of each in the 20 after the warmup),
+ * and at the latest after LEARN_CYCLES iterations. */
+static void learning_check(ofl_pool_t *p) {
+  uint64_t calls = p->stats.backend_allocs + p->stats.backend_frees;
+  bool changed = p->keys_made != p->cycle_keys || calls != p->cycle_calls;
+  p->cycle_keys = p->keys_made;
+  p->cycle_calls = calls;
+  if (p->learned_cycle != 0 || (changed && p->cycles < LEARN_CYCLES))
+    return;
+  p->learned_cycle = p->cycles;
+  OFL_INFO(OFL_SUBSYS_POOL,
+           "pool %s: learning ended after iteration %llu: %zu held, most in "
+           "use %zu",
+           p->name, (unsigned long long)p->cycles, ofl__pool_held(p),
+           p->most_in_use_bytes);
+}
+
 void ofl__pool_cycle_end(ofl_pool_t *p) {
   if (p == NULL)
     return;
   pthread_mutex_lock(&p->mu);
+  bool learn = p->cycles == 0 || learning(p);
   p->cycles++;
   size_t most = p->most_in_use_bytes, held = p->arena.held_bytes;
   bool room = p->kind == OFL_POOL_PINNED && p->arena.nsegs > 0 &&
-              p->stats.budget_bytes == 0 && p->cycles <= LEARN_CYCLES &&
+              p->stats.budget_bytes == 0 && learn &&
               held < most + most / ROOM_DIV;
   /* Just the room missing, in whole minimum segments (an eighth of what
    * it holds, the growth of a request, took the stand-in's pinned pool to
@@ -524,12 +570,25 @@ void ofl__pool_cycle_end(ofl_pool_t *p) {
     want = (most + most / ROOM_DIV - held + step - 1) / step * step;
   }
   pthread_mutex_unlock(&p->mu);
-  if (want == 0)
-    return;
-  if (grow(p, want, false) != OFL_SUCCESS)
+  if (want != 0 && grow(p, want, false) != OFL_SUCCESS)
     OFL_INFO(OFL_SUBSYS_POOL,
              "pool %s: no room made ahead of the next iteration (%s)", p->name,
              ofl_last_error());
+  /* A device pool of a few sizes that grew in this iteration merges now,
+   * between iterations, rather than at an idle point of the next one:
+   * there the merge (a free per segment and an allocation) falls inside
+   * the iterations that follow the warmup, which a pool of fixed sizes
+   * must pass without a call. */
+  pthread_mutex_lock(&p->mu);
+  bool merge = p->kind == OFL_POOL_DEVICE && p->grew && !p->merging &&
+               p->byte_keys_made >= 2 && p->byte_keys_made <= MANY_SIZES &&
+               p->stats.budget_bytes == 0 && p->stats.blocks_in_use == 0;
+  pthread_mutex_unlock(&p->mu);
+  if (merge)
+    ofl__pool_merge(p);
+  pthread_mutex_lock(&p->mu);
+  learning_check(p); /* a room made or a merge counts as a change */
+  pthread_mutex_unlock(&p->mu);
 }
 
 bool ofl__pool_idle_point(ofl_pool_t *p) {
@@ -547,25 +606,25 @@ bool ofl__pool_idle_point(ofl_pool_t *p) {
    * free per segment and an allocation, not to be paid every cycle while
    * the pool still grows. */
   if (p->grew) {
-    /* A pool of many sizes under a manager merges only within its first
-     * LEARN_CYCLES iterations and the one after them (cycles counts the
-     * iterations ended). Later its segments stay as they are: a merge then
+    /* A pool of many sizes under a manager merges only while it learns
+     * (learning_check). Later its segments stay as they are: a merge then
      * would cost an allocation and a free per segment inside the steady
      * iterations to save a grown segment's slack (MoE bench, seed 22, host
      * backend: a growth in iteration 13 with 15% of the merged segment free
-     * in pieces, its merge in iteration 16). */
+     * in pieces, its merge in iteration 16). A pool of a few sizes merges
+     * after any growth, at least to the size the growth proved missing
+     * (note_merge_too_small). */
     if (p->cycles > 0 && p->byte_keys_made > MANY_SIZES)
-      return p->cycles <= LEARN_CYCLES &&
-             p->cycles >= p->grown_cycle + MERGE_CYCLES;
+      return learning(p) && p->cycles >= p->grown_cycle + MERGE_CYCLES;
     return p->idle_points >= p->grown_at + 2;
   }
-  /* Within a few idle points of a merge (under a manager: through its
-   * first LEARN_CYCLES iterations), a peak in use that rose past the one it
-   * was sized for merges again: the cycles that follow the last growth
-   * often climb a little further. */
-  bool learning = p->idle_points <= p->merged_at + RESIZE_IDLE ||
-                  (p->cycles > 0 && p->cycles <= LEARN_CYCLES);
-  return p->merged_at != 0 && learning &&
+  /* Within a few idle points of a merge (under a manager: while it learns,
+   * learning_check), a peak in use that rose past the one it was sized for
+   * merges again: the cycles that follow the last growth often climb a
+   * little further. */
+  bool resize = p->cycles > 0 ? learning(p)
+                              : p->idle_points <= p->merged_at + RESIZE_IDLE;
+  return p->merged_at != 0 && resize &&
          p->most_in_use_bytes >
              p->merged_most_bytes + p->merged_most_bytes / RESIZE_DIV;
 }
@@ -598,6 +657,8 @@ void ofl__pool_merge(ofl_pool_t *p) {
   ofl__segment_t *segs = ofl__arena_take_idle(&p->arena, &old);
   size_t most = p->most_in_use_bytes;
   size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
+  if (bytes != 0 && bytes < p->merge_floor_bytes)
+    bytes = p->merge_floor_bytes; /* a segment that proved too small */
   p->merged_most_bytes = most;
   p->merged_at = p->idle_points;
   if (segs == NULL)
@@ -609,6 +670,7 @@ void ofl__pool_merge(ofl_pool_t *p) {
   ofl_status_t s = bytes != 0 ? grow(p, bytes, true) : OFL_ERR_NO_MEMORY;
   pthread_mutex_lock(&p->mu);
   p->merging = false;
+  p->merged_bytes = s == OFL_SUCCESS ? bytes : 0;
   pthread_mutex_unlock(&p->mu);
   if (s != OFL_SUCCESS)
     OFL_INFO(OFL_SUBSYS_POOL,

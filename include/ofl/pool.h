@@ -168,6 +168,16 @@ typedef struct ofl_pool_stats {
   uint64_t releases;    /* idle cached blocks given back to their segment or
                            the backend to make room (not budget evictions) */
   uint64_t oom_retries; /* backend refusals retried after releasing */
+  /* Under an offload manager (which reports where each training iteration
+   * ends; 0 for a pool used on its own): the iterations ended, and the one
+   * at whose end the pool's learning ended (0: still learning). Learning
+   * (docs/DESIGN.md section 4) resizes merged segments for higher peaks and
+   * makes room in the pinned pool; it ends after an iteration that made no
+   * new key and no backend call, and at the latest after the twelfth.
+   * From then on a workload that repeats sizes the pool has seen makes no
+   * backend call: backend_allocs and backend_frees stay as they are. */
+  uint64_t iterations;
+  uint64_t learned_iteration;
 } ofl_pool_stats_t;
 
 /* Status of one key (the reference pool's get_pool_status(shape, dtype)). */

@@ -10,6 +10,7 @@
 #ifndef OFL_TEST_PIPELINE_DRIVER_H
 #define OFL_TEST_PIPELINE_DRIVER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +78,21 @@ static inline size_t drv_tensor_wrong(ofl_device_t *dev, const ofl_tensor_t *t,
 
 /* ---- driver -------------------------------------------------------------- */
 
+/* One name's tensors when drv_cfg_t.names[g].set: tensors per group, their
+ * size range, whether the size is drawn again per microbatch and iteration
+ * (else one per chunk, layer and tensor), whether the application takes
+ * them from byte-keyed blocks (ofl_pool_alloc_dynamic, as a caching
+ * allocator gives) or shape-keyed ones, and the layers that have the name
+ * (bit l; 0: every layer). */
+typedef struct {
+  int set;
+  int tensors;
+  size_t lo, hi;
+  int vary;
+  int by_bytes;
+  unsigned layers_mask;
+} drv_name_cfg_t;
+
 typedef struct {
   int pp, rank, vpp, mbs, layers;
   unsigned names_mask; /* bit i: drv_names[i] */
@@ -95,6 +111,9 @@ typedef struct {
   int keyed_by_bytes;      /* 1: the schedule's own tensors of dynamic names
                               (expert_fc1, moe_act) come from byte-keyed
                               blocks, as a caching allocator would give */
+  drv_name_cfg_t names[7]; /* per name; set 0: the fields above decide */
+  int own_reload_pool;     /* 1: the manager reloads into a pool of its own,
+                              not the application's act_pool */
 } drv_cfg_t;
 
 #define DRV_MAX_T 8
@@ -144,19 +163,36 @@ static inline drv_group_rec_t *drv_rec(drv_t *d, int c, int mb, int l, int g) {
 static inline size_t drv_size(const drv_t *d, int c, int mb, int l, int g,
                               int k) {
   const drv_cfg_t *cfg = &d->cfg;
+  const drv_name_cfg_t *nc = &cfg->names[g];
   /* Dynamic names change shape every microbatch and iteration. */
-  uint64_t var = g >= 5 ? (uint64_t)(mb + 1) * 977 + (uint64_t)d->iter : 0;
+  bool vary = nc->set ? nc->vary != 0 : g >= 5;
+  uint64_t var = vary ? (uint64_t)(mb + 1) * 977 + (uint64_t)d->iter : 0;
   uint64_t h = drv_hash(cfg->seed, (uint64_t)c * 131 + (uint64_t)l,
                         (uint64_t)g * 17 + (uint64_t)k, var);
-  size_t span = cfg->size_hi - cfg->size_lo + 1;
-  return cfg->size_lo + (size_t)(h % span);
+  size_t lo = nc->set ? nc->lo : cfg->size_lo;
+  size_t hi = nc->set ? nc->hi : cfg->size_hi;
+  return lo + (size_t)(h % (hi - lo + 1));
+}
+
+/* Whether layer l has name g, and whether its tensors are byte-keyed. */
+static inline bool drv_has(const drv_cfg_t *cfg, int l, int g) {
+  if (!((cfg->names_mask >> g) & 1u))
+    return false;
+  unsigned lm = cfg->names[g].set ? cfg->names[g].layers_mask : 0;
+  return lm == 0 || ((lm >> l) & 1u);
+}
+
+static inline bool drv_by_bytes(const drv_cfg_t *cfg, int g) {
+  if (cfg->names[g].set)
+    return cfg->names[g].by_bytes != 0;
+  return g >= 5 && cfg->keyed_by_bytes;
 }
 
 static inline ofl_status_t drv_alloc(drv_t *d, size_t bytes, uint64_t seed,
-                                     int dynamic, ofl_tensor_t **out) {
+                                     bool by_bytes, ofl_tensor_t **out) {
   int64_t shape[1] = {(int64_t)bytes};
   ofl_stream_t *s = ofl_device_compute_stream(d->dev);
-  if (dynamic && d->cfg.keyed_by_bytes)
+  if (by_bytes)
     DRV_TRY(d, ofl_pool_alloc_dynamic(d->pool, shape, 1, OFL_DTYPE_U8, s, out));
   else
     DRV_TRY(d, ofl_pool_alloc(d->pool, shape, 1, OFL_DTYPE_U8, s, out));
@@ -170,13 +206,15 @@ static inline ofl_status_t drv_forward(drv_t *d, int c, int mb) {
   DRV_TRY(d, ofl_manager_chunk_begin(m, cfg->vpp, c));
   for (int l = 0; l < cfg->layers; l++) {
     for (int g = 0; g < 7; g++) {
-      if (!((cfg->names_mask >> g) & 1u))
+      if (!drv_has(cfg, l, g))
         continue;
       drv_group_rec_t *r = drv_rec(d, c, mb, l, g);
       r->n = 0;
       DRV_TRY(d, ofl_manager_group_start(m, drv_names[g]));
       uint64_t hs = drv_hash(cfg->seed, (uint64_t)c, (uint64_t)l, (uint64_t)g);
-      int nt = 1 + (int)(hs % (uint64_t)cfg->tensors_max);
+      int nt = cfg->names[g].set
+                   ? cfg->names[g].tensors
+                   : 1 + (int)(hs % (uint64_t)cfg->tensors_max);
       ofl_tensor_t *forced[DRV_MAX_T];
       size_t nforced = 0;
       for (int k = 0; k < nt && r->n < DRV_MAX_T - 1; k++) {
@@ -185,7 +223,7 @@ static inline ofl_status_t drv_forward(drv_t *d, int c, int mb) {
                                  (uint64_t)c * 1000 + (uint64_t)mb,
                                  (uint64_t)l * 10 + (uint64_t)g, (uint64_t)k);
         ofl_tensor_t *t;
-        if (drv_alloc(d, bytes, seed, g >= 5, &t) != OFL_SUCCESS)
+        if (drv_alloc(d, bytes, seed, drv_by_bytes(cfg, g), &t) != OFL_SUCCESS)
           return d->err;
         uint64_t trick = cfg->tricks ? drv_hash(hs, (uint64_t)k, 5, 7) % 8 : 0;
         if (trick == 1)
@@ -228,7 +266,7 @@ static inline ofl_status_t drv_backward(drv_t *d, int c, int mb) {
   int first = 1;
   for (int l = cfg->layers - 1; l >= 0; l--) {
     for (int g = 6; g >= 0; g--) {
-      if (!((cfg->names_mask >> g) & 1u))
+      if (!drv_has(cfg, l, g))
         continue;
       drv_group_rec_t *r = drv_rec(d, c, mb, l, g);
       DRV_TRY(d, ofl_manager_group_backward_begin(m, drv_names[g]));
@@ -321,7 +359,7 @@ static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
   }
   ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
   mp.device = d->dev;
-  mp.device_pool = d->pool;
+  mp.device_pool = cfg->own_reload_pool ? NULL : d->pool;
   mp.disk = d->disk;
   mp.offload = cfg->offload;
   mp.groups = "";

@@ -1,0 +1,253 @@
+/* Pools are steady in every workload, not only the benchmark's: draws of
+ * whole workloads (1F1B and interleaved, pp 1-8, vpp 1-3, 1-16
+ * microbatches, 1-4 layers, names of fixed, shape-keyed and byte-keyed
+ * tensors of 512 B to 4 MiB, a pool budget of 0 or a tight one, the
+ * application's pool or the manager's own for reloads, stream jitter on or
+ * off). Once the pools' learning ended (ofl_pool_stats_t.learned_iteration),
+ * 20 counted iterations must make no backend call (allocations and frees,
+ * device and pinned pools), give back every popped byte as pushed, and hold
+ * at most 1.3 times each pool's peak in use (or one minimum segment above
+ * it: a pool smaller than a segment cannot do better).
+ *
+ * A TAP program, one check per draw. Arguments or environment:
+ *   OFL_SOAK_DRAWS (default 50: the CI subset, with smaller workloads),
+ *   OFL_SOAK_SEED (default 1). With OFL_SOAK_DRAWS set the workloads are
+ *   drawn at full size, and the last line counts the draws that ran and
+ *   those that failed, by kind. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/tap.h"
+#include "tests/unit/pipeline/driver.h"
+
+#define KIB ((size_t)1024)
+#define MIB ((size_t)1 << 20)
+#define COUNTED 20
+#define LEARN_MAX 13 /* the warmup and twelve learning iterations */
+
+typedef struct {
+  uint64_t s;
+} rng_t;
+
+static uint64_t rnd(rng_t *r) { return drv_mix(r->s++); }
+static int rnd_int(rng_t *r, int lo, int hi) {
+  return lo + (int)(rnd(r) % (uint64_t)(hi - lo + 1));
+}
+
+typedef struct {
+  drv_cfg_t cfg;
+  int tight;     /* the application pool gets a budget after the warmup */
+  char desc[256];
+} draw_t;
+
+/* Bytes one iteration pushes at most, to keep a draw's time bounded. */
+static size_t draw_bytes(const drv_cfg_t *c) {
+  size_t per_layer = 0;
+  for (int g = 0; g < 7; g++)
+    if ((c->names_mask >> g) & 1u)
+      per_layer += (size_t)c->names[g].tensors * c->names[g].hi;
+  return per_layer * (size_t)c->layers * (size_t)c->vpp * (size_t)c->mbs;
+}
+
+static void draw_make(rng_t *r, bool full, draw_t *d) {
+  memset(d, 0, sizeof *d);
+  drv_cfg_t *c = &d->cfg;
+  size_t cap = full ? 96 * MIB : 6 * MIB;
+  int log_hi = full ? 13 : 10; /* 512 B << 13 = 4 MiB */
+  do {
+    c->pp = rnd_int(r, 1, 8);
+    c->rank = rnd_int(r, 0, c->pp - 1);
+    c->vpp = rnd_int(r, 1, 3);
+    if (c->pp == 1)
+      c->vpp = 1; /* interleaving needs a pipeline */
+    c->mbs = rnd_int(r, 1, 16);
+    if (c->vpp > 1) /* interleaved: microbatches a multiple of pp */
+      c->mbs = c->pp * rnd_int(r, 1, 16 / c->pp > 0 ? 16 / c->pp : 1);
+    c->layers = rnd_int(r, 1, 4);
+    c->names_mask = 0;
+    for (int g = 0; g < 7; g++) {
+      drv_name_cfg_t *n = &c->names[g];
+      if (rnd(r) % 2 == 0)
+        continue;
+      c->names_mask |= 1u << g;
+      n->set = 1;
+      n->tensors = rnd_int(r, 1, 3);
+      int kind = rnd_int(r, 0, 2); /* fixed, shape-keyed, byte-keyed */
+      n->vary = kind != 0;
+      n->by_bytes = kind == 2 || (kind == 0 && rnd(r) % 4 == 0);
+      n->lo = (size_t)512 << rnd_int(r, 0, log_hi);
+      n->hi = n->lo + (size_t)(rnd(r) % (n->lo * 2 + 1));
+      if (n->hi > 4 * MIB)
+        n->hi = 4 * MIB;
+      if (kind == 0 && rnd(r) % 2 == 0)
+        n->hi = n->lo; /* one size */
+      n->layers_mask = rnd(r) % 3 == 0 ? 0x5u << rnd_int(r, 0, 1) : 0;
+      if (n->layers_mask != 0 && !(n->layers_mask & ((1u << c->layers) - 1)))
+        n->layers_mask = 0;
+    }
+  } while (c->names_mask == 0 || draw_bytes(c) > cap);
+  c->tensors_max = 1;
+  c->thresh = rnd(r) % 2 ? 1 : 4096;
+  c->seed = rnd(r) | 1;
+  c->jitter_us = rnd(r) % 2 ? 0 : rnd_int(r, 10, 50);
+  c->offload = 1;
+  c->own_reload_pool = (int)(rnd(r) % 2);
+  d->tight = rnd(r) % 4 == 0;
+  snprintf(d->desc, sizeof d->desc,
+           "%s pp %d rank %d vpp %d mbs %d layers %d names 0x%x thresh %zu "
+           "jitter %d %s pool%s",
+           c->vpp > 1 ? "interleaved" : "1F1B", c->pp, c->rank, c->vpp,
+           c->mbs, c->layers, c->names_mask, c->thresh, c->jitter_us,
+           c->own_reload_pool ? "manager's" : "application's",
+           d->tight ? " tight budget" : "");
+}
+
+enum { F_CALLS, F_WRONG, F_RATIO, F_ERROR, F_KINDS };
+static const char *const kind_names[F_KINDS] = {"backend calls", "wrong bytes",
+                                                "held/peak ratio",
+                                                "error status"};
+
+/* The pools whose calls count: the application's, the manager's reload
+ * pool when it has its own, the pinned pool. */
+static int pools_of(drv_t *d, ofl_pool_t **out) {
+  int n = 0;
+  out[n++] = d->pool;
+  ofl_pool_t *reload = ofl_manager_device_pool(d->m);
+  if (reload != NULL && reload != d->pool)
+    out[n++] = reload;
+  out[n++] = ofl_manager_host_pool(d->m);
+  return n;
+}
+
+#ifdef PROP_FIXED_WINDOW
+/* For a library without ofl_pool_stats_t.learned_iteration: the twelve
+ * learning iterations after the warmup. */
+static bool all_learned_at(drv_t *d, int it) {
+  (void)d;
+  return it >= 12;
+}
+#define all_learned(d) all_learned_at(d, it)
+#else
+static bool all_learned(drv_t *d) {
+  ofl_pool_t *pools[3];
+  int n = pools_of(d, pools);
+  for (int i = 0; i < n; i++) {
+    ofl_pool_stats_t s;
+    ofl_pool_get_stats(pools[i], &s);
+    if (s.iterations > 0 && s.learned_iteration == 0)
+      return false;
+  }
+  return true;
+}
+#endif
+
+/* Runs one draw; returns a mask of failure kinds and a reason in why. */
+static unsigned run_draw(const draw_t *w, char *why, size_t cap) {
+  drv_t d;
+  why[0] = '\0';
+  if (drv_open(&d, &w->cfg) != OFL_SUCCESS) {
+    snprintf(why, cap, "open: %s", d.msg);
+    return 1u << F_ERROR;
+  }
+  unsigned fail = 0;
+  int it = 0;
+  for (; it < LEARN_MAX && fail == 0; it++) {
+    if (drv_iteration(&d) != OFL_SUCCESS) {
+      snprintf(why, cap, "learning iteration %d: %s", it, d.msg);
+      fail |= 1u << F_ERROR;
+    }
+    if (it == 0 && w->tight) {
+      ofl_pool_stats_t s;
+      ofl_pool_get_stats(d.pool, &s);
+      size_t peak = s.peak_in_use_bytes;
+      size_t budget = s.held_bytes > peak + peak / 2 ? s.held_bytes
+                                                    : peak + peak / 2;
+      (void)ofl_pool_set_budget(d.pool, budget);
+    }
+    if (it >= 1 && all_learned(&d))
+      break;
+  }
+  if (fail == 0 && !all_learned(&d)) {
+    snprintf(why, cap, "still learning after %d iterations", it);
+    fail |= 1u << F_CALLS;
+  }
+  ofl_pool_t *pools[3];
+  ofl_pool_stats_t before[3], after[3];
+  int np = pools_of(&d, pools);
+  for (int i = 0; i < np; i++) {
+    ofl_pool_reset_peak(pools[i]);
+    ofl_pool_get_stats(pools[i], &before[i]);
+  }
+  size_t wrong0 = d.wrong_bytes;
+  for (int k = 0; k < COUNTED && fail == 0; k++)
+    if (drv_iteration(&d) != OFL_SUCCESS) {
+      snprintf(why, cap, "counted iteration %d: %s", k, d.msg);
+      fail |= 1u << F_ERROR;
+    }
+  if (fail == 0) {
+    for (int i = 0; i < np; i++) {
+      ofl_pool_get_stats(pools[i], &after[i]);
+      uint64_t calls = after[i].backend_allocs - before[i].backend_allocs +
+                       after[i].backend_frees - before[i].backend_frees;
+      size_t peak = after[i].peak_in_use_bytes, held = after[i].held_bytes;
+      if (calls != 0 && !(fail & (1u << F_CALLS))) {
+        fail |= 1u << F_CALLS;
+        snprintf(why, cap,
+                 "pool %s: %llu backend calls in the counted iterations "
+                 "(learned at %llu)",
+                 ofl_pool_name(pools[i]), (unsigned long long)calls,
+                 (unsigned long long)after[i].learned_iteration);
+      }
+      if ((double)held > 1.3 * (double)peak && held - peak > 2 * MIB &&
+          !(fail & (1u << F_RATIO))) {
+        fail |= 1u << F_RATIO;
+        snprintf(why + strlen(why), cap - strlen(why),
+                 "%spool %s: holds %zu for a peak of %zu", why[0] ? "; " : "",
+                 ofl_pool_name(pools[i]), held, peak);
+      }
+    }
+    if (d.wrong_bytes != wrong0 || d.wrong_bytes != 0 || d.order_errors != 0) {
+      fail |= 1u << F_WRONG;
+      snprintf(why + strlen(why), cap - strlen(why), "%s%zu wrong bytes",
+               why[0] ? "; " : "", d.wrong_bytes);
+    }
+  }
+  drv_close(&d);
+  return fail;
+}
+
+int main(int argc, char **argv) {
+  const char *env_draws = getenv("OFL_SOAK_DRAWS");
+  const char *env_seed = getenv("OFL_SOAK_SEED");
+  bool full = env_draws != NULL || argc > 1;
+  long draws = argc > 1 ? atol(argv[1]) : env_draws ? atol(env_draws) : 50;
+  uint64_t seed = argc > 2        ? strtoull(argv[2], NULL, 10)
+                  : env_seed != NULL ? strtoull(env_seed, NULL, 10)
+                                     : 1;
+  if (draws < 1)
+    draws = 1;
+  tap_plan((int)draws);
+  rng_t r = {seed * 0x9e3779b97f4a7c15ull};
+  long failed = 0, by_kind[F_KINDS] = {0};
+  for (long i = 0; i < draws; i++) {
+    draw_t w;
+    draw_make(&r, full, &w);
+    char why[1024];
+    unsigned f = run_draw(&w, why, sizeof why);
+    tap_ok(f == 0, "draw %ld (seed %llu): %s", i, (unsigned long long)seed,
+           w.desc);
+    if (f != 0) {
+      failed++;
+      tap_diag("%s", why);
+      for (int k = 0; k < F_KINDS; k++)
+        by_kind[k] += (f >> k) & 1u;
+    }
+  }
+  printf("# draws %ld failed %ld: %s %ld, %s %ld, %s %ld, %s %ld\n", draws,
+         failed, kind_names[0], by_kind[0], kind_names[1], by_kind[1],
+         kind_names[2], by_kind[2], kind_names[3], by_kind[3]);
+  return tap_done();
+}
