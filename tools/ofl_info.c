@@ -7,6 +7,9 @@
  *   ofl-info           text for people
  *   ofl-info --json    one JSON object for scripts
  *   ofl-info -v        also show the library's log lines while probing
+ *   ofl-info --markdown  the table of every OFL_* variable (default, what
+ *                      it takes, what it does) as markdown, for the docs;
+ *                      the same whatever this shell sets
  *
  * It is a check too: it exits 1, after saying why on stderr before the
  * report, when an OFL_* value is invalid (the library's own rules,
@@ -53,6 +56,8 @@ typedef struct var_info {
   char name[64];
   const char *value;
   char def[256];
+  char takes[256]; /* the values it takes, in the library's words */
+  char doc[512];   /* its one-line doc */
   const char *source;
   bool invalid; /* set in the environment and refused by the library */
 } var_info_t;
@@ -282,9 +287,30 @@ static void probe_disk(info_t *in) {
   ofl_device_close(dev);
 }
 
+/* After a line's default: "; takes T) doc", where T may hold balanced
+ * parentheses of its own. */
+static void parse_takes_doc(var_info_t *v, const char *p) {
+  const char *t = strstr(p, "; takes ");
+  if (t == NULL)
+    return;
+  t += strlen("; takes ");
+  int depth = 1;
+  const char *e = t;
+  for (; *e != '\0'; e++) {
+    if (*e == '(')
+      depth++;
+    else if (*e == ')' && --depth == 0)
+      break;
+  }
+  snprintf(v->takes, sizeof v->takes, "%.*s", (int)(e - t), t);
+  if (*e == ')')
+    copy_str(v->doc, sizeof v->doc, e[1] == ' ' ? e + 2 : e + 1);
+}
+
 /* Every variable of the library's table, from ofl_config_print's lines
- * ("NAME = value (... default D; ...) doc"); the value in force from
- * ofl_config_get, the source from the environment. */
+ * ("NAME = value (SOURCE; default D; takes T) doc", T may hold parentheses);
+ * the value in force from ofl_config_get, the source from the
+ * environment. */
 static void probe_config(info_t *in) {
   char *text = NULL;
   size_t len = 0;
@@ -319,6 +345,7 @@ static void probe_config(info_t *in) {
       if (n == 2 && strncmp(d, "''", 2) == 0)
         n = 0;
       snprintf(v->def, sizeof v->def, "%.*s", (int)n, d);
+      parse_takes_doc(v, d + n);
     }
   }
   free(text);
@@ -506,20 +533,84 @@ static void print_json(const info_t *in, FILE *out) {
   fprintf(out, "%s]\n}\n", in->nproblems ? "\n  " : "");
 }
 
+/* ---- markdown ---------------------------------------------------------- */
+
+/* A table cell: '|' escaped, so that a value list stays one cell. */
+static void md_cell(FILE *out, const char *s) {
+  for (; *s != '\0'; s++) {
+    if (*s == '|')
+      fputc('\\', out);
+    fputc(*s, out);
+  }
+}
+
+/* The library's table as markdown (docs/configuration.md is this output
+ * below its marker line; a test compares the two). */
+static void print_markdown(const info_t *in, FILE *out) {
+  fprintf(out,
+          "Every `OFL_*` variable libofl reads, from its own table "
+          "(`ofl-info --markdown`).\n"
+          "An empty value (`NAME=` in the environment) is the same as an "
+          "unset one: the default applies.\n\n");
+  fprintf(out, "| variable | default | takes | what it does |\n"
+               "|---|---|---|---|\n");
+  for (int i = 0; i < in->nvars; i++) {
+    const var_info_t *v = &in->vars[i];
+    fprintf(out, "| `%s` | ", v->name);
+    if (v->def[0] != '\0') {
+      fputc('`', out);
+      md_cell(out, v->def);
+      fputc('`', out);
+    } else {
+      fputs("(empty)", out);
+    }
+    fputs(" | ", out);
+    md_cell(out, v->takes);
+    fputs(" | ", out);
+    md_cell(out, v->doc);
+    fputs(" |\n", out);
+  }
+}
+
+/* The page documents the defaults, not this shell's settings: every OFL_*
+ * variable is dropped before the library reads the table. */
+extern char **environ;
+
+static void clear_ofl_env(void) {
+  for (;;) {
+    char name[256] = "";
+    for (char **e = environ; e != NULL && *e != NULL; e++) {
+      if (strncmp(*e, "OFL_", 4) == 0) {
+        size_t n = strcspn(*e, "=");
+        if (n < sizeof name)
+          snprintf(name, sizeof name, "%.*s", (int)n, *e);
+        break;
+      }
+    }
+    if (name[0] == '\0' || unsetenv(name) != 0)
+      return;
+  }
+}
+
 static void usage(FILE *out) {
-  fprintf(out, "usage: ofl-info [--json] [-v|--verbose] [--version]\n"
+  fprintf(out, "usage: ofl-info [--json] [--markdown] [-v|--verbose] "
+               "[--version]\n"
                "  version, build features, backends, devices, pinned-memory "
                "limit,\n  disk tier and OFL_* settings of this ofl "
                "installation;\n  exits 1 when an OFL_* value is invalid, "
                "an OFL_* variable unknown\n  or the backend OFL_BACKEND "
-               "names is not available\n");
+               "names is not available\n"
+               "  --markdown: only the table of every OFL_* variable, as "
+               "markdown\n");
 }
 
 int main(int argc, char **argv) {
-  bool json = false, verbose = false;
+  bool json = false, markdown = false, verbose = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0) {
       json = true;
+    } else if (strcmp(argv[i], "--markdown") == 0) {
+      markdown = true;
     } else if (strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) {
       verbose = true;
     } else if (strcmp(argv[i], "--version") == 0) {
@@ -534,6 +625,13 @@ int main(int argc, char **argv) {
     }
   }
   static info_t in;
+  if (markdown) {
+    clear_ofl_env();
+    ofl_log_set_handler(quiet_log, NULL);
+    probe_config(&in);
+    print_markdown(&in, stdout);
+    return ferror(stdout) || in.nvars == 0 ? 1 : 0;
+  }
   /* The probes expect refusals (no GPU, no io_uring): their WARN lines are
    * the answers printed below, so the log stays quiet unless -v. */
   if (!verbose)
