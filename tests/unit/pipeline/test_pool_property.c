@@ -196,10 +196,8 @@ static unsigned run_draw(const draw_t *w, char *why, size_t cap) {
       if (calls != 0 && !(fail & (1u << F_CALLS))) {
         fail |= 1u << F_CALLS;
         snprintf(why, cap,
-                 "pool %s: %llu backend calls in the counted iterations "
-                 "(learned at %llu)",
-                 ofl_pool_name(pools[i]), (unsigned long long)calls,
-                 (unsigned long long)after[i].learned_iteration);
+                 "pool %s: %llu backend calls in the counted iterations",
+                 ofl_pool_name(pools[i]), (unsigned long long)calls);
       }
       if ((double)held > 1.3 * (double)peak && held - peak > 2 * MIB &&
           !(fail & (1u << F_RATIO))) {
