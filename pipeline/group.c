@@ -628,6 +628,67 @@ ofl_status_t ofl_manager_group_commit(ofl_manager_t *m, const char *name,
   return ofl__group_commit_now(m, g, forced_release, n);
 }
 
+/* One group of its own for nbytes at data, in one call, so that an
+ * interrupt of the caller (Python's KeyboardInterrupt lands between two of
+ * its calls) never leaves the group open nor a handle unowned. */
+ofl_status_t ofl_manager_group_push_bytes(ofl_manager_t *m, const char *name,
+                                          void *data, size_t nbytes, int copy,
+                                          ofl_tag_t *tag,
+                                          ofl_tensor_t **pushed) {
+  if (m == NULL || name == NULL || data == NULL || nbytes == 0 ||
+      tag == NULL || pushed == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_push_bytes: manager, name, data, tag "
+                      "and pushed must not be NULL, nor nbytes 0");
+  if (copy && ofl_device_backend(m->dev) != OFL_BACKEND_HOST)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_push_bytes: copy needs the host "
+                      "backend (its device memory is host memory); wrap the "
+                      "memory instead (copy 0)");
+  int64_t shape[1] = {(int64_t)nbytes};
+  ofl_tensor_t *h = NULL;
+  if (copy) {
+    OFL_CHECK(ofl_pool_alloc(m->dev_pool, shape, 1, OFL_DTYPE_U8, NULL, &h));
+    memcpy(ofl_tensor_data(h), data, nbytes);
+  } else {
+    OFL_CHECK(ofl_tensor_wrap(data, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE,
+                              NULL, NULL, &h));
+  }
+  ofl_status_t s = ofl_manager_group_start(m, name);
+  if (s != OFL_SUCCESS) {
+    ofl_tensor_destroy(h);
+    return s;
+  }
+  ofl_tag_t t = OFL_TAG_INVALID;
+  s = ofl_manager_tensor_push(m, h, &t);
+  if (s != OFL_SUCCESS)
+    ofl_tensor_destroy(h);
+  ofl_status_t c = ofl_manager_group_commit(m, name, NULL, 0, 0);
+  if (s == OFL_SUCCESS)
+    s = c;
+  if (s != OFL_SUCCESS)
+    return s; /* a failed commit: the manager still owns the pushed tensor */
+  *tag = t;
+  *pushed = h;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_manager_commit_open_groups(ofl_manager_t *m,
+                                            size_t *ncommitted) {
+  if (m == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_commit_open_groups: manager is NULL");
+  size_t n = 0;
+  while (m->nopen > 0) { /* innermost first, as their commits would run */
+    const char *name = m->names[m->open[m->nopen - 1].nid].name;
+    OFL_CHECK(ofl_manager_group_commit(m, name, NULL, 0, 0));
+    n++;
+  }
+  if (ncommitted != NULL)
+    *ncommitted = n;
+  return OFL_SUCCESS;
+}
+
 ofl_status_t ofl_manager_flush_delayed_groups(ofl_manager_t *m) {
   if (m == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,

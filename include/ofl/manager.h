@@ -283,6 +283,26 @@ OFL_API ofl_status_t ofl_manager_tensor_push(ofl_manager_t *m, ofl_tensor_t *t,
 OFL_API ofl_status_t ofl_manager_group_commit(
     ofl_manager_t *m, const char *name, ofl_tensor_t *const *forced_release,
     size_t n, int delay);
+/* group_start(name), a push of nbytes at data and the group's commit in one
+ * call: a group of its own for one tensor (torch's per-tensor offload), with
+ * no state between the calls that an interrupt of the caller could leave
+ * behind. copy != 0 (host backend only): the bytes are copied into a block
+ * of the manager's device pool, so data may be reused at once; copy 0: data
+ * (the manager's device memory) is wrapped and must stay valid until the
+ * D2H copy completes. *tag pops it; *pushed is the handle the manager owns
+ * until that pop (ofl_tensor_has_storage tells whether it was offloaded).
+ * The group is committed even when the push fails. */
+OFL_API ofl_status_t ofl_manager_group_push_bytes(ofl_manager_t *m,
+                                                  const char *name, void *data,
+                                                  size_t nbytes, int copy,
+                                                  ofl_tag_t *tag,
+                                                  ofl_tensor_t **pushed);
+/* Commits every group still open, innermost first, with no forced releases:
+ * what a step abandoned between a group_start and its commit (an exception,
+ * an interrupt) leaves behind, so that the reset after it can run.
+ * *ncommitted (may be NULL): how many were open. */
+OFL_API ofl_status_t ofl_manager_commit_open_groups(ofl_manager_t *m,
+                                                   size_t *ncommitted);
 /* Runs the delayed commits in the order they were made. */
 OFL_API ofl_status_t ofl_manager_flush_delayed_groups(ofl_manager_t *m);
 

@@ -229,21 +229,30 @@ class Runtime:
 class _Block:
     """Owns an ofl tensor handle whose storage a torch tensor uses; destroyed
     when torch frees the last view (the buffer object dies with the torch
-    storage)."""
+    storage). Made before the C call that returns the handle, which writes
+    it into ``v`` (``ref``): an interrupt after that call drops the block
+    and its handle with it, never a handle that nothing owns."""
 
-    __slots__ = ("core", "h", "stream")
+    __slots__ = ("core", "v", "ref", "stream")
 
-    def __init__(self, core, h, stream):
-        self.core = core
-        self.h = h
-        self.stream = stream
+    def __init__(self, core, h=None, stream=None):
         core.live_blocks += 1
+        self.core = core
+        self.v = ctypes.c_void_p(h)
+        self.ref = _byref(self.v)
+        self.stream = stream
+
+    @property
+    def h(self):
+        return self.v.value
 
     def __del__(self):
         try:
-            if self.stream is not None:
-                L.ofl_tensor_release_storage_after(self.h, self.stream)
-            L.ofl_tensor_destroy(self.h)
+            h = self.v.value
+            if h:
+                if self.stream is not None:
+                    L.ofl_tensor_release_storage_after(h, self.stream)
+                L.ofl_tensor_destroy(h)
             self.core._block_freed()
         except Exception:  # interpreter shutdown
             pass
@@ -256,8 +265,13 @@ class _CudaArray:
 def wrap_storage(core, h, nbytes, dtype, device_type, stream=None):
     """A torch tensor (1-D, dtype) over the nbytes at ofl tensor h's data,
     keeping h alive until torch lets go."""
-    ptr = L.ofl_tensor_data(h)
-    blk = _Block(core, h, stream)
+    return wrap_block(_Block(core, h, stream), nbytes, dtype, device_type)
+
+
+def wrap_block(blk, nbytes, dtype, device_type):
+    """wrap_storage over the handle a _Block owns."""
+    core = blk.core
+    ptr = L.ofl_tensor_data(blk.v.value)
     if device_type == "cpu":
         buf = (ctypes.c_ubyte * nbytes).from_address(ptr)
         buf._ofl = blk
@@ -285,11 +299,14 @@ class _Saved:
 
     __slots__ = ("tag", "h", "tensor", "ptr", "nbytes", "dtype", "size",
                  "stride", "offset", "whole", "group", "vref", "version", "cached",
-                 "core", "__weakref__")
+                 "core", "epoch", "__weakref__")
 
     def __del__(self):
-        c = self.core
-        if c is not None:
+        c = getattr(self, "core", None)  # unset: cut before the push's bookkeeping
+        if c is not None and self.epoch == c.epoch:
+            # a record of an ended iteration is no longer counted (reset
+            # recounts from 0: an interrupt between the count and core
+            # cannot leave the count off beyond the iteration)
             self.core = None
             c.unpopped -= 1
 
@@ -434,8 +451,9 @@ class _PyHooks:
         r.version = t._version
         r.vref = _weakref(b if b is not None else t)
         r.cached = None
-        r.core = self
+        r.epoch = self.epoch
         self.unpopped += 1
+        r.core = self
         g.records.append(r)
         return r
 
@@ -450,16 +468,54 @@ class _PyHooks:
         (and no group) for a tensor the manager would not take."""
         if not self.active or not self._eligible(t):
             return _Kept(t, t._version)
-        g = self.group_start(name)
-        try:
-            r = self.pack(t)
-        finally:
-            self.commit(name)
-        if type(r) is _Saved:
-            g.index = -1
-            if marks is not None:
-                marks.append(g)
-                live.append(_weakref(r))
+        nb = t.numel() * t.element_size()
+        whole = not t.is_contiguous()
+        if not whole:
+            ptr = t.data_ptr()
+        else:
+            st = t.untyped_storage()
+            if 2 * nb < st.nbytes():
+                return _Kept(t, t._version)  # a small strided view of a large storage
+            ptr = st.data_ptr()
+            nb = st.nbytes()
+        g = _Group(name)
+        self._sync_compute()
+        # start, push (a copy into the device pool on the host backend) and
+        # commit in one C call, as ofl._ext does: an interrupt before it
+        # changes nothing, one after it leaves a pushed tensor that the
+        # reset destroys unpopped
+        st_ = L.ofl_manager_group_push_bytes(self.m, name, ptr, nb, 1 if self.copy_in else 0,
+                                             self._tagref, self._href)
+        if st_ != 0:
+            raise error(st_, "ofl_manager_group_push_bytes(%s)" % name.decode())
+        r = _Saved()
+        r.tag = self._tag.value
+        r.h = h = self._h.value
+        r.tensor = None
+        if not self.copy_in:
+            if L.ofl_tensor_has_storage(h):
+                r.tensor = t  # kept on the device: pop gives it back
+            else:
+                self._hold_until_copied([t], [])
+        r.ptr = ptr
+        r.nbytes = nb
+        r.dtype = t.dtype
+        r.size = t.size()
+        r.whole = whole
+        if whole:
+            r.stride = t.stride()
+            r.offset = t.storage_offset()
+        r.group = g
+        r.version = t._version
+        b = t._base
+        r.vref = _weakref(b if b is not None else t)
+        r.cached = None
+        r.epoch = self.epoch
+        self.unpopped += 1
+        r.core = self
+        if marks is not None:
+            marks.append(g)
+            live.append(_weakref(r))
         return r
 
     def unpack_ordered(self, r, chunks, pos, name):
@@ -504,20 +560,20 @@ class _PyHooks:
             return r.cached
         if self.is_cuda:
             self._sync_compute()
-        h = self._href
-        st = L.ofl_manager_tensor_pop(self.m, r.tag, h)
+        # the block owns the popped handle from the C call on (an interrupt
+        # after the pop frees it with the block)
+        blk = _Block(self, None, self.rt.compute_stream() if self.is_cuda else None)
+        st = L.ofl_manager_tensor_pop(self.m, r.tag, blk.ref)
         if st != 0:
             raise self._pop_error(st)
         r.core = None
         self.unpopped -= 1
-        h = self._h.value
         t = r.tensor
         r.tensor = None
-        if t is not None and L.ofl_tensor_data(h) == r.ptr:
-            L.ofl_tensor_destroy(h)  # kept on the device: the torch tensor itself
-            r.cached = t
+        if t is not None and L.ofl_tensor_data(blk.v.value) == r.ptr:
+            r.cached = t  # kept on the device: the torch tensor itself (blk ends h)
             return t
-        x = r.cached = self._wrap_reloaded(h, r)
+        x = r.cached = self._wrap_reloaded(blk, r)
         return x
 
     def unpack(self, r):
@@ -623,6 +679,7 @@ class _CoreMethods:
         self._boundary_ev = None  # forward/backward_record's event
         self.live_blocks = 0
         self.unpopped = 0  # records pushed, not popped, alive
+        self.epoch = 0  # iterations ended (the ctypes records count in theirs)
         self.closing = False
         # reused out-parameters
         self._h = ctypes.c_void_p()
@@ -789,14 +846,19 @@ class _CoreMethods:
         self._drop_bases(g)
         g.records = None
         if drop or resize:
-            ev = self.free_events.pop() if self.free_events else None
-            if ev is None:
-                out = ctypes.c_void_p()
-                check(L.ofl_event_create(self.rt.dev, _byref(out)), "ofl_event_create")
-                ev = out.value
-            self._check(L.ofl_event_record(ev, self.d2h), "ofl_event_record")
-            self.pending.append((ev, drop, resize))
+            self._hold_until_copied(drop, resize)
         self.release_pending()
+
+    def _hold_until_copied(self, drop, resize):
+        """Keeps the torch tensors of drop (and resize, resize_(0) then)
+        until the D2H copies issued so far have completed."""
+        ev = self.free_events.pop() if self.free_events else None
+        if ev is None:
+            out = ctypes.c_void_p()
+            check(L.ofl_event_create(self.rt.dev, _byref(out)), "ofl_event_create")
+            ev = out.value
+        self._check(L.ofl_event_record(ev, self.d2h), "ofl_event_record")
+        self.pending.append((ev, drop, resize))
 
     def release_pending(self, wait=False):
         """Lets go of torch storage whose D2H copy has completed."""
@@ -842,11 +904,10 @@ class _CoreMethods:
         self._check(L.ofl_manager_group_backward_end(self.m, name),
                     "ofl_manager_group_backward_end(%s)" % name.decode())
 
-    def _wrap_reloaded(self, h, r):
-        """The torch tensor of saved record r over popped handle h (owned
-        from here on), reloaded into the manager's device pool."""
-        x = wrap_storage(self, h, r.nbytes, torch.uint8 if r.whole else r.dtype,
-                         self.device_type, self.rt.compute_stream() if self.is_cuda else None)
+    def _wrap_reloaded(self, blk, r):
+        """The torch tensor of saved record r over the popped handle that
+        blk owns, reloaded into the manager's device pool."""
+        x = wrap_block(blk, r.nbytes, torch.uint8 if r.whole else r.dtype, self.device_type)
         if r.whole:
             return x.view(r.dtype).as_strided(r.size, r.stride, r.offset)
         return x.view(r.size) if len(r.size) != 1 else x
@@ -861,6 +922,7 @@ class _CoreMethods:
                 self._drop_bases(g)
             self.open = []
             self.delayed = []
+            self._iteration_ended()
         self.release_pending(wait=True)
         if _ext is not None:
             _ext.drain()  # torch tensors whose memory ofl released
@@ -870,6 +932,27 @@ class _CoreMethods:
                 print(self.summary_text, end="" if self.summary_text.endswith("\n") else "\n",
                       flush=True)
         self._check(st, "ofl_manager_reset")
+
+    def _iteration_ended(self):
+        """The manager ended its iteration. Records of the ctypes hooks count
+        in unpopped within their iteration only (_Saved.__del__), so a
+        count left off by an interrupt ends with it."""
+        self.epoch += 1
+        if self.Saved is _Saved:
+            self.unpopped = 0
+
+    def commit_open_groups(self):
+        """Commits every group still open in the manager (a step abandoned
+        between a group_start and its commit, by an exception or an
+        interrupt, even one between the C call and the Python bookkeeping);
+        how many were open."""
+        n = ctypes.c_size_t()
+        self._check(L.ofl_manager_commit_open_groups(self.m, _byref(n)),
+                    "ofl_manager_commit_open_groups")
+        for g in self.open:
+            self._drop_bases(g)
+        self.open = []
+        return n.value
 
     def is_warmup(self):
         return bool(L.ofl_manager_is_warmup(self.m))

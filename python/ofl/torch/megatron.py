@@ -371,6 +371,10 @@ class PipelineOffloadManager:
                 except OflError:
                     if g in core.open:
                         core.open.remove(g)
+        # a group the manager has open and Python does not list (a step cut
+        # between group_start's C call and its bookkeeping)
+        if core.commit_open_groups():
+            abandoned = True
         was_warmup = core.is_warmup()
         try:
             core.reset()

@@ -62,6 +62,7 @@ Mapping onto the manager (documented in python/README.md too):
     always page-locked on cuda (and plain memory on the host backend).
 """
 import contextlib
+import sys
 import threading
 import warnings
 import weakref
@@ -79,6 +80,7 @@ _KEPT = (_core._Kept, _core._ext.Kept if _core._ext is not None else _core._Kept
 __all__ = ["offload_activations", "OffloadActivations", "release_managers"]
 
 _NAME = b"activations"
+_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 _current_node = getattr(torch._C, "_current_autograd_node", None)
 
 
@@ -105,7 +107,11 @@ class _Session:
         self.key = key
         self.core = None
         self.owner = None  # weakref to the OffloadActivations using it
-        self.depth = 0  # forwards in progress (outermost contexts entered)
+        self.depth = 0  # 1 while a forward is in progress (its context entered)
+        # set from begin_forward to the end of the context's __enter__: still
+        # set at the next begin_forward, that entry was cut (an exception or
+        # an interrupt between two of its lines) and its step is abandoned
+        self.entering = False
         self._new_core()
 
     def _new_core(self):
@@ -139,7 +145,11 @@ class _Session:
                 if r is not None and r.cached is None and r.core is core:
                     core.pop_record(r)
         renew = self.broken or (self.abandoned and core.is_warmup())
-        if self.chunks and not renew:
+        if (self.chunks or self.abandoned) and not renew:
+            # an abandoned step may have left the manager a chunk that
+            # self.chunks does not list, or a group open: the groups here
+            # are all this session's (one per tensor), so they are committed
+            core.commit_open_groups()
             try:
                 core.reset()
             except OflError as e:
@@ -152,12 +162,15 @@ class _Session:
             self._new_iteration()
 
     def begin_forward(self):
+        if self.entering or self.depth:  # the last entry or exit was cut
+            self.abandoned = True
+        self.entering = True
         core = self.core
         if self.broken or self.abandoned or (self.chunks and (self.backward_seen
                                                                or core.unpopped == 0)):
             self.end_iteration()
             core = self.core
-        self.depth += 1
+        self.depth = 1
         if not self.broken:
             try:
                 core.chunk_begin(1, 0)
@@ -169,10 +182,11 @@ class _Session:
             self.chunks.append([])
 
     def end_forward(self, failed):
-        self.depth -= 1
         if failed:
             self.abandoned = True
-        elif self.depth == 0 and self.backward_seen and self.core.unpopped == 0:
+        self.depth = 0
+        self.entering = False
+        if not failed and self.backward_seen and self.core.unpopped == 0:
             self.end_iteration()
 
     # -- hooks (see _Hooks)
@@ -316,6 +330,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
         super().__init__(self._hk.pack, self._hk.unpack)
         self._s = None
         self._depth = 0
+        self._frame = None  # the frame of the outermost entry's with statement
+        self._lasti = -1
         self._thread = None
         self._suspend = 0
         self._handles = []
@@ -351,6 +367,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
     # -- context
     def __enter__(self):
         me = threading.get_ident()
+        if self._depth > 0 and self._thread == me and self._exit_was_cut():
+            self._finish_cut_exit()
         if self._depth > 0:
             if self._thread != me:
                 raise RuntimeError(
@@ -364,36 +382,40 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
             self._grad = False
             return self
         s = self._session()
-        s.begin_forward()
-        s.core.min_bytes = self.min_offload_size
-        self._grad = True
-        self._thread = me
-        self._depth = 1
-        self._hk.suspend = 0
-        head = self._head
-        if head is not None:
-            self._handles = [head.register_forward_pre_hook(self._head_pre),
-                             head.register_forward_hook(self._head_post, always_call=True)]
+        s.begin_forward()  # an entry cut before the end of this one is abandoned there
         try:
-            super().__enter__()
+            self._frame = sys._getframe(1)  # the with statement's (_exit_was_cut)
+            self._lasti = self._frame.f_lasti
+            s.core.min_bytes = self.min_offload_size
+            self._grad = True
+            self._thread = me
+            self._depth = 1
+            self._hk.suspend = 0
+            head = self._head
+            if head is not None:
+                self._handles = [head.register_forward_pre_hook(self._head_pre),
+                                 head.register_forward_hook(self._head_post, always_call=True)]
+            s.entering = False
+            # the hooks are pushed last, on the line that returns: no line
+            # of this method runs after the push (an interrupt there would
+            # leave them on torch's stack with no __exit__ to come)
+            return super().__enter__() or self
         except BaseException:
             self._leave(True)
             raise
-        return self
 
     def __exit__(self, exc_type, exc, tb):
-        if self._depth == 0:
+        if self._depth != 1 or not self._grad:  # nested, or without grad
+            if self._depth > 0:
+                self._depth -= 1
+            if self._depth == 0:
+                self._thread = None
             return False
-        self._depth -= 1
-        if self._depth > 0:
-            return False
-        if not self._grad:
-            self._thread = None
-            return False
-        try:
-            super().__exit__(exc_type, exc, tb)
-        finally:
-            self._leave(exc_type is not None)
+        # The pop first, then the rest: an exit cut before the pop leaves
+        # the context entered, one cut after it a session in a forward; the
+        # next entry recognises either (_exit_was_cut, begin_forward)
+        super().__exit__(exc_type, exc, tb)
+        self._leave(exc_type is not None)
         return False
 
     def _leave(self, failed):
@@ -403,9 +425,35 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
         self._hk.suspend = 0
         self._depth = 0
         self._thread = None
+        self._frame = None
         s = self._s
         if s is not None:
             s.end_forward(failed)
+
+    def _exit_was_cut(self):
+        """Whether this context, entered by its own count, was left without
+        an __exit__ that completed (an interrupt or an exception in it): the
+        with statement that entered it runs again, or is no longer on the
+        stack. A with statement nested in it is neither."""
+        f = self._frame
+        if f is None:
+            return False
+        caller = sys._getframe(2)  # __enter__'s caller
+        if caller is f:
+            return caller.f_lasti == self._lasti
+        while caller is not None:
+            if caller is f:
+                return False
+            caller = caller.f_back
+        return True
+
+    def _finish_cut_exit(self):
+        """Ends the forward of an exit that was cut: the hooks off torch's
+        stack if they are still on top, then the bookkeeping (abandoned)."""
+        top = _top_hooks(False) if _top_hooks is not None else None
+        if top is not None and top[0] is self.pack_hook:
+            super().__exit__(None, None, None)
+        self._leave(True)
 
     def _head_pre(self, module, args):
         self._hk.suspend += 1

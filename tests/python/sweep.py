@@ -1,0 +1,133 @@
+"""The injection sweep of the interrupt tests (test_interrupt_sweep.py,
+test_stager_sweep.py): an exception raised at every line event of
+ofl.torch's own Python code (the .py files under python/ofl/) that one run
+of a step reaches, driven by sys.settrace with a counter.
+
+    n = count(step)                 # the line events of one clean run
+    for k in points(n):             # every one (OFL_SWEEP_FULL=1) or a stride
+        where = inject(step, k, KeyboardInterrupt)
+
+A line event comes before its line runs, so raising there is an interrupt
+between any two lines: what a SIGINT's KeyboardInterrupt does at the
+interpreter's next check (the sweep also reaches lines where a real signal
+lands only at a call or a loop's jump, a superset). A raise inside a
+__del__ or a weakref callback is reported by Python as unraisable and the
+code goes on (as it does for a real signal there); the sweep counts it."""
+import os
+import sys
+import time
+
+import ofl
+
+# ofl's Python sources: python/ofl/ (the package __path__ spans the source
+# tree and the build's python/ofl for the extension; only .py files trace)
+ROOTS = tuple(os.path.join(os.path.realpath(p), "") for p in ofl.__path__)
+
+FULL = os.environ.get("OFL_SWEEP_FULL", "").strip() not in ("", "0")
+
+
+def _ours(code):
+    f = code.co_filename
+    return f.endswith(".py") and os.path.realpath(f).startswith(ROOTS)
+
+
+class Injection(Exception):
+    """The ordinary exception the sweep raises (an Exception, unlike
+    KeyboardInterrupt)."""
+
+
+class _Tracer:
+    def __init__(self, at, exc):
+        self.n = 0
+        self.at = at  # 1-based event to raise at; 0: count only
+        self.exc = exc
+        self.where = None
+        self._codes = {}
+
+    def glob(self, frame, event, arg):
+        code = frame.f_code
+        ours = self._codes.get(code)
+        if ours is None:
+            ours = self._codes[code] = _ours(code)
+        return self.local if ours else None
+
+    def local(self, frame, event, arg):
+        if event == "line":
+            self.n += 1
+            if self.n == self.at:
+                self.where = "%s:%d %s" % (os.path.basename(frame.f_code.co_filename),
+                                           frame.f_lineno, frame.f_code.co_name)
+                sys.settrace(None)
+                frame.f_trace = None
+                raise self.exc("injected at line event %d (%s)" % (self.n, self.where))
+        return self.local
+
+
+def run_traced(fn, at=0, exc=KeyboardInterrupt):
+    """fn() under the tracer: returns (events seen, where it raised or None,
+    the exception fn raised or None)."""
+    t = _Tracer(at, exc)
+    err = None
+    sys.settrace(t.glob)
+    try:
+        fn()
+    except BaseException as e:  # noqa: B902 the injected one, or what it caused
+        err = e
+    finally:
+        sys.settrace(None)
+    if err is not None and not isinstance(err, (KeyboardInterrupt, Injection)):
+        err = "%s: %s" % (type(err).__name__, err)  # no traceback kept
+    elif err is not None:
+        err = type(err).__name__
+    return t.n, t.where, err
+
+
+def count(fn):
+    n, _, err = run_traced(fn)
+    if err is not None:
+        raise RuntimeError("the clean run raised: %s" % err)
+    return n
+
+
+def points(n, ci_points):
+    """Every event 1..n in the full mode, else a deterministic stride that
+    takes about ci_points of them (the first and the last included)."""
+    if FULL or n <= ci_points:
+        return list(range(1, n + 1))
+    stride = max(1, n // ci_points)
+    pts = list(range(1, n + 1, stride))
+    if pts[-1] != n:
+        pts.append(n)
+    return pts
+
+
+class Tally:
+    """Injection points swept and the ones that left the process unusable."""
+
+    def __init__(self, name):
+        self.name = name
+        self.events = 0
+        self.swept = 0
+        self.bad = []
+        self.finalizer = []  # points in a __del__ that left something behind
+        self.t0 = time.monotonic()
+
+    def add(self, k, where, problem):
+        self.swept += 1
+        if problem:
+            self.bad.append((k, where, problem))
+
+    def line(self):
+        return ("sweep %s: events %d, injection points swept %d (%s), left unusable %d, "
+                "in a finalizer %d, %.1f s"
+                % (self.name, self.events, self.swept, "full" if FULL else "stride",
+                   len(self.bad), len(self.finalizer), time.monotonic() - self.t0))
+
+    def report(self, limit=12):
+        print(self.line(), flush=True)
+        for k, where, problem in self.finalizer[:limit]:
+            print("  finalizer: event %d at %s: %s" % (k, where, problem), flush=True)
+        for k, where, problem in self.bad[:limit]:
+            print("  event %d at %s: %s" % (k, where, problem), flush=True)
+        if len(self.bad) > limit:
+            print("  ... %d more" % (len(self.bad) - limit), flush=True)
