@@ -5,6 +5,7 @@
 #   ./ofl.sh demo [args]   the main job: the multi-rank pipeline demo
 #   ./ofl.sh test          every test (unit, mpi, C++ headers); ends "N passed, M failed"
 #   ./ofl.sh asan | tsan | valgrind   the tests under a sanitizer or valgrind
+#   ./ofl.sh sanitizer-builds   compile the sanitizer builds only (gcc asan, tsan; clang asan)
 #   ./ofl.sh bench         the benchmarks
 #   ./ofl.sh setup         install packages and configure only
 set -euo pipefail
@@ -12,6 +13,12 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 BUILD="${OFL_BUILD_DIR:-build}"
+QUIET_OPTS=()
+# The sanitizer builds: debug (-O0 -g), -Werror as every build of ofl.sh.
+ASAN_MESON=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+  -Dtests=true -Dexamples=true -Dbench=true)
+TSAN_MESON=(-Db_sanitize=thread -Db_lundef=false -Dbuildtype=debug
+  -Dtests=true -Dexamples=true -Dbench=true)
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Loopback-only, no interactive prompts from OpenMPI in containers.
@@ -63,7 +70,8 @@ build() {
   ninja -C "$dir"
 }
 
-# build_quiet DIR LOG TARGET...: configures DIR and builds only TARGETs (and
+# build_quiet DIR LOG TARGET...: configures DIR (with the meson options in
+# QUIET_OPTS) and builds only TARGETs (and
 # what they need), meson's and ninja's output going to LOG; on failure the
 # end of LOG is shown. A TARGET may be A|B: the first of them that DIR
 # defines; targets DIR does not define are left out.
@@ -71,7 +79,7 @@ build_quiet() {
   local dir="$1" log="$2"; shift 2
   install_packages
   mkdir -p "$(dirname "$log")"
-  if ! configure "$dir" >"$log" 2>&1; then
+  if ! configure "$dir" "${QUIET_OPTS[@]}" >"$log" 2>&1; then
     tail -n 30 "$log" >&2
     log "configuring $dir failed; the whole output is in $log"
     return 1
@@ -131,6 +139,10 @@ summarize() {
 run_tests() {
   local dir="$1" setup="${2:-}"; shift 2 || true
   local rc=0
+  # The totals come from this run's log only: a run that writes none (a
+  # build configured without tests: meson's "No tests defined.") must not
+  # report the last run's counts.
+  rm -f "$dir/meson-logs/testlog${setup:+-$setup}.json"
   if [ -n "$setup" ]; then
     meson test -C "$dir" --setup "$setup" --print-errorlogs "$@" || rc=$?
   else
@@ -155,9 +167,16 @@ case "$task" in
     demo_log="$BUILD/meson-logs/ofl-demo-build.log"
     demo_target=examples/ofl_pipeline_demo_single
     command -v mpirun >/dev/null 2>&1 && demo_target="examples/ofl_pipeline_demo|$demo_target"
+    # The demo needs the examples: a build directory configured without them
+    # (an install's -Dexamples=false) is configured with them again.
+    QUIET_OPTS=(-Dexamples=true)
     build_quiet "$BUILD" "$demo_log" "$demo_target" examples/libofl_demo_kernels_cuda.so
     out="$here/$BUILD"
     case "$BUILD" in /*) out="$BUILD" ;; esac
+    if [ ! -x "$BUILD/examples/ofl_pipeline_demo" ] && [ ! -x "$BUILD/examples/ofl_pipeline_demo_single" ]; then
+      log "the demo was not built in $BUILD; meson's and ninja's output is in $demo_log"
+      exit 1
+    fi
     if command -v mpirun >/dev/null 2>&1 && [ -x "$BUILD/examples/ofl_pipeline_demo" ]; then
       exec mpirun -n "${OFL_DEMO_RANKS:-4}" --oversubscribe \
         "$BUILD/examples/ofl_pipeline_demo" \
@@ -165,22 +184,63 @@ case "$task" in
     fi
     # Without MPI: one process runs the first stage's schedule of the same
     # pipeline, the other stages' messages generated (ofl_pipeline_demo_single).
-    log "no MPI here: running stage 0 of ${OFL_DEMO_RANKS:-4} in one process (ofl_pipeline_demo_single)"
+    if command -v mpirun >/dev/null 2>&1; then
+      log "mpirun is here but meson found no MPI library to build the multi-rank demo with (see $demo_log): running stage 0 of ${OFL_DEMO_RANKS:-4} in one process (ofl_pipeline_demo_single)"
+    else
+      log "no mpirun here: running stage 0 of ${OFL_DEMO_RANKS:-4} in one process (ofl_pipeline_demo_single)"
+    fi
     exec "$BUILD/examples/ofl_pipeline_demo_single" --stages "${OFL_DEMO_RANKS:-4}" --stage 0 \
       --memory-csv "$out/demo-memory.csv" --memory-png "$out/demo-memory.png" "$@"
     ;;
   test)
-    build "$BUILD"
+    # Every test needs the tests, the examples (the demo suite) and the
+    # benches (their smoke tests) built: options an install may have
+    # switched off in this directory are switched on again.
+    build "$BUILD" -Dtests=true -Dexamples=true -Dbench=true
     install_torch
     run_tests "$BUILD" "" "$@"
     ;;
   asan)
-    build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
-    run_tests build-asan asan "$@"
+    # The C suites under ASan+UBSan, then the python suite (ofl.torch: its
+    # tests, the client tests and the load loops) against the same
+    # instrumented libofl and extension, libasan preloaded into Python.
+    build build-asan "${ASAN_MESON[@]}"
+    install_torch
+    rc=0
+    run_tests build-asan asan "$@" || rc=$?
+    log "the python suite under AddressSanitizer (setup asan_python)"
+    run_tests build-asan asan_python --suite python --no-suite install "$@" || rc=$?
+    python3 "$here/.ci/summarize.py" build-asan/meson-logs/testlog-asan.json \
+      build-asan/meson-logs/testlog-asan_python.json || rc=1
+    exit $rc
     ;;
   tsan)
-    build build-tsan -Db_sanitize=thread -Db_lundef=false -Dbuildtype=debug
-    run_tests build-tsan tsan "$@"
+    # The TAP suites under ThreadSanitizer, then the python tests that drive
+    # the copy workers (the load loops, the hooks' suite, the stager) with
+    # libtsan preloaded into Python.
+    build build-tsan "${TSAN_MESON[@]}"
+    install_torch
+    rc=0
+    run_tests build-tsan tsan "$@" || rc=$?
+    log "the python tests that drive the copy workers under ThreadSanitizer (setup tsan_python)"
+    run_tests build-tsan tsan_python python_load_loop python_load_loop_ctypes \
+      python_torch python_stager "$@" || rc=$?
+    python3 "$here/.ci/summarize.py" build-tsan/meson-logs/testlog-tsan.json \
+      build-tsan/meson-logs/testlog-tsan_python.json || rc=1
+    exit $rc
+    ;;
+  sanitizer-builds)
+    # What CI compiles beside the tests: the asan and tsan builds at their
+    # own -O0 with -Werror, where gcc warns about what -O2 does not show
+    # (format truncation, for one). Their suites: ./ofl.sh asan | tsan.
+    build build-asan "${ASAN_MESON[@]}"
+    build build-tsan "${TSAN_MESON[@]}"
+    # and clang's view of the same code, where clang is installed
+    if command -v clang >/dev/null 2>&1 && command -v clang++ >/dev/null 2>&1; then
+      CC=clang CXX=clang++ build build-clang-asan "${ASAN_MESON[@]}"
+    else
+      log "no clang here: the clang build is left out"
+    fi
     ;;
   valgrind)
     build "$BUILD"
@@ -196,10 +256,10 @@ case "$task" in
     done
     ;;
   help|-h|--help)
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
     ;;
   *)
-    log "unknown task '$task' (demo, test, asan, tsan, valgrind, bench, setup)"
+    log "unknown task '$task' (demo, test, asan, tsan, valgrind, sanitizer-builds, soak, bench, setup)"
     exit 2
     ;;
 esac

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Prints "N passed, M failed[, K skipped]" from meson's testlog.json: one line
+"""Prints "N passed, M failed[, K skipped]" from meson's testlog.json (or
+several, added up): one line
 per backend pass ("host: ...", "cudasim: ..."; a test's pass is its suite,
 tests in neither suite count with the host pass) and the total line last.
 
 A TAP test counts each of its "ok"/"not ok" lines; any other test counts once.
 A TAP test that failed as a whole (crash, timeout, bad exit) with no failing
-line counts one failure more, so a crash after passing subtests still fails."""
+line counts one failure more, so a crash after passing subtests still fails.
+A log with no test that passed or failed exits 1: a run that ran nothing has
+not passed."""
 import json
 import re
 import sys
@@ -14,12 +17,14 @@ TAP_LINE = re.compile(r"^(not ok|ok)\b(.*)$")
 
 PASSES = ("host", "cudasim")
 counts = {p: [0, 0, 0] for p in PASSES}  # passed, failed, skipped
-try:
-    lines = open(sys.argv[1], encoding="utf-8").read().splitlines()
-except OSError as exc:
-    print(f"no test log: {exc}", file=sys.stderr)
-    print("0 passed, 1 failed")
-    sys.exit(1)
+lines = []
+for path in sys.argv[1:]:  # several logs (setups of one run) add up
+    try:
+        lines += open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        print(f"no test log: {exc}", file=sys.stderr)
+        print("0 passed, 1 failed")
+        sys.exit(1)
 for line in lines:
     if not line.strip():
         continue
@@ -62,5 +67,9 @@ for name in PASSES:
     if any(counts[name]):
         print(f"{name}: " + fmt(*counts[name]))
 passed, failed, skipped = (sum(c[i] for c in counts.values()) for i in range(3))
+if passed + failed == 0:
+    # a run that ran nothing has not passed (a build without tests, a
+    # filter that matches no test)
+    print("no test ran: the log has no passed or failed test", file=sys.stderr)
 print(fmt(passed, failed, skipped))
-sys.exit(1 if failed else 0)
+sys.exit(1 if failed or passed + failed == 0 else 0)

@@ -322,6 +322,7 @@ static bool loaded;
 static atomic_uint generation;
 static char *values[N_ENTRIES];
 static bool from_env[N_ENTRIES]; /* the value in force came from the env */
+static bool empty_env[N_ENTRIES]; /* set in the env, to the empty string */
 /* The value last warned about per entry: an invalid value is warned about
  * once (at the load that finds it), not again by every read. */
 static char *warned[N_ENTRIES];
@@ -615,11 +616,20 @@ static const char *did_you_mean(const char *name, char *buf, size_t cap) {
   return buf;
 }
 
+/* The environment's value of a variable, NULL when it is unset or empty: an
+ * empty value (NAME=, as a launcher's template leaves it) is the default,
+ * for every variable (the loaders of the log and the libraries, which read
+ * their variables themselves, treat it the same way). */
+static const char *env_value(const entry_t *e) {
+  const char *env = getenv(e->name);
+  return env != NULL && env[0] != '\0' ? env : NULL;
+}
+
 static ofl_status_t load_locked(void) {
   bad_entry = -1;
   bad_msg[0] = '\0';
   for (size_t i = 0; i < N_ENTRIES; i++) {
-    const char *env = getenv(table[i].name);
+    const char *env = env_value(&table[i]);
     const char *want = env != NULL ? env : table[i].def;
     if (values[i] == NULL || strcmp(values[i], want) != 0) {
       char *v = strdup(want);
@@ -629,6 +639,7 @@ static ofl_status_t load_locked(void) {
       }
     }
     from_env[i] = env != NULL;
+    empty_env[i] = env == NULL && getenv(table[i].name) != NULL;
     if (env == NULL || valid(&table[i], env))
       continue;
     char msg[1024];
@@ -732,9 +743,10 @@ const char *ofl__config_source(const char *name) {
   pthread_mutex_lock(&config_lock);
   if (!loaded)
     load_locked();
-  bool env = from_env[idx];
+  bool env = from_env[idx], empty = empty_env[idx];
   pthread_mutex_unlock(&config_lock);
-  return env ? "environment" : "default";
+  return env ? "environment" : empty ? "default, empty in the environment"
+                                     : "default";
 }
 
 void ofl__config_print_value(FILE *f, const char *name, const char *value,
@@ -803,7 +815,7 @@ size_t ofl_config_check(FILE *out) {
   pthread_mutex_lock(&config_lock);
   load_locked();
   for (size_t i = 0; i < N_ENTRIES; i++) {
-    const char *env = getenv(table[i].name);
+    const char *env = env_value(&table[i]);
     if (env == NULL || valid(&table[i], env))
       continue;
     char msg[1024];
@@ -840,7 +852,10 @@ void ofl_config_print(FILE *out) {
     bool bad = from_env[i] && !valid(&table[i], v);
     fprintf(out, "%-26s = %-12s (%s%s; default %s; takes %s) %s\n",
             table[i].name, v[0] ? v : "''",
-            from_env[i] ? "environment" : "default", bad ? ", INVALID" : "",
+            from_env[i]    ? "environment"
+            : empty_env[i] ? "default, empty in the environment"
+                           : "default",
+            bad ? ", INVALID" : "",
             table[i].def[0] ? table[i].def : "''",
             kind_hint(&table[i], hint, sizeof hint), table[i].doc);
   }

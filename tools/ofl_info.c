@@ -331,7 +331,11 @@ static void probe_config(info_t *in) {
     v->value = ofl_config_get(name);
     if (v->value == NULL)
       v->value = "";
-    v->source = getenv(name) != NULL ? "environment" : "default";
+    /* An empty value counts as unset (include/ofl/config.h). */
+    const char *env = getenv(name);
+    v->source = env == NULL       ? "default"
+                : env[0] == '\0' ? "default (empty in the environment)"
+                                  : "environment";
     v->invalid = strstr(line, ", INVALID;") != NULL;
     /* "(default D; ...)" or "(SOURCE; default D; ...)" */
     const char *rest = line + strlen(name);

@@ -1,5 +1,7 @@
 /* ofl: the OFL_* configuration variables. One table lists every variable with
- * its default and meaning; the environment is parsed once, on first use. */
+ * its default and meaning; the environment is parsed once, on first use. An
+ * empty value (NAME= in the environment) is the same as an unset one, for
+ * every variable: the default applies. */
 #ifndef OFL_CONFIG_H
 #define OFL_CONFIG_H
 

@@ -59,7 +59,7 @@ Test(config, invalid_value_is_an_error_naming_the_allowed_values) {
   cr_assert(eq(int, e, 7), "output must be left alone on failure");
 
   setenv("OFL_BACKEND", "host", 1);
-  const char *bad_sizes[] = {"-1", "12Q", "", "1.5G", "99999999999T"};
+  const char *bad_sizes[] = {"-1", "12Q", " ", "1.5G", "99999999999T"};
   for (size_t i = 0; i < sizeof bad_sizes / sizeof bad_sizes[0]; i++) {
     setenv("OFL_HOST_BUDGET", bad_sizes[i], 1);
     cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG), "%s", bad_sizes[i]);
@@ -218,7 +218,7 @@ Test(config, debug_level_typo_is_an_error_at_first_use_warned_once) {
 Test(config, wait_timeout_negative_zero_or_garbage_is_an_error) {
   ofl_log_set_level(OFL_LOG_NONE);
   first_use_fails("OFL_WAIT_TIMEOUT_MS", "-1");
-  static const char *bad[] = {"0", "abc", "12s", " 5", "+5", "0x10", ""};
+  static const char *bad[] = {"0", "abc", "12s", " 5", "+5", "0x10", " "};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     setenv("OFL_WAIT_TIMEOUT_MS", bad[i], 1);
     cr_assert(eq(int, ofl_config_reload(), OFL_ERR_CONFIG), "'%s'", bad[i]);
@@ -397,4 +397,75 @@ Test(config, print_says_the_source_of_each_value) {
   cr_assert(ne(ptr, strstr(buf, "= 4 "), NULL), "%s", buf);
   cr_assert(ne(ptr, strstr(buf, "(params)"), NULL), "%s", buf);
   free(buf);
+}
+
+/* ---- an empty value -------------------------------------------------------
+ * NAME= (what a launcher's template leaves) is the default, for every
+ * variable of the table, whatever its kind. */
+
+/* The names of the table, from ofl_config_print's lines. */
+static size_t table_names(char names[][64], size_t cap) {
+  char *buf = NULL;
+  size_t len = 0, n = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ofl_config_print(f);
+  fclose(f);
+  char *save = NULL;
+  for (char *line = strtok_r(buf, "\n", &save); line != NULL && n < cap;
+       line = strtok_r(NULL, "\n", &save))
+    if (sscanf(line, "%63s", names[n]) == 1 &&
+        strncmp(names[n], "OFL_", 4) == 0)
+      n++;
+  free(buf);
+  return n;
+}
+
+Test(config, an_empty_value_is_the_default_for_every_variable) {
+  char names[64][64];
+  size_t n = table_names(names, 64);
+  cr_assert(ge(sz, n, 40), "%zu variables", n);
+  char defaults[64][256];
+  for (size_t i = 0; i < n; i++)
+    unsetenv(names[i]);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS));
+  for (size_t i = 0; i < n; i++)
+    snprintf(defaults[i], sizeof defaults[i], "%s", ofl_config_get(names[i]));
+  for (size_t i = 0; i < n; i++)
+    setenv(names[i], "", 1);
+  cr_assert(eq(int, ofl_config_reload(), OFL_SUCCESS), "%s", ofl_last_error());
+  cr_assert(eq(sz, ofl_config_check(NULL), 0));
+  for (size_t i = 0; i < n; i++) {
+    cr_assert(eq(str, (char *)ofl_config_get(names[i]), defaults[i]), "%s",
+              names[i]);
+    cr_assert(eq(str, (char *)ofl__config_source(names[i]),
+                 "default, empty in the environment"),
+              "%s", names[i]);
+  }
+  /* the typed reads give the defaults too */
+  size_t z = 7;
+  cr_assert(eq(int, ofl__config_size("OFL_DISK_KEEP", &z), OFL_SUCCESS));
+  cr_assert(eq(sz, z, 256u << 20));
+  int64_t v = 0;
+  cr_assert(eq(int, ofl__config_int("OFL_PREFETCH_GROUPS", &v), OFL_SUCCESS));
+  cr_assert(eq(i64, v, 1));
+  double d = 0;
+  cr_assert(
+      eq(int, ofl__config_double("OFL_OFFLOAD_FRACTION", &d), OFL_SUCCESS));
+  cr_assert(eq(dbl, d, 1.0));
+  int e = -1;
+  cr_assert(eq(int, ofl__config_enum("OFL_BACKEND", &e), OFL_SUCCESS));
+  cr_assert(eq(int, e, 0));
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ofl_config_print(f);
+  fclose(f);
+  char *line = strstr(buf, "OFL_DISK_KEEP");
+  cr_assert(ne(ptr, line, NULL));
+  cr_assert(ne(ptr, strstr(line, "(default, empty in the environment;"), NULL),
+            "%.120s", line);
+  free(buf);
+  for (size_t i = 0; i < n; i++)
+    unsetenv(names[i]);
+  ofl_config_reload();
 }
