@@ -12,6 +12,7 @@
 
 #include <ofl/ofl.h>
 #include "tests/devmem.h"
+#include "tests/unit/pipeline/driver.h"
 
 #define KIB ((size_t)1024)
 #define MIB ((size_t)1 << 20)
@@ -133,4 +134,141 @@ Test(pool_learning, a_pool_on_its_own_reports_no_iterations) {
   cr_assert(eq(u64, s.iterations, 0));
   cr_assert(eq(u64, s.learned_iteration, 0));
   ofl_pool_destroy(pool);
+}
+
+/* ---- a fixed-shape workload ---------------------------------------------- */
+
+/* 1F1B, pp 4, rank 0, 8 microbatches, 2 layers, five names whose tensors
+ * never change size (1 KiB to 1 MiB, shape-keyed), a 4096-byte threshold,
+ * strict mode with or without stream jitter, the application's pool for
+ * reloads or the manager's own. A pool that has seen every size it will
+ * see does not resize: the manager's pools (its reload pool, its pinned
+ * pool) make no backend call from the first iteration after the warmup.
+ * The application's pool adds blocks of sizes it has seen in that first
+ * iteration, once: the plan that starts there keeps the last group of a
+ * name on the device when its chunk is next in backward, so the
+ * application holds more of its tensors at once than in the warmup, which
+ * offloads every group. From the iteration after it, for 20 iterations,
+ * no pool makes a call, nor does the stand-in see a cudaMalloc, a cudaFree
+ * or a registration; every popped byte is the one pushed. With the
+ * twelve-iteration learning window, the pools resized inside those
+ * iterations for peaks a little higher (10 cudaMalloc and 10 cudaFree in
+ * 20 iterations). */
+#define FIXED_COUNTED 20
+
+static const size_t fixed_bytes[5] = {1 * KIB, 4 * KIB, 16 * KIB, 256 * KIB,
+                                      1 * MIB};
+
+/* Backend allocations and frees of pool between a and b. */
+static uint64_t calls_between(const ofl_pool_stats_t *a,
+                              const ofl_pool_stats_t *b) {
+  return b->backend_allocs - a->backend_allocs + b->backend_frees -
+         a->backend_frees;
+}
+
+static void fixed_shapes_are_steady(int jitter_us, int own_reload_pool) {
+  drv_cfg_t c;
+  memset(&c, 0, sizeof c);
+  c.pp = 4;
+  c.rank = 0;
+  c.vpp = 1;
+  c.mbs = 8;
+  c.layers = 2;
+  c.names_mask = 0x1f;
+  c.tensors_max = 1;
+  c.thresh = 4096;
+  c.seed = 77;
+  c.jitter_us = jitter_us;
+  c.offload = 1;
+  /* c.dev NULL: a device of its own, with the jitter asked for. */
+  c.own_reload_pool = own_reload_pool;
+  for (int g = 0; g < 5; g++) {
+    c.names[g].set = 1;
+    c.names[g].tensors = 1 + g % 2;
+    c.names[g].lo = c.names[g].hi = fixed_bytes[g];
+  }
+  drv_t d;
+  cr_assert(eq(int, drv_open(&d, &c), OFL_SUCCESS), "%s", d.msg);
+  ofl_pool_t *pools[3];
+  int np = 0;
+  pools[np++] = d.pool;
+  ofl_pool_t *reload = ofl_manager_device_pool(d.m);
+  if (reload != d.pool)
+    pools[np++] = reload;
+  pools[np++] = ofl_manager_host_pool(d.m);
+  cr_assert(eq(int, np, own_reload_pool ? 3 : 2));
+  ofl_pool_stats_t warm[3], first[3], after[3];
+  cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "warmup: %s", d.msg);
+  for (int i = 0; i < np; i++)
+    ofl_pool_get_stats(pools[i], &warm[i]);
+  cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "iteration 1: %s",
+            d.msg);
+  for (int i = 0; i < np; i++) {
+    ofl_pool_get_stats(pools[i], &first[i]);
+    if (pools[i] != d.pool) /* the manager's own pools */
+      cr_assert(eq(u64, calls_between(&warm[i], &first[i]), 0),
+                "pool %s: %llu backend calls in the first iteration after "
+                "the warmup",
+                ofl_pool_name(pools[i]),
+                (unsigned long long)calls_between(&warm[i], &first[i]));
+  }
+  /* The application's pool: blocks added, none freed, no new size. */
+  cr_assert(eq(u64, first[0].backend_frees, warm[0].backend_frees));
+  cudasim_stats_t c0, c1;
+  int sim = t_sim_stats(&c0);
+  for (int it = 0; it < FIXED_COUNTED; it++)
+    cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "iteration %d: %s",
+              it + 2, d.msg);
+  for (int i = 0; i < np; i++) {
+    ofl_pool_get_stats(pools[i], &after[i]);
+    cr_assert(eq(u64, calls_between(&first[i], &after[i]), 0),
+              "pool %s: %llu backend allocations and %llu frees in the %d "
+              "iterations from the second after the warmup",
+              ofl_pool_name(pools[i]),
+              (unsigned long long)(after[i].backend_allocs -
+                                   first[i].backend_allocs),
+              (unsigned long long)(after[i].backend_frees -
+                                   first[i].backend_frees),
+              FIXED_COUNTED);
+    cr_assert(eq(sz, after[i].held_bytes, first[i].held_bytes));
+  }
+  if (sim) {
+    t_sim_stats(&c1);
+    cr_assert(eq(u64, c1.device_mallocs - c0.device_mallocs, 0));
+    cr_assert(eq(u64, c1.device_frees - c0.device_frees, 0));
+    cr_assert(eq(u64, c1.host_registers - c0.host_registers, 0));
+    cr_assert(eq(u64, c1.host_unregisters - c0.host_unregisters, 0));
+  }
+  /* The manager's pools ended their learning, and their stats say when. */
+  for (int i = 0; i < np; i++)
+    if (pools[i] != d.pool || !own_reload_pool) {
+      cr_assert(gt(u64, after[i].learned_iteration, 0), "pool %s",
+                ofl_pool_name(pools[i]));
+      cr_assert(le(u64, after[i].learned_iteration, 3), "pool %s",
+                ofl_pool_name(pools[i]));
+    }
+  cr_assert(gt(sz, d.checked_tensors, 0));
+  cr_assert(eq(sz, d.wrong_bytes, 0));
+  drv_close(&d);
+}
+
+Test(pool_learning, fixed_shapes_make_no_call_after_the_warmup_manager_pools,
+     .timeout = 120) {
+  fixed_shapes_are_steady(0, 1);
+}
+
+Test(pool_learning,
+     fixed_shapes_make_no_call_after_the_warmup_manager_pools_jitter,
+     .timeout = 120) {
+  fixed_shapes_are_steady(40, 1);
+}
+
+Test(pool_learning, fixed_shapes_make_no_call_after_the_warmup_app_pool,
+     .timeout = 120) {
+  fixed_shapes_are_steady(0, 0);
+}
+
+Test(pool_learning, fixed_shapes_make_no_call_after_the_warmup_app_pool_jitter,
+     .timeout = 120) {
+  fixed_shapes_are_steady(40, 0);
 }

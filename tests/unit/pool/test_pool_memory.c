@@ -255,14 +255,27 @@ static void grow_two_segments(ofl_pool_t *pool, ofl_tensor_t **a,
   cr_assert(eq(u64, stats_of(pool).segments, 2));
 }
 
-/* A small block allocated, written, read back and freed: one idle point,
- * no growth. */
-static void small_cycle(ofl_pool_t *pool, uint64_t seed) {
-  ofl_tensor_t *c = alloc_bytes(pool, 4 * KIB, 1);
-  cr_assert(
-      eq(int, t_fill(dev, ofl_tensor_data(c), 4 * KIB, seed), OFL_SUCCESS));
-  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(c), 4 * KIB, seed), 0));
+/* A block of n bytes allocated, written, read back and freed: one idle
+ * point, no growth. */
+static void cycle_of(ofl_pool_t *pool, size_t n, uint64_t seed) {
+  ofl_tensor_t *c = alloc_bytes(pool, n, 1);
+  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(c), n, seed), OFL_SUCCESS));
+  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(c), n, seed), 0));
   cr_assert(eq(int, ofl_pool_free(pool, c), OFL_SUCCESS));
+}
+
+/* The same with a small block of a size seen before: an iteration of
+ * these alone teaches the pool nothing. */
+static void small_cycle(ofl_pool_t *pool, uint64_t seed) {
+  cycle_of(pool, 4 * KIB, seed);
+}
+
+/* A small block of a byte size no other call of it used (a new key,
+ * pages 300 + i): learning (ofl_pool_stats_t.learned_iteration) ends after
+ * an iteration with no new key and no backend call, so an iteration that
+ * must leave the pool learning makes one. */
+static void new_size_cycle(ofl_pool_t *pool, int i, uint64_t seed) {
+  cycle_of(pool, (300 + (size_t)i) * 4 * KIB, seed);
 }
 
 /* Between a and b the pool's segments gave way to one (a free each, one
@@ -274,6 +287,14 @@ static void assert_merged(const ofl_pool_stats_t *a, const ofl_pool_stats_t *b,
   cr_assert(eq(u64, b->backend_allocs - a->backend_allocs, 1));
   cr_assert(ge(sz, b->held_bytes, most));
   cr_assert(le(sz, b->held_bytes, most + most / 4));
+}
+
+/* Between a and b the pool made no backend call and kept its segments. */
+static void assert_no_call(const ofl_pool_stats_t *a,
+                           const ofl_pool_stats_t *b) {
+  cr_assert(eq(u64, b->backend_allocs, a->backend_allocs));
+  cr_assert(eq(u64, b->backend_frees, a->backend_frees));
+  cr_assert(eq(u64, b->segments, a->segments));
 }
 
 /* A device pool whose sizes change grew, then went a whole cycle (from a
@@ -327,11 +348,12 @@ static ofl_pool_stats_t fits_then_resizes(ofl_pool_t *pool, size_t bytes,
 }
 
 /* Under an offload manager (which reports each iteration's end,
- * ofl__pool_cycle_end), a pool merges as on its own, and through its first
- * 12 iterations (in the 2nd and in the 11th here) a peak in use more than a
- * 32nd above the one the merged segment was sized for resizes it at the
- * next idle point, however long after the merge; later, a peak that fits
- * changes nothing. */
+ * ofl__pool_cycle_end), a pool of a few sizes that grew merges at the
+ * iteration's end, and while it learns (here each iteration makes a key:
+ * through its twelfth) a peak in use more than a 32nd above the one the
+ * merged segment was sized for resizes it at the next idle point, however
+ * long after the merge (in the 3rd and in the 12th iteration here); once
+ * learning ended, after the twelfth, a peak that fits changes nothing. */
 Test(pool_memory, pool_under_a_manager_resizes_through_its_first_iterations) {
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
   ofl_tensor_t *a, *b;
@@ -339,17 +361,18 @@ Test(pool_memory, pool_under_a_manager_resizes_through_its_first_iterations) {
   size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
   cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
   cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
-  ofl__pool_cycle_end(pool); /* the warmup */
-  small_cycle(pool, 10);
   ofl_pool_stats_t s1 = stats_of(pool);
   cr_assert(eq(u64, s1.segments, 2));
-  small_cycle(pool, 11); /* a whole cycle without growth: merged first */
+  ofl__pool_cycle_end(pool); /* the warmup: it grew, merged at its end */
   ofl_pool_stats_t s2 = stats_of(pool);
   assert_merged(&s1, &s2, most);
+  cr_assert(eq(u64, s2.iterations, 1));
+  cr_assert(eq(u64, s2.learned_iteration, 0));
+  new_size_cycle(pool, 1, 10); /* iteration 2 */
+  small_cycle(pool, 11);
   /* In the third iteration (two ended), well after the merge (8 idle
-   * points): a peak
-   * a tenth higher that still fits the merged segment resizes it at the
-   * next idle point. */
+   * points): a peak a tenth higher (a new key) that still fits the merged
+   * segment resizes it at the next idle point. */
   ofl__pool_cycle_end(pool);
   for (int i = 0; i < 8; i++)
     small_cycle(pool, 31 + (uint64_t)i);
@@ -359,17 +382,20 @@ Test(pool_memory, pool_under_a_manager_resizes_through_its_first_iterations) {
    * again resizes. */
   for (int it = 3; it <= 11; it++) {
     ofl__pool_cycle_end(pool);
-    small_cycle(pool, 50 + (uint64_t)it);
+    new_size_cycle(pool, it, 50 + (uint64_t)it);
   }
+  cr_assert(eq(u64, stats_of(pool).learned_iteration, 0));
   size_t big2 = big + big / 10;
   s4 = fits_then_resizes(pool, big2, 45, &s4);
-  /* After iteration 12 (and more than six idle points after the merge), a
-   * higher peak that fits changes nothing. */
+  /* Learning ends after the twelfth at the latest; later (and more than
+   * six idle points after the merge), a higher peak that fits changes
+   * nothing. */
   for (int it = 12; it <= 13; it++) {
     ofl__pool_cycle_end(pool);
     for (int i = 0; i < 4; i++)
       small_cycle(pool, 50 + (uint64_t)(it * 4 + i));
   }
+  cr_assert(eq(u64, stats_of(pool).learned_iteration, 12));
   size_t bigger = big2 + big2 / 16;
   ofl_tensor_t *d = alloc_bytes(pool, bigger, 1);
   cr_assert(eq(int, t_fill(dev, ofl_tensor_data(d), bigger, 60), OFL_SUCCESS));
@@ -384,6 +410,40 @@ Test(pool_memory, pool_under_a_manager_resizes_through_its_first_iterations) {
   ofl_pool_destroy(pool);
 }
 
+/* Learning ends early: after the warmup's merge, an iteration of sizes the
+ * pool has seen (no new key, no backend call) ends it; then a peak a tenth
+ * higher that fits the merged segment is not a resize (an allocation and a
+ * free inside the steady iterations), in this iteration or any later. */
+Test(pool_memory, pool_under_a_manager_stops_learning_after_a_quiet_iteration) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
+  ofl_tensor_t *a, *b;
+  grow_two_segments(pool, &a, &b);
+  size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  ofl__pool_cycle_end(pool); /* the warmup: merged at its end */
+  cr_assert(eq(u64, stats_of(pool).learned_iteration, 0));
+  cycle_of(pool, 1536 * KIB, 10); /* iteration 2: sizes seen before */
+  cycle_of(pool, 1540 * KIB, 11);
+  ofl__pool_cycle_end(pool);
+  ofl_pool_stats_t s1 = stats_of(pool);
+  cr_assert(eq(u64, s1.segments, 1));
+  cr_assert(eq(u64, s1.iterations, 2));
+  cr_assert(eq(u64, s1.learned_iteration, 2));
+  size_t big = most + most / 10;
+  for (int it = 3; it <= 5; it++) {
+    cycle_of(pool, big, 20 + (uint64_t)it);
+    for (int i = 0; i < 8; i++)
+      cycle_of(pool, 1536 * KIB, 30 + (uint64_t)(it * 8 + i));
+    ofl__pool_cycle_end(pool);
+  }
+  ofl_pool_stats_t s2 = stats_of(pool);
+  assert_no_call(&s1, &s2);
+  cr_assert(eq(u64, s2.learned_iteration, 2));
+  cr_assert(eq(u64, s2.iterations, 5));
+  ofl_pool_destroy(pool);
+}
+
 /* A device pool under a manager whose sizes keep changing: 70 byte sizes
  * allocated and freed one at a time (more than the 64 of a pool of many
  * sizes). */
@@ -395,22 +455,16 @@ static ofl_pool_t *many_sizes_pool(void) {
   return pool;
 }
 
-/* Iterations first..last ended, each followed by two small cycles. */
+/* Iterations first..last ended, each followed by two small cycles, one of
+ * a new size (a pool of many sizes sees new ones in every iteration): no
+ * growth, and the pool still learns. */
 static void quiet_iterations(ofl_pool_t *pool, int first, int last,
                              uint64_t seed) {
   for (int it = first; it <= last; it++) {
     ofl__pool_cycle_end(pool);
     small_cycle(pool, seed + (uint64_t)it);
-    small_cycle(pool, seed + 100 + (uint64_t)it);
+    new_size_cycle(pool, it, seed + 100 + (uint64_t)it);
   }
-}
-
-/* Between a and b the pool made no backend call and kept its segments. */
-static void assert_no_call(const ofl_pool_stats_t *a,
-                           const ofl_pool_stats_t *b) {
-  cr_assert(eq(u64, b->backend_allocs, a->backend_allocs));
-  cr_assert(eq(u64, b->backend_frees, a->backend_frees));
-  cr_assert(eq(u64, b->segments, a->segments));
 }
 
 /* Two blocks of na and nb bytes held at once, written and read back, then
@@ -446,6 +500,7 @@ Test(pool_memory, pool_of_many_sizes_merges_after_three_quiet_iterations) {
   quiet_iterations(pool, 1, 2, 80); /* two quiet iterations: no merge */
   ofl_pool_stats_t s1 = stats_of(pool);
   assert_no_call(&s0, &s1);
+  cr_assert(eq(u64, s1.learned_iteration, 0));
   ofl__pool_cycle_end(pool); /* the third: merged at the next idle point */
   small_cycle(pool, 100);
   ofl_pool_stats_t s2 = stats_of(pool);
@@ -461,9 +516,10 @@ Test(pool_memory, pool_of_many_sizes_keeps_a_segment_grown_after_learning) {
   ofl_pool_t *pool = many_sizes_pool();
   for (int it = 1; it <= 12; it++) { /* the learning iterations */
     ofl__pool_cycle_end(pool);
-    small_cycle(pool, 200 + (uint64_t)it);
+    new_size_cycle(pool, it, 200 + (uint64_t)it);
   }
   ofl_pool_stats_t s0 = stats_of(pool);
+  cr_assert(eq(u64, s0.learned_iteration, 12));
   /* Iteration 13: two blocks too large for what it holds: it grows. */
   size_t na = s0.held_bytes, nb = s0.held_bytes / 2 + 4 * KIB;
   ofl_pool_stats_t s1 = hold_two(pool, na, nb, 21);
@@ -478,11 +534,22 @@ Test(pool_memory, pool_of_many_sizes_keeps_a_segment_grown_after_learning) {
   ofl_pool_destroy(pool);
 }
 
+/* A block of a byte size new to a pinned pool (pages 20 + i), written,
+ * checked and freed: an iteration that leaves the pool learning. */
+static void pinned_new_size(ofl_pool_t *pool, int i) {
+  size_t n = (20 + (size_t)i) * 4 * KIB;
+  ofl_tensor_t *t = alloc_bytes(pool, n, 1);
+  t_pattern(ofl_tensor_data(t), n, 500 + (uint64_t)i);
+  cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(t), n, 500 + (uint64_t)i),
+               0));
+  cr_assert(eq(int, ofl_pool_free(pool, t), OFL_SUCCESS));
+}
+
 /* A pinned pool under a manager: an iteration's end that finds less than
  * a twelfth of its most bytes in use free adds a segment for the room
- * missing (whole 2 MiB) through its first 12 iterations (the registration
- * happens between iterations, not in the next one's request); with room,
- * or later, nothing. */
+ * missing (whole 2 MiB) while the pool learns (here each iteration makes a
+ * key: through its twelfth; the registration happens between iterations,
+ * not in the next one's request); with room, or later, nothing. */
 Test(pool_memory, pinned_pool_makes_room_between_its_first_iterations) {
   ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, OFL_POOL_SEGMENTS_ALL, "pin");
   /* 1.9 MiB of the first 2 MiB segment: under a twelfth free. */
@@ -497,7 +564,9 @@ Test(pool_memory, pinned_pool_makes_room_between_its_first_iterations) {
   cr_assert(eq(u64, s1.backend_allocs - s0.backend_allocs, 1));
   cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(a), 1900 * KIB, 7), 0));
   /* Room now: the next ends add nothing, and a peak a tenth higher fits. */
+  pinned_new_size(pool, 2);
   ofl__pool_cycle_end(pool);
+  cr_assert(eq(u64, stats_of(pool).learned_iteration, 0));
   ofl_tensor_t *b = alloc_bytes(pool, 190 * KIB, 0);
   t_pattern(ofl_tensor_data(b), 190 * KIB, 8);
   cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(a), 1900 * KIB, 7), 0));
@@ -507,8 +576,10 @@ Test(pool_memory, pinned_pool_makes_room_between_its_first_iterations) {
   cr_assert(eq(u64, s2.backend_allocs, s1.backend_allocs));
   /* At the end of the eleventh iteration, still learning, short of room
    * again: it makes room. */
-  for (int it = 3; it <= 10; it++)
+  for (int it = 3; it <= 10; it++) {
     ofl__pool_cycle_end(pool);
+    pinned_new_size(pool, it);
+  }
   ofl_tensor_t *c = alloc_bytes(pool, 1900 * KIB, 1);
   t_pattern(ofl_tensor_data(c), 1900 * KIB, 9);
   ofl_pool_stats_t s3 = stats_of(pool);
@@ -519,8 +590,12 @@ Test(pool_memory, pinned_pool_makes_room_between_its_first_iterations) {
   cr_assert(eq(u64, s4.backend_allocs - s3.backend_allocs, 1));
   cr_assert(
       ge(sz, s4.held_bytes, s4.peak_in_use_bytes + s4.peak_in_use_bytes / 12));
-  /* After the twelfth, a pool short of room is left as it is. */
+  cr_assert(eq(u64, s4.learned_iteration, 0));
+  /* After the twelfth (learning ends there at the latest), a pool short of
+   * room is left as it is. */
+  pinned_new_size(pool, 12);
   ofl__pool_cycle_end(pool); /* the twelfth */
+  cr_assert(eq(u64, stats_of(pool).learned_iteration, 12));
   ofl_tensor_t *more[64];
   int nmore = 0;
   ofl_pool_stats_t s5 = stats_of(pool);
