@@ -142,6 +142,30 @@ ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out) {
 /* ---- configuration ----------------------------------------------------------
  */
 
+
+/* params.device_memory_target_bytes / OFL_DEVICE_MEMORY_TARGET: the device
+ * memory the step may use at its peak; plan.c turns it into an activation
+ * target at the end of the warmup. */
+static ofl_status_t read_device_target(ofl_manager_t *m,
+                                       const ofl_manager_params_t *p) {
+  if (p->device_memory_target_bytes >= 0) {
+    m->dev_target = (uint64_t)p->device_memory_target_bytes;
+    m->from_params |= OFL__SRC_DEV_TARGET;
+  } else {
+    size_t t;
+    OFL_CHECK(ofl__config_size("OFL_DEVICE_MEMORY_TARGET", &t));
+    m->dev_target = t;
+  }
+  if (m->dev_target > 0 && !m->auto_plan)
+    OFL_WARN(OFL_SUBSYS_PIPELINE,
+             "a device memory target of %llu bytes is set "
+             "(OFL_DEVICE_MEMORY_TARGET / params.device_memory_target_bytes) "
+             "but the offloaded groups are configured: the target is "
+             "ignored; set OFL_OFFLOAD_GROUPS=auto (params.groups \"auto\") "
+             "for a plan that meets it",
+             (unsigned long long)m->dev_target);
+  return OFL_SUCCESS;
+}
 static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
   bool b;
   m->from_params = (p->offload >= 0 ? OFL__SRC_OFFLOAD : 0) |
@@ -229,6 +253,7 @@ static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
     OFL_CHECK(ofl__config_size("OFL_MEMORY_TARGET", &t));
     m->mem_target = t;
   }
+  OFL_CHECK(read_device_target(m, p));
   if (m->mem_target > 0 && !m->auto_plan)
     OFL_WARN(OFL_SUBSYS_PIPELINE,
              "a memory target of %llu bytes is set (OFL_MEMORY_TARGET / "
@@ -520,6 +545,11 @@ ofl_status_t ofl_manager_reset(ofl_manager_t *m) {
 
 int ofl_manager_is_warmup(const ofl_manager_t *m) { return m ? m->warmup : 0; }
 
+void ofl_manager_set_device_peak(ofl_manager_t *m, size_t bytes) {
+  if (m != NULL)
+    m->dev_peak_noted = bytes;
+}
+
 /* ---- switches
  * ------------------------------------------------------------------- */
 
@@ -613,6 +643,9 @@ void ofl_manager_config_print(const ofl_manager_t *m, FILE *f) {
   snprintf(v, sizeof v, "%llu%s", (unsigned long long)m->mem_target,
            m->auto_plan ? "" : " (ignored: groups not auto)");
   print_value(f, m, OFL__SRC_TARGET, "OFL_MEMORY_TARGET", v);
+  snprintf(v, sizeof v, "%llu%s", (unsigned long long)m->dev_target,
+           m->auto_plan ? "" : " (ignored: groups not auto)");
+  print_value(f, m, OFL__SRC_DEV_TARGET, "OFL_DEVICE_MEMORY_TARGET", v);
   snprintf(v, sizeof v, "%llu", (unsigned long long)m->min_elems);
   print_value(f, m, OFL__SRC_MIN_ELEMS, "OFL_MIN_OFFLOAD_ELEMS", v);
   snprintf(v, sizeof v, "%zu", m->min_bytes);

@@ -156,7 +156,8 @@ enum {
   OFL__SRC_INFLIGHT = 1u << 6,
   OFL__SRC_PREFETCH = 1u << 7,
   OFL__SRC_HOST_BUDGET = 1u << 8,
-  OFL__SRC_TARGET = 1u << 9
+  OFL__SRC_TARGET = 1u << 9,
+  OFL__SRC_DEV_TARGET = 1u << 10
 };
 
 struct ofl_manager {
@@ -232,6 +233,13 @@ struct ofl_manager {
   /* groups "auto" (plan.c). */
   bool auto_plan;
   uint64_t mem_target;     /* bytes; 0: none */
+  /* params.device_memory_target_bytes (0: none); at the warmup's end the
+   * plan's mem_target becomes it less dev_rest, the non-activation bytes
+   * (device peak less the activation peak with everything offloaded),
+   * when that is tighter (plan.c, device_target). */
+  uint64_t dev_target;
+  uint64_t dev_peak_noted; /* ofl_manager_set_device_peak; 0: the device's */
+  uint64_t dev_peak, dev_rest; /* measured at the warmup's end */
   ofl__plan_t *ap;         /* measurements, the plan, the ledger */
 };
 

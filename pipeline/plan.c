@@ -704,6 +704,67 @@ static ofl_status_t ledger_alloc(ofl__plan_t *p) {
   return OFL_SUCCESS;
 }
 
+/* params.device_memory_target_bytes: what is not activations, measured
+ * over the warmup (every group offloaded), gets its bytes; the activations
+ * get the rest of the device target, or the activation target when that is
+ * tighter. Not activations: the device's peak (what was allocated through
+ * ofl on it: the application's memory, its pools' segments) less the
+ * activation pool's peak in use (params.device_pool, else the manager's
+ * reload pool); with the application's own peak (ofl_manager_set_device_peak,
+ * an allocator ofl does not see), that peak less the plan's activation peak
+ * with every group offloaded. A device target at or below it is an error
+ * giving both figures; everything that may go is then offloaded. */
+static ofl_status_t device_target(ofl_manager_t *m, const ofl__plan_t *p) {
+  if (m->dev_target == 0)
+    return OFL_SUCCESS;
+  uint64_t act;
+  if (m->dev_peak_noted > 0) {
+    bool *all = calloc(p->nms ? p->nms : 1, sizeof *all);
+    if (all == NULL)
+      return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                        "no memory for the device target's measurement");
+    for (uint32_t i = 0; i < p->nms; i++)
+      all[i] = p->inst[i].offloadable;
+    act = ofl__plan_peak(p->inst, p->nms, all);
+    free(all);
+    m->dev_peak = m->dev_peak_noted;
+  } else {
+    ofl_device_stats_t ds;
+    ofl_pool_stats_t ps;
+    ofl_device_get_stats(m->dev, &ds);
+    ofl_pool_get_stats(m->dev_pool, &ps);
+    act = ps.peak_in_use_bytes;
+    m->dev_peak = ds.device_bytes_peak;
+  }
+  const char *how = m->dev_peak_noted > 0
+                        ? "the application's, less the plan's activations"
+                        : "the device's, less the activation pool's peak";
+  m->dev_rest = m->dev_peak > act ? m->dev_peak - act : 0;
+  if (m->dev_target <= m->dev_rest) {
+    m->mem_target = 1; /* offload everything that may go */
+    return ofl__error(
+        OFL_ERR_CONFIG, OFL_SUBSYS_PIPELINE,
+        "rank %d: device memory target %llu bytes (%.2f MiB) is at or below "
+        "the %llu bytes (%.2f MiB) that are not activations (the warmup's "
+        "device peak %llu bytes, %s, %llu bytes); everything that may go is "
+        "offloaded. Raise OFL_DEVICE_MEMORY_TARGET "
+        "(params.device_memory_target_bytes) above %.2f MiB",
+        m->rank, (unsigned long long)m->dev_target, mib(m->dev_target),
+        (unsigned long long)m->dev_rest, mib(m->dev_rest),
+        (unsigned long long)m->dev_peak, how, (unsigned long long)act,
+        mib(m->dev_rest));
+  }
+  uint64_t want = m->dev_target - m->dev_rest;
+  if (m->mem_target == 0 || want < m->mem_target)
+    m->mem_target = want;
+  OFL_INFO(OFL_SUBSYS_PIPELINE,
+           "rank %d: device memory target %.2f MiB: not activations %.2f MiB "
+           "(device peak %.2f, %s, %.2f), activation target %.2f MiB",
+           m->rank, mib(m->dev_target), mib(m->dev_rest), mib(m->dev_peak),
+           how, mib(act), mib(m->mem_target));
+  return OFL_SUCCESS;
+}
+
 ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   if (m->ap != NULL && !m->auto_plan)
     return ledger_alloc(m->ap); /* measured peaks only */
@@ -724,6 +785,7 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   int nnames = 0;
   OFL_CHECK(build_instance(m, &nnames));
   OFL_CHECK(ledger_alloc(p));
+  ofl_status_t dts = device_target(m, p);
   ofl__plan_result_t r;
   if (m->mem_target > 0) {
     OFL_CHECK(ofl__plan_solve(p->inst, p->nms, nnames, m->mem_target,
@@ -784,7 +846,7 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
            p->out.predicted_stall_ms, p->out.d2h_gbps, p->out.h2d_gbps,
            p->out.rate_source, p->out.release_ms, p->out.warmup_stall_ms);
   p->stall_ns_start = m->st.stall_ns;
-  return OFL_SUCCESS;
+  return dts;
 }
 
 /* ---- the printed plan ----------------------------------------------------- */

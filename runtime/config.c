@@ -217,6 +217,14 @@ static const entry_t table[] = {
      .doc = "with OFL_OFFLOAD_GROUPS=auto: activation bytes this rank may "
             "keep on the device at its peak; the plan picks the groups (0: "
             "no target, offload what hides behind compute)"},
+    {.name = "OFL_DEVICE_MEMORY_TARGET",
+     .def = "0",
+     .kind = K_SIZE,
+     .doc = "with OFL_OFFLOAD_GROUPS=auto: device memory this rank's step "
+            "may use at its peak, weights, gradients and optimizer state "
+            "included; the warmup measures what is not activations and the "
+            "plan aims the activations at the rest (0: none; with "
+            "OFL_MEMORY_TARGET too, the tighter wins)"},
     {.name = "OFL_MIN_OFFLOAD_ELEMS",
      .def = "1048576",
      .kind = K_INT,

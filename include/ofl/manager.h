@@ -157,12 +157,27 @@ typedef struct ofl_manager_params {
                                  (what the plan aims at; 0: no target, the
                                  plan offloads nothing it need not); <0:
                                  OFL_MEMORY_TARGET. Ignored without auto */
+  int64_t device_memory_target_bytes; /* groups "auto": the device memory
+                                 this rank's step may use at its peak,
+                                 weights, gradients, optimizer state and
+                                 workspace included. The warmup measures
+                                 what is not activations (its device peak
+                                 less its activation peak with every group
+                                 offloaded: ofl_manager_set_device_peak, else
+                                 the device's stats) and the plan aims the
+                                 activations at the rest; a target at or
+                                 below the non-activation bytes makes the
+                                 reset that ends the warmup fail (both
+                                 figures in the error). With
+                                 memory_target_bytes too, the tighter of the
+                                 two wins. 0: none; <0:
+                                 OFL_DEVICE_MEMORY_TARGET */
 } ofl_manager_params_t;
 
 #define OFL_MANAGER_PARAMS_INIT                                                \
   {                                                                            \
     NULL, NULL, -1, NULL, -1, -1, -1.0, -1, -1, -1, 0, -1, NULL, NULL, NULL,   \
-        NULL, 0, -1                                                            \
+        NULL, 0, -1, -1                                                        \
   }
 
 /* Counters since creation (per group name: ofl_manager_group_stats). */
@@ -354,6 +369,14 @@ OFL_API ofl_status_t ofl_manager_group_backward_end(ofl_manager_t *m,
 OFL_API ofl_status_t ofl_manager_reset(ofl_manager_t *m);
 /* 1 until the end of the warmup. */
 OFL_API int ofl_manager_is_warmup(const ofl_manager_t *m);
+/* For params.device_memory_target_bytes: the device memory the application
+ * measured at the warmup's peak with its own allocator (all of it:
+ * weights, gradients, optimizer state, workspace, activations; e.g.
+ * torch.cuda.max_memory_allocated), used by the reset that ends the
+ * warmup in place of the device's stats (which count only what was
+ * allocated through ofl: ofl_device_malloc, pools over the device). Call
+ * it before that reset; 0 goes back to the device's stats. */
+OFL_API void ofl_manager_set_device_peak(ofl_manager_t *m, size_t bytes);
 
 /* ---- switches -------------------------------------------------------------
  */

@@ -115,7 +115,8 @@ class ManagerParams(ctypes.Structure):
                 ("pp_rank", c_int), ("rank", c_int), ("comm", c_void_p),
                 ("dynamic_groups", c_char_p), ("summary_out", c_void_p),
                 ("disk", c_void_p), ("prefetch_groups", c_int),
-                ("memory_target_bytes", c_int64)]
+                ("memory_target_bytes", c_int64),
+                ("device_memory_target_bytes", c_int64)]
 
 
 class PlanName(ctypes.Structure):
@@ -215,7 +216,7 @@ def pool_params_init():
 
 def manager_params_init():
     return ManagerParams(None, None, -1, None, -1, -1, -1.0, -1, -1, -1, 0,
-                         -1, None, None, None, None, 0, -1)
+                         -1, None, None, None, None, 0, -1, -1)
 
 
 MANAGER_STAT_FIELDS = (
@@ -374,6 +375,7 @@ _PROTOS = {
     "ofl_manager_group_backward_end": (c_int, [_P, c_char_p]),
     "ofl_manager_reset": (c_int, [_P]),
     "ofl_manager_is_warmup": (c_int, [_P]),
+    "ofl_manager_set_device_peak": (None, [_P, c_size_t]),
     "ofl_manager_mark_not_offloadable": (None, [_P]),
     "ofl_manager_disable_offload": (None, [_P]),
     "ofl_manager_enable_offload": (None, [_P]),
