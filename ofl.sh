@@ -6,6 +6,7 @@
 #   ./ofl.sh test          every test (unit, mpi, C++ headers); ends "N passed, M failed"
 #   ./ofl.sh asan | tsan | valgrind   the tests under a sanitizer or valgrind
 #   ./ofl.sh sanitizer-builds   compile the sanitizer builds only (gcc asan, tsan; clang asan)
+#   ./ofl.sh soak          thousands of drawn workloads and the full interrupt sweep
 #   ./ofl.sh bench         the benchmarks
 #   ./ofl.sh setup         install packages and configure only
 set -euo pipefail
@@ -246,6 +247,48 @@ case "$task" in
     build "$BUILD"
     run_tests "$BUILD" valgrind --no-suite mpi "$@"
     ;;
+  soak)
+    # Long randomized runs, counted: the pool property test over
+    # OFL_SOAK_DRAWS (default 1000) drawn workloads on the host backend
+    # (strict mode) and on the cudasim stand-in, then the interrupt sweep of
+    # ofl.torch at every line event (hooks in C and over ctypes). Each part
+    # prints what ran and what failed, by kind; the last line adds them up.
+    build "$BUILD" -Dtests=true -Dexamples=true -Dbench=true
+    install_torch
+    draws="${OFL_SOAK_DRAWS:-1000}" seed="${OFL_SOAK_SEED:-1}"
+    prop="$BUILD/tests/unit/pipeline/test_pipeline_pool_property"
+    soak_dir="$BUILD/meson-logs/soak"
+    mkdir -p "$soak_dir"
+    passed=0 failed=0
+    count_tap() { # LOG: adds its ok / not ok lines to the totals
+      local p f
+      p=$(grep -c '^ok ' "$1" || true); f=$(grep -c '^not ok ' "$1" || true)
+      passed=$((passed + p)); failed=$((failed + f))
+    }
+    for be in host cudasim; do
+      log "pool property soak on $be: $draws draws from seed $seed (log: $soak_dir/pool-$be.log)"
+      if [ "$be" = host ]; then
+        env OFL_BACKEND=host OFLTEST_BACKEND=host OFL_STRICT=1 OFL_DEBUG=NONE \
+          OFL_SOAK_DRAWS="$draws" OFL_SOAK_SEED="$seed" "$prop" >"$soak_dir/pool-$be.log" 2>&1 || true
+      else
+        env OFL_BACKEND=cuda OFLTEST_BACKEND=cuda LD_LIBRARY_PATH="$BUILD/tests/cudasim" \
+          OFL_DEBUG=NONE OFL_SOAK_DRAWS="$draws" OFL_SOAK_SEED="$seed" "$prop" >"$soak_dir/pool-$be.log" 2>&1 || true
+      fi
+      grep '^# draws' "$soak_dir/pool-$be.log" | sed "s/^# /  $be: /" || echo "  $be: no count line (see the log)"
+      count_tap "$soak_dir/pool-$be.log"
+    done
+    for hooks in c ctypes; do
+      log "interrupt sweep, every line event, hooks $hooks (log: $soak_dir/sweep-$hooks.log)"
+      ext=1; [ "$hooks" = ctypes ] && ext=0
+      env OFL_SWEEP_FULL=1 OFL_SWEEP_MEGATRON=1 OFL_PYTHON_EXT=$ext OFL_BACKEND=host OFL_DEBUG=NONE \
+        OFL_LIBRARY="$BUILD/libofl.so" PYTHONPATH="$here/python:$BUILD/python" \
+        python3 tests/python/test_interrupt_sweep.py >"$soak_dir/sweep-$hooks.log" 2>&1 && s_rc=0 || s_rc=$?
+      grep -i 'swept' "$soak_dir/sweep-$hooks.log" | sed "s/^/  $hooks: /" || true
+      if [ "$s_rc" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    done
+    echo "soak: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    ;;
   bench)
     build build-release -Dbuildtype=release
     for b in build-release/bench/ofl_bench_*; do
@@ -256,7 +299,7 @@ case "$task" in
     done
     ;;
   help|-h|--help)
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     ;;
   *)
     log "unknown task '$task' (demo, test, asan, tsan, valgrind, sanitizer-builds, soak, bench, setup)"
