@@ -80,7 +80,9 @@ static inline size_t drv_tensor_wrong(ofl_device_t *dev, const ofl_tensor_t *t,
 
 /* One name's tensors when drv_cfg_t.names[g].set: tensors per group, their
  * size range, whether the size is drawn again per microbatch and iteration
- * (else one per chunk, layer and tensor), whether the application takes
+ * (vary 1), per microbatch only, the same in every iteration (vary 2: a
+ * shape-keyed name whose shapes repeat from those the warmup saw), or once
+ * per chunk, layer and tensor (vary 0), whether the application takes
  * them from byte-keyed blocks (ofl_pool_alloc_dynamic, as a caching
  * allocator gives) or shape-keyed ones, and the layers that have the name
  * (bit l; 0: every layer). */
@@ -114,6 +116,8 @@ typedef struct {
   drv_name_cfg_t names[7]; /* per name; set 0: the fields above decide */
   int own_reload_pool;     /* 1: the manager reloads into a pool of its own,
                               not the application's act_pool */
+  const char *dynamic_groups; /* the manager's dynamic_groups (NULL: its
+                                 default, expert_fc1 and moe_act) */
 } drv_cfg_t;
 
 #define DRV_MAX_T 8
@@ -166,7 +170,8 @@ static inline size_t drv_size(const drv_t *d, int c, int mb, int l, int g,
   const drv_name_cfg_t *nc = &cfg->names[g];
   /* Dynamic names change shape every microbatch and iteration. */
   bool vary = nc->set ? nc->vary != 0 : g >= 5;
-  uint64_t var = vary ? (uint64_t)(mb + 1) * 977 + (uint64_t)d->iter : 0;
+  uint64_t iter = nc->set && nc->vary == 2 ? 0 : (uint64_t)d->iter;
+  uint64_t var = vary ? (uint64_t)(mb + 1) * 977 + iter : 0;
   uint64_t h = drv_hash(cfg->seed, (uint64_t)c * 131 + (uint64_t)l,
                         (uint64_t)g * 17 + (uint64_t)k, var);
   size_t lo = nc->set ? nc->lo : cfg->size_lo;
@@ -369,6 +374,7 @@ static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
   mp.rank_delta_bytes = 0;
   mp.max_inflight = 0;
   mp.host_budget_bytes = cfg->host_budget;
+  mp.dynamic_groups = cfg->dynamic_groups;
   mp.pp_rank = cfg->rank;
   mp.rank = cfg->rank;
   DRV_TRY(d, ofl_manager_create(&mp, &d->m));

@@ -39,7 +39,8 @@ static int rnd_int(rng_t *r, int lo, int hi) {
 
 typedef struct {
   drv_cfg_t cfg;
-  int tight;     /* the application pool gets a budget after the warmup */
+  int tight;     /* the manager's pinned pool has a budget */
+  char dynamic[128]; /* cfg.dynamic_groups */
   char desc[256];
 } draw_t;
 
@@ -76,7 +77,12 @@ static void draw_make(rng_t *r, bool full, draw_t *d) {
       n->set = 1;
       n->tensors = rnd_int(r, 1, 3);
       int kind = rnd_int(r, 0, 2); /* fixed, shape-keyed, byte-keyed */
-      n->vary = kind != 0;
+      /* Byte-keyed sizes are drawn again in every microbatch and
+       * iteration, within the name's range (as an MoE layer's). Shape-keyed
+       * ones change per microbatch and repeat in every iteration: a shape
+       * is a key, so a shape drawn anew each iteration is a new block
+       * forever in any pool, outside the shapes the warmup saw. */
+      n->vary = kind == 2 ? 1 : kind == 1 ? 2 : 0;
       n->by_bytes = kind == 2 || (kind == 0 && rnd(r) % 4 == 0);
       n->lo = (size_t)512 << rnd_int(r, 0, log_hi);
       n->hi = n->lo + (size_t)(rnd(r) % (n->lo * 2 + 1));
@@ -89,6 +95,15 @@ static void draw_make(rng_t *r, bool full, draw_t *d) {
         n->layers_mask = 0;
     }
   } while (c->names_mask == 0 || draw_bytes(c) > cap);
+  /* The names whose sizes change in every iteration are the manager's
+   * dynamic groups (ofl_manager_params_t.dynamic_groups): it reloads them
+   * into byte-keyed blocks, as the application takes them. */
+  size_t dn = 0;
+  for (int g = 0; g < 7; g++)
+    if ((c->names_mask >> g) & 1u && c->names[g].vary == 1)
+      dn += (size_t)snprintf(d->dynamic + dn, sizeof d->dynamic - dn, "%s%s",
+                             dn ? "," : "", drv_names[g]);
+  c->dynamic_groups = d->dynamic;
   c->tensors_max = 1;
   c->thresh = rnd(r) % 2 ? 1 : 4096;
   c->seed = rnd(r) | 1;
@@ -96,13 +111,22 @@ static void draw_make(rng_t *r, bool full, draw_t *d) {
   c->offload = 1;
   c->own_reload_pool = (int)(rnd(r) % 2);
   d->tight = rnd(r) % 4 == 0;
+  if (d->tight) {
+    /* Tight for what offload holds, never below what the application
+     * itself needs: the pinned pool gets about two chunks' pushes (an
+     * iteration holds up to pp of them); a group that does not fit stays on
+     * the device, counted (budget_kept_bytes). */
+    size_t chunk = draw_bytes(c) / (size_t)(c->mbs * c->vpp);
+    size_t step = 64 * KIB;
+    c->host_budget = (int64_t)((2 * chunk + step - 1) / step * step);
+  }
   snprintf(d->desc, sizeof d->desc,
            "%s pp %d rank %d vpp %d mbs %d layers %d names 0x%x thresh %zu "
            "jitter %d %s pool%s",
            c->vpp > 1 ? "interleaved" : "1F1B", c->pp, c->rank, c->vpp,
            c->mbs, c->layers, c->names_mask, c->thresh, c->jitter_us,
            c->own_reload_pool ? "manager's" : "application's",
-           d->tight ? " tight budget" : "");
+           d->tight ? " tight pinned budget" : "");
 }
 
 enum { F_CALLS, F_WRONG, F_RATIO, F_ERROR, F_KINDS };
@@ -158,14 +182,6 @@ static unsigned run_draw(const draw_t *w, char *why, size_t cap) {
     if (drv_iteration(&d) != OFL_SUCCESS) {
       snprintf(why, cap, "learning iteration %d: %s", it, d.msg);
       fail |= 1u << F_ERROR;
-    }
-    if (it == 0 && w->tight) {
-      ofl_pool_stats_t s;
-      ofl_pool_get_stats(d.pool, &s);
-      size_t peak = s.peak_in_use_bytes;
-      size_t budget = s.held_bytes > peak + peak / 2 ? s.held_bytes
-                                                    : peak + peak / 2;
-      (void)ofl_pool_set_budget(d.pool, budget);
     }
     if (it >= 1 && all_learned(&d))
       break;
