@@ -28,6 +28,9 @@
 #define RAISE_TRIES 4 /* raise_aim: the whole error, then halves */
 #define REPLAN_MAX 8 /* solves after the first, when the measured peak goes
                         over the target */
+/* The plan has settled when it ran this many steady iterations unchanged:
+ * one more than a raise needs, so that the raise had its chance first. */
+#define SETTLE_AFTER (OFL__PLAN_RAISE_AFTER + 1)
 
 typedef struct stamp {
   uint64_t cpu;    /* ofl__now_ns() at the call */
@@ -91,7 +94,8 @@ struct ofl__plan {
   uint64_t changes_seen; /* replans + lead changes when last looked */
   bool ledger;  /* the ledger's arrays exist (the warmup ended) */
   bool touched; /* the ledger moved in this iteration */
-  bool warned;
+  bool warned;      /* "nothing more it can do" was said (once) */
+  bool over_warned; /* an over-target WARN since the plan last settled */
 };
 
 /* The steady ledger runs (after the warmup, with or without auto). */
@@ -707,38 +711,23 @@ static ofl_status_t ledger_alloc(ofl__plan_t *p) {
 /* params.device_memory_target_bytes: what is not activations, measured
  * over the warmup (every group offloaded), gets its bytes; the activations
  * get the rest of the device target, or the activation target when that is
- * tighter. Not activations: the device's peak (what was allocated through
- * ofl on it: the application's memory, its pools' segments) less the
- * activation pool's peak in use (params.device_pool, else the manager's
- * reload pool); with the application's own peak (ofl_manager_set_device_peak,
- * an allocator ofl does not see), that peak less the plan's activation peak
- * with every group offloaded. A device target at or below it is an error
- * giving both figures; everything that may go is then offloaded. */
-static ofl_status_t device_target(ofl_manager_t *m, const ofl__plan_t *p) {
+ * tighter. Not activations: the warmup's device peak (the application's
+ * own, ofl_manager_set_device_peak, else the device's stats: what was
+ * allocated through ofl on it) less the activation pool's peak in use
+ * (params.device_pool, else the manager's reload pool). A device target at
+ * or below it is an error giving both figures; everything that may go is
+ * then offloaded. */
+static ofl_status_t device_target(ofl_manager_t *m) {
   if (m->dev_target == 0)
     return OFL_SUCCESS;
-  uint64_t act;
-  if (m->dev_peak_noted > 0) {
-    bool *all = calloc(p->nms ? p->nms : 1, sizeof *all);
-    if (all == NULL)
-      return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
-                        "no memory for the device target's measurement");
-    for (uint32_t i = 0; i < p->nms; i++)
-      all[i] = p->inst[i].offloadable;
-    act = ofl__plan_peak(p->inst, p->nms, all);
-    free(all);
-    m->dev_peak = m->dev_peak_noted;
-  } else {
-    ofl_device_stats_t ds;
-    ofl_pool_stats_t ps;
-    ofl_device_get_stats(m->dev, &ds);
-    ofl_pool_get_stats(m->dev_pool, &ps);
-    act = ps.peak_in_use_bytes;
-    m->dev_peak = ds.device_bytes_peak;
-  }
-  const char *how = m->dev_peak_noted > 0
-                        ? "the application's, less the plan's activations"
-                        : "the device's, less the activation pool's peak";
+  ofl_device_stats_t ds;
+  ofl_pool_stats_t ps;
+  ofl_device_get_stats(m->dev, &ds);
+  ofl_pool_get_stats(m->dev_pool, &ps);
+  uint64_t act = ps.peak_in_use_bytes;
+  m->dev_peak = m->dev_peak_noted > 0 ? m->dev_peak_noted : ds.device_bytes_peak;
+  const char *how = m->dev_peak_noted > 0 ? "the application's"
+                                          : "the device's";
   m->dev_rest = m->dev_peak > act ? m->dev_peak - act : 0;
   if (m->dev_target <= m->dev_rest) {
     m->mem_target = 1; /* offload everything that may go */
@@ -746,8 +735,8 @@ static ofl_status_t device_target(ofl_manager_t *m, const ofl__plan_t *p) {
         OFL_ERR_CONFIG, OFL_SUBSYS_PIPELINE,
         "rank %d: device memory target %llu bytes (%.2f MiB) is at or below "
         "the %llu bytes (%.2f MiB) that are not activations (the warmup's "
-        "device peak %llu bytes, %s, %llu bytes); everything that may go is "
-        "offloaded. Raise OFL_DEVICE_MEMORY_TARGET "
+        "device peak %llu bytes, %s, less the activation pool's peak %llu "
+        "bytes); everything that may go is offloaded. Raise OFL_DEVICE_MEMORY_TARGET "
         "(params.device_memory_target_bytes) above %.2f MiB",
         m->rank, (unsigned long long)m->dev_target, mib(m->dev_target),
         (unsigned long long)m->dev_rest, mib(m->dev_rest),
@@ -759,7 +748,8 @@ static ofl_status_t device_target(ofl_manager_t *m, const ofl__plan_t *p) {
     m->mem_target = want;
   OFL_INFO(OFL_SUBSYS_PIPELINE,
            "rank %d: device memory target %.2f MiB: not activations %.2f MiB "
-           "(device peak %.2f, %s, %.2f), activation target %.2f MiB",
+           "(device peak %.2f, %s, less activations %.2f), activation target "
+           "%.2f MiB",
            m->rank, mib(m->dev_target), mib(m->dev_rest), mib(m->dev_peak),
            how, mib(act), mib(m->mem_target));
   return OFL_SUCCESS;
@@ -785,7 +775,7 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   int nnames = 0;
   OFL_CHECK(build_instance(m, &nnames));
   OFL_CHECK(ledger_alloc(p));
-  ofl_status_t dts = device_target(m, p);
+  ofl_status_t dts = device_target(m);
   ofl__plan_result_t r;
   if (m->mem_target > 0) {
     OFL_CHECK(ofl__plan_solve(p->inst, p->nms, nnames, m->mem_target,
@@ -915,7 +905,12 @@ static uint64_t get(const ofl_summary_t *s, int rank, const char *key) {
 
 static void render(const ofl_summary_t *s, FILE *f) {
   int nranks = ofl_summary_nranks(s);
-  fprintf(f, "ofl offload plan (groups auto), every rank:\n");
+  /* Printed once, at the end of the warmup: every figure is the model's
+   * prediction (the steady iterations measure, and may solve again), and
+   * says so, since a demo or an application prints measured peaks later. */
+  fprintf(f, "ofl offload plan (groups auto), every rank: chosen at the end "
+             "of the warmup; its peaks and times are predicted (the steady "
+             "iterations measure them, and may solve again)\n");
   fprintf(f, "%-5s %-20s %10s %7s %7s %9s %10s %11s\n", "rank", "group",
           "bytes MiB", "groups", "chosen", "copy ms", "window ms",
           "exposed ms");
@@ -947,18 +942,22 @@ static void render(const ofl_summary_t *s, FILE *f) {
     }
     if (sc[S_TARGET] > 0)
       fprintf(f,
-              "rank %d: predicted peak %.2f MiB against target %.2f MiB (%s); "
-              "all offloaded %.2f, none %.2f; predicted exposed %.3f ms "
-              "(reload waits %.3f); links d2h %.2f h2d %.2f GB/s\n",
+              "rank %d: predicted activation peak %.2f MiB against the "
+              "memory target %.2f MiB: %s; predicted with all offloaded "
+              "%.2f, with none %.2f; predicted exposed %.3f ms (reload "
+              "waits %.3f); links measured in the warmup d2h %.2f h2d %.2f "
+              "GB/s\n",
               r, mib(sc[S_PEAK]), mib(sc[S_TARGET]),
-              sc[S_MET] ? "met" : "NOT met", mib(sc[S_ALL]), mib(sc[S_NONE]),
+              sc[S_MET] ? "predicted met" : "predicted NOT met",
+              mib(sc[S_ALL]), mib(sc[S_NONE]),
               (double)sc[S_EXPO] / 1e6, (double)sc[S_STALL] / 1e6,
               (double)sc[S_D2H] / 1e3, (double)sc[S_H2D] / 1e3);
     else
       fprintf(f,
               "rank %d: no memory target: copies that hide are offloaded; "
-              "predicted peak %.2f MiB (all offloaded %.2f, none %.2f); "
-              "predicted exposed %.3f ms (reload waits %.3f); links d2h %.2f "
+              "predicted activation peak %.2f MiB (predicted with all "
+              "offloaded %.2f, with none %.2f); predicted exposed %.3f ms "
+              "(reload waits %.3f); links measured in the warmup d2h %.2f "
               "h2d %.2f GB/s\n",
               r, mib(sc[S_PEAK]), mib(sc[S_ALL]), mib(sc[S_NONE]),
               (double)sc[S_EXPO] / 1e6, (double)sc[S_STALL] / 1e6,
@@ -1065,6 +1064,86 @@ static bool replan(ofl_manager_t *m);
 static void raise_aim(ofl_manager_t *m, uint64_t err);
 static void raise_back(ofl_manager_t *m);
 
+/* The measured peak of the iteration that just ended went over the target
+ * (predicted pred_peak): the plan's next step, and a line that says it. A
+ * WARN, since on a GPU the next such iteration may be an out-of-memory;
+ * one per plan (the first over the target after the plan settled, or ever):
+ * the steps taken in the iterations right after, until the plan settles
+ * again, are at INFO, so a run that keeps going over does not print every
+ * iteration. "Nothing more it can do" is a WARN once. */
+static void over_target(ofl_manager_t *m, bool back, uint64_t pred_peak,
+                        uint64_t leads_back) {
+  ofl__plan_t *p = m->ap;
+  ofl_manager_plan_t *o = &p->out;
+  char next[192];
+  bool stuck = false;
+  if (p->raised) {
+    raise_back(m);
+    snprintf(next, sizeof next,
+             "goes back to the plan before its raise (predicted peak %.2f "
+             "MiB)",
+             mib(o->predicted_peak_bytes));
+  } else if (back) {
+    snprintf(next, sizeof next,
+             "moves %llu prefetch lead%s back one group (reloads issued "
+             "later)",
+             (unsigned long long)leads_back, leads_back == 1 ? "" : "s");
+  } else if (o->replans < REPLAN_MAX && replan(m)) {
+    snprintf(next, sizeof next,
+             "solves again for a lower aim, %.2f MiB (predicted peak %.2f "
+             "MiB)",
+             mib(p->solve_target), mib(o->predicted_peak_bytes));
+  } else {
+    stuck = true;
+    snprintf(next, sizeof next,
+             "can do nothing more (%s): the schedule holds more than the "
+             "warmup showed; a higher memory target, or fewer microbatches "
+             "in flight, would fit",
+             o->replans < REPLAN_MAX ? "no plan solves for a lower aim"
+                                     : "it solved again the most times it "
+                                       "may");
+  }
+  bool *said = stuck ? &p->warned : &p->over_warned;
+  ofl_log_level_t level = *said ? OFL_LOG_INFO : OFL_LOG_WARN;
+  *said = true;
+  p->over_warned = true;
+  uint64_t t = o->target_bytes;
+  OFL__LOG(level, OFL_SUBSYS_PIPELINE,
+           "rank %d: auto plan, iteration %llu: measured activation peak "
+           "%.2f MiB is %.0f%% over the memory target %.2f MiB (predicted "
+           "%.2f MiB); the plan %s",
+           m->rank, (unsigned long long)m->st.iterations,
+           mib(o->measured_peak_bytes),
+           100.0 * (double)(o->measured_peak_bytes - t) / (double)t, mib(t),
+           mib(pred_peak), next);
+}
+
+/* The plan ran SETTLE_AFTER steady iterations unchanged: one line at the
+ * default level (a notice, not a warning: OFL_NOTE) with what it offloads
+ * and its measured and predicted peaks, once per change of plan. */
+static void settled(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  const ofl_manager_plan_t *o = &p->out;
+  uint64_t moved = 0;
+  uint32_t chosen = 0;
+  for (uint32_t i = 0; i < p->nms; i++)
+    if (p->chosen[i]) {
+      chosen++;
+      moved += p->inst[i].bytes;
+    }
+  bool within = o->target_bytes == 0 ||
+                o->measured_peak_settled_bytes <= o->target_bytes;
+  p->over_warned = false; /* the next over the target is news again */
+  OFL_NOTE(OFL_SUBSYS_PIPELINE,
+           "rank %d: auto plan settled at iteration %llu: offloads %u of %u "
+           "groups (%.2f MiB); measured activation peak %.2f MiB, predicted "
+           "%.2f, memory target %.2f: %s",
+           m->rank, (unsigned long long)m->st.iterations, chosen, p->nms,
+           mib(moved), mib(o->measured_peak_settled_bytes),
+           mib(o->predicted_peak_bytes), mib(o->target_bytes),
+           within ? "within" : "over");
+}
+
 void ofl__plan_end_iteration(ofl_manager_t *m) {
   if (!active(m) || m->warmup)
     return;
@@ -1099,6 +1178,7 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
     /* the predictions this iteration ran under, for its line below */
     double pred_stall = o->predicted_stall_ms,
            pred_exposed = o->predicted_exposed_ms;
+    uint64_t pred_peak = o->predicted_peak_bytes, leads_before = o->lead_changes;
     bool back = learn(m, over);
     bool learnt = o->replans + o->lead_changes != changes_before;
     if (learnt) /* leads moved: the next iteration's predictions */
@@ -1120,26 +1200,19 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
              mib(o->measured_peak_bytes), mib(o->predicted_peak_bytes),
              mib(o->target_bytes), o->measured_stall_ms, pred_stall,
              pred_exposed);
-    if (over && p->raised) {
-      raise_back(m);
-    } else if (over && !back && o->replans < REPLAN_MAX && replan(m)) {
-      /* solved again */
-    } else if (over && !back && !p->warned) {
-      p->warned = true;
-      OFL_WARN(OFL_SUBSYS_PIPELINE,
-               "rank %d: measured activation peak %.2f MiB is over the memory "
-               "target %.2f MiB (the plan predicted %.2f MiB): the schedule "
-               "holds more than the warmup showed",
-               m->rank, mib(o->measured_peak_bytes), mib(o->target_bytes),
-               mib(o->predicted_peak_bytes));
-    } else if (!over && p->raised) {
+    if (over) {
+      over_target(m, back, pred_peak, o->lead_changes - leads_before);
+    } else if (p->raised) {
       p->raised = false; /* the raised plan holds */
-    } else if (!over && !p->raise_done && !p->ever_over &&
+    } else if (!p->raise_done && !p->ever_over &&
                o->target_bytes > 0 && o->predicted_exposed_ms > 0 &&
                o->replans < REPLAN_MAX && under_err > 0 && !learnt) {
       raise_aim(m, under_err);
     }
     p->ever_over |= over;
+    if (o->settled_iterations == SETTLE_AFTER &&
+        o->replans + o->lead_changes == p->changes_seen)
+      settled(m);
   }
   p->stall_ns_start = m->st.stall_ns;
   p->live = p->peak = 0;

@@ -160,12 +160,13 @@ typedef struct ofl_manager_params {
   int64_t device_memory_target_bytes; /* groups "auto": the device memory
                                  this rank's step may use at its peak,
                                  weights, gradients, optimizer state and
-                                 workspace included. The warmup measures
-                                 what is not activations (its device peak
-                                 less its activation peak with every group
-                                 offloaded: ofl_manager_set_device_peak, else
-                                 the device's stats) and the plan aims the
-                                 activations at the rest; a target at or
+                                 workspace included. The warmup (every group
+                                 offloaded) measures what is not activations:
+                                 its device peak (ofl_manager_set_device_peak,
+                                 else the device's stats) less the
+                                 activation pool's peak in use (device_pool,
+                                 else the manager's reload pool); the plan
+                                 aims the activations at the rest; a target at or
                                  below the non-activation bytes makes the
                                  reset that ends the warmup fail (both
                                  figures in the error). With
@@ -371,11 +372,13 @@ OFL_API ofl_status_t ofl_manager_reset(ofl_manager_t *m);
 OFL_API int ofl_manager_is_warmup(const ofl_manager_t *m);
 /* For params.device_memory_target_bytes: the device memory the application
  * measured at the warmup's peak with its own allocator (all of it:
- * weights, gradients, optimizer state, workspace, activations; e.g.
- * torch.cuda.max_memory_allocated), used by the reset that ends the
- * warmup in place of the device's stats (which count only what was
- * allocated through ofl: ofl_device_malloc, pools over the device). Call
- * it before that reset; 0 goes back to the device's stats. */
+ * weights, gradients, optimizer state, workspace, activations, the
+ * activation pool's blocks; e.g. torch.cuda.max_memory_allocated), used by
+ * the reset that ends the warmup in place of the device's stats (which
+ * count only what was allocated through ofl: ofl_device_malloc, pools over
+ * the device). A program whose activation pool takes its blocks from its
+ * own allocator notes it. Call it before that reset; 0 goes back to the
+ * device's stats. */
 OFL_API void ofl_manager_set_device_peak(ofl_manager_t *m, size_t bytes);
 
 /* ---- switches -------------------------------------------------------------

@@ -611,7 +611,8 @@ class _CoreMethods:
 
     def __init__(self, *, groups=b"", fraction=None, rank_delta_bytes=None,
                  max_inflight=None, pp_rank=0, prefetch_groups=0,
-                 host_budget_bytes=None, summary=False, disk=None, memory_target=None):
+                 host_budget_bytes=None, summary=False, disk=None, memory_target=None,
+                 device_memory_target=None):
         self.rt = Runtime.get()
         p = _lib.manager_params_init()
         p.device = self.rt.dev
@@ -620,6 +621,13 @@ class _CoreMethods:
         self.auto = groups == b"auto"
         if memory_target is not None:
             p.memory_target_bytes = int(memory_target)
+        # the device target: the warmup's end measures what is not
+        # activations (_note_device_peak) and the plan gets the rest
+        self.device_target = None
+        self.device_figures = None
+        if device_memory_target is not None:
+            p.device_memory_target_bytes = int(device_memory_target)
+            self.device_target = int(device_memory_target) or None
         p.min_offload_bytes = 1  # the size threshold is applied in Python
         if fraction is not None:
             p.fraction = float(fraction)
@@ -913,11 +921,36 @@ class _CoreMethods:
         return x.view(r.size) if len(r.size) != 1 else x
 
     # -- iteration
+    def _note_device_peak(self):
+        """Before a warmup reset with a device target: the device peak the C
+        plan reads (it takes the activation pool's peak off it). On cuda
+        torch's allocator holds everything (torch.cuda.max_memory_allocated).
+        On the host backend torch keeps no CPU allocator statistics: ofl's
+        device peak, plus the activation pool's blocks where they are torch's
+        memory (the C extension's allocator); weights and optimizer state in
+        torch's CPU memory are not in it."""
+        d, ps = _lib.DeviceStats(), _lib.PoolStats()
+        L.ofl_device_get_stats(self.rt.dev, _byref(d))
+        L.ofl_pool_get_stats(self.dev_pool, _byref(ps))
+        if self.is_cuda:
+            peak, source = int(torch.cuda.max_memory_allocated(self.torch_device)), "torch.cuda"
+        else:
+            peak, source = int(d.device_bytes_peak), "ofl device"
+            if self.torch_pool is not None:
+                peak += int(ps.peak_in_use_bytes)
+        L.ofl_manager_set_device_peak(self.m, peak)
+        self.device_figures = {"device_peak_bytes": peak,
+                               "activation_pool_peak_bytes": int(ps.peak_in_use_bytes),
+                               "device_source": source}
+
     def reset(self):
         was_warmup = L.ofl_manager_is_warmup(self.m)
         self._sync_compute()
+        if was_warmup and self.device_target:
+            self._note_device_peak()
         st = L.ofl_manager_reset(self.m)
-        if st == 0 or st == _lib.ERR_MISMATCH:
+        if st == 0 or st == _lib.ERR_MISMATCH or (st == _lib.ERR_CONFIG and was_warmup
+                                                  and not L.ofl_manager_is_warmup(self.m)):
             for g in self.open:
                 self._drop_bases(g)
             self.open = []
@@ -998,7 +1031,19 @@ class _CoreMethods:
         out = {n: getattr(s, n) for n, _ in _lib.ManagerStats._fields_ if n != "_reserved"}
         if self.auto:
             out["plan"] = self.plan()
+            if out["plan"] is not None and self.device_target:
+                out["plan"].update(self._device_plan(out["plan"]))
         return out
+
+    def _device_plan(self, plan):
+        """The device target's figures for stats()["plan"]: the target, the
+        warmup's device peak, the activation pool's peak and what is not
+        activations (their difference, as the C plan computed it)."""
+        f = dict(self.device_figures or {})
+        f["device_target_bytes"] = self.device_target
+        f["non_activation_bytes"] = max(0, f.get("device_peak_bytes", 0)
+                                        - f.get("activation_pool_peak_bytes", 0))
+        return f
 
     def plan(self):
         """ofl_manager_plan_get as a dict (_lib.plan_dict), or None before

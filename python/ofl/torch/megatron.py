@@ -55,7 +55,10 @@ Knobs: ``fraction`` (activation_offload_fraction), ``rank_delta_bytes``
 list or comma string; default every name; "auto": ofl's plan chooses them at
 the end of the warmup to meet ``memory_target``), ``memory_target`` (the
 activation bytes this rank may keep on the device at its peak, an int or a
-string with K/M/G; OFL_MEMORY_TARGET), ``prefetch_groups``,
+string with K/M/G; OFL_MEMORY_TARGET), ``device_memory_target`` (the device
+memory the step may use at its peak, weights, gradients and optimizer state
+included: the warmup measures what is not activations and the plan gets the
+rest; the tighter of the two wins; OFL_DEVICE_MEMORY_TARGET), ``prefetch_groups``,
 ``host_budget_bytes``, given at the first creation
 (``PipelineOffloadManager.get_instance(**knobs)``; later calls return the
 instance as it is). Main's init_chunk_handler passes the first four from
@@ -218,12 +221,12 @@ class PipelineOffloadManager:
         if groups is None:
             groups = os.environ.get("OFL_OFFLOAD_GROUPS", "")
         groups = _groups_knob("PipelineOffloadManager", "groups", groups)
-        if knobs.get("memory_target") is not None:
-            knobs["memory_target"] = _lib.parse_bytes("PipelineOffloadManager", "memory_target",
-                                                      knobs["memory_target"])
+        for name in ("memory_target", "device_memory_target"):
+            if knobs.get(name) is not None:
+                knobs[name] = _lib.parse_bytes("PipelineOffloadManager", name, knobs[name])
         unknown = set(knobs) - {"fraction", "rank_delta_bytes", "pp_rank", "max_inflight",
                                 "prefetch_groups", "host_budget_bytes", "summary",
-                                "memory_target"}
+                                "memory_target", "device_memory_target"}
         if unknown:
             raise TypeError("PipelineOffloadManager: unknown knob(s) %s" % sorted(unknown))
         self._explicit = set(knobs)  # given by the user: Megatron's config does not override
@@ -313,10 +316,10 @@ class PipelineOffloadManager:
         if "offload_modules" in kw:
             given["groups"] = _groups_knob("init_chunk_handler", "offload_modules",
                                            kw.pop("offload_modules"))
-        if kw.get("memory_target", None) is not None:
-            given["memory_target"] = _lib.parse_bytes("init_chunk_handler", "memory_target",
-                                                      kw.pop("memory_target"))
-        kw.pop("memory_target", None)
+        for name in ("memory_target", "device_memory_target"):
+            if kw.get(name, None) is not None:
+                given[name] = _lib.parse_bytes("init_chunk_handler", name, kw.pop(name))
+            kw.pop(name, None)
         a = _chunk_args("init_chunk_handler", args, kw)
         for mname, oname in _MAIN_KNOBS:
             if mname in a:

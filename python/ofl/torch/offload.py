@@ -116,10 +116,11 @@ class _Session:
 
     def _new_core(self):
         old = self.core
-        max_inflight, prefetch, groups, target = self.key
+        max_inflight, prefetch, groups, target, device_target = self.key
         self.core = ManagerCore(groups=groups, fraction=1.0, rank_delta_bytes=0, pp_rank=0,
                                 max_inflight=max_inflight, summary=False,
-                                prefetch_groups=prefetch, memory_target=target)
+                                prefetch_groups=prefetch, memory_target=target,
+                                device_memory_target=device_target)
         self.broken = False  # the structure changed: rest of the forward kept
         self._new_iteration()
         if old is not None:
@@ -153,6 +154,11 @@ class _Session:
             try:
                 core.reset()
             except OflError as e:
+                if e.status == _lib.ERR_CONFIG and not core.is_warmup():
+                    # a device target below what is not activations: the
+                    # iteration ended (everything offloaded), the error says why
+                    self._new_iteration()
+                    raise
                 if e.status != _lib.ERR_MISMATCH:
                     raise
                 renew = core.is_warmup()
@@ -292,7 +298,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
 
     def __init__(self, use_pin_memory=True, use_streams=None, max_fwd_stash_size=5,
                  min_offload_size=1024, *, model=None, warn_if_no_head=True,
-                 offload_modules=None, memory_target=None):
+                 offload_modules=None, memory_target=None, device_memory_target=None):
         if isinstance(use_pin_memory, torch.nn.Module):
             raise TypeError("OffloadActivations: the model is a keyword argument "
                             "(OffloadActivations(model=model) or offload_activations(model)); "
@@ -317,8 +323,17 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
                 raise ValueError("OffloadActivations: memory_target needs offload_modules=\"auto\" "
                                  "(the plan that meets it); without it every saved tensor is "
                                  "offloaded")
+        device_target = None
+        if device_memory_target is not None:
+            device_target = _lib.parse_bytes("OffloadActivations", "device_memory_target",
+                                             device_memory_target)
+            if offload_modules != "auto":
+                raise ValueError("OffloadActivations: device_memory_target needs "
+                                 "offload_modules=\"auto\" (the plan that meets it); without it "
+                                 "every saved tensor is offloaded")
         self._groups = b"auto" if offload_modules == "auto" else b""
         self._memory_target = target
+        self._device_memory_target = device_target
         self.use_pin_memory = bool(use_pin_memory)
         self.use_streams = True if use_streams is None else bool(use_streams)
         self.min_offload_size = int(min_offload_size)
@@ -356,7 +371,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
             # reloads issued ahead in backward (one-tensor groups: a reload
             # one group ahead has one op's backward to land in, and stalled)
             key = (self.max_fwd_stash_size if self.use_streams else 0, self.max_fwd_stash_size,
-                   self._groups, self._memory_target)
+                   self._groups, self._memory_target, self._device_memory_target)
             s = self._s = self._hk.s = _acquire(self, key)
         return s
 
@@ -503,16 +518,21 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
 
 def offload_activations(model=None, use_pin_memory=True, use_streams=True, min_offload_size=1024,
                         max_fwd_stash_size=5, warn_if_no_head=True, offload_modules=None,
-                        memory_target=None):
+                        memory_target=None, device_memory_target=None):
     """A context manager (and decorator) that offloads every saved activation
     of at least min_offload_size bytes through ofl. See the module doc for
     how it maps onto the manager. ``offload_modules="auto"``: the first
     iteration (the warmup) offloads every one and measures; from the second
     on, ofl's plan offloads those that bring the activation peak within
     ``memory_target`` (bytes, or a str with K/M/G) at the least predicted
-    exposed copy time; ``stats()["plan"]`` says what it chose."""
+    exposed copy time; ``stats()["plan"]`` says what it chose.
+    ``device_memory_target`` (with "auto"): the device memory the step may
+    use at its peak, weights, gradients and optimizer state included; the
+    warmup measures what is not activations and the plan aims the
+    activations at the rest (the tighter of the two targets wins)."""
     return OffloadActivations(use_pin_memory=use_pin_memory, use_streams=use_streams,
                               max_fwd_stash_size=max_fwd_stash_size,
                               min_offload_size=min_offload_size, model=model,
                               warn_if_no_head=warn_if_no_head and model is not None,
-                              offload_modules=offload_modules, memory_target=memory_target)
+                              offload_modules=offload_modules, memory_target=memory_target,
+                              device_memory_target=device_memory_target)
