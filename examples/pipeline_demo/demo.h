@@ -26,6 +26,8 @@ typedef struct {
   char offload_groups[256];
   int offload_auto;         /* --offload auto: groups "auto" */
   double memory_target_mib; /* --memory-target; <0: OFL_MEMORY_TARGET */
+  double device_memory_target_mib; /* --device-memory-target; <0:
+                                      OFL_DEVICE_MEMORY_TARGET */
   double fraction;          /* --offload-fraction; <0: OFL_OFFLOAD_FRACTION */
   size_t min_offload_bytes;
   double link_gbps;

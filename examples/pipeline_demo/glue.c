@@ -56,6 +56,7 @@ int glue_open(const glue_params_t *p, glue_t **out) {
   mp.rank = p->pp_rank;
   mp.comm = g->comm;
   mp.memory_target_bytes = p->memory_target_bytes;
+  mp.device_memory_target_bytes = p->device_memory_target_bytes;
   mp.fraction = p->fraction;
   mp.summary_out = p->summary_out;
   st = ofl_manager_create(&mp, &g->m);

@@ -21,6 +21,8 @@ typedef struct {
   const char *disk_groups; /* group names on the disk tier; NULL/"": none */
   const char *disk_dir;    /* NULL: OFL_DISK_DIR, TMPDIR or /tmp */
   int64_t memory_target_bytes; /* groups "auto"; <0: OFL_MEMORY_TARGET */
+  int64_t device_memory_target_bytes; /* groups "auto"; 0: none; <0:
+                                         OFL_DEVICE_MEMORY_TARGET */
   double fraction;             /* <0: OFL_OFFLOAD_FRACTION */
   FILE *summary_out; /* the manager prints its summary and plan here at the
                         end of warmup (rank 0 of the comm); NULL: not */

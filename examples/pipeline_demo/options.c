@@ -38,6 +38,12 @@ static const char *const usage_text[2] = {
     "  --memory-target MIB with --offload auto: the activation MiB each rank\n"
     "                      may keep on the device at its peak (params.\n"
     "                      memory_target_bytes; 0: none) [OFL_MEMORY_TARGET]\n"
+    "  --device-memory-target MIB  with --offload auto: the device MiB each\n"
+    "                      rank's step may use at its peak, weights and\n"
+    "                      workspace included; the warmup measures what is\n"
+    "                      not activations and the plan gets the rest (params.\n"
+    "                      device_memory_target_bytes; the tighter target\n"
+    "                      wins) [OFL_DEVICE_MEMORY_TARGET]\n"
     "  --offload-fraction F  of each chunk's offloaded groups, the fraction\n"
     "                      kept offloaded after warmup (params.fraction, as\n"
     "                      Megatron's activation_offload_fraction; not with\n"
@@ -163,6 +169,7 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
                 .timeout_s = 60,
                 .die_rank = -1,
                 .memory_target_mib = -1,
+                .device_memory_target_mib = -1,
                 .fraction = -1,
                 .stage = 0,
                 .stages = 4};
@@ -202,6 +209,11 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
       char *end = NULL;
       o->memory_target_mib = strtod(v, &end);
       bad = end == v || *end != '\0' || !(o->memory_target_mib >= 0);
+      i++;
+    } else if (strcmp(a, "--device-memory-target") == 0 && v) {
+      char *end = NULL;
+      o->device_memory_target_mib = strtod(v, &end);
+      bad = end == v || *end != '\0' || !(o->device_memory_target_mib >= 0);
       i++;
     } else if (strcmp(a, "--offload-fraction") == 0 && v) {
       char *end = NULL;
@@ -274,6 +286,12 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
     }
   }
   o->offload_auto = strcmp(o->offload_groups, "auto") == 0;
+  if (o->device_memory_target_mib >= 0 && !o->offload_auto) {
+    if (rank == 0)
+      fprintf(stderr, DEMO_NAME ": --device-memory-target needs --offload auto "
+                      "(the plan that meets it)\n");
+    return -1;
+  }
   if (o->memory_target_mib >= 0 && !o->offload_auto) {
     if (rank == 0)
       fprintf(stderr, DEMO_NAME ": --memory-target needs --offload auto (the "

@@ -234,6 +234,7 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
                       .disk_groups = offload ? o->disk_groups : NULL,
                       .disk_dir = o->disk_dir,
                       .memory_target_bytes = -1,
+                      .device_memory_target_bytes = -1,
                       .fraction = o->fraction};
   if (offload && o->offload_auto) {
     /* groups "auto": the manager prints the summary and its plan at the end
@@ -243,6 +244,9 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
     if (o->memory_target_mib >= 0)
       gp.memory_target_bytes =
           (int64_t)(o->memory_target_mib * 1048576.0 + 0.5);
+    if (o->device_memory_target_mib >= 0)
+      gp.device_memory_target_bytes =
+          (int64_t)(o->device_memory_target_mib * 1048576.0 + 0.5);
   }
 #ifndef OFL_DEMO_NO_MPI
   MPI_Comm world = MPI_COMM_WORLD;
