@@ -243,6 +243,8 @@ static FILE *sink_locked(void) {
 }
 
 static const char *level_name(ofl_log_level_t level) {
+  if ((int)level == (int)OFL__LOG_NOTE)
+    return "NOTE";
   switch (level) {
   case OFL_LOG_WARN:
     return "WARN";
@@ -272,14 +274,16 @@ void ofl__log(ofl_log_level_t level, unsigned subsys, const char *file,
     ofl_log_handler_fn fn = handler;
     void *user = handler_user;
     pthread_mutex_unlock(&log_lock);
-    fn(level, subsys, msg, user);
+    /* a notice is not a warning: handlers get it as INFO (OFL_NOTE) */
+    fn((int)level == (int)OFL__LOG_NOTE ? OFL_LOG_INFO : level, subsys, msg,
+       user);
     return;
   }
   FILE *out = sink_locked();
   char host[64];
   gethostname(host, sizeof host);
   host[sizeof host - 1] = '\0';
-  if (level >= OFL_LOG_TRACE)
+  if (level == OFL_LOG_TRACE)
     fprintf(out, "%s:%ld:%d ofl %s %s %s:%d %s\n", host, (long)getpid(),
             log_rank, level_name(level), subsys_name(subsys), file, line, msg);
   else

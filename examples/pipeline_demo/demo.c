@@ -229,8 +229,8 @@ int main(int argc, char **argv) {
   /* The offload run's activation peak as the demo sees it (pool less its
    * own tensors), with or without a plan: what strategies compare on. */
   for (int i = 0; leader && i < rep_n; i++)
-    printf("demo activation peak rank %d: %.3f MiB (steady state, offload "
-           "run); the manager's ledger: %.4f MiB\n",
+    printf("demo activation peak rank %d: %.3f MiB measured (steady state, "
+           "offload run); the manager's ledger: %.4f MiB measured\n",
            rep_first + i, all[NF * i + 25] / 1048576,
            all[NF * i + 31] / 1048576);
   /* The PNG is drawn from the CSV: without --memory-csv, the CSV is

@@ -399,10 +399,15 @@ void report_print(const opts_t *o, const double *all, int NF, int rep_first,
 int report_plan(const opts_t *o, const double *all, int NF, int rep_first,
                 int rep_n) {
   int over = 0;
-  printf("\nauto plan (steady state, peaks since the plan last changed; "
-         "MiB):\n%30s %10s %10s %10s %10s %10s %10s %11s %11s %11s\n",
-         "rank", "target", "pred_peak", "meas_peak", "demo_peak", "all_offl",
-         "no_offl", "pred_exp_ms", "pred_stall", "stall_ms");
+  /* Each figure says whether it is predicted (pred_: the plan's model, as
+   * last solved: it may have solved again since the plan printed after the
+   * warmup) or measured (meas_: in the steady iterations since the plan
+   * last changed). */
+  printf("\nauto plan in steady state (MiB; pred_: predicted by the plan as "
+         "last solved, meas_: measured since the plan last changed):\n"
+         "%30s %10s %10s %10s %10s %10s %10s %11s %11s %11s\n",
+         "rank", "target", "pred_peak", "meas_peak", "meas_demo", "pred_all",
+         "pred_none", "pred_exp_ms", "pred_stall", "meas_stall");
   for (int i = 0; i < rep_n; i++) {
     const double *v = &all[NF * i];
     if (v[21] == 0) {
@@ -427,8 +432,8 @@ int report_plan(const opts_t *o, const double *all, int NF, int rep_first,
                                       : NULL;
     if (who != NULL) {
       over++;
-      printf("rank %d: activation peak %.2f MiB (%s) is OVER its memory "
-             "target %.2f MiB (plan predicted %.2f MiB%s)\n",
+      printf("rank %d: measured activation peak %.2f MiB (%s) is OVER its "
+             "memory target %.2f MiB (predicted %.2f MiB%s)\n",
              rep_first + i, (v[24] > limit ? v[24] : v[25]) / 1048576, who,
              target / 1048576, v[23] / 1048576,
              v[29] ? "" : "; the target cannot be met even offloading "
@@ -436,9 +441,9 @@ int report_plan(const opts_t *o, const double *all, int NF, int rep_first,
     }
   }
   if (o->memory_target_mib != 0)
-    printf("activation peak within the memory target: %s on %d of %d "
-           "rank(s)\n",
-           over ? "NO" : "yes", rep_n - over, rep_n);
+    printf("measured activation peak within the memory target: %s on %d "
+           "of %d rank(s)\n",
+           over ? "NO, only" : "yes", rep_n - over, rep_n);
   fflush(stdout);
   return over;
 }

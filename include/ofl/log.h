@@ -29,7 +29,9 @@ typedef enum ofl_log_subsys {
 } ofl_log_subsys_t;
 
 /* A handler receives every message that passes the level, subsystem and rank
- * filters, already formatted without a trailing newline. */
+ * filters, already formatted without a trailing newline. A notice (a line the
+ * default level prints that is no warning, e.g. "auto plan settled"; NOTE in
+ * the default sink) arrives as OFL_LOG_INFO whatever the level. */
 typedef void (*ofl_log_handler_fn)(ofl_log_level_t level, unsigned subsys,
                                    const char *message, void *user);
 

@@ -621,3 +621,161 @@ Test(auto_plan, the_ledger_measures_a_configured_offload) {
             "every group offloaded measured %llu, nothing offloaded %llu",
             (unsigned long long)peak, (unsigned long long)none);
 }
+
+/* ---- what the plan says at the default level ------------------------------ */
+
+typedef struct {
+  int over_warns, other_warns, settled, over_infos;
+  char over[1024], settle[1024], other[1024];
+} said_t;
+
+static void listen(ofl_log_level_t level, unsigned subsys, const char *msg,
+                   void *user) {
+  (void)subsys;
+  said_t *c = user;
+  bool over = strstr(msg, "over the memory target") != NULL;
+  if (level == OFL_LOG_WARN && over) {
+    if (c->over_warns++ == 0)
+      snprintf(c->over, sizeof c->over, "%s", msg);
+  } else if (level == OFL_LOG_WARN) {
+    c->other_warns++;
+    snprintf(c->other, sizeof c->other, "%s", msg);
+  } else if (level == OFL_LOG_INFO && strstr(msg, "auto plan settled")) {
+    if (c->settled++ == 0)
+      snprintf(c->settle, sizeof c->settle, "%s", msg);
+  } else if (level == OFL_LOG_INFO && over) {
+    c->over_infos++;
+  }
+}
+
+/* WORKLOAD with eight times the bytes: iterations that hold more than the
+ * warmup showed (a longer sequence). Over any target below WORKLOAD's
+ * "nothing offloaded" whatever the plan offloads: the groups that stay on
+ * the device (the first of each name to run backward: 768 KiB here) alone
+ * hold 6 MiB. */
+static const gdef_t WORKLOAD_BIG[NG] = {
+    {"core_attn", 8 * (256 << 10), 2, 1500, 1500},
+    {"mlp", 8 * (192 << 10), 1, 800, 800},
+    {"moe_act", 8 * (64 << 10), 1, 500, 500},
+};
+
+/* Steady iterations that hold eight times the warmup's bytes go well over a
+ * target the warmup's plan meets. At the default level (WARN) that is one
+ * WARN, saying by how much and what the plan does next, however many
+ * iterations in a row go over; its steps after it stay at INFO. Once the
+ * plan ran unchanged for a few iterations, one line says it settled: a
+ * notice, which a handler gets as INFO (not a warning). An iteration over
+ * the target after the plan settled warns again. */
+Test(auto_plan, an_iteration_over_the_target_warns_once_with_the_next_step) {
+  uint64_t all, none;
+  extremes(&all, &none);
+  cr_assert(lt(u64, all, none));
+  uint64_t target = all + (none - all) / 3;
+  run_t r;
+  open_run(&r, WORKLOAD, (int64_t)target, 0);
+  iteration(&r); /* warmup */
+  ofl_manager_plan_t p;
+  plan_of(&r, &p);
+  cr_assert(eq(int, p.met, 1));
+  said_t c;
+  memset(&c, 0, sizeof c);
+  ofl_log_set_level(OFL_LOG_WARN);
+  ofl_log_set_handler(listen, &c);
+  int over = 0;
+  r.g = WORKLOAD_BIG;
+  for (int i = 0; i < 3; i++) { /* three big iterations in a row */
+    iteration(&r);
+    plan_of(&r, &p);
+    over += p.measured_peak_bytes > target;
+  }
+  int warns_big = c.over_warns, infos_big = c.over_infos;
+  char first[sizeof c.over];
+  memcpy(first, c.over, sizeof first);
+  /* then the warmup's sizes until the plan settles */
+  r.g = WORKLOAD;
+  for (int i = 0; i < 24 && c.settled == 0; i++)
+    iteration(&r);
+  int settled = c.settled;
+  /* after it settled, one more big iteration: news again */
+  r.g = WORKLOAD_BIG;
+  iteration(&r);
+  plan_of(&r, &p);
+  bool over_again = p.measured_peak_bytes > target;
+  ofl_log_set_handler(NULL, NULL);
+
+  cr_assert(eq(sz, r.wrong, 0));
+  cr_assert(eq(int, over, 3), "the big iterations went over %d times", over);
+  cr_assert(eq(int, warns_big, 1),
+            "%d over-target WARNs for %d iterations over the target in a "
+            "row (want one): %s",
+            warns_big, over, first);
+  cr_assert(eq(int, infos_big, 0),
+            "INFO lines reached a handler at level WARN");
+  cr_assert(eq(int, c.other_warns, 0), "%s", c.other);
+  cr_assert(ne(ptr, strstr(first, "rank 0: auto plan, iteration "), NULL),
+            "%s", first);
+  cr_assert(ne(ptr, strstr(first, ": measured activation peak "), NULL), "%s",
+            first);
+  cr_assert(ne(ptr, strstr(first, "% over the memory target "), NULL), "%s",
+            first);
+  cr_assert(ne(ptr, strstr(first, " MiB (predicted "), NULL), "%s", first);
+  /* what it does next: the first over, with no lead grown, solves again */
+  cr_assert(ne(ptr, strstr(first, "; the plan solves again for a lower aim, "),
+               NULL),
+            "%s", first);
+  cr_assert(eq(int, settled, 1), "%d settle lines", settled);
+  cr_assert(ne(ptr, strstr(c.settle, "rank 0: auto plan settled at "
+                                     "iteration "),
+               NULL),
+            "%s", c.settle);
+  cr_assert(ne(ptr, strstr(c.settle, "; measured activation peak "), NULL),
+            "%s", c.settle);
+  cr_assert(ne(ptr, strstr(c.settle, ", predicted "), NULL), "%s", c.settle);
+  cr_assert(ne(ptr, strstr(c.settle, ": within"), NULL), "%s", c.settle);
+  cr_assert(over_again);
+  cr_assert(eq(int, c.over_warns, 2),
+            "%d over-target WARNs (want a second after the plan settled)",
+            c.over_warns);
+  close_run(&r);
+}
+
+/* The notice's route: at the default level the default sink prints it
+ * (level name NOTE, not WARN); OFL_DEBUG=NONE silences it; a handler gets
+ * it as OFL_LOG_INFO (above). */
+Test(auto_plan, the_settle_line_prints_at_the_default_level_as_a_note) {
+  char path[] = "/tmp/ofl-note-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert(ge(int, fd, 0));
+  close(fd);
+  setenv("OFL_DEBUG_FILE", path, 1);
+  setenv("OFL_DEBUG", "WARN", 1);
+  ofl_log_reload();
+  run_t r;
+  open_run(&r, WORKLOAD, 1 << 30, 0); /* met without offload: settles */
+  for (int i = 0; i < 8; i++)
+    iteration(&r);
+  setenv("OFL_DEBUG", "NONE", 1);
+  ofl_log_reload();
+  for (int i = 0; i < 8; i++) /* nothing changes: no second line anyway */
+    iteration(&r);
+  close_run(&r);
+  unsetenv("OFL_DEBUG_FILE");
+  unsetenv("OFL_DEBUG");
+  ofl_log_reload();
+  char buf[8192] = {0};
+  FILE *f = fopen(path, "r");
+  cr_assert(not(eq(ptr, f, NULL)));
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  unlink(path);
+  buf[n] = '\0';
+  const char *line = strstr(buf, " ofl NOTE PIPELINE rank 0: auto plan "
+                                 "settled at iteration ");
+  cr_assert(ne(ptr, (void *)line, NULL), "%s", buf);
+  const char *eol = strchr(line, '\n');
+  cr_assert(ne(ptr, (void *)eol, NULL), "%s", buf);
+  cr_assert(eq(ptr, strstr(eol, "auto plan settled"), NULL),
+            "two settle lines for one plan: %s", buf);
+  cr_assert(ne(ptr, strstr(line, ": within"), NULL), "%s", buf);
+  cr_assert(eq(ptr, strstr(buf, "WARN PIPELINE"), NULL), "%s", buf);
+}
