@@ -1,5 +1,6 @@
 /* ofl: status codes and the thread's last-error message. */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <time.h>
@@ -7,6 +8,10 @@
 #include "runtime/internal.h"
 
 static _Thread_local char last_error[1024];
+/* 0: the caller reports returned errors itself (ofl_error_logging_set). */
+static atomic_int error_warn = 1;
+
+void ofl_error_logging_set(int warn) { atomic_store(&error_warn, warn != 0); }
 
 const char *ofl_status_str(ofl_status_t status) {
   switch (status) {
@@ -33,7 +38,10 @@ ofl_status_t ofl__error(ofl_status_t status, unsigned subsys, const char *fmt,
   va_start(ap, fmt);
   set_last_error(fmt, ap);
   va_end(ap);
-  OFL_WARN(subsys, "%s: %s", ofl_status_str(status), last_error);
+  if (atomic_load(&error_warn))
+    OFL_WARN(subsys, "%s: %s", ofl_status_str(status), last_error);
+  else
+    OFL_INFO(subsys, "%s: %s", ofl_status_str(status), last_error);
   return status;
 }
 

@@ -44,6 +44,14 @@ OFL_API const char *ofl_last_error(void);
 /* Clears the calling thread's last-error message. */
 OFL_API void ofl_clear_error(void);
 
+/* Where an error a call returns is logged. warn 1 (the default): as a WARN
+ * by the function that detects it, with the cause and what to do. warn 0:
+ * at INFO only, for a caller that reports every error itself (a language
+ * binding that raises it as an exception with ofl_last_error(), so that the
+ * user does not read the same error twice, once in C's words). Process-wide;
+ * warnings that are not returned errors are logged as before. */
+OFL_API void ofl_error_logging_set(int warn);
+
 OFL_EXTERN_C_END
 
 #endif /* OFL_STATUS_H */

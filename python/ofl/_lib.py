@@ -514,6 +514,13 @@ def _load_config_quietly():
 
 _load_config_quietly()
 
+# Every error a call returns is raised as an OflError carrying its message
+# (ofl._errors): the library logs it at INFO only, so that a Python user
+# reads it once, not first as a C WARN line on stderr.
+lib.ofl_error_logging_set.argtypes = [ctypes.c_int]
+lib.ofl_error_logging_set.restype = None
+lib.ofl_error_logging_set(0)
+
 _libc = ctypes.CDLL(None)
 _libc.free.argtypes = [c_void_p]
 _libc.free.restype = None

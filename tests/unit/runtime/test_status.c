@@ -109,3 +109,40 @@ Test(log, debug_file_expands_rank_and_pid) {
   unlink(path);
   rmdir(dir);
 }
+
+/* A binding that raises every returned error asks for them at INFO: the
+ * user reads the error once, in the binding's words; the message is the
+ * same, and a public call's error too. */
+Test(status, errors_the_caller_reports_are_logged_at_info_only) {
+  capture_t c = {0};
+  setenv("OFL_DEBUG", "INFO", 1);
+  unsetenv("OFL_DEBUG_SUBSYS");
+  ofl_log_reload();
+  ofl_log_set_handler(capture, &c);
+  ofl_error_logging_set(0);
+  cr_assert(eq(int, ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL, "bad %d", 7),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, c.count, 1));
+  cr_assert(eq(int, (int)c.level, OFL_LOG_INFO));
+  cr_assert(ne(ptr, strstr(c.last, "bad 7"), NULL));
+  cr_assert(eq(str, (char *)ofl_last_error(), "bad 7"));
+  ofl_tensor_t *t = NULL;
+  cr_assert(eq(int, ofl_pool_alloc(NULL, NULL, 0, OFL_DTYPE_F32, NULL, &t),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int, (int)c.level, OFL_LOG_INFO), "%s", c.last);
+  cr_assert(eq(ptr, t, NULL));
+  /* and at the default level nothing at all is printed */
+  setenv("OFL_DEBUG", "WARN", 1);
+  ofl_log_reload();
+  int before = c.count;
+  ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL, "quiet");
+  cr_assert(eq(int, c.count, before));
+  /* back to the default: a WARN where it is detected */
+  ofl_error_logging_set(1);
+  ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL, "loud");
+  cr_assert(eq(int, c.count, before + 1));
+  cr_assert(eq(int, (int)c.level, OFL_LOG_WARN));
+  ofl_log_set_handler(NULL, NULL);
+  unsetenv("OFL_DEBUG");
+  ofl_log_reload();
+}

@@ -1,0 +1,55 @@
+"""ofl.torch speaks Python: an error raised as an OflError is not also
+printed on stderr as a C WARN line first (the library is told that the
+package reports the errors it returns: ofl_error_logging_set(0)), and the
+exception's message says what to call in Python's names."""
+import os
+import subprocess
+import sys
+import textwrap
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402,F401  torch or skip; the host backend; which hooks
+
+MISUSE = textwrap.dedent("""
+    import torch, ofl
+    from ofl.torch.megatron import FineGrainedActivationOffloadingInterface as oi
+    x = torch.randn(4, 4, requires_grad=True)
+    try:
+        oi.group_commit(x, name="core_attn", forced_released_tensors=[])
+    except ofl.OflError as e:
+        print("raised:", e)
+""")
+
+
+class Messages(unittest.TestCase):
+    def run_child(self, code, **env):
+        e = dict(os.environ, OFL_DEBUG="WARN", **env)
+        return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True,
+                              text=True, timeout=120)
+
+    def test_an_error_raised_in_python_is_not_printed_as_a_c_warn_first(self):
+        run = self.run_child(MISUSE)
+        self.assertEqual(run.returncode, 0, run.stderr[-2000:])
+        self.assertIn("raised:", run.stdout)
+        self.assertIn("fine_grained_offloading_group_start", run.stdout)
+        self.assertNotIn("ofl WARN", run.stderr, run.stderr[-2000:])
+
+    def test_the_c_library_still_warns_for_c_callers(self):
+        # the same error from C (no binding said it reports errors) is a WARN
+        code = textwrap.dedent("""
+            import ctypes, ofl
+            lib = ofl._lib.lib
+            lib.ofl_error_logging_set(1)
+            out = ctypes.c_void_p()
+            st = lib.ofl_pool_alloc(None, None, 0, 0, None, ctypes.byref(out))
+            print("status", st)
+        """)
+        run = self.run_child(code)
+        self.assertEqual(run.returncode, 0, run.stderr[-2000:])
+        self.assertIn("status 2", run.stdout)
+        self.assertIn("ofl WARN", run.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
