@@ -24,7 +24,9 @@
 #   6. ofl.torch on CUDA (tests/gpu/test_torch_cuda.py: offload_activations
 #      and the Megatron markers bitwise, peak memory, the stager after a side
 #      stream, forward_record in a captured graph);
-#   7. the copy bench against plain cudaMemcpyAsync.
+#   7. the copy bench against plain cudaMemcpyAsync;
+#   8. the peers bench (bench/peers/peers.py) at its defaults, the clients'
+#      wheels installed from a carried folder (see peers_run below).
 # Everything goes to OUTDIR/report.txt (a step's whole output to its own
 # file beside it).
 #
@@ -32,7 +34,7 @@
 # Environment: GPU_SESSION_BUDGET (seconds, default 540),
 #   GPU_SESSION_BUILD (the build tree, default build-gpu),
 #   GPU_SESSION_SKIP="sanitizer bench ..." leaves steps out (names as in the
-#   report: info build gpu_tests sanitizer demo torch bench).
+#   report: info build gpu_tests sanitizer demo torch bench peers).
 set -u
 start=$(date +%s)
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -141,6 +143,29 @@ else
 fi
 
 step bench 60 "$build/bench/ofl_bench_gpu"
+
+# The peers bench at its defaults (bench/peers/peers.py: Megatron-Core's
+# GPTModel and a Llama decoder, each method in its own process). The GPU
+# machine has no network: the clients' wheels travel in GPU_SESSION_WHEELS
+# (default gpu-wheels/, an ignored folder made on a CPU machine with
+# `pip download --no-deps megatron-core torchtune "torchao<0.16" -d
+# gpu-wheels` and carried) and are installed from there when they do not
+# import. A client that is still missing makes its rows say so.
+peers_run() {
+  local wheels=${GPU_SESSION_WHEELS:-$here/gpu-wheels}
+  if ! python3 -c 'import megatron.core, torchtune' >/dev/null 2>&1 && [ -d "$wheels" ]; then
+    python3 -m pip install -q --no-index --no-deps --find-links "$wheels" \
+      megatron-core torchtune "torchao<0.16" || echo "-- the carried wheels did not install"
+  fi
+  env OFL_LIBRARY="$build/libofl.so" PYTHONPATH="$here/python:$build/python" \
+    OFL_DEBUG=WARN python3 "$here/bench/peers/peers.py" --out "$out/peers.md"
+}
+export -f peers_run
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+  step peers 300 bash -c peers_run
+else
+  say "== peers: not run (no torch with a CUDA device here; the CPU smoke is a test: python_peers_smoke)"
+fi
 
 say ""
 say "done $(date -u +%H:%M:%S), $(($(date +%s) - start))s of ${budget}s"
