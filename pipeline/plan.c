@@ -930,8 +930,8 @@ static void render(const ofl_summary_t *s, FILE *f) {
         snprintf(key, sizeof key, "%s|%s", FIELDS[fi], name);
         v[fi] = get(s, r, key);
       }
-      fprintf(f, "%-5d %-20s %10.2f %7llu %7llu %9.3f %10.3f %11.3f\n", r,
-              name, mib(v[F_BYTES]), (unsigned long long)v[F_GROUPS],
+      fprintf(f, "%-5d %-20s %10.2f %7llu %7llu %9.3f %10.3f %11.3f\n", r, name,
+              mib(v[F_BYTES]), (unsigned long long)v[F_GROUPS],
               (unsigned long long)v[F_CHOSEN], (double)v[F_COPY] / 1e6,
               (double)v[F_WINDOW] / 1e6, (double)v[F_EXPOSED] / 1e6);
     }
@@ -948,10 +948,10 @@ static void render(const ofl_summary_t *s, FILE *f) {
               "waits %.3f); links measured in the warmup d2h %.2f h2d %.2f "
               "GB/s\n",
               r, mib(sc[S_PEAK]), mib(sc[S_TARGET]),
-              sc[S_MET] ? "predicted met" : "predicted NOT met",
-              mib(sc[S_ALL]), mib(sc[S_NONE]),
-              (double)sc[S_EXPO] / 1e6, (double)sc[S_STALL] / 1e6,
-              (double)sc[S_D2H] / 1e3, (double)sc[S_H2D] / 1e3);
+              sc[S_MET] ? "predicted met" : "predicted NOT met", mib(sc[S_ALL]),
+              mib(sc[S_NONE]), (double)sc[S_EXPO] / 1e6,
+              (double)sc[S_STALL] / 1e6, (double)sc[S_D2H] / 1e3,
+              (double)sc[S_H2D] / 1e3);
     else
       fprintf(f,
               "rank %d: no memory target: copies that hide are offloaded; "
@@ -1131,8 +1131,8 @@ static void settled(ofl_manager_t *m) {
       chosen++;
       moved += p->inst[i].bytes;
     }
-  bool within = o->target_bytes == 0 ||
-                o->measured_peak_settled_bytes <= o->target_bytes;
+  bool within =
+      o->target_bytes == 0 || o->measured_peak_settled_bytes <= o->target_bytes;
   p->over_warned = false; /* the next over the target is news again */
   OFL_NOTE(OFL_SUBSYS_PIPELINE,
            "rank %d: auto plan settled at iteration %llu: offloads %u of %u "
@@ -1178,7 +1178,8 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
     /* the predictions this iteration ran under, for its line below */
     double pred_stall = o->predicted_stall_ms,
            pred_exposed = o->predicted_exposed_ms;
-    uint64_t pred_peak = o->predicted_peak_bytes, leads_before = o->lead_changes;
+    uint64_t pred_peak = o->predicted_peak_bytes,
+             leads_before = o->lead_changes;
     bool back = learn(m, over);
     bool learnt = o->replans + o->lead_changes != changes_before;
     if (learnt) /* leads moved: the next iteration's predictions */
@@ -1204,9 +1205,9 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
       over_target(m, back, pred_peak, o->lead_changes - leads_before);
     } else if (p->raised) {
       p->raised = false; /* the raised plan holds */
-    } else if (!p->raise_done && !p->ever_over &&
-               o->target_bytes > 0 && o->predicted_exposed_ms > 0 &&
-               o->replans < REPLAN_MAX && under_err > 0 && !learnt) {
+    } else if (!p->raise_done && !p->ever_over && o->target_bytes > 0 &&
+               o->predicted_exposed_ms > 0 && o->replans < REPLAN_MAX &&
+               under_err > 0 && !learnt) {
       raise_aim(m, under_err);
     }
     p->ever_over |= over;

@@ -622,7 +622,8 @@ Test(auto_plan, the_ledger_measures_a_configured_offload) {
             (unsigned long long)peak, (unsigned long long)none);
 }
 
-/* ---- what the plan says at the default level ------------------------------ */
+/* ---- what the plan says at the default level ------------------------------
+ */
 
 typedef struct {
   int over_warns, other_warns, settled, over_infos;
@@ -716,17 +717,17 @@ Test(auto_plan, an_iteration_over_the_target_warns_once_with_the_next_step) {
   cr_assert(eq(int, infos_big, 0),
             "INFO lines reached a handler at level WARN");
   cr_assert(eq(int, c.other_warns, 0), "%s", c.other);
-  cr_assert(ne(ptr, strstr(first, "rank 0: auto plan, iteration "), NULL),
-            "%s", first);
+  cr_assert(ne(ptr, strstr(first, "rank 0: auto plan, iteration "), NULL), "%s",
+            first);
   cr_assert(ne(ptr, strstr(first, ": measured activation peak "), NULL), "%s",
             first);
   cr_assert(ne(ptr, strstr(first, "% over the memory target "), NULL), "%s",
             first);
   cr_assert(ne(ptr, strstr(first, " MiB (predicted "), NULL), "%s", first);
   /* what it does next: the first over, with no lead grown, solves again */
-  cr_assert(ne(ptr, strstr(first, "; the plan solves again for a lower aim, "),
-               NULL),
-            "%s", first);
+  cr_assert(
+      ne(ptr, strstr(first, "; the plan solves again for a lower aim, "), NULL),
+      "%s", first);
   cr_assert(le(int, settled, 1), "%d settle lines for one plan", settled);
   if (settled == 0) { /* the plan still learns: still no second WARN */
     cr_assert(over_again);
@@ -735,8 +736,9 @@ Test(auto_plan, an_iteration_over_the_target_warns_once_with_the_next_step) {
     close_run(&r);
     return;
   }
-  cr_assert(ne(ptr, strstr(c.settle, "rank 0: auto plan settled at "
-                                     "iteration "),
+  cr_assert(ne(ptr,
+               strstr(c.settle, "rank 0: auto plan settled at "
+                                "iteration "),
                NULL),
             "%s", c.settle);
   cr_assert(ne(ptr, strstr(c.settle, "; measured activation peak "), NULL),
