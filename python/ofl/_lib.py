@@ -501,10 +501,20 @@ for _name, (_res, _args) in _PROTOS.items():
 _PACKAGE_VARS = ("OFL_LIBRARY", "OFL_PYTHON_EXT", "OFL_EXT_DLPACK")
 
 
+def _running_ofl_info():
+    """Whether this process is `python -m ofl.info`, which hands over to
+    ofl-info: that reports every configuration problem itself, once."""
+    argv = getattr(sys, "orig_argv", [])
+    return any(a == "-m" and b == "ofl.info" for a, b in zip(argv, argv[1:]))
+
+
 def _load_config_quietly():
     """The library warns once, at its first configuration load, about every
     OFL_* variable it does not know; the package's own are hidden from the C
-    environment during that first load."""
+    environment during that first load. Under `python -m ofl.info` the load
+    says nothing (ofl-info, or the fallback's check, says it once)."""
+    if _running_ofl_info():
+        lib.ofl_log_set_level(0)
     saved = {n: os.environ.pop(n) for n in _PACKAGE_VARS if n in os.environ}
     try:
         lib.ofl_config_get(b"OFL_BACKEND")

@@ -50,6 +50,14 @@ class Messages(unittest.TestCase):
         self.assertIn("status 2", run.stdout)
         self.assertIn("ofl WARN", run.stderr)
 
+    def test_ofl_info_says_each_problem_once(self):
+        run = subprocess.run([sys.executable, "-m", "ofl.info"], capture_output=True, text=True,
+                             timeout=120, env=dict(os.environ, OFL_OFFLOAD_GROUP="x"))
+        out = run.stdout + run.stderr
+        self.assertEqual(run.returncode, 1, out[-2000:])
+        self.assertEqual(out.count("unknown variable OFL_OFFLOAD_GROUP"), 1, out[-3000:])
+        self.assertIn("did you mean OFL_OFFLOAD_GROUPS", out)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
