@@ -159,10 +159,11 @@ static ofl_status_t read_device_target(ofl_manager_t *m,
   if (m->dev_target > 0 && !m->auto_plan)
     OFL_WARN(OFL_SUBSYS_PIPELINE,
              "a device memory target of %llu bytes is set "
-             "(OFL_DEVICE_MEMORY_TARGET / params.device_memory_target_bytes) "
-             "but the offloaded groups are configured: the target is "
-             "ignored; set OFL_OFFLOAD_GROUPS=auto (params.groups \"auto\") "
-             "for a plan that meets it",
+             "(OFL_DEVICE_MEMORY_TARGET / params.device_memory_target_bytes; "
+             "ofl.torch's device_memory_target=) but the offloaded groups are "
+             "configured: the target is ignored; set OFL_OFFLOAD_GROUPS=auto "
+             "(params.groups \"auto\"; offload_modules=\"auto\" in "
+             "ofl.torch) for a plan that meets it",
              (unsigned long long)m->dev_target);
   return OFL_SUCCESS;
 }
@@ -257,10 +258,11 @@ static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
   if (m->mem_target > 0 && !m->auto_plan)
     OFL_WARN(OFL_SUBSYS_PIPELINE,
              "a memory target of %llu bytes is set (OFL_MEMORY_TARGET / "
-             "params.memory_target_bytes) but the offloaded groups are "
-             "configured ('%s'): the target is ignored; set "
-             "OFL_OFFLOAD_GROUPS=auto (params.groups \"auto\") for a plan "
-             "that meets it",
+             "params.memory_target_bytes; ofl.torch's memory_target=) but "
+             "the offloaded groups are configured ('%s'): the target is "
+             "ignored; set OFL_OFFLOAD_GROUPS=auto (params.groups \"auto\"; "
+             "offload_modules=\"auto\" in ofl.torch) for a plan that meets "
+             "it",
              (unsigned long long)m->mem_target, m->groups_cfg);
   if (m->auto_plan && (m->fraction < 1.0 || m->rank_delta_bytes > 0))
     OFL_WARN(OFL_SUBSYS_PIPELINE,

@@ -159,7 +159,8 @@ static void report_small_tensors(const ofl_manager_t *m) {
     OFL_WARN(OFL_SUBSYS_PIPELINE,
              "rank %d: warmup offloaded nothing: %llu tensors (%llu bytes) "
              "stayed on the device, each under the size threshold %s; lower "
-             "it (params.%s or OFL_%s) to offload them",
+             "it (params.%s or OFL_%s; from ofl.torch min_offload_size=, or "
+             "min_offloaded_tensor_size= in Megatron's calls) to offload them",
              m->rank, (unsigned long long)m->warm_small_tensors,
              (unsigned long long)m->warm_small_bytes, threshold,
              m->min_bytes > 0 ? "min_offload_bytes" : "min_offload_elems",
