@@ -13,10 +13,12 @@
 #define PLAN_TIE_NS 1.0
 #define PLAN_NO_SLOT SIZE_MAX
 #define PLAN_BISECT_FROM 8 /* split counts worth a bisection of the bound */
+#define PLAN_EXACT_RECOMPUTE 8 /* recomputable names searched exactly */
 
 /* ---- the peak simulation ---------------------------------------------- */
 
-enum { PLAN_EV_ALLOC, PLAN_EV_RELOAD, PLAN_EV_FREE };
+enum { PLAN_EV_ALLOC, PLAN_EV_RELOAD, PLAN_EV_RECOMP, PLAN_EV_FREE };
+#define PLAN_NEV 4 /* events per group */
 
 typedef struct {
   int64_t t;
@@ -48,7 +50,7 @@ typedef struct {
 typedef struct {
   const ofl__plan_group_t *g;
   size_t n;
-  plan_event_t *ev; /* 3n */
+  plan_event_t *ev; /* PLAN_NEV n */
   size_t *by_alloc; /* n */
   plan_h2d_event_t *h2d; /* 2n, per evaluation */
   double *end;           /* n, per evaluation: a group's copy end */
@@ -72,6 +74,14 @@ static int event_cmp(const void *pa, const void *pb) {
   return a->kind - b->kind;
 }
 
+/* A recomputed group's bytes come back as its backward begins (t_reload +
+ * bwd_window_ns), never after t_free. */
+static int64_t recomp_time(const ofl__plan_group_t *x) {
+  double w = x->bwd_window_ns > 0 ? x->bwd_window_ns : 0;
+  double room = (double)x->t_free - (double)x->t_reload;
+  return w >= room ? x->t_free : x->t_reload + (int64_t)llround(w);
+}
+
 static bool plan_order_init(plan_order_t *o, const ofl__plan_group_t *g,
                             size_t n) {
   memset(o, 0, sizeof *o);
@@ -79,14 +89,14 @@ static bool plan_order_init(plan_order_t *o, const ofl__plan_group_t *g,
   o->n = n;
   if (n == 0)
     return true;
-  size_t each = 3 * sizeof(plan_event_t) + 3 * sizeof(size_t) +
+  size_t each = PLAN_NEV * sizeof(plan_event_t) + 3 * sizeof(size_t) +
                 2 * sizeof(plan_h2d_event_t) + 2 * sizeof(double) + 1;
   if (n > SIZE_MAX / each)
     return false;
   o->ev = malloc(n * each);
   if (o->ev == NULL)
     return false;
-  o->by_alloc = (size_t *)(o->ev + 3 * n);
+  o->by_alloc = (size_t *)(o->ev + PLAN_NEV * n);
   o->h2d = (plan_h2d_event_t *)(o->by_alloc + n);
   o->end = (double *)(o->h2d + 2 * n);
   o->issue = o->end + n;
@@ -99,14 +109,16 @@ static bool plan_order_init(plan_order_t *o, const ofl__plan_group_t *g,
     if (g[i].lead > 0 && g[i].bwd_pos >= 0 && (size_t)g[i].bwd_pos < n)
       o->at_pos[g[i].bwd_pos] = i;
   for (size_t i = 0; i < n; i++) {
-    o->ev[3 * i] = (plan_event_t){g[i].t_alloc, i, PLAN_EV_ALLOC};
-    o->ev[3 * i + 1] = (plan_event_t){g[i].t_reload, i, PLAN_EV_RELOAD};
-    o->ev[3 * i + 2] = (plan_event_t){g[i].t_free, i, PLAN_EV_FREE};
+    plan_event_t *e = &o->ev[PLAN_NEV * i];
+    e[0] = (plan_event_t){g[i].t_alloc, i, PLAN_EV_ALLOC};
+    e[1] = (plan_event_t){g[i].t_reload, i, PLAN_EV_RELOAD};
+    e[2] = (plan_event_t){recomp_time(&g[i]), i, PLAN_EV_RECOMP};
+    e[3] = (plan_event_t){g[i].t_free, i, PLAN_EV_FREE};
   }
-  qsort(o->ev, 3 * n, sizeof *o->ev, event_cmp);
+  qsort(o->ev, PLAN_NEV * n, sizeof *o->ev, event_cmp);
   /* The commits in sorted order are the t_alloc order, ties by index. */
   size_t k = 0;
-  for (size_t e = 0; e < 3 * n; e++)
+  for (size_t e = 0; e < PLAN_NEV * n; e++)
     if (o->ev[e].kind == PLAN_EV_ALLOC)
       o->by_alloc[k++] = o->ev[e].group;
   return true;
@@ -175,9 +187,9 @@ static bool next_copy(const plan_order_t *o, const bool *chosen, bool instant,
  * real one (each group's bytes leave no later) and, unlike it, never grows
  * when a group is added to the choice (no queue delays the others). */
 static uint64_t peak_eval(const plan_order_t *o, const bool *chosen,
-                          bool instant) {
+                          const bool *rec, bool instant) {
   const ofl__plan_group_t *g = o->g;
-  size_t nev = 3 * o->n, e = 0, next = 0, copy = 0;
+  size_t nev = PLAN_NEV * o->n, e = 0, next = 0, copy = 0;
   plan_time_t stream = {INT64_MIN, 0}, end = {INT64_MIN, 0};
   if (o->n > 0)
     memset(o->back, 0, o->n);
@@ -189,8 +201,11 @@ static uint64_t peak_eval(const plan_order_t *o, const bool *chosen,
     if (e < nev && (!pending || o->ev[e].t <= end.ns)) {
       const plan_event_t *ev = &o->ev[e++];
       const ofl__plan_group_t *x = &g[ev->group];
+      bool r = rec != NULL && rec[ev->group];
       if (ev->kind == PLAN_EV_ALLOC) {
-        cur += x->bytes + x->kept_bytes;
+        cur += x->bytes + x->kept_bytes - (r ? x->recompute_bytes : 0);
+      } else if (ev->kind == PLAN_EV_RECOMP) {
+        cur += r ? x->recompute_bytes : 0; /* the rerun forward's bytes */
       } else if (ev->kind == PLAN_EV_RELOAD) {
         /* Its bytes come back; when they never left (the copy still
          * running), they stay counted once. */
@@ -227,8 +242,37 @@ uint64_t ofl__plan_peak(const ofl__plan_group_t *g, size_t n,
   plan_order_t o;
   if (!plan_order_init(&o, g, n))
     return UINT64_MAX;
-  uint64_t peak = peak_eval(&o, chosen, false);
+  uint64_t peak = peak_eval(&o, chosen, NULL, false);
   plan_order_fini(&o);
+  return peak;
+}
+
+/* chosen and rec (n each) of actions; false where action is NULL. */
+static bool split_actions(const uint8_t *action, size_t n, bool **chosen,
+                          bool **rec) {
+  *chosen = calloc(2 * (n ? n : 1), sizeof **chosen);
+  if (*chosen == NULL)
+    return false;
+  *rec = *chosen + (n ? n : 1);
+  for (size_t i = 0; action != NULL && i < n; i++) {
+    (*chosen)[i] = action[i] == OFL__PLAN_OFFLOAD;
+    (*rec)[i] = action[i] == OFL__PLAN_RECOMPUTE;
+  }
+  return true;
+}
+
+uint64_t ofl__plan_peak_actions(const ofl__plan_group_t *g, size_t n,
+                                const uint8_t *action) {
+  bool *chosen, *rec;
+  plan_order_t o;
+  if (!split_actions(action, n, &chosen, &rec))
+    return UINT64_MAX;
+  uint64_t peak = UINT64_MAX;
+  if (plan_order_init(&o, g, n)) {
+    peak = peak_eval(&o, chosen, rec, false);
+    plan_order_fini(&o);
+  }
+  free(chosen);
   return peak;
 }
 
@@ -385,6 +429,22 @@ double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
   return ofl__plan_exposure(g, n, chosen, NULL, NULL);
 }
 
+double ofl__plan_cost(const ofl__plan_group_t *g, size_t n,
+                      const uint8_t *action, double *recompute_ns) {
+  bool *chosen, *rec;
+  if (!split_actions(action, n, &chosen, &rec))
+    return INFINITY;
+  double r = 0;
+  for (size_t i = 0; i < n; i++)
+    if (rec[i])
+      r += g[i].recompute_ns;
+  double x = ofl__plan_exposed(g, n, chosen) + r;
+  free(chosen);
+  if (recompute_ns != NULL)
+    *recompute_ns = r;
+  return x;
+}
+
 /* ---- the instance ------------------------------------------------------ */
 
 /* Per name, its offloadable groups in split_rank order and the prefix sums
@@ -462,6 +522,17 @@ static ofl_status_t check_group(const ofl__plan_group_t *x, size_t i,
                       "bwd_window_ns %g",
                       i, x->d2h_ns, x->h2d_ns, x->fwd_window_ns,
                       x->bwd_window_ns);
+  if (x->recomputable &&
+      (bad_ns(x->recompute_ns) ||
+       x->recompute_bytes > x->bytes + x->kept_bytes ||
+       x->bytes + x->kept_bytes < x->bytes))
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "plan solve: group %zu recompute_ns %g must be finite "
+                      "and >= 0, recompute_bytes %llu at most bytes + "
+                      "kept_bytes %llu",
+                      i, x->recompute_ns,
+                      (unsigned long long)x->recompute_bytes,
+                      (unsigned long long)(x->bytes + x->kept_bytes));
   if (x->lead > 0 &&
       (x->bwd_pos < 0 || x->gate_pos < 0 || x->gate_pos > x->bwd_pos ||
        bad_ns(x->bwd_window_max_ns) || x->bwd_window_max_ns < x->bwd_window_ns))
@@ -590,10 +661,18 @@ typedef struct {
   plan_order_t order;
   bool *cand; /* n: the choice being evaluated */
   uint32_t evaluated;
+  /* The recomputed names of the choice (the outer loop of the three-way
+   * search): rec (n) their groups, excl their bits among names->active
+   * (never offloaded), rcost and rmoved their recompute ns and bytes. */
+  bool *rec;
+  unsigned rmask, excl;
+  double rcost;
+  uint64_t rmoved;
 } plan_search_t;
 
 /* The exposed time of p->cand (ofl__plan_exposed). */
 static double cand_exposed(const plan_search_t *p) {
+  /* the recomputed groups are kept as far as the reload queue goes */
   return d2h_exposed(p->g, p->n, p->cand) + h2d_stall(&p->order, p->cand, NULL);
 }
 
@@ -614,7 +693,7 @@ static void set_choice(plan_search_t *p, const bool *whole, int split,
 static uint64_t evaluate(plan_search_t *p, bool instant) {
   if (p->evaluated < UINT32_MAX)
     p->evaluated++;
-  return peak_eval(&p->order, p->cand, instant);
+  return peak_eval(&p->order, p->cand, p->rec, instant);
 }
 
 typedef struct {
@@ -623,6 +702,7 @@ typedef struct {
   int split;
   size_t j;
   bool found; /* score is of a choice that meets the target */
+  unsigned rmask; /* the recomputed names (bits of the recompute list) */
 } plan_best_t;
 
 /* bound: the sum of the choice's per-group exposed times, never above its
@@ -631,15 +711,17 @@ typedef struct {
 static void try_choice(plan_search_t *p, plan_best_t *best, bool *whole,
                        unsigned mask, int split, size_t j, double bound,
                        uint64_t moved) {
+  bound += p->rcost;
+  moved += p->rmoved;
   if (!may_beat(bound, moved, best->score))
     return;
   set_choice(p, whole, split, j);
   uint64_t peak = evaluate(p, false);
   if (peak > p->target)
     return;
-  plan_score_t sc = {cand_exposed(p), moved, peak};
+  plan_score_t sc = {p->rcost + cand_exposed(p), moved, peak};
   if (beats(sc, best->score))
-    *best = (plan_best_t){sc, mask, split, j, true};
+    *best = (plan_best_t){sc, mask, split, j, true, p->rmask};
 }
 
 /* A subset of whole names (bits index names->active) and its sums. */
@@ -658,6 +740,7 @@ static void try_splits(plan_search_t *p, plan_best_t *best, bool *whole,
                        plan_subset_t sub, int m) {
   const plan_names_t *s = p->names;
   size_t jmax = 0;
+  sub.exposed += p->rcost; /* try_choice adds it again itself */
   while (jmax + 1 < s->count[m] && sub.exposed + name_exposed(s, m, jmax + 1) <=
                                        best->score.exposed + PLAN_TIE_NS)
     jmax++;
@@ -676,7 +759,7 @@ static void try_splits(plan_search_t *p, plan_best_t *best, bool *whole,
     double ej = sub.exposed + name_exposed(s, m, j);
     if (ej > best->score.exposed + PLAN_TIE_NS)
       break; /* the prefix sums only grow, the best only gets better */
-    try_choice(p, best, whole, sub.mask, m, j, ej,
+    try_choice(p, best, whole, sub.mask, m, j, ej - p->rcost,
                sub.moved + name_bytes(s, m, j));
   }
 }
@@ -698,9 +781,7 @@ static int subset_cmp(const void *pa, const void *pb) {
  * and the lower bound is simulated. sub has 2^nactive entries. Worst case
  * 2^16 subsets times every split: tight targets on many names with many
  * groups take seconds or more. */
-static plan_best_t search_exact(plan_search_t *p, plan_subset_t *sub,
-                                plan_best_t best) {
-  const plan_names_t *s = p->names;
+static void subsets_build(const plan_names_t *s, plan_subset_t *sub) {
   int k_n = s->nactive;
   size_t nsub = (size_t)1 << k_n;
   for (size_t i = 0; i < nsub; i++) {
@@ -713,20 +794,124 @@ static plan_best_t search_exact(plan_search_t *p, plan_subset_t *sub,
       }
   }
   qsort(sub, nsub, sizeof *sub, subset_cmp);
+}
+
+/* With the recomputed names of p (none: the offload-only search), the
+ * subsets of the other names, sub sorted by subsets_build. */
+static plan_best_t search_exact(plan_search_t *p, const plan_subset_t *sub,
+                                plan_best_t best) {
+  const plan_names_t *s = p->names;
+  int k_n = s->nactive;
+  size_t nsub = (size_t)1 << k_n;
   bool whole[PLAN_EXACT_NAMES];
   for (size_t i = 0; i < nsub; i++) {
     double e = sub[i].exposed;
-    if (e > best.score.exposed + PLAN_TIE_NS)
+    if (p->rcost + e > best.score.exposed + PLAN_TIE_NS)
       break;
+    if (sub[i].mask & p->excl)
+      continue; /* a recomputed name is not offloaded too */
     for (int k = 0; k < k_n; k++)
       whole[k] = (sub[i].mask >> k) & 1u;
-    if (sub[i].mask != 0) /* nothing chosen is known not to meet it */
+    /* nothing chosen is known not to meet it (peak_none) */
+    if (sub[i].mask != 0 || p->rmask != 0)
       try_choice(p, &best, whole, sub[i].mask, -1, 0, e, sub[i].moved);
     for (int k = 0; k < k_n; k++)
-      if (!whole[k])
+      if (!whole[k] && !((p->excl >> k) & 1u))
         try_splits(p, &best, whole, sub[i], s->active[k]);
   }
   return best;
+}
+
+/* The names whose every group is recomputable, and per subset of them
+ * (bit r: rname[r]) its recompute ns, bytes and offload exclusion. */
+typedef struct {
+  int nr;
+  int rname[PLAN_EXACT_RECOMPUTE];
+  double cost;
+  uint64_t moved;
+  unsigned mask, excl;
+} plan_rsub_t;
+
+static int rsub_cmp(const void *pa, const void *pb) {
+  const plan_rsub_t *a = pa, *b = pb;
+  if (a->cost != b->cost)
+    return a->cost < b->cost ? -1 : 1;
+  if (a->moved != b->moved)
+    return a->moved > b->moved ? -1 : 1; /* more freed first: cuts sooner */
+  return a->mask < b->mask ? -1 : (a->mask > b->mask);
+}
+
+/* The recomputable names (every group of the name recomputable, at least
+ * one group); -1 when more than PLAN_EXACT_RECOMPUTE. */
+static int recompute_names(const ofl__plan_group_t *g, size_t n, int nnames,
+                           int *rname) {
+  int nr = 0;
+  for (int m = 0; m < nnames; m++) {
+    bool any = false, all = true;
+    for (size_t i = 0; i < n; i++)
+      if (g[i].name == m) {
+        any = true;
+        all = all && g[i].recomputable;
+      }
+    if (!any || !all)
+      continue;
+    if (nr == PLAN_EXACT_RECOMPUTE)
+      return -1;
+    rname[nr++] = m;
+  }
+  return nr;
+}
+
+/* Sets p's recompute state to the names of mask (bits of rname). */
+static void set_recompute(plan_search_t *p, const int *rname, int nr,
+                          unsigned mask) {
+  const plan_names_t *s = p->names;
+  p->rmask = mask;
+  p->excl = 0;
+  p->rcost = 0;
+  p->rmoved = 0;
+  memset(p->rec, 0, p->n * sizeof *p->rec);
+  for (int r = 0; r < nr; r++) {
+    if (!((mask >> r) & 1u))
+      continue;
+    for (int k = 0; k < s->nactive; k++)
+      if (s->active[k] == rname[r])
+        p->excl |= 1u << k;
+    for (size_t i = 0; i < p->n; i++)
+      if (p->g[i].name == rname[r]) {
+        p->rec[i] = true;
+        p->rcost += p->g[i].recompute_ns;
+        p->rmoved += p->g[i].recompute_bytes;
+      }
+  }
+}
+
+/* Every subset of the recomputable names, cheapest first, each with the
+ * exact offload search over the other names; a subset whose recompute time
+ * alone is past the best ends the loop (the rest cost more). */
+static ofl_status_t search_recompute(plan_search_t *p, const plan_subset_t *sub,
+                                     const int *rname, int nr,
+                                     plan_best_t *best) {
+  size_t nrs = (size_t)1 << nr;
+  plan_rsub_t *rs = malloc(nrs * sizeof *rs);
+  if (rs == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "plan solve: no memory for the %d recomputable names' "
+                      "subsets",
+                      nr);
+  for (size_t q = 0; q < nrs; q++) {
+    set_recompute(p, rname, nr, (unsigned)q);
+    rs[q] = (plan_rsub_t){0, {0}, p->rcost, p->rmoved, (unsigned)q, p->excl};
+  }
+  qsort(rs, nrs, sizeof *rs, rsub_cmp);
+  for (size_t q = 0; q < nrs; q++) {
+    if (rs[q].cost > best->score.exposed + PLAN_TIE_NS)
+      break;
+    set_recompute(p, rname, nr, rs[q].mask);
+    *best = search_exact(p, sub, *best);
+  }
+  free(rs);
+  return OFL_SUCCESS;
 }
 
 typedef struct {
@@ -795,12 +980,21 @@ static ofl_status_t search_greedy(plan_search_t *p, uint64_t *peak) {
 static void fill_result(const plan_search_t *p, ofl__plan_result_t *r) {
   r->exposed_ns = cand_exposed(p);
   r->moved_bytes = 0;
-  for (size_t i = 0; i < p->n; i++)
+  r->recompute_ns = 0;
+  r->recomputed_bytes = 0;
+  for (size_t i = 0; i < p->n; i++) {
     if (p->cand[i])
       r->moved_bytes += p->g[i].bytes;
+    if (p->rec[i]) {
+      r->recompute_ns += p->g[i].recompute_ns;
+      r->recomputed_bytes += p->g[i].recompute_bytes;
+    }
+  }
+  r->cost_ns = r->exposed_ns + r->recompute_ns;
 }
 
-static ofl_status_t solve(plan_search_t *p, ofl__plan_result_t *r) {
+static ofl_status_t solve(plan_search_t *p, bool recompute,
+                          ofl__plan_result_t *r) {
   const plan_names_t *s = p->names;
   memset(p->cand, 0, p->n * sizeof *p->cand);
   r->peak_none = evaluate(p, false);
@@ -814,12 +1008,20 @@ static ofl_status_t solve(plan_search_t *p, ofl__plan_result_t *r) {
     r->predicted_peak = r->peak_none;
     return OFL_SUCCESS;
   }
-  if (!r->exact)
+  int rname[PLAN_EXACT_RECOMPUTE], nr = 0;
+  if (recompute && r->exact) {
+    nr = recompute_names(p->g, p->n, s->nnames, rname);
+    if (nr < 0) { /* too many to search: offload only, and say so */
+      nr = 0;
+      r->exact = false;
+    }
+  }
+  if (!r->exact && s->nactive > PLAN_EXACT_NAMES)
     return search_greedy(p, &r->predicted_peak);
   /* Every offloadable group offloaded is the first candidate where it meets
    * the target; where it does not, a subset still may (the peak is not
    * monotone), and where none does, the answer is all of them, not met. */
-  plan_best_t best = {{INFINITY, UINT64_MAX, UINT64_MAX}, 0, -1, 0, false};
+  plan_best_t best = {{INFINITY, UINT64_MAX, UINT64_MAX}, 0, -1, 0, false, 0};
   if (r->peak_all <= p->target) { /* p->cand: every offloadable group */
     best.score = (plan_score_t){cand_exposed(p), 0, r->peak_all};
     best.found = true;
@@ -834,9 +1036,13 @@ static ofl_status_t solve(plan_search_t *p, ofl__plan_result_t *r) {
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
                       "plan solve: no memory for the %d names' subsets",
                       s->nactive);
-  best = search_exact(p, sub, best);
+  subsets_build(s, sub);
+  ofl_status_t st = search_recompute(p, sub, rname, nr, &best);
   free(sub);
-  bool whole[PLAN_EXACT_NAMES];
+  if (st != OFL_SUCCESS)
+    return st;
+  set_recompute(p, rname, nr, best.found ? best.rmask : 0);
+  bool whole[PLAN_EXACT_NAMES] = {false};
   for (int k = 0; k < s->nactive; k++)
     whole[k] = (best.mask >> k) & 1u;
   set_choice(p, whole, best.split, best.j);
@@ -845,9 +1051,10 @@ static ofl_status_t solve(plan_search_t *p, ofl__plan_result_t *r) {
   return OFL_SUCCESS;
 }
 
-ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
-                             uint64_t target, bool *chosen,
-                             ofl__plan_result_t *out) {
+static ofl_status_t solve_any(const ofl__plan_group_t *g, size_t n,
+                              int nnames, uint64_t target, bool recompute,
+                              bool *chosen, bool *rec,
+                              ofl__plan_result_t *out) {
   if ((n > 0 && (g == NULL || chosen == NULL)) || out == NULL || nnames < 0)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "plan solve: groups %p n %zu chosen %p out %p nnames "
@@ -855,25 +1062,29 @@ ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
                       (const void *)g, n, (void *)chosen, (void *)out, nnames);
   plan_names_t names;
   OFL_CHECK(names_alloc(&names, nnames, n));
-  plan_search_t p = {g, n, target, &names, {0}, NULL, 0};
+  plan_search_t p = {g, n, target, &names, {0}, NULL, 0, NULL, 0, 0, 0, 0};
   ofl__plan_result_t r;
   memset(&r, 0, sizeof r);
   ofl_status_t st = names_build(&names, g, n);
   if (st != OFL_SUCCESS)
     goto out_names;
-  p.cand = calloc(n + 1, sizeof *p.cand);
+  p.cand = calloc(2 * (n + 1), sizeof *p.cand);
+  if (p.cand != NULL)
+    p.rec = p.cand + n + 1;
   if (p.cand == NULL || !plan_order_init(&p.order, g, n)) {
     st =
         ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
                    "plan solve: no memory for the simulation of %zu groups", n);
     goto out_cand;
   }
-  OFL_CHECK_GOTO(solve(&p, &r), st, out_order);
+  OFL_CHECK_GOTO(solve(&p, recompute, &r), st, out_order);
   fill_result(&p, &r);
   r.met = r.predicted_peak <= target;
   r.evaluated = p.evaluated;
-  if (n > 0)
+  if (n > 0) {
     memcpy(chosen, p.cand, n * sizeof *chosen);
+    memcpy(rec, p.rec, n * sizeof *rec);
+  }
   *out = r;
 out_order:
   plan_order_fini(&p.order);
@@ -881,6 +1092,41 @@ out_cand:
   free(p.cand);
 out_names:
   names_fini(&names);
+  return st;
+}
+
+ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
+                             uint64_t target, bool *chosen,
+                             ofl__plan_result_t *out) {
+  if ((n > 0 && (g == NULL || chosen == NULL)) || out == NULL)
+    return solve_any(g, n, nnames, target, false, chosen, NULL, out);
+  bool *rec = calloc(n + 1, sizeof *rec);
+  if (rec == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "plan solve: no memory for %zu groups", n);
+  ofl_status_t st = solve_any(g, n, nnames, target, false, chosen, rec, out);
+  free(rec);
+  return st;
+}
+
+ofl_status_t ofl__plan_solve_actions(const ofl__plan_group_t *g, size_t n,
+                                     int nnames, uint64_t target,
+                                     bool recompute, uint8_t *action,
+                                     ofl__plan_result_t *out) {
+  if ((n > 0 && (g == NULL || action == NULL)) || out == NULL)
+    return solve_any(g, n, nnames, target, recompute, NULL, NULL, out);
+  bool *chosen = calloc(2 * (n + 1), sizeof *chosen);
+  if (chosen == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "plan solve: no memory for %zu groups", n);
+  bool *rec = chosen + n + 1;
+  ofl_status_t st =
+      solve_any(g, n, nnames, target, recompute, chosen, rec, out);
+  for (size_t i = 0; st == OFL_SUCCESS && i < n; i++)
+    action[i] = rec[i]      ? OFL__PLAN_RECOMPUTE
+                : chosen[i] ? OFL__PLAN_OFFLOAD
+                            : OFL__PLAN_KEEP;
+  free(chosen);
   return st;
 }
 

@@ -63,7 +63,21 @@ typedef struct ofl__plan_group {
   double bwd_window_max_ns; /* lead > 0: the longest window any choice
                                gives (issued at gate_pos's end); the
                                search's bound takes it */
+  /* Recompute (the application reruns the group's forward in its backward
+   * from an input it keeps): the third action, considered only by
+   * ofl__plan_solve_actions with recompute on, and only for a name whose
+   * every group is recomputable (the decision is per name, whole). */
+  bool recomputable;
+  uint64_t recompute_bytes; /* of bytes + kept_bytes, those a recompute
+                               frees from the commit until its backward
+                               begins (the group's bytes less the input the
+                               application keeps) */
+  double recompute_ns;      /* the forward's time, paid again in its
+                               backward */
 } ofl__plan_group_t;
+
+/* A group's action under a plan (ofl__plan_solve_actions). */
+enum { OFL__PLAN_KEEP = 0, OFL__PLAN_OFFLOAD = 1, OFL__PLAN_RECOMPUTE = 2 };
 
 typedef struct ofl__plan_result {
   uint64_t predicted_peak; /* bytes, with the chosen set */
@@ -75,6 +89,10 @@ typedef struct ofl__plan_result {
   int split_name;          /* the split name, or -1 */
   uint32_t evaluated;      /* peak evaluations made (for the tests) */
   bool exact;              /* the exact search ran (<= 16 names) */
+  double recompute_ns;     /* the recomputed groups' forward times */
+  uint64_t recomputed_bytes; /* their recompute_bytes */
+  double cost_ns;          /* exposed_ns + recompute_ns: what the search
+                              minimises */
 } ofl__plan_result_t;
 
 /* Exposed copy time of one group when offloaded, at least: the part of each
@@ -138,6 +156,42 @@ uint64_t ofl__plan_peak(const ofl__plan_group_t *g, size_t n,
 ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
                              uint64_t target, bool *chosen,
                              ofl__plan_result_t *out);
+
+/* The three-way solver: per group keep, offload or recompute (action[i],
+ * OFL__PLAN_*), minimising the predicted cost (the exposed copy time of the
+ * offloaded groups, as ofl__plan_exposed, plus the recomputed groups'
+ * recompute_ns) with the peak within the target. Recompute is a per-name
+ * decision (every group of the name recomputed, none offloaded) for names
+ * whose every group is recomputable; the offload decision of the other
+ * names is ofl__plan_solve's. Exact (every subset of recomputable names,
+ * each with the exact offload search, subsets in order of recompute cost
+ * and cut where that cost alone cannot beat the best) for up to 8
+ * recomputable names and 16 offloadable ones; above 8 recomputable names
+ * nothing is recomputed and exact is false. Ties (1 ns) go to fewer bytes
+ * off the device (offloaded and recomputed), then the lower peak.
+ * recompute false: ofl__plan_solve's choice, as actions. A target no
+ * choice meets: every offloadable group offloaded, none recomputed, met
+ * false. Errors as ofl__plan_solve's, and a recomputable group whose
+ * recompute_bytes exceed bytes + kept_bytes or whose recompute_ns is
+ * negative, NaN or infinite. */
+ofl_status_t ofl__plan_solve_actions(const ofl__plan_group_t *g, size_t n,
+                                     int nnames, uint64_t target,
+                                     bool recompute, uint8_t *action,
+                                     ofl__plan_result_t *out);
+
+/* Predicted peak under actions (NULL: every group kept). A recomputed
+ * group holds bytes + kept_bytes - recompute_bytes from its commit, and
+ * recompute_bytes more from its backward's begin (t_reload +
+ * bwd_window_ns, at most t_free) to t_free; offloaded groups as
+ * ofl__plan_peak. UINT64_MAX where it cannot allocate its scratch. */
+uint64_t ofl__plan_peak_actions(const ofl__plan_group_t *g, size_t n,
+                                const uint8_t *action);
+
+/* Predicted cost under actions: ofl__plan_exposed of the offloaded groups
+ * plus recompute_ns of the recomputed ones; *recompute_ns (not NULL) gets
+ * the second part. INFINITY where it cannot allocate its scratch. */
+double ofl__plan_cost(const ofl__plan_group_t *g, size_t n,
+                      const uint8_t *action, double *recompute_ns);
 
 /* The target the next solve aims at after an iteration whose measured
  * peak went over the target (measured > target; last_aim: the previous

@@ -1110,3 +1110,270 @@ Test(pipeline_plan_solve, a_raise_needs_three_iterations_under_the_prediction) {
   cr_assert(eq(u64, ofl__plan_under_note(&u, false, 100 * M, 101 * M), 0));
   cr_assert(eq(u64, u.iters, 0));
 }
+
+/* ---- recompute: the third action ---------------------------------------- */
+
+/* A recomputed group holds only its kept input from its commit until its
+ * backward begins, then the rerun forward's bytes until its backward ends. */
+Test(pipeline_plan_solve, a_recomputed_group_holds_its_input_until_backward) {
+  /* g0: 1000 bytes (200 of them the input kept), backward begins at 80;
+   * g1 commits at 10 and stays to 100 with 500 bytes. */
+  ofl__plan_group_t g[2] = {grp(0, 0, 1000, 0, 0, 50, 90, 0),
+                            stay(1, 500, 10, 100)};
+  g[0].bwd_window_ns = 30; /* backward begins at 80 */
+  g[0].recomputable = true;
+  g[0].recompute_bytes = 800;
+  g[0].recompute_ns = 40;
+  uint8_t keep[2] = {OFL__PLAN_KEEP, OFL__PLAN_KEEP};
+  uint8_t rec[2] = {OFL__PLAN_RECOMPUTE, OFL__PLAN_KEEP};
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 2, keep), 1500));
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 2, NULL), 1500));
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 2, rec), 1500)); /* at 80 */
+  g[1].t_free = 70; /* g1 gone before the recompute: 700 at 10 */
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 2, rec), 1000));
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 2, keep), 1500));
+  double r = 0;
+  cr_assert(eq(dbl, ofl__plan_cost(g, 2, rec, &r), 40.0));
+  cr_assert(eq(dbl, r, 40.0));
+  /* the solver, g1 gone at 45: a target of 1000 is met by recomputing
+   * (cost 40) or by offloading (d2h 5 ns past no window, the reload issued
+   * at 50 ends at 150, 70 ns after its backward begins: cost 75);
+   * recompute off, it offloads */
+  g[1].t_free = 45;
+  g[0].d2h_ns = 5;
+  g[0].h2d_ns = 100;
+  uint8_t a[2];
+  ofl__plan_result_t res;
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 2, 2, 1000, true, a, &res),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_RECOMPUTE));
+  cr_assert(eq(int, a[1], OFL__PLAN_KEEP));
+  cr_assert(res.met);
+  cr_assert(eq(dbl, res.cost_ns, 40.0));
+  cr_assert(eq(dbl, res.recompute_ns, 40.0));
+  cr_assert(eq(u64, res.recomputed_bytes, 800));
+  cr_assert(eq(u64, res.moved_bytes, 0));
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 2, 2, 1000, false, a, &res),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(dbl, res.cost_ns, 75.0));
+  cr_assert(eq(u64, res.predicted_peak, 1000));
+  /* a costlier recompute loses to the offload */
+  g[0].recompute_ns = 150;
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 2, 2, 1000, true, a, &res),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_OFFLOAD));
+}
+
+Test(pipeline_plan_solve, a_recompute_that_frees_more_than_the_group_is_invalid) {
+  ofl__plan_group_t g[1] = {grp(0, 0, 1000, 10, 0, 50, 90, 0)};
+  g[0].recomputable = true;
+  g[0].recompute_bytes = 1011;
+  uint8_t a[1];
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 1, 1, 500, true, a, &r),
+               OFL_ERR_INVALID_ARG));
+  g[0].recompute_bytes = 1010;
+  g[0].recompute_ns = NAN;
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 1, 1, 500, true, a, &r),
+               OFL_ERR_INVALID_ARG));
+}
+
+/* Random instances with some names recomputable (every group of the name,
+ * those that stay included): the recompute time of a group, a multiple of
+ * 10 ns, and the bytes it frees, up to all of them. */
+static unsigned make_recomputable(inst_t *in, uint64_t *s) {
+  unsigned mask = 0;
+  for (int m = 0; m < in->nnames; m++)
+    if (rnd(s, 0, 2) > 0)
+      mask |= 1u << m;
+  for (size_t i = 0; i < in->n; i++) {
+    ofl__plan_group_t *x = &in->g[i];
+    x->recomputable = (mask >> x->name) & 1u;
+    x->recompute_bytes = rnd(s, 0, x->bytes + x->kept_bytes);
+    x->recompute_ns = 10.0 * (double)rnd(s, 0, 40);
+    if (!x->offloadable && x->lead == 0) /* its backward begins */
+      x->bwd_window_ns = 10.0 * (double)rnd(s, 0, 30);
+  }
+  return mask;
+}
+
+typedef struct {
+  double cost;
+  uint64_t moved, peak, min_peak;
+  bool found;
+  uint32_t choices;
+  unsigned rmask;
+} brute3_t;
+
+/* Every choice of the three-way decision space: a subset of the
+ * recomputable names recomputed whole, and the offload choice of
+ * ofl__plan_solve over the others. */
+static void brute3_rec(const inst_t *in, int m, int *x, bool split,
+                       unsigned rmask, uint64_t target, brute3_t *b) {
+  if (m == in->nnames) {
+    bool c[MAXG];
+    uint8_t a[MAXG];
+    choice_of(in, x, c);
+    uint64_t moved = 0;
+    double rns = 0;
+    for (size_t i = 0; i < in->n; i++) {
+      bool r = (rmask >> in->g[i].name) & 1u;
+      a[i] = r ? OFL__PLAN_RECOMPUTE : c[i] ? OFL__PLAN_OFFLOAD : OFL__PLAN_KEEP;
+      moved += r ? in->g[i].recompute_bytes : c[i] ? in->g[i].bytes : 0;
+      rns += r ? in->g[i].recompute_ns : 0;
+    }
+    uint64_t peak = ofl__plan_peak_actions(in->g, in->n, a);
+    double cost = naive_exposed(in, c) + rns;
+    b->choices++;
+    if (peak < b->min_peak)
+      b->min_peak = peak;
+    if (peak > target)
+      return;
+    if (!b->found || cost < b->cost ||
+        (cost == b->cost &&
+         (moved < b->moved || (moved == b->moved && peak < b->peak))))
+      *b = (brute3_t){cost, moved, peak, b->min_peak, true, b->choices, rmask};
+    return;
+  }
+  bool r = (rmask >> m) & 1u;
+  for (int k = 0; k <= (r ? 0 : in->count[m]); k++) {
+    bool is_split = k > 0 && k < in->count[m];
+    if (is_split && split)
+      continue;
+    x[m] = k;
+    brute3_rec(in, m + 1, x, split || is_split, rmask, target, b);
+  }
+}
+
+static brute3_t brute3(const inst_t *in, unsigned recomputable,
+                       uint64_t target) {
+  brute3_t b = {0, 0, 0, UINT64_MAX, false, 0, 0};
+  for (unsigned q = 0; q < (1u << in->nnames); q++) {
+    if ((q & recomputable) != q)
+      continue;
+    int x[32] = {0};
+    brute3_rec(in, 0, x, false, q, target, &b);
+  }
+  return b;
+}
+
+typedef struct {
+  uint32_t runs, recomputed, mixed, only_three_way, evaluated, choices;
+} tally3_t;
+
+static void solve3_and_compare(const inst_t *in, unsigned recomputable,
+                               uint64_t target, tally3_t *t) {
+  uint8_t a[MAXG];
+  ofl__plan_result_t r;
+  cr_assert(eq(int,
+               ofl__plan_solve_actions(in->g, in->n, in->nnames, target, true,
+                                       a, &r),
+               OFL_SUCCESS));
+  cr_assert(r.exact);
+  brute3_t b = brute3(in, recomputable, target);
+  cr_assert(eq(int, r.met, b.found), "target %llu",
+            (unsigned long long)target);
+  /* the result's figures are those of its actions */
+  cr_assert(eq(u64, r.predicted_peak, ofl__plan_peak_actions(in->g, in->n, a)));
+  double rns = 0;
+  double cost = ofl__plan_cost(in->g, in->n, a, &rns);
+  cr_assert(le(dbl, fabs(r.cost_ns - cost), 1e-6 * fmax(1.0, cost)));
+  cr_assert(le(dbl, fabs(r.recompute_ns - rns), 1e-6));
+  bool any_rec = false, any_off = false;
+  for (size_t i = 0; i < in->n; i++) {
+    bool named = (recomputable >> in->g[i].name) & 1u;
+    if (a[i] == OFL__PLAN_RECOMPUTE)
+      cr_assert(named, "group %zu of a name not recomputable", i);
+    if (a[i] == OFL__PLAN_OFFLOAD)
+      cr_assert(in->g[i].offloadable);
+    any_rec |= a[i] == OFL__PLAN_RECOMPUTE;
+    any_off |= a[i] == OFL__PLAN_OFFLOAD;
+  }
+  if (b.found) {
+    cr_assert(le(dbl, fabs(r.cost_ns - b.cost), 1e-6 * fmax(1.0, b.cost)),
+              "cost %f brute %f", r.cost_ns, b.cost);
+    cr_assert(eq(u64, r.moved_bytes + r.recomputed_bytes, b.moved));
+    cr_assert(eq(u64, r.predicted_peak, b.peak));
+    /* whole names: every group of a recomputed name */
+    for (size_t i = 0; i < in->n; i++)
+      for (size_t j = 0; j < in->n; j++)
+        if (in->g[i].name == in->g[j].name)
+          cr_assert(eq(int, a[i] == OFL__PLAN_RECOMPUTE,
+                       a[j] == OFL__PLAN_RECOMPUTE));
+    /* offload only: met where a three-way choice is not needed */
+    bool c[MAXG];
+    ofl__plan_result_t o;
+    cr_assert(eq(int,
+                 ofl__plan_solve(in->g, in->n, in->nnames, target, c, &o),
+                 OFL_SUCCESS));
+    t->only_three_way += !o.met;
+    if (o.met)
+      cr_assert(le(dbl, r.cost_ns, o.exposed_ns + 1.0));
+  } else {
+    for (size_t i = 0; i < in->n; i++)
+      cr_assert(eq(int, a[i],
+                   in->g[i].offloadable ? OFL__PLAN_OFFLOAD : OFL__PLAN_KEEP));
+  }
+  t->runs++;
+  t->recomputed += any_rec;
+  t->mixed += any_rec && any_off;
+  t->evaluated += r.evaluated;
+  t->choices += b.choices;
+}
+
+Test(pipeline_plan_solve, three_way_search_matches_a_brute_force) {
+  uint64_t s = 4242;
+  tally3_t t = {0};
+  for (int it = 0; it < 400; it++) {
+    inst_t in;
+    random_inst(&in, &s);
+    unsigned rm = make_recomputable(&in, &s);
+    brute3_t any = brute3(&in, rm, UINT64_MAX);
+    uint64_t none = ofl__plan_peak(in.g, in.n, NULL);
+    uint64_t targets[4] = {
+        rnd(&s, any.min_peak, none), rnd(&s, any.min_peak, none),
+        none, any.min_peak > 0 ? any.min_peak - 1 : 0};
+    for (int k = 0; k < 4; k++)
+      solve3_and_compare(&in, rm, targets[k], &t);
+  }
+  cr_log_info("three-way: %u runs, %u recompute, %u mixed, %u met only "
+              "three-way, %u of %u choices simulated",
+              t.runs, t.recomputed, t.mixed, t.only_three_way, t.evaluated,
+              t.choices);
+  /* the runs recompute, mix recompute with offload, meet targets offload
+   * alone cannot, and the bounds spare simulations */
+  cr_assert(gt(u32, t.recomputed, 120), "recomputed %u of %u", t.recomputed,
+            t.runs);
+  cr_assert(gt(u32, t.mixed, 50), "mixed %u", t.mixed);
+  cr_assert(gt(u32, t.only_three_way, 20), "only three-way %u",
+            t.only_three_way);
+  cr_assert(lt(u32, t.evaluated, t.choices), "evaluated %u of %u",
+            t.evaluated, t.choices);
+}
+
+/* Recompute off, or no name recomputable: the offload-only solver's
+ * choice, whatever the groups say. */
+Test(pipeline_plan_solve, without_recompute_the_choice_is_offload_only) {
+  uint64_t s = 77;
+  for (int it = 0; it < 200; it++) {
+    inst_t in;
+    random_inst(&in, &s);
+    make_recomputable(&in, &s);
+    uint64_t none = ofl__plan_peak(in.g, in.n, NULL);
+    uint64_t target = rnd(&s, none / 2, none);
+    bool c[MAXG];
+    uint8_t a[MAXG];
+    ofl__plan_result_t r, o;
+    cr_assert(eq(int, ofl__plan_solve(in.g, in.n, in.nnames, target, c, &o),
+                 OFL_SUCCESS));
+    cr_assert(eq(int,
+                 ofl__plan_solve_actions(in.g, in.n, in.nnames, target, false,
+                                         a, &r),
+                 OFL_SUCCESS));
+    for (size_t i = 0; i < in.n; i++)
+      cr_assert(eq(int, a[i], c[i] ? OFL__PLAN_OFFLOAD : OFL__PLAN_KEEP));
+    cr_assert(eq(u64, r.predicted_peak, o.predicted_peak));
+    cr_assert(eq(dbl, r.recompute_ns, 0.0));
+  }
+}
