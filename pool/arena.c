@@ -148,6 +148,12 @@ size_t ofl__arena_merge_bytes(const ofl__arena_t *a, size_t most_bytes) {
   size_t want = most_bytes + margin;
   if (want < a->largest)
     want = a->largest;
+  /* Never below the smallest segment a growth makes: a pool of a few
+   * hundred KB merged into a segment its size fragmented where the 2 MiB it
+   * grew first did not, and grew and merged again (blocks of 30-120 KB
+   * drawn anew each iteration: the largest free range 90 KB of 196 KB). */
+  if (want < OFL__ARENA_SEGMENT_MIN)
+    want = OFL__ARENA_SEGMENT_MIN;
   return (want + step - 1) / step * step;
 }
 

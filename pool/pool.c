@@ -398,10 +398,15 @@ static void *reserve_carve(ofl_pool_t *p, size_t bytes) {
 
 /* Lock held: whether a new block comes from a segment (pool.h). */
 static bool from_segment(const ofl_pool_t *p) {
-  if (p->stats.budget_bytes != 0)
-    return false;
-  return p->segments == OFL_POOL_SEGMENTS_ALL ||
-         (p->segments == OFL_POOL_SEGMENTS_AUTO && p->byte_keys_made > 1);
+  /* A pool that carves every block (the manager's pinned pool) carves
+   * under a budget too, its segments counted against it (reclaim.c): with
+   * blocks of their own, sizes that change evicted and made blocks again in
+   * every iteration under a tight budget. Other pools with a budget keep
+   * blocks of their own, evicted to make room. */
+  if (p->segments == OFL_POOL_SEGMENTS_ALL)
+    return true;
+  return p->stats.budget_bytes == 0 &&
+         p->segments == OFL_POOL_SEGMENTS_AUTO && p->byte_keys_made > 1;
 }
 
 /* Lock held. Makes room for bytes by taking free blocks of keys other than

@@ -291,9 +291,11 @@ static ofl_status_t grow(ofl_pool_t *p, size_t seg_bytes, bool merged) {
  * fixed shapes keeps its cache, so that it stays all hits in steady state
  * (there, releasing on a miss makes the released keys miss in turn). A block
  * whose last use is still queued keeps its range. When still no free range
- * fits, every idle cached block goes back, one of its own (made before the
- * pool carved from segments) to the backend, so that its bytes are held
- * once, in segments. Lock not held. */
+ * fits, every idle cached block carved from a segment goes back; blocks of
+ * their own (made before the pool carved) stay cached for their keys: they
+ * free no range, and giving them back to the backend here was a backend
+ * call inside the steady iterations (a merge or the out-of-memory release
+ * gives them back). Lock not held. */
 static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
   pool_block_t *victims = NULL;
   pthread_mutex_lock(&p->mu);
@@ -309,7 +311,7 @@ static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
     return r;
   }
   victims = NULL;
-  (void)ofl__pool_take_idle(p, false, &victims);
+  (void)ofl__pool_take_idle(p, true, &victims);
   pthread_mutex_unlock(&p->mu);
   if (victims == NULL)
     return NULL;
@@ -443,12 +445,28 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
       *range = r;
       return OFL_SUCCESS;
     }
-    pthread_mutex_lock(&p->mu);
-    size_t want = ofl__arena_grow_bytes(&p->arena, bytes, 0);
-    note_merge_too_small(p, bytes);
-    pthread_mutex_unlock(&p->mu);
     /* After a refusal, no more than the request (whole granules). */
     size_t g = p->arena.granule, least = (bytes + g - 1) / g * g;
+    pthread_mutex_lock(&p->mu);
+    /* Under a budget, segments grow only within it (0: no cap). */
+    size_t budget = p->stats.budget_bytes, room = 0;
+    if (budget != 0) {
+      size_t used = ofl__pool_held(p) + p->creating_bytes;
+      room = used < budget ? (budget - used) / g * g : 0;
+      if (room < least) {
+        p->stats.budget_refusals++;
+        pthread_mutex_unlock(&p->mu);
+        return ofl__error_quiet(OFL_ERR_NO_MEMORY,
+                                "pool %s: budget exhausted (%zu of %zu bytes "
+                                "held in segments, %zu more requested, no "
+                                "free range fits it); free blocks or raise "
+                                "the budget",
+                                p->name, used, budget, bytes);
+      }
+    }
+    size_t want = ofl__arena_grow_bytes(&p->arena, bytes, room);
+    note_merge_too_small(p, bytes);
+    pthread_mutex_unlock(&p->mu);
     if (want == 0)
       return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_POOL,
                         "pool %s: %zu bytes cannot be rounded to a segment",
@@ -646,8 +664,21 @@ void ofl__pool_merge(ofl_pool_t *p) {
     pthread_mutex_unlock(&p->mu); /* a later idle point tries again */
     return;
   }
-  p->merging = true;
   p->grew = false;
+  size_t most = p->most_in_use_bytes;
+  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
+  if (bytes != 0 && bytes < p->merge_floor_bytes)
+    bytes = p->merge_floor_bytes; /* a segment that proved too small */
+  if (p->arena.nsegs == 1 && p->arena.held_bytes >= bytes) {
+    /* One segment already as large: a merge would free it and make it
+     * again (two backend calls) for nothing. */
+    p->merged_most_bytes = most;
+    p->merged_at = p->idle_points;
+    p->merged_bytes = p->arena.held_bytes;
+    pthread_mutex_unlock(&p->mu);
+    return;
+  }
+  p->merging = true;
   (void)ofl__pool_take_idle(p, false, &victims);
   pthread_mutex_unlock(&p->mu);
   ofl__pool_destroy_victims(p, victims);
@@ -655,10 +686,6 @@ void ofl__pool_merge(ofl_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   /* Segments a concurrent request carved from meanwhile stay. */
   ofl__segment_t *segs = ofl__arena_take_idle(&p->arena, &old);
-  size_t most = p->most_in_use_bytes;
-  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
-  if (bytes != 0 && bytes < p->merge_floor_bytes)
-    bytes = p->merge_floor_bytes; /* a segment that proved too small */
   p->merged_most_bytes = most;
   p->merged_at = p->idle_points;
   if (segs == NULL)

@@ -31,7 +31,10 @@
  * microbatch reuse the same segments. Which blocks come from segments is
  * params.segments (by default those of pools whose byte sizes change).
  * With a budget, each block
- * is one backend allocation and eviction makes room, as before.
+ * is one backend allocation and eviction makes room, as before, except in
+ * a pool with OFL_POOL_SEGMENTS_ALL: its segments grow only within the
+ * budget, and a request that fits neither a free range nor a segment within
+ * it is refused (OFL_ERR_NO_MEMORY, counted in budget_refusals).
  *
  * Out of memory: when the backend refuses, the pool releases its cached
  * blocks and those of the device's other pools of the same kind (waiting,
@@ -126,7 +129,8 @@ typedef struct ofl_pool_params {
                            if that makes room; dynamic shapes otherwise fill
                            the budget with sizes never asked for again.
                            0: refuse */
-  ofl_pool_segments_t segments; /* while the budget is 0 (unlimited) */
+  ofl_pool_segments_t segments; /* while the budget is 0 (unlimited);
+                                   ALL: under a budget too */
   /* The application's allocator for every block (top of this file); NULL:
    * the backend's. With one, reserve_bytes must be 0 and segments is
    * treated as OFL_POOL_SEGMENTS_OFF (OFL_POOL_SEGMENTS_ALL is refused). */

@@ -51,19 +51,19 @@ static void give(ofl_pool_t *pool, ofl_tensor_t *t, uint64_t seed) {
  * merges its segments. */
 static void idle_points(ofl_pool_t *pool) {
   for (int i = 0; i < 2; i++)
-    give(pool, take(pool, 64 * KIB, 900 + (uint64_t)i), 900 + (uint64_t)i);
+    give(pool, take(pool, 256 * KIB, 900 + (uint64_t)i), 900 + (uint64_t)i);
 }
 
-/* One round of the workload: 16 blocks of 64 KiB (1 MiB in use, the most
- * the pool ever had), every other one freed, then a 320 KiB block, which
- * fits no gap between the 64 KiB ones: it needs the segment's tail. */
+/* One round of the workload: 16 blocks of 256 KiB (4 MiB in use, the most
+ * the pool ever had), every other one freed, then a 1280 KiB block, which
+ * fits no gap between the 256 KiB ones: it needs the segment's tail. */
 static void round_trip(ofl_pool_t *pool, uint64_t seed) {
   ofl_tensor_t *b[16];
   for (int i = 0; i < 16; i++)
-    b[i] = take(pool, 64 * KIB, seed + (uint64_t)i);
+    b[i] = take(pool, 256 * KIB, seed + (uint64_t)i);
   for (int i = 0; i < 16; i += 2)
     give(pool, b[i], seed + (uint64_t)i);
-  ofl_tensor_t *big = take(pool, 320 * KIB, seed + 100);
+  ofl_tensor_t *big = take(pool, 1280 * KIB, seed + 100);
   give(pool, big, seed + 100);
   for (int i = 1; i < 16; i += 2)
     give(pool, b[i], seed + (uint64_t)i);
@@ -76,12 +76,12 @@ Test(pool_learning, a_merge_after_a_growth_is_larger_than_the_segment_that_faile
   ofl_pool_t *pool = NULL;
   OK(ofl_pool_create(dev, &pp, &pool));
   /* Two byte sizes: the pool carves from segments. */
-  give(pool, take(pool, 64 * KIB, 1), 1);
-  give(pool, take(pool, 128 * KIB, 2), 2);
-  /* 1 MiB in use, then merged into one segment for it and its margin. */
+  give(pool, take(pool, 256 * KIB, 1), 1);
+  give(pool, take(pool, 512 * KIB, 2), 2);
+  /* 4 MiB in use, then merged into one segment for it and its margin. */
   ofl_tensor_t *b[16];
   for (int i = 0; i < 16; i++)
-    b[i] = take(pool, 64 * KIB, 10 + (uint64_t)i);
+    b[i] = take(pool, 256 * KIB, 10 + (uint64_t)i);
   for (int i = 0; i < 16; i++)
     give(pool, b[i], 10 + (uint64_t)i);
   idle_points(pool);
@@ -89,7 +89,7 @@ Test(pool_learning, a_merge_after_a_growth_is_larger_than_the_segment_that_faile
   ofl_pool_stats_t s0;
   ofl_pool_get_stats(pool, &s0);
   cr_assert(eq(u64, s0.segments, 1));
-  cr_assert(lt(sz, s0.segment_bytes, 1 * MIB + 320 * KIB),
+  cr_assert(lt(sz, s0.segment_bytes, 4 * MIB + 1280 * KIB),
             "merged into %zu bytes", s0.segment_bytes);
 
   /* The first round does not fit the merged segment: it grows, and the
@@ -101,7 +101,7 @@ Test(pool_learning, a_merge_after_a_growth_is_larger_than_the_segment_that_faile
   ofl_pool_get_stats(pool, &s1);
   cr_assert(gt(u64, s1.backend_allocs, s0.backend_allocs));
   cr_assert(eq(u64, s1.segments, 1));
-  cr_assert(ge(sz, s1.segment_bytes, s0.segment_bytes + 320 * KIB),
+  cr_assert(ge(sz, s1.segment_bytes, s0.segment_bytes + 1280 * KIB),
             "merged again into %zu bytes after %zu proved too small",
             s1.segment_bytes, s0.segment_bytes);
   cr_assert(eq(sz, s1.peak_in_use_bytes, s0.peak_in_use_bytes));
@@ -252,23 +252,19 @@ static void fixed_shapes_are_steady(int jitter_us, int own_reload_pool) {
   drv_close(&d);
 }
 
-Test(pool_learning, fixed_shapes_make_no_call_after_the_warmup_manager_pools,
-     .timeout = 120) {
+Test(pool_learning, fixed_shapes_make_no_call_after_the_warmup_manager_pools) {
   fixed_shapes_are_steady(0, 1);
 }
 
 Test(pool_learning,
-     fixed_shapes_make_no_call_after_the_warmup_manager_pools_jitter,
-     .timeout = 120) {
+     fixed_shapes_make_no_call_after_the_warmup_manager_pools_jitter) {
   fixed_shapes_are_steady(40, 1);
 }
 
-Test(pool_learning, fixed_shapes_make_no_call_after_the_warmup_app_pool,
-     .timeout = 120) {
+Test(pool_learning, fixed_shapes_make_no_call_after_the_warmup_app_pool) {
   fixed_shapes_are_steady(0, 0);
 }
 
-Test(pool_learning, fixed_shapes_make_no_call_after_the_warmup_app_pool_jitter,
-     .timeout = 120) {
+Test(pool_learning, fixed_shapes_make_no_call_after_the_warmup_app_pool_jitter) {
   fixed_shapes_are_steady(40, 0);
 }
