@@ -255,6 +255,7 @@ static ofl_status_t configure(ofl_manager_t *m, const ofl_manager_params_t *p) {
     m->mem_target = t;
   }
   OFL_CHECK(read_device_target(m, p));
+  OFL_CHECK(ofl__config_bool("OFL_PLAN_RECOMPUTE", &m->plan_recompute));
   if (m->mem_target > 0 && !m->auto_plan)
     OFL_WARN(OFL_SUBSYS_PIPELINE,
              "a memory target of %llu bytes is set (OFL_MEMORY_TARGET / "

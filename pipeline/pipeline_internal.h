@@ -72,6 +72,12 @@ typedef struct group {
                              the warmup (the auto plan takes it out of the
                              warmup's timeline) */
   uint64_t dev_bytes; /* bytes on the device at its commit (ledger) */
+  /* Recompute (ofl_manager_group_start_flags, OFL_GROUP_RECOMPUTABLE). */
+  bool recomputable;       /* the application can rerun it (every start of
+                              the warmup said so) */
+  bool rc_seen;            /* a start of the warmup gave flags */
+  uint8_t action;          /* ofl_group_action_t of the steady plan */
+  uint64_t rc_input_bytes; /* the input the application keeps for it */
   /* Per iteration. */
   bool open, delayed, committed, offloaded, reload_issued, reload_joined;
   bool inline_reload;
@@ -232,6 +238,7 @@ struct ofl_manager {
 
   /* groups "auto" (plan.c). */
   bool auto_plan;
+  bool plan_recompute;     /* OFL_PLAN_RECOMPUTE: the plan may recompute */
   uint64_t mem_target;     /* bytes; 0: none */
   /* params.device_memory_target_bytes (0: none); at the warmup's end the
    * plan's mem_target becomes it less dev_rest, the non-activation bytes
@@ -293,6 +300,8 @@ ofl_status_t ofl__gather_table(ofl_manager_t *m, const ofl_byte_table_t *t,
  * warmup hooks stamp the compute and copy streams; the steady hooks keep
  * the activation ledger (bytes of pushed tensors on the device). */
 void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase);
+/* group_start of g in the warmup: the start of its forward (recompute). */
+void ofl__plan_on_start(ofl_manager_t *m, group_t *g);
 void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase);
 void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end);
 /* Reloads to keep issued ahead, from the leads of the groups next in

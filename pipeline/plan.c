@@ -41,6 +41,7 @@ typedef struct stamp {
 
 typedef struct meas {
   group_t *g;
+  stamp_t start; /* group_start, on compute: its forward runs to commit */
   stamp_t commit, bwd_begin, bwd_end; /* compute stream */
   stamp_t d2h_a, d2h_b, h2d_a, h2d_b; /* copy streams */
   uint64_t kept_bytes; /* device bytes of the group its commit kept */
@@ -51,6 +52,9 @@ typedef struct meas {
   uint8_t late_kind;   /* (0 commit, 1 backward begin, 2 backward end) */
   bool rel_pending;
   uint32_t bwd_seq;    /* 1 + place of its backward in the iteration */
+  uint64_t bwd_cpu_ns; /* the warmup's backward, begin to end, CPU clock */
+  uint64_t rc_bwd_cpu; /* steady: its backward's begin (CPU clock) */
+  uint64_t rc_bwd_ns;  /* steady: the last recomputed backward's time */
 } meas_t;
 
 struct ofl__plan {
@@ -70,6 +74,10 @@ struct ofl__plan {
   int64_t *t_bwd_end;  /* by pidx */
   uint32_t nbwd;
   ofl_plan_name_t *names;
+  ofl_plan_action_t *acts; /* by name, beside names */
+  uint64_t *stall0;        /* by name: its stall_ns at the warmup's end */
+  double recompute_ms;     /* predicted recompute time of the plan */
+  uint8_t *action;         /* by pidx: OFL__PLAN_* of the plan */
   ofl_manager_plan_t out;
   uint8_t base_lead;
 
@@ -210,6 +218,102 @@ static void warm_poll(ofl_manager_t *m, uint32_t at, uint8_t kind) {
   }
 }
 
+/* ---- recompute: the application's side ------------------------------------ */
+
+void ofl__plan_on_start(ofl_manager_t *m, group_t *g) {
+  if (g == NULL || !m->offload || !m->warmup || !m->auto_plan ||
+      plan_alloc(m) != OFL_SUCCESS)
+    return;
+  meas_t *x = meas_of(m, g);
+  if (x != NULL)
+    stamp(m, &x->start, ofl__compute(m));
+}
+
+/* The most recent open group of name (NULL: none, or a name that is not
+ * offloaded); *found whether the name is open at all. */
+static group_t *open_group(const ofl_manager_t *m, const char *name,
+                           bool *found) {
+  int nid = ofl__name_find(m, name);
+  *found = false;
+  for (uint32_t i = m->nopen; nid >= 0 && i-- > 0;)
+    if (m->open[i].nid == nid) {
+      *found = true;
+      return m->open[i].g;
+    }
+  return NULL;
+}
+
+ofl_status_t ofl_manager_group_start_flags(ofl_manager_t *m, const char *name,
+                                           unsigned flags,
+                                           size_t kept_input_bytes) {
+  if (m != NULL && (flags & ~OFL_GROUP_RECOMPUTABLE) != 0)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "rank %d: group_start_flags %s: unknown flags 0x%x "
+                      "(OFL_GROUP_RECOMPUTABLE is 0x%x)",
+                      m->rank, name ? name : "(null)", flags,
+                      OFL_GROUP_RECOMPUTABLE);
+  OFL_CHECK(ofl_manager_group_start(m, name));
+  if (!ofl__manager_active(m))
+    return OFL_SUCCESS;
+  bool found;
+  group_t *g = open_group(m, name, &found);
+  if (g == NULL)
+    return OFL_SUCCESS;
+  bool rc = (flags & OFL_GROUP_RECOMPUTABLE) != 0;
+  if (m->warmup) {
+    g->recomputable = rc;
+    g->rc_seen = true;
+    g->rc_input_bytes = rc ? kept_input_bytes : 0;
+    if (rc)
+      ofl__plan_on_start(m, g);
+  } else if (g->action == OFL_ACTION_RECOMPUTE) {
+    g->rc_input_bytes = kept_input_bytes; /* the ledger counts what it is */
+  }
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_manager_group_action(const ofl_manager_t *m,
+                                      const char *name,
+                                      ofl_group_action_t *action) {
+  if (m == NULL || name == NULL || action == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_action: manager, name and action "
+                      "must not be NULL");
+  if (!ofl__manager_active(m)) {
+    *action = OFL_ACTION_KEEP;
+    return OFL_SUCCESS;
+  }
+  bool found;
+  const group_t *g = open_group(m, name, &found);
+  if (!found)
+    return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_PIPELINE,
+                      "rank %d: group_action %s: no open group of that name; "
+                      "ask after its group_start, before its commit",
+                      m->rank, name);
+  if (g == NULL)
+    *action = OFL_ACTION_KEEP;
+  else if (m->warmup)
+    *action = OFL_ACTION_OFFLOAD;
+  else if (g->action == OFL_ACTION_RECOMPUTE && g->recomputable)
+    *action = OFL_ACTION_RECOMPUTE;
+  else
+    *action = g->policy_offload ? OFL_ACTION_OFFLOAD : OFL_ACTION_KEEP;
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_manager_set_plan_recompute(ofl_manager_t *m, int on) {
+  if (m == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_set_plan_recompute: manager is NULL");
+  if (m->ap != NULL && m->ap->inst != NULL)
+    return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_PIPELINE,
+                      "rank %d: set_plan_recompute after the warmup's end: "
+                      "the plan is made; call it before the first reset",
+                      m->rank);
+  m->plan_recompute = on != 0;
+  return OFL_SUCCESS;
+}
+
 void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
   if (g == NULL || !m->offload)
     return;
@@ -244,6 +348,8 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
   ledger_poll(m);
   uint64_t off;
   g->dev_bytes = group_bytes(g, &off);
+  if (g->action == OFL_ACTION_RECOMPUTE) /* the input the application keeps */
+    g->dev_bytes += g->rc_input_bytes;
   ledger_add(p, (int64_t)g->dev_bytes);
   off = phase == 2 ? off : 0;
   p->off_now[g->pidx] = off;
@@ -292,17 +398,28 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
     if (!end)
       x->bwd_seq = ++m->ap->bwd_seq;
     stamp(m, end ? &x->bwd_end : &x->bwd_begin, ofl__compute(m));
+    if (end && x->bwd_begin.set)
+      x->bwd_cpu_ns = x->bwd_end.cpu - x->bwd_begin.cpu;
     return;
   }
   if (!followed(m, g))
     return;
   ofl__plan_t *p = m->ap;
+  meas_t *x = &p->ms[g->pidx];
   ledger_poll(m);
+  bool rc = g->action == OFL_ACTION_RECOMPUTE && p->inst != NULL;
   if (!end) {
     if (g->inline_reload) /* reloaded at its pops, inside this backward */
       ofl__plan_on_reload(m, g, 1);
+    if (rc) { /* the rerun forward's bytes are back */
+      g->dev_bytes += p->inst[g->pidx].recompute_bytes;
+      ledger_add(p, (int64_t)p->inst[g->pidx].recompute_bytes);
+      x->rc_bwd_cpu = ofl__now_ns();
+    }
     return;
   }
+  if (rc && x->rc_bwd_cpu != 0)
+    x->rc_bwd_ns = ofl__now_ns() - x->rc_bwd_cpu;
   ledger_add(p, -(int64_t)g->dev_bytes);
 }
 
@@ -616,6 +733,16 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     q->d2h_ns = d2h_bps > 0 ? (double)q->bytes * 1e9 / d2h_bps : 0;
     q->release_ns = latency;
     q->h2d_ns = h2d_bps > 0 ? (double)q->bytes * 1e9 / h2d_bps : 0;
+    /* Recompute: the forward again (commit less start, on compute), and
+     * the group's bytes less the input the application keeps. */
+    q->recomputable = g->recomputable && x->start.set && x->bwd_seq > 0;
+    if (q->recomputable) {
+      int64_t fwd = q->t_alloc - at_ns(p, &x->start);
+      uint64_t all = q->bytes + q->kept_bytes;
+      q->recompute_ns = fwd > 0 ? (double)fwd : 0;
+      q->recompute_bytes = all > g->rc_input_bytes ? all - g->rc_input_bytes
+                                                   : 0;
+    }
   }
   return OFL_SUCCESS;
 }
@@ -659,6 +786,55 @@ static void fill_names(ofl_manager_t *m) {
 
 static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
+/* Each name's action and costs (ofl_manager_plan_action), from the plan's
+ * actions and the names' exposure (fill_names, predict). */
+static void fill_acts(ofl_manager_t *m) {
+  ofl__plan_t *p = m->ap;
+  if (p->acts == NULL) {
+    p->acts = calloc((size_t)(m->nnames ? m->nnames : 1), sizeof *p->acts);
+    p->stall0 = calloc((size_t)(m->nnames ? m->nnames : 1), sizeof *p->stall0);
+    if (p->acts == NULL || p->stall0 == NULL)
+      return;
+    for (int k = 0; k < m->nnames; k++) {
+      p->acts[k].recomputable = 1;
+      p->stall0[k] = m->names[k].st.stall_ns;
+    }
+  }
+  for (int k = 0; k < m->nnames; k++) {
+    ofl_plan_action_t *a = &p->acts[k];
+    int rc = a->recomputable;
+    memset(a, 0, sizeof *a);
+    a->name = m->names[k].name;
+    a->recomputable = rc;
+  }
+  p->recompute_ms = 0;
+  for (uint32_t i = 0; i < p->nms; i++) {
+    const ofl__plan_group_t *q = &p->inst[i];
+    ofl_plan_action_t *a = &p->acts[q->name];
+    bool rc = p->action != NULL && p->action[i] == OFL__PLAN_RECOMPUTE;
+    a->groups++;
+    a->bytes += q->bytes + q->kept_bytes;
+    a->recomputable = a->recomputable && q->recomputable;
+    a->recompute_bytes += q->recompute_bytes;
+    a->recompute_ms += q->recompute_ns / 1e6;
+    a->offloaded += p->chosen[i];
+    a->recomputed += rc;
+    if (rc)
+      p->recompute_ms += q->recompute_ns / 1e6;
+  }
+  for (int k = 0; k < m->nnames; k++) {
+    ofl_plan_action_t *a = &p->acts[k];
+    if (a->groups == 0)
+      a->recomputable = 0;
+    a->action = a->recomputed > 0  ? OFL_ACTION_RECOMPUTE
+                : a->offloaded > 0 ? OFL_ACTION_OFFLOAD
+                                   : OFL_ACTION_KEEP;
+    a->predicted_ms = a->recomputed > 0 ? a->recompute_ms
+                      : p->names != NULL ? p->names[k].exposed_ms
+                                         : 0;
+  }
+}
+
 /* The plan's predicted exposed time, its reload waits and each name's
  * share, for the choice in p->chosen with the prefetch leads now in force
  * (each lead sets its group's modelled reload time: set_lead), from one
@@ -687,12 +863,33 @@ static double predict(ofl__plan_t *p) {
 static double apply(ofl__plan_t *p) {
   for (uint32_t i = 0; i < p->nms; i++) {
     group_t *g = p->ms[i].g;
+    bool rc = p->action != NULL && p->action[i] == OFL__PLAN_RECOMPUTE;
+    g->action = rc             ? OFL_ACTION_RECOMPUTE
+                : p->chosen[i] ? OFL_ACTION_OFFLOAD
+                               : OFL_ACTION_KEEP;
     if (!p->inst[i].offloadable)
       continue;
     g->policy_offload = p->chosen[i];
     g->keep_why = p->chosen[i] ? OFL_KEEP_NONE : OFL_KEEP_AUTO_PLAN;
   }
   return predict(p);
+}
+
+/* Solves for aim into p->chosen and p->action: keep, offload or recompute
+ * where the manager may recompute, else offload-only. */
+static ofl_status_t plan_solve(ofl_manager_t *m, uint64_t aim,
+                               ofl__plan_result_t *r) {
+  ofl__plan_t *p = m->ap;
+  if (p->action == NULL)
+    p->action = calloc(p->nms ? p->nms : 1, sizeof *p->action);
+  if (p->action == NULL)
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "no memory for the auto plan's actions");
+  OFL_CHECK(ofl__plan_solve_actions(p->inst, p->nms, m->nnames, aim,
+                                    m->plan_recompute, p->action, r));
+  for (uint32_t i = 0; i < p->nms; i++)
+    p->chosen[i] = p->action[i] == OFL__PLAN_OFFLOAD;
+  return OFL_SUCCESS;
 }
 
 /* The ledger's arrays, one entry per group of the record. */
@@ -777,9 +974,9 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   OFL_CHECK(ledger_alloc(p));
   ofl_status_t dts = device_target(m);
   ofl__plan_result_t r;
+  (void)nnames;
   if (m->mem_target > 0) {
-    OFL_CHECK(ofl__plan_solve(p->inst, p->nms, nnames, m->mem_target,
-                              p->chosen, &r));
+    OFL_CHECK(plan_solve(m, m->mem_target, &r));
   } else {
     /* No target: every group whose copies hide entirely (memory saved at
      * no predicted cost), each in the window it has with every group
@@ -806,6 +1003,7 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   }
   fill_names(m); /* before apply: its prediction fills their exposure */
   double exposed = apply(p);
+  fill_acts(m);
   p->solve_target = m->mem_target;
   p->out.automatic = 1;
   p->out.met = r.met;
@@ -892,7 +1090,23 @@ static ofl_status_t encode(const ofl_manager_t *m, ofl_byte_table_t *t) {
       snprintf(key, sizeof key, "%s|%.900s", FIELDS[f], x->name);
       OFL_CHECK(ofl_byte_table_set(t, key, v[f]));
     }
+    if (!m->plan_recompute || p->acts == NULL)
+      continue;
+    /* Three-way plans: the action (+1: 0 is absent; 8: recomputable),
+     * what a recompute frees, the predicted cost of the action. */
+    const ofl_plan_action_t *a = &p->acts[k];
+    uint64_t w[3] = {(uint64_t)a->action + 1 + (a->recomputable ? 8 : 0),
+                     a->recompute_bytes,
+                     (uint64_t)llround(a->predicted_ms * 1e6)};
+    const char *wk[3] = {"action", "rcbytes", "cost"};
+    for (int f = 0; f < 3; f++) {
+      snprintf(key, sizeof key, "%s|%.900s", wk[f], x->name);
+      OFL_CHECK(ofl_byte_table_set(t, key, w[f]));
+    }
   }
+  if (m->plan_recompute)
+    OFL_CHECK(ofl_byte_table_set(t, "|rcms",
+                                 (uint64_t)llround(p->recompute_ms * 1e6)));
   return OFL_SUCCESS;
 }
 
@@ -901,6 +1115,40 @@ static uint64_t get(const ofl_summary_t *s, int rank, const char *key) {
   if (ofl_summary_find_group(s, key, &i) != OFL_SUCCESS)
     return 0;
   return ofl_summary_bytes(s, rank, i);
+}
+
+/* Three-way plans (OFL_PLAN_RECOMPUTE): per name its action, what a
+ * recompute frees and the predicted cost of the action. */
+static void render_actions(const ofl_summary_t *s, int r, FILE *f) {
+  static const char *const act[] = {"keep", "offload", "recompute"};
+  char key[OFL_BYTE_TABLE_NAME_MAX + 32];
+  bool head = false;
+  for (size_t i = 0; i < ofl_summary_ngroups(s); i++) {
+    const char *k = ofl_summary_group_name(s, i);
+    if (k == NULL || strncmp(k, "action|", 7) != 0)
+      continue;
+    const char *name = k + 7;
+    uint64_t a = get(s, r, k);
+    if (a == 0)
+      continue;
+    if (!head) {
+      fprintf(f, "%-5s %-20s %-10s %12s %15s %10s\n", "rank", "group",
+              "action", "recomputable", "recompute MiB", "cost ms");
+      head = true;
+    }
+    snprintf(key, sizeof key, "rcbytes|%s", name);
+    uint64_t rb = get(s, r, key);
+    snprintf(key, sizeof key, "cost|%s", name);
+    uint64_t cost = get(s, r, key);
+    uint64_t ai = (a - 1) & 7;
+    fprintf(f, "%-5d %-20s %-10s %12s %15.2f %10.3f\n", r, name,
+            act[ai < 3 ? ai : 0], (a & 8) ? "yes" : "no", mib(rb),
+            (double)cost / 1e6);
+  }
+  if (head)
+    fprintf(f, "rank %d: predicted recompute %.3f ms per iteration (the "
+               "recomputed groups' forward time, measured in the warmup)\n",
+            r, (double)get(s, r, "|rcms") / 1e6);
 }
 
 static void render(const ofl_summary_t *s, FILE *f) {
@@ -935,6 +1183,7 @@ static void render(const ofl_summary_t *s, FILE *f) {
               (unsigned long long)v[F_CHOSEN], (double)v[F_COPY] / 1e6,
               (double)v[F_WINDOW] / 1e6, (double)v[F_EXPOSED] / 1e6);
     }
+    render_actions(s, r, f);
     uint64_t sc[NS];
     for (int k = 0; k < NS; k++) {
       snprintf(key, sizeof key, "|%s", SCALARS[k]);
@@ -1243,6 +1492,7 @@ static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
     x->chosen++;
     x->chosen_bytes += p->inst[i].bytes;
   }
+  fill_acts(m);
 }
 
 /* The measured peak went over the target: the model missed (copies that
@@ -1259,8 +1509,7 @@ static bool replan(ofl_manager_t *m) {
                                       o->measured_peak_bytes,
                                       o->predicted_peak_bytes);
   ofl__plan_result_t r;
-  if (ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen, &r) !=
-      OFL_SUCCESS)
+  if (plan_solve(m, aim, &r) != OFL_SUCCESS)
     return false;
   o->replans++;
   adopt(m, aim, r.predicted_peak);
@@ -1285,6 +1534,8 @@ static void raise_aim(ofl_manager_t *m, uint64_t err) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
   p->raise_done = true;
+  if (m->plan_recompute)
+    return; /* a three-way plan is not raised (its actions stay) */
   if (p->chosen_safe == NULL)
     p->chosen_safe = calloc(p->nms ? p->nms : 1, sizeof *p->chosen_safe);
   if (p->chosen_safe == NULL)
@@ -1379,12 +1630,51 @@ ofl_status_t ofl_manager_plan_get(const ofl_manager_t *m,
   return OFL_SUCCESS;
 }
 
+ofl_status_t ofl_manager_plan_action(const ofl_manager_t *m, size_t i,
+                                     ofl_plan_action_t *out) {
+  if (m == NULL || out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_plan_action: manager and out must not be "
+                      "NULL");
+  const ofl__plan_t *p = m->ap;
+  if (!m->auto_plan || m->warmup || p == NULL || p->inst == NULL ||
+      p->acts == NULL)
+    return ofl__error_quiet(OFL_ERR_NOT_READY,
+                            "rank %d: the auto plan's actions exist after "
+                            "the warmup iteration's reset, with groups "
+                            "\"auto\"",
+                            m->rank);
+  if (i >= p->out.nnames)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "rank %d: plan action %zu of %zu names", m->rank, i,
+                      p->out.nnames);
+  ofl_plan_action_t a = p->acts[i];
+  /* Measured: a recompute's backward less the warmup's backward of the same
+   * groups (the last iteration, CPU clock); an offload's reload stalls, per
+   * steady iteration. */
+  for (uint32_t k = 0; k < p->nms; k++) {
+    const meas_t *x = &p->ms[k];
+    if (p->inst[k].name != (int)i || x->g->action != OFL_ACTION_RECOMPUTE ||
+        x->rc_bwd_ns == 0)
+      continue;
+    a.measured_ms += x->rc_bwd_ns > x->bwd_cpu_ns
+                         ? (double)(x->rc_bwd_ns - x->bwd_cpu_ns) / 1e6
+                         : 0;
+  }
+  if (a.action == OFL_ACTION_OFFLOAD && p->out.iterations > 0)
+    a.measured_ms = (double)(m->names[i].st.stall_ns - p->stall0[i]) / 1e6 /
+                    (double)p->out.iterations;
+  *out = a;
+  return OFL_SUCCESS;
+}
+
 void ofl__plan_free(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   if (p == NULL)
     return;
   for (uint32_t i = 0; i < p->nms; i++) {
-    stamp_t *st[] = {&p->ms[i].commit, &p->ms[i].bwd_begin, &p->ms[i].bwd_end,
+    stamp_t *st[] = {&p->ms[i].start, &p->ms[i].commit, &p->ms[i].bwd_begin,
+                     &p->ms[i].bwd_end,
                      &p->ms[i].d2h_a,  &p->ms[i].d2h_b,     &p->ms[i].h2d_a,
                      &p->ms[i].h2d_b};
     for (size_t k = 0; k < sizeof st / sizeof st[0]; k++)
@@ -1404,6 +1694,9 @@ void ofl__plan_free(ofl_manager_t *m) {
   free(p->pending);
   free(p->fifo);
   free(p->names);
+  free(p->acts);
+  free(p->stall0);
+  free(p->action);
   free(p);
   m->ap = NULL;
 }

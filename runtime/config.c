@@ -225,6 +225,12 @@ static const entry_t table[] = {
             "included; the warmup measures what is not activations and the "
             "plan aims the activations at the rest (0: none; with "
             "OFL_MEMORY_TARGET too, the tighter wins)"},
+    {.name = "OFL_PLAN_RECOMPUTE",
+     .def = "0",
+     .kind = K_BOOL,
+     .doc = "with OFL_OFFLOAD_GROUPS=auto: the plan may also recompute the "
+            "groups the application started recomputable (keep, offload or "
+            "recompute per name, the least predicted step time)"},
     {.name = "OFL_MIN_OFFLOAD_ELEMS",
      .def = "1048576",
      .kind = K_INT,

@@ -53,6 +53,7 @@ typedef struct {
    * before the kernels that write the tensors ran), so that a test can
    * check the stand-in makes the comparison fail. */
   int no_compute_stream;
+  int recompute; /* --recompute: groups "auto" may recompute core_attn */
 } opts_t;
 
 /* 1 when this build compiled examples/pipeline_demo/kernels_cuda.cu (the
@@ -87,6 +88,8 @@ typedef struct {
 
 typedef struct {
   uint64_t x, y1, qkv, probs, a, x2, y2, u;
+  ofl_tensor_t *rc_qkv; /* core_attn recomputed: its input, kept by the
+                           demo (probs is rerun from it in backward) */
 } saved_t;
 
 typedef struct {

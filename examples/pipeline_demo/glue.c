@@ -60,6 +60,11 @@ int glue_open(const glue_params_t *p, glue_t **out) {
   mp.fraction = p->fraction;
   mp.summary_out = p->summary_out;
   st = ofl_manager_create(&mp, &g->m);
+  if (st == OFL_SUCCESS && p->recompute) {
+    st = ofl_manager_set_plan_recompute(g->m, 1);
+    if (st != OFL_SUCCESS)
+      ofl_manager_destroy(g->m);
+  }
   if (st != OFL_SUCCESS) {
     ofl_disk_close(g->disk);
     ofl_comm_destroy(g->comm);
@@ -86,6 +91,17 @@ int glue_chunk_begin(glue_t *g, int vpp, int vp_stage, int microbatch) {
 
 int glue_group_start(glue_t *g, const char *name) {
   return ofl_manager_group_start(g->m, name);
+}
+
+int glue_group_start_recomputable(glue_t *g, const char *name,
+                                  size_t input_bytes, int *recompute) {
+  ofl_group_action_t a = OFL_ACTION_KEEP;
+  ofl_status_t st = ofl_manager_group_start_flags(
+      g->m, name, OFL_GROUP_RECOMPUTABLE, input_bytes);
+  if (st == OFL_SUCCESS)
+    st = ofl_manager_group_action(g->m, name, &a);
+  *recompute = st == OFL_SUCCESS && a == OFL_ACTION_RECOMPUTE;
+  return st;
 }
 
 int glue_save(glue_t *g, ofl_tensor_t *t, uint64_t *tag) {

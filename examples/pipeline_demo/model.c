@@ -351,12 +351,23 @@ ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   OK(r, glue_group_commit(g, "qkv_linear"));
   sample_memory(r);
 
-  OK(r, glue_group_start(g, "core_attn"));
+  int rc = 0;
+  if (r->o->recompute)
+    OK(r, glue_group_start_recomputable(
+              g, "core_attn", (size_t)d.s * 3 * d.h * sizeof(float), &rc));
+  else
+    OK(r, glue_group_start(g, "core_attn"));
   ofl_tensor_t *a = act(r, d.s, d.h);
   ofl_tensor_t *probs = act(r, d.s, d.s);
   x_attention(r, F(a), F(probs), F(qkv), d.s, d.h);
-  OK(r, save(g, qkv, &sv->qkv));
-  OK(r, save(g, probs, &sv->probs));
+  if (rc) { /* recomputed: keep the input, rerun the rest in backward */
+    live_remove(qkv);
+    sv->rc_qkv = live_add_as(qkv, 1);
+    drop(probs);
+  } else {
+    OK(r, save(g, qkv, &sv->qkv));
+    OK(r, save(g, probs, &sv->probs));
+  }
   OK(r, glue_group_commit(g, "core_attn"));
   sample_memory(r);
 
@@ -460,8 +471,18 @@ ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   ofl_tensor_t *dx = dx2;
 
   OK(r, glue_backward_begin(g, "core_attn"));
-  ofl_tensor_t *probs = load(r, sv->probs);
-  ofl_tensor_t *qkv = load(r, sv->qkv);
+  ofl_tensor_t *probs, *qkv;
+  if (sv->rc_qkv != NULL) { /* recompute: the forward again, from its input */
+    qkv = sv->rc_qkv;
+    sv->rc_qkv = NULL;
+    probs = act(r, d.s, d.s);
+    ofl_tensor_t *again = act(r, d.s, d.h);
+    x_attention(r, F(again), F(probs), F(qkv), d.s, d.h);
+    drop(again);
+  } else {
+    probs = load(r, sv->probs);
+    qkv = load(r, sv->qkv);
+  }
   ofl_tensor_t *dqkv = act(r, d.s, 3 * d.h);
   x_attention_backward(r, F(dqkv), F(da), F(qkv), F(probs), d.s, d.h);
   drop(qkv);

@@ -93,6 +93,10 @@ static const char *const usage_text[2] = {
     "                      run out of device memory (reported, not a crash),\n"
     "                      the offload run must fit; it is compared bit for\n"
     "                      bit with a baseline run without the capacity\n"
+    "  --recompute         with --offload auto: the plan may also recompute\n"
+    "                      core_attn (its backward reruns the attention from\n"
+    "                      the qkv it keeps) where that costs less than an\n"
+    "                      offload\n"
     "  --quiet             no progress lines\n"
     "  --help              this text\n"};
 
@@ -266,6 +270,8 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
       o->check_memory = 1;
     } else if (strcmp(a, "--no-compute-stream") == 0) {
       o->no_compute_stream = 1;
+    } else if (strcmp(a, "--recompute") == 0) {
+      o->recompute = 1;
     } else if (strcmp(a, "--quiet") == 0) {
       o->quiet = 1;
     } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {

@@ -241,6 +241,7 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
      * of the warmup (rank 0 of the comm), so the demo does not. */
     gp.groups = "auto";
     gp.summary_out = stdout;
+    gp.recompute = o->recompute;
     if (o->memory_target_mib >= 0)
       gp.memory_target_bytes =
           (int64_t)(o->memory_target_mib * 1048576.0 + 0.5);

@@ -278,6 +278,53 @@ OFL_API ofl_status_t ofl_manager_chunk_begin(ofl_manager_t *m, int vp_size,
  * params.groups are not offloaded, but still pair with their commit. */
 OFL_API ofl_status_t ofl_manager_group_start(ofl_manager_t *m,
                                              const char *name);
+/* ---- recompute: the third action of the auto plan ----------------------
+ *
+ * A group the application can rerun (activation checkpointing) is started
+ * with OFL_GROUP_RECOMPUTABLE and the bytes of the input it would keep to
+ * rerun it. With groups "auto" and OFL_PLAN_RECOMPUTE=1 (or
+ * ofl_manager_set_plan_recompute) the plan chooses per name keep, offload
+ * or recompute (a name is recomputable when every group of it in the
+ * warmup was started recomputable). The warmup offloads every group and
+ * measures each group's forward time (its commit less its start, on the
+ * compute stream): the time a recompute costs again in its backward; a
+ * recompute frees the group's bytes less the kept input. In each steady
+ * iteration the application asks, right after the group's start, what the
+ * plan chose (ofl_manager_group_action): for OFL_ACTION_RECOMPUTE it pushes
+ * nothing, keeps the input itself, and reruns the forward from it in the
+ * group's backward (between group_backward_begin and _end, as usual); ofl
+ * counts the input from the commit and the group's bytes again from its
+ * backward's begin. Offload-only is the default. */
+#define OFL_GROUP_RECOMPUTABLE 1u
+
+typedef enum ofl_group_action {
+  OFL_ACTION_KEEP = 0,    /* push as usual; the plan keeps it on the device */
+  OFL_ACTION_OFFLOAD = 1, /* push as usual; offloaded (the warmup: every
+                             group) */
+  OFL_ACTION_RECOMPUTE = 2 /* push nothing; rerun the forward in backward */
+} ofl_group_action_t;
+
+/* ofl_manager_group_start with flags (OFL_GROUP_RECOMPUTABLE, or 0) and
+ * the device bytes of the input the application keeps when it recomputes
+ * the group (ignored without the flag). */
+OFL_API ofl_status_t ofl_manager_group_start_flags(ofl_manager_t *m,
+                                                   const char *name,
+                                                   unsigned flags,
+                                                   size_t kept_input_bytes);
+/* The plan's action for the open group name (the most recent start of it
+ * not yet committed): OFL_ACTION_OFFLOAD in the warmup, OFL_ACTION_RECOMPUTE
+ * only for a recomputable group the steady plan recomputes, else KEEP or
+ * OFFLOAD as the policy placed it (a name not offloaded: KEEP).
+ * OFL_ERR_INVALID_USAGE when no group of that name is open. With offload
+ * disabled: OFL_ACTION_KEEP. */
+OFL_API ofl_status_t ofl_manager_group_action(const ofl_manager_t *m,
+                                              const char *name,
+                                              ofl_group_action_t *action);
+/* Lets the auto plan recompute (on != 0) or not, wins over
+ * OFL_PLAN_RECOMPUTE; before the reset that ends the warmup
+ * (OFL_ERR_INVALID_USAGE after it). */
+OFL_API ofl_status_t ofl_manager_set_plan_recompute(ofl_manager_t *m, int on);
+
 /* Hands t to the manager until ofl_manager_tensor_pop returns it; *tag names
  * it. Outside a group, with offload disabled or in forward-only mode the
  * tensor is only held (never copied). Inside a group, a tensor located
@@ -567,6 +614,34 @@ typedef struct ofl_manager_plan {
   const ofl_plan_name_t *names;  /* owned by the manager; valid until the
                                     next reset or destroy */
 } ofl_manager_plan_t;
+
+/* One group name's action in the plan (ofl_manager_plan_action), beside
+ * ofl_plan_name_t: what it chose, the bytes, the predicted cost and the
+ * measured one. */
+typedef struct ofl_plan_action {
+  const char *name;           /* owned by the manager */
+  ofl_group_action_t action;  /* RECOMPUTE when its groups are recomputed,
+                                 OFFLOAD when any is offloaded, else KEEP */
+  int recomputable;           /* every group of it started recomputable */
+  uint32_t groups, offloaded, recomputed;
+  uint64_t bytes;             /* its groups' bytes (offloadable and kept) */
+  uint64_t recompute_bytes;   /* what recomputing all of them frees */
+  double recompute_ms;        /* predicted: their forward time, per
+                                 iteration (the warmup's) */
+  double predicted_ms;        /* the cost of its action: exposed copy time
+                                 (offload) or recompute_ms (recompute) */
+  double measured_ms;         /* the last steady iteration: recompute: its
+                                 recomputed groups' backward time less the
+                                 warmup's backward of the same groups (CPU
+                                 clock); offload: the reload stalls of its
+                                 groups; 0 for keep */
+} ofl_plan_action_t;
+
+/* Name i (0 .. out.nnames - 1 of ofl_manager_plan_get) of the plan.
+ * OFL_ERR_NOT_READY before the end of the warmup or without groups "auto",
+ * OFL_ERR_INVALID_ARG past the names. */
+OFL_API ofl_status_t ofl_manager_plan_action(const ofl_manager_t *m, size_t i,
+                                             ofl_plan_action_t *out);
 
 /* The plan of this rank. OFL_ERR_NOT_READY before the end of the warmup.
  * Without groups "auto" (offload on): out->automatic 0 and only the
