@@ -410,6 +410,18 @@ ofl_status_t ofl_tensor_destroy(ofl_tensor_t *t) {
   return OFL_SUCCESS;
 }
 
+ofl_status_t ofl_tensor_destroy_slot(ofl_tensor_t **slot,
+                                     ofl_stream_t *after) {
+  if (slot == NULL || *slot == NULL)
+    return OFL_SUCCESS;
+  ofl_tensor_t *t = *slot;
+  if (after != NULL && t->st != NULL)
+    OFL_CHECK(ofl_tensor_release_storage_after(t, after));
+  OFL_CHECK(ofl_tensor_destroy(t));
+  *slot = NULL; /* in the same call: the slot never names a dead handle */
+  return OFL_SUCCESS;
+}
+
 void *ofl_tensor_data(const ofl_tensor_t *t) { return t ? t->data : NULL; }
 size_t ofl_tensor_bytes(const ofl_tensor_t *t) { return t ? t->bytes : 0; }
 

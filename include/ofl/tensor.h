@@ -125,6 +125,15 @@ OFL_API ofl_status_t ofl_tensor_create(const int64_t *shape, int ndim,
  * callback of external memory). A handle from ofl_pool_alloc may be ended
  * here or by ofl_pool_free. NULL is accepted. */
 OFL_API ofl_status_t ofl_tensor_destroy(ofl_tensor_t *t);
+/* Ends the handle in *slot and sets *slot to NULL, in one call: a caller
+ * that can be interrupted between two of its calls (Python's
+ * KeyboardInterrupt) never holds a handle that was destroyed, and calling
+ * it again on the same slot does nothing. after != NULL: the storage is
+ * released after the work queued on that stream so far
+ * (ofl_tensor_release_storage_after), then the handle destroyed. slot NULL
+ * or *slot NULL: nothing to do. On failure *slot is unchanged. */
+OFL_API ofl_status_t ofl_tensor_destroy_slot(ofl_tensor_t **slot,
+                                             ofl_stream_t *after);
 
 /* A new handle on the storage of base, starting offset_bytes into base's
  * data, with its own shape and dtype (which must fit inside the storage).

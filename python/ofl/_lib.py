@@ -339,6 +339,7 @@ _PROTOS = {
     "ofl_tensor_wrap_flags": (c_int, [_P, _I64P, c_int, c_int, c_int, _P, _P, c_uint, _PP]),
     "ofl_tensor_create": (c_int, [_I64P, c_int, c_int, _PP]),
     "ofl_tensor_destroy": (c_int, [_P]),
+    "ofl_tensor_destroy_slot": (c_int, [_PP, _P]),
     "ofl_tensor_view": (c_int, [_P, c_size_t, _I64P, c_int, c_int, _PP]),
     "ofl_tensor_alias": (c_int, [_P, _PP]),
     "ofl_tensor_release_storage_after": (c_int, [_P, _P]),

@@ -12,7 +12,16 @@ between any two lines: what a SIGINT's KeyboardInterrupt does at the
 interpreter's next check (the sweep also reaches lines where a real signal
 lands only at a call or a loop's jump, a superset). A raise inside a
 __del__ or a weakref callback is reported by Python as unraisable and the
-code goes on (as it does for a real signal there); the sweep counts it."""
+code goes on (as it does for a real signal there); the sweep counts it.
+
+One line event is not a point: the one at a with statement's line before
+its __exit__ call, when the body ends normally (or by return, break or
+continue). Raising there skips __exit__ (a lock stays held, grad mode stays
+off), which no signal can do: CPython (3.10 and later) checks for signals
+at calls, function entries and backward jumps, and nothing between the
+body's last instruction and the __exit__ call is one of those (the raise
+after that call is the next line's event)."""
+import dis
 import os
 import sys
 import time
@@ -31,9 +40,32 @@ def _ours(code):
     return f.endswith(".py") and os.path.realpath(f).startswith(ROOTS)
 
 
+def _with_exits(code):
+    """The offsets of code's normal with-exit sequences: LOAD_CONST None
+    three times, then the call of __exit__ (3.11: PRECALL, CALL 2; 3.12:
+    CALL 2; 3.10: LOAD_CONST None, DUP_TOP twice, CALL_FUNCTION 3)."""
+    ins = list(dis.get_instructions(code))
+    out = set()
+    for i, a in enumerate(ins):
+        if a.opname != "LOAD_CONST" or a.argval is not None:
+            continue
+        nxt = [b.opname for b in ins[i + 1:i + 5]]
+        args = [b.argval for b in ins[i + 1:i + 5]]
+        if nxt[:2] == ["LOAD_CONST", "LOAD_CONST"] and args[:2] == [None, None]:
+            rest = [n for n in nxt[2:] if n != "PRECALL"]
+            if rest and rest[0] == "CALL" and ins[i + 1 + nxt.index("CALL")].arg == 2:
+                out.add(a.offset)
+        elif nxt[:3] == ["DUP_TOP", "DUP_TOP", "CALL_FUNCTION"] and ins[i + 3].arg == 3:
+            out.add(a.offset)
+    return frozenset(out)
+
+
 class Injection(Exception):
     """The ordinary exception the sweep raises (an Exception, unlike
     KeyboardInterrupt)."""
+
+
+_EXITS = {}  # code -> _with_exits(code)
 
 
 class _Tracer:
@@ -49,10 +81,14 @@ class _Tracer:
         ours = self._codes.get(code)
         if ours is None:
             ours = self._codes[code] = _ours(code)
+            if ours and code not in _EXITS:
+                _EXITS[code] = _with_exits(code)
         return self.local if ours else None
 
     def local(self, frame, event, arg):
         if event == "line":
+            if frame.f_lasti in _EXITS[frame.f_code]:
+                return self.local  # a with's exit: no signal lands before __exit__
             self.n += 1
             if self.n == self.at:
                 self.where = "%s:%d %s" % (os.path.basename(frame.f_code.co_filename),

@@ -2,8 +2,8 @@
 the hooks in C or over ctypes as the environment selects): KeyboardInterrupt,
 and separately an ordinary exception, raised at every line event of
 ofl.torch's own Python code that one step reaches (sweep.py), for a step of
-offload_activations (and, with OFL_SWEEP_MEGATRON=1, one of the
-Megatron-named markers), in the warmup and after it.
+offload_activations and one of the Megatron-named markers, in the warmup
+and after it.
 
 After each injection the process goes on: two steps with the same context,
 two with a new context (then close()), two with the Megatron markers and
@@ -261,10 +261,6 @@ class InterruptSweep(unittest.TestCase):
                     for phase in ("warmup", "steady")
                     for exc in (KeyboardInterrupt, sweep.Injection)])
 
-    @unittest.skipUnless(os.environ.get("OFL_SWEEP_MEGATRON") == "1",
-                         "the interrupted Megatron step is not recovered at every point yet "
-                         "(reset() after a step cut before its first group, or with a group "
-                         "committed and its backward not run); OFL_SWEEP_MEGATRON=1 runs it")
     def test_megatron_markers_step(self):
         self.check([self.sweep("megatron", phase, exc)
                     for phase in ("warmup", "steady")

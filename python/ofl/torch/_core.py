@@ -55,6 +55,13 @@ from .._errors import OflError, check, error
 
 L = _lib.lib
 _byref = ctypes.byref
+_PTR = ctypes.sizeof(ctypes.c_void_p)
+
+
+def _c_void_p_at(arr, i):
+    """Element i of a ctypes c_void_p array as a c_void_p over its memory
+    (an out-parameter the C call writes in place)."""
+    return ctypes.c_void_p.from_buffer(arr, i * _PTR)
 _weakref = weakref.ref
 
 
@@ -231,31 +238,34 @@ class _Block:
     when torch frees the last view (the buffer object dies with the torch
     storage). Made before the C call that returns the handle, which writes
     it into ``v`` (``ref``): an interrupt after that call drops the block
-    and its handle with it, never a handle that nothing owns."""
+    and its handle with it, never a handle that nothing owns.
 
-    __slots__ = ("core", "v", "ref", "stream")
+    The core lists every block (``core.blocks``: a weak reference -> its
+    ``v`` and stream): a __del__ cut by an interrupt (Python reports it as
+    unraisable and drops the rest) leaves its handle there, and the core's
+    next reset, close or pool_stats ends it (reap_blocks). The handle is
+    ended by one C call that also clears ``v`` (ofl_tensor_destroy_slot),
+    so ending it twice does nothing."""
+
+    __slots__ = ("core", "v", "ref", "stream", "key", "__weakref__")
 
     def __init__(self, core, h=None, stream=None):
-        core.live_blocks += 1
         self.core = core
         self.v = ctypes.c_void_p(h)
         self.ref = _byref(self.v)
         self.stream = stream
+        self.key = _weakref(self)
+        core.live_blocks += 1
+        core.blocks[self.key] = (self.v, stream)
 
     @property
     def h(self):
         return self.v.value
 
     def __del__(self):
-        try:
-            h = self.v.value
-            if h:
-                if self.stream is not None:
-                    L.ofl_tensor_release_storage_after(h, self.stream)
-                L.ofl_tensor_destroy(h)
-            self.core._block_freed()
-        except Exception:  # interpreter shutdown
-            pass
+        if getattr(self, "key", None) is not None:  # not an __init__ cut before the handle
+            L.ofl_tensor_destroy_slot(self.ref, self.stream)
+            self.core._block_freed(self.key)
 
 
 class _CudaArray:
@@ -343,13 +353,19 @@ def _modified_error(t, size, version, now):
 
 
 class _Group:
-    __slots__ = ("name", "records", "bases", "index")
+    __slots__ = ("name", "records", "bases", "index", "slot", "aliases", "forced")
 
     def __init__(self, name):
         self.name = name
         self.records = []
         self.bases = {}  # storage data_ptr -> [base handle, pushed?]
         self.index = -1
+        # handles owned from the C call that makes them on (an interrupt
+        # after that call leaves them here, for _drop_bases): the base being
+        # made (ctypes pack) and the commit's forced-release aliases
+        self.slot = None  # ctypes.c_void_p
+        self.aliases = None  # ctypes.c_void_p array
+        self.forced = ()
 
 
 class _PyHooks:
@@ -403,35 +419,42 @@ class _PyHooks:
             sptr += off  # copy only the region: it is its own storage
             snb = nb
             off = 0
+        # A new handle is owned by the group from the C call that makes it
+        # (written into g.slot, which _drop_bases ends) until it is pushed;
+        # a hand-over is one line whose only call is the last thing on it
+        # (nothing between the two can be interrupted: CPython checks for
+        # signals at calls' returns, function entries and backward jumps)
+        if g.slot is None:
+            g.slot = ctypes.c_void_p()
+        slot = g.slot
         base = g.bases.get(sptr)
         if base is None:
             self._shape[0] = snb
             if self.copy_in:
-                self._check(L.ofl_pool_alloc(self.dev_pool, self._shape, 1, _lib.DTYPE_U8, None, h),
-                            "ofl_pool_alloc")
-                ctypes.memmove(L.ofl_tensor_data(self._h.value), sptr, snb)
+                self._check(L.ofl_pool_alloc(self.dev_pool, self._shape, 1, _lib.DTYPE_U8, None,
+                                             _byref(slot)), "ofl_pool_alloc")
+                ctypes.memmove(L.ofl_tensor_data(slot.value), sptr, snb)
             else:
                 self._check(L.ofl_tensor_wrap(sptr, self._shape, 1, _lib.DTYPE_U8, _lib.LOC_DEVICE,
-                                              None, None, h), "ofl_tensor_wrap")
-            base = g.bases[sptr] = [self._h.value, False]
-        if off == 0 and nb == snb:
-            if base[1]:
-                self._check(L.ofl_tensor_alias(base[0], h), "ofl_tensor_alias")
-                handle = self._h.value
-            else:
-                handle = base[0]
-                base[1] = True
-        else:
-            self._shape[0] = nb
-            self._check(L.ofl_tensor_view(base[0], off, self._shape, 1, _lib.DTYPE_U8, h),
-                        "ofl_tensor_view")
-            handle = self._h.value
-        st_ = L.ofl_manager_tensor_push(self.m, handle, self._tagref)
-        if st_ != 0:
-            if handle != base[0]:
-                L.ofl_tensor_destroy(handle)
-            else:
+                                              None, None, _byref(slot)), "ofl_tensor_wrap")
+            base = g.bases[sptr] = [slot.value, False]; slot.value = None  # noqa: E702 a hand-over
+        if off == 0 and nb == snb and not base[1]:
+            handle = base[0]
+            base[1] = True; st_ = L.ofl_manager_tensor_push(self.m, handle, self._tagref)  # noqa: E702
+            if st_ != 0:
                 base[1] = False
+        else:
+            if off == 0 and nb == snb:
+                self._check(L.ofl_tensor_alias(base[0], _byref(slot)), "ofl_tensor_alias")
+            else:
+                self._shape[0] = nb
+                self._check(L.ofl_tensor_view(base[0], off, self._shape, 1, _lib.DTYPE_U8,
+                                              _byref(slot)), "ofl_tensor_view")
+            handle = slot.value
+            slot.value = None; st_ = L.ofl_manager_tensor_push(self.m, handle, self._tagref)  # noqa: E702
+            if st_ != 0:
+                L.ofl_tensor_destroy(handle)
+        if st_ != 0:
             raise error(st_, "ofl_manager_tensor_push")
         r = _Saved()
         r.tag = self._tag.value
@@ -686,6 +709,7 @@ class _CoreMethods:
         self.free_events = []
         self._boundary_ev = None  # forward/backward_record's event
         self.live_blocks = 0
+        self.blocks = {}  # weakref of a _Block -> (its handle's c_void_p, stream)
         self.unpopped = 0  # records pushed, not popped, alive
         self.epoch = 0  # iterations ended (the ctypes records count in theirs)
         self.closing = False
@@ -697,14 +721,23 @@ class _CoreMethods:
         self._shape = (ctypes.c_int64 * 1)()
 
     # -- lifetime
-    def _block_freed(self):
-        self.live_blocks -= 1
+    def _block_freed(self, key):
+        if self.blocks.pop(key, None) is not None:
+            self.live_blocks -= 1
         if self.closing and self.live_blocks == 0:
             self._destroy_now()
+
+    def reap_blocks(self):
+        """Ends the handles of blocks whose __del__ was cut (see _Block)."""
+        for key in [k for k in self.blocks if k() is None]:
+            v, stream = self.blocks[key]
+            self._check(L.ofl_tensor_destroy_slot(_byref(v), stream), "ofl_tensor_destroy_slot")
+            self._block_freed(key)
 
     def close(self):
         if self.m is None or self.closing:
             return
+        self.reap_blocks()
         self.closing = True
         self.release_pending(wait=True)
         if _ext is not None:
@@ -783,10 +816,26 @@ class _CoreMethods:
         return g
 
     def _drop_bases(self, g):
-        for base, pushed in g.bases.values():
-            if not pushed:
-                L.ofl_tensor_destroy(base)
+        """Ends the group's handles that the manager does not own: bases not
+        pushed, the base being made, forced-release aliases. A base is
+        marked ended on the line of the C call that ends it (nothing
+        between the two can be interrupted) and the others are ended by
+        ofl_tensor_destroy_slot, so a second call after a cut one ends
+        nothing twice."""
+        for base in list(g.bases.values()):
+            if not base[1]:
+                base[1] = None; L.ofl_tensor_destroy(base[0])  # noqa: E702 one line (see above)
         g.bases = {}
+        slot = g.slot
+        if slot is not None and slot.value:
+            L.ofl_tensor_destroy_slot(_byref(slot), None)
+        self._drop_aliases(g)
+
+    def _drop_aliases(self, g):
+        arr = g.aliases
+        if arr is not None:
+            for i in range(len(arr)):
+                L.ofl_tensor_destroy_slot(_byref(_c_void_p_at(arr, i)), None)
 
     def _find_open(self, bname):
         for i in range(len(self.open) - 1, -1, -1):
@@ -798,44 +847,49 @@ class _CoreMethods:
         bname = name.encode() if isinstance(name, str) else name
         i = self._find_open(bname)
         g = self.open[i] if i >= 0 else None
-        # forced releases: aliases of the storages pushed in this group
-        aliases = []
-        forced_t = []
+        # forced releases: aliases of the storages pushed in this group, made
+        # into g.aliases (g owns them from the C call on; _drop_bases ends them)
+        n = 0
+        arr = None
         if g is not None and forced:
+            forced_t = []
+            arr = g.aliases = (ctypes.c_void_p * len(forced))()
             for f in forced:
                 if not isinstance(f, torch.Tensor) or f.device.type != self.device_type:
                     continue
                 base = g.bases.get(f.untyped_storage().data_ptr())
                 if base is None:
                     continue
-                self._check(L.ofl_tensor_alias(base[0], self._href), "ofl_tensor_alias")
-                aliases.append(self._h.value)
+                self._check(L.ofl_tensor_alias(base[0], _byref(_c_void_p_at(arr, n))), "ofl_tensor_alias")
+                n += 1
                 forced_t.append(f)
-        n = len(aliases)
-        arr = (ctypes.c_void_p * n)(*aliases) if n else None
+            g.forced = forced_t
         self._sync_compute()
-        st = L.ofl_manager_group_commit(self.m, bname, arr, n, 1 if delay else 0)
+        st = L.ofl_manager_group_commit(self.m, bname, arr if n else None, n, 1 if delay else 0)
         if st != 0:
-            for a in aliases:
-                L.ofl_tensor_destroy(a)
+            if g is not None:
+                self._drop_aliases(g)
             raise error(st, "ofl_manager_group_commit(%s)" % bname.decode())
         if g is None:
             return
-        del self.open[i]
+        # g leaves self.open once its handles are ended: a cut before that
+        # leaves it there for the recovery (commit_open_groups ends them)
         if delay:
-            self.delayed.append((g, aliases, forced_t))
+            self.delayed.append(g)
+            del self.open[i]
             return
-        self._after_commit(g, aliases, forced_t)
+        self._after_commit(g)
+        del self.open[i]
 
     def flush_delayed(self):
         self._sync_compute()
         st = L.ofl_manager_flush_delayed_groups(self.m)
         delayed, self.delayed = self.delayed, []
-        for g, aliases, forced_t in delayed:
-            self._after_commit(g, aliases, forced_t)
+        for g in delayed:
+            self._after_commit(g)
         self._check(st, "ofl_manager_flush_delayed_groups")
 
-    def _after_commit(self, g, aliases, forced_t):
+    def _after_commit(self, g):
         has = L.ofl_tensor_has_storage
         drop = []
         if self.copy_in:
@@ -847,10 +901,10 @@ class _CoreMethods:
                     drop.append(r.tensor)
                     r.tensor = None
         resize = []
-        for a, f in zip(aliases, forced_t):
-            if not has(a):
+        arr = g.aliases
+        for k, f in enumerate(g.forced):
+            if not has(arr[k]):
                 resize.append(f)
-            L.ofl_tensor_destroy(a)
         self._drop_bases(g)
         g.records = None
         if drop or resize:
@@ -944,6 +998,7 @@ class _CoreMethods:
                                "device_source": source}
 
     def reset(self):
+        self.reap_blocks()
         was_warmup = L.ofl_manager_is_warmup(self.m)
         self._sync_compute()
         if was_warmup and self.device_target:
@@ -977,15 +1032,18 @@ class _CoreMethods:
     def commit_open_groups(self):
         """Commits every group still open in the manager (a step abandoned
         between a group_start and its commit, by an exception or an
-        interrupt, even one between the C call and the Python bookkeeping);
-        how many were open."""
+        interrupt, even one between the C call and the Python bookkeeping),
+        then ends the handles of the groups Python lists open (those and any
+        whose commit was cut after its C call); how many were open, in the
+        manager or in that list."""
         n = ctypes.c_size_t()
         self._check(L.ofl_manager_commit_open_groups(self.m, _byref(n)),
                     "ofl_manager_commit_open_groups")
+        listed = len(self.open)
         for g in self.open:
             self._drop_bases(g)
         self.open = []
-        return n.value
+        return max(n.value, listed)
 
     def is_warmup(self):
         return bool(L.ofl_manager_is_warmup(self.m))
@@ -1053,6 +1111,10 @@ class _CoreMethods:
             return None
         return _lib.plan_dict(p)
 
+    def group_count(self):
+        """Group names the manager has seen."""
+        return L.ofl_manager_group_count(self.m)
+
     def group_stats(self):
         out = {}
         gs = _lib.ManagerGroupStats()
@@ -1071,6 +1133,7 @@ class _CoreMethods:
         return L.ofl_manager_summary_total_bytes(self.m)
 
     def pool_stats(self):
+        self.reap_blocks()
         res = {}
         for key, fn in (("device_pool", L.ofl_manager_device_pool), ("host_pool", L.ofl_manager_host_pool)):
             s = _lib.PoolStats()

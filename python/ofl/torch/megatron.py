@@ -85,6 +85,8 @@ from .._errors import OflError
 from . import _core
 from ._core import ManagerCore, _env_int
 
+_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
 __all__ = [
     "PipelineOffloadManager", "FineGrainedActivationOffloadingInterface",
     "fine_grained_offloading_group_start", "fine_grained_offloading_group_commit",
@@ -234,6 +236,11 @@ class PipelineOffloadManager:
         self._knobs = dict(knobs, groups=groups)
         self._new_core()
         self._depth = 0
+        # marker calls begun and ended since the last reset(): unequal at
+        # reset(), one was cut (an exception, an interrupt) and the step
+        # is abandoned even where it left the manager no group open
+        self._calls = [0, 0]
+        self._chunk = (1, 0)  # (vp_size, vp_stage) of the chunk begun last
         self._in_replay = False
         self._graph_stream = None
         self._graph_event = None
@@ -295,13 +302,29 @@ class PipelineOffloadManager:
 
     # -- the context (saved-tensor hooks)
     def __enter__(self):
-        self._hooks.__enter__()
         self._depth += 1
+        self._hooks.__enter__()  # hooks left on torch's stack by a cut: reset() pops them
         return self
 
     def __exit__(self, *exc):
+        r = self._hooks.__exit__(*exc)  # the pop first (a cut before it: reset())
         self._depth -= 1
-        return self._hooks.__exit__(*exc)
+        return r
+
+    def _pop_stray_hooks(self):
+        """This manager's saved-tensor hooks left on torch's stack by an
+        entry or exit that was cut (reset() runs outside the context)."""
+        top = _top_hooks(False) if _top_hooks is not None else None
+        while top is not None and top[0] is self._hooks.pack_hook:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            top = _top_hooks(False)
+        self._depth = 0
+
+    def _call_begins(self):
+        self._calls[0] += 1
+
+    def _call_ends(self):
+        self._calls[1] += 1
 
     # -- chunks and iterations
     @_py_errors("init_chunk_handler")
@@ -333,14 +356,36 @@ class PipelineOffloadManager:
                 else:
                     v = int(v)
                 given[oname] = v
+        self._call_begins()
         if given:
             self._set_knobs(given)
         core = self._core
         if a.get("min_offloaded_tensor_size") is not None:
             core.min_elems = int(a["min_offloaded_tensor_size"])
         core.set_forward_only(not torch.is_grad_enabled())
-        core.chunk_begin(a.get("vp_size") or 1, a.get("vp_stage") or 0)
+        self._chunk = (a.get("vp_size") or 1, a.get("vp_stage") or 0)
+        core.chunk_begin(*self._chunk)
+        core.backward_ran = False  # a backward marker after this chunk's begin
         self._begun = True
+        self._call_ends()
+
+    def _restart_cut_warmup(self):
+        """The warmup ended with a record of no group at all and a group
+        comes: that warmup was a step cut before its first group (its
+        reset() cannot tell it from a rank without groups). A new manager
+        records the warmup again, from the chunk begun last; returns its
+        core. The new one is in place before the old one closes."""
+        old = self._core
+        min_elems, enabled, forward_only = old.min_elems, old.enabled, old.forward_only
+        self._new_core(min_elems)
+        old.close()
+        core = self._core
+        core.set_enabled(enabled)
+        core.set_forward_only(forward_only)
+        core.chunk_begin(*self._chunk)
+        core.backward_ran = False
+        self._begun = True
+        return core
 
     @_py_errors("reset()")
     def reset(self, process_group=None):
@@ -366,24 +411,24 @@ class PipelineOffloadManager:
             core.summary_text = _group_summary(core, process_group)
 
     def _reset(self, core):
-        abandoned = bool(core.open)
-        if abandoned:
-            for g in reversed(list(core.open)):
-                try:
-                    core.commit(g.name)
-                except OflError:
-                    if g in core.open:
-                        core.open.remove(g)
-        # a group the manager has open and Python does not list (a step cut
-        # between group_start's C call and its bookkeeping)
+        self._pop_stray_hooks()
+        # a marker call that did not end, a group open in the manager or in
+        # Python's list (a commit cut after its C call): the open groups are
+        # committed and their handles ended
+        abandoned = self._calls[0] != self._calls[1]
         if core.commit_open_groups():
             abandoned = True
+        self._calls = [0, 0]
         was_warmup = core.is_warmup()
+        # no backward marker since the last chunk began: a training step
+        # runs its backward before reset(), so one that did not was cut
+        # (a chunk with fewer groups than the warmup's is then no error)
+        cut = abandoned or not getattr(core, "backward_ran", True)
         try:
             core.reset()
         except OflError as e:
             # after an abandoned step the structure may not match: reset ran
-            if not abandoned or (e.status != _lib.ERR_MISMATCH and core.open):
+            if not cut or e.status != _lib.ERR_MISMATCH:
                 raise
         finally:
             core.set_forward_only(False)
@@ -566,6 +611,7 @@ class _GroupStart(torch.autograd.Function):
     @_py_errors("backward of fine_grained_offloading_group_start")
     def backward(ctx, grad):
         _once(ctx, "fine_grained_offloading_group_start")
+        ctx.core.backward_ran = True
         ctx.core.backward_end(ctx.name)
         return grad, None, None
 
@@ -583,6 +629,7 @@ class _GroupCommit(torch.autograd.Function):
     @_py_errors("backward of fine_grained_offloading_group_commit")
     def backward(ctx, grad):
         _once(ctx, "fine_grained_offloading_group_commit")
+        ctx.core.backward_ran = True
         ctx.core.backward_begin(ctx.name)
         return grad, None, None, None, None
 
@@ -623,11 +670,16 @@ def fine_grained_offloading_group_start(tensor, name):
     _check_name(call, name)
     mgr = PipelineOffloadManager.get_instance()
     core = mgr._core
+    if torch.is_grad_enabled():
+        _check_grad(call, tensor)
+    mgr._call_begins()
     if not torch.is_grad_enabled():
         core.set_forward_only(True)
-    else:
-        _check_grad(call, tensor)
-    return _GroupStart.apply(tensor, core, _bname(name))
+    elif core.active and not core.is_warmup() and core.group_count() == 0:
+        core = mgr._restart_cut_warmup()
+    out = _GroupStart.apply(tensor, core, _bname(name))
+    mgr._call_ends()
+    return out
 
 
 @_py_errors("fine_grained_offloading_group_commit")
@@ -675,15 +727,20 @@ def _commit(call, tensor, name, forced_released_tensors, delay):
     else:
         raise TypeError("%s: forced_released_tensors must be a list of tensors, got %s"
                         % (call, type(forced_released_tensors).__name__))
-    core = PipelineOffloadManager.get_instance()._core
+    mgr = PipelineOffloadManager.get_instance()
+    core = mgr._core
     if torch.is_grad_enabled():
         _check_grad(call, first)
     bn = _bname(name)
+    mgr._call_begins()
     if isinstance(tensor, (tuple, list)):
         items = list(tensor)
         items[0] = _GroupCommit.apply(items[0], core, bn, forced, delay)
-        return type(tensor)(items)
-    return _GroupCommit.apply(tensor, core, bn, forced, delay)
+        out = type(tensor)(items)
+    else:
+        out = _GroupCommit.apply(tensor, core, bn, forced, delay)
+    mgr._call_ends()
+    return out
 
 
 @_py_errors("init_chunk_handler")
