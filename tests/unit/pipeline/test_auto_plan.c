@@ -672,14 +672,17 @@ static const gdef_t WORKLOAD_BIG[NG] = {
 Test(auto_plan, an_iteration_over_the_target_warns_once_with_the_next_step) {
   uint64_t all, none;
   extremes(&all, &none);
-  cr_assert(lt(u64, all, none));
+  cr_assert(lt(u64, all, none), "all offloaded %llu, none %llu",
+            (unsigned long long)all, (unsigned long long)none);
   uint64_t target = all + (none - all) / 3;
   run_t r;
   open_run(&r, WORKLOAD, (int64_t)target, 0);
   iteration(&r); /* warmup */
   ofl_manager_plan_t p;
   plan_of(&r, &p);
-  cr_assert(eq(int, p.met, 1));
+  cr_assert(eq(int, p.met, 1), "predicted %llu against the target %llu",
+            (unsigned long long)p.predicted_peak_bytes,
+            (unsigned long long)target);
   said_t c;
   memset(&c, 0, sizeof c);
   ofl_log_set_level(OFL_LOG_WARN);
@@ -730,7 +733,9 @@ Test(auto_plan, an_iteration_over_the_target_warns_once_with_the_next_step) {
       "%s", first);
   cr_assert(le(int, settled, 1), "%d settle lines for one plan", settled);
   if (settled == 0) { /* the plan still learns: still no second WARN */
-    cr_assert(over_again);
+    cr_assert(over_again, "the big iteration after: %llu against %llu",
+              (unsigned long long)p.measured_peak_bytes,
+              (unsigned long long)target);
     cr_assert(eq(int, c.over_warns, 1),
               "%d over-target WARNs before the plan settled", c.over_warns);
     close_run(&r);
@@ -745,7 +750,9 @@ Test(auto_plan, an_iteration_over_the_target_warns_once_with_the_next_step) {
             "%s", c.settle);
   cr_assert(ne(ptr, strstr(c.settle, ", predicted "), NULL), "%s", c.settle);
   cr_assert(ne(ptr, strstr(c.settle, ": within"), NULL), "%s", c.settle);
-  cr_assert(over_again);
+  cr_assert(over_again, "the big iteration after it settled: %llu against %llu",
+            (unsigned long long)p.measured_peak_bytes,
+            (unsigned long long)target);
   cr_assert(eq(int, c.over_warns, 2),
             "%d over-target WARNs (want a second after the plan settled)",
             c.over_warns);
