@@ -301,7 +301,7 @@ class PortedStateDictStagerTests(unittest.TestCase):
             growth = rss_mib() - before
         if stager is not None:
             stager.close()
-        self.assertLess(growth, mib * 1.2, "rss grew %.0f MiB over 5 saves" % growth)
+        harness.assert_rss_growth(self, growth, mib * 1.2, "rss grew %.0f MiB over 5 saves" % growth)
 
 
 # ---- ofl's own cases ------------------------------------------------------------
