@@ -173,6 +173,27 @@ static void report_small_tensors(const ofl_manager_t *m) {
              (unsigned long long)m->warm_small_bytes, threshold);
 }
 
+/* " (did you mean X?)" for the name the warmup started that is closest to
+ * a configured one it never saw, when it is a near miss (a third of its
+ * length, at least 2 edits); "" otherwise. */
+static const char *closest_name(const ofl_manager_t *m, const char *name,
+                                char *buf, size_t cap) {
+  size_t best = SIZE_MAX;
+  const char *closest = NULL;
+  for (int i = 0; i < m->nnames; i++) {
+    size_t d = ofl__edit_distance(name, m->names[i].name);
+    if (d < best) {
+      best = d;
+      closest = m->names[i].name;
+    }
+  }
+  size_t allowed = strlen(name) / 3 < 2 ? 2 : strlen(name) / 3;
+  if (closest == NULL || best > allowed)
+    return "";
+  snprintf(buf, cap, " (did you mean %s?)", closest);
+  return buf;
+}
+
 /* The configured names the warmup never started are likely misspelt (or
  * the model calls its modules otherwise): nothing of theirs is offloaded. */
 static void report_unseen_names(ofl_manager_t *m) {
@@ -184,13 +205,17 @@ static void report_unseen_names(ofl_manager_t *m) {
     if (n > 0 && n < sizeof name) {
       memcpy(name, item, n);
       name[n] = '\0';
-      if (ofl__name_find(m, name) < 0)
+      if (ofl__name_find(m, name) < 0) {
+        char hint[160];
         OFL_WARN(OFL_SUBSYS_PIPELINE,
                  "rank %d: group %s is configured for offload "
-                 "(params.groups / OFL_OFFLOAD_GROUPS) but the warmup never "
-                 "started it; check its spelling against the names passed "
-                 "to ofl_manager_group_start",
-                 m->rank, name);
+                 "(params.groups / OFL_OFFLOAD_GROUPS; offload_modules= in "
+                 "ofl.torch) but the warmup never started it%s; check its "
+                 "spelling against the names passed to "
+                 "ofl_manager_group_start (the module names of the "
+                 "offloading calls in Python)",
+                 m->rank, name, closest_name(m, name, hint, sizeof hint));
+      }
     }
   }
   report_small_tensors(m);

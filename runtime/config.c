@@ -579,8 +579,9 @@ static bool unknown_name(const char *entry, char *name, size_t cap) {
 }
 
 /* Levenshtein distance, case-insensitive; names are under 64 characters
- * (longer ones are cut: they are no near miss anyway). */
-static size_t edit_distance(const char *a, const char *b) {
+ * (longer ones are cut: they are no near miss anyway). Also the pipeline's
+ * did-you-mean for group names. */
+size_t ofl__edit_distance(const char *a, const char *b) {
   enum { MAXLEN = 64 };
   size_t la = strlen(a) < MAXLEN ? strlen(a) : MAXLEN;
   size_t lb = strlen(b) < MAXLEN ? strlen(b) : MAXLEN;
@@ -615,7 +616,7 @@ static const char *did_you_mean(const char *name, char *buf, size_t cap) {
   size_t best = SIZE_MAX;
   const char *closest = NULL;
   for (size_t i = 0; i < N_ENTRIES; i++) {
-    size_t d = edit_distance(name, table[i].name);
+    size_t d = ofl__edit_distance(name, table[i].name);
     if (d < best) {
       best = d;
       closest = table[i].name;

@@ -121,6 +121,10 @@ void ofl__config_print_value(FILE *f, const char *name, const char *value,
 
 /* Strict parsers of the logging variables (runtime/log.c), shared with the
  * configuration table's checks: false when the text is invalid. */
+/* Case-insensitive Levenshtein distance of two names (up to 64 characters
+ * of each): the did-you-mean of unknown variables and group names. */
+size_t ofl__edit_distance(const char *a, const char *b);
+
 bool ofl__log_parse_subsys(const char *s, unsigned *mask);
 /* A decimal rank >= 0 (and below 2^30); "" is -1, all ranks. */
 bool ofl__log_parse_rank(const char *s, int *rank);

@@ -390,6 +390,18 @@ Test(pipeline_contracts, names_the_warmup_never_saw_are_warned) {
             warn_text);
   cr_assert(not(eq(ptr, strstr(warn_text, "group expert_fc1 "), NULL)), "%s",
             warn_text);
+  /* a near miss says which name the warmup saw; a name far from every
+   * seen one gets no guess */
+  cr_assert(not(eq(ptr,
+                   strstr(warn_text, "group core_atn is configured for "
+                                     "offload (params.groups / "
+                                     "OFL_OFFLOAD_GROUPS; offload_modules= "
+                                     "in ofl.torch) but the warmup never "
+                                     "started it (did you mean core_attn?)"),
+                   NULL)),
+            "%s", warn_text);
+  const char *far = strstr(warn_text, "group expert_fc1 ");
+  cr_assert(eq(ptr, strstr(far, "did you mean"), NULL), "%s", warn_text);
   cr_assert(eq(int, size_lines, 1));
   h_close(&e);
 }
