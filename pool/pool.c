@@ -405,8 +405,14 @@ static bool from_segment(const ofl_pool_t *p) {
    * blocks of their own, evicted to make room. */
   if (p->segments == OFL_POOL_SEGMENTS_ALL)
     return true;
-  return p->stats.budget_bytes == 0 &&
-         p->segments == OFL_POOL_SEGMENTS_AUTO && p->byte_keys_made > 1;
+  if (p->stats.budget_bytes != 0 || p->segments != OFL_POOL_SEGMENTS_AUTO)
+    return false;
+  /* A device pool from its first byte-keyed block (a caching allocator's):
+   * switching at the second size made the first segment wherever that size
+   * was first drawn, after the pool learned (a name's sizes within one page
+   * through the warmup, two pages later). A pinned one (the disk tier's
+   * bounce buffers, of one size) at the second size. */
+  return p->byte_keys_made > (p->kind == OFL_POOL_DEVICE ? 0u : 1u);
 }
 
 /* Lock held. Makes room for bytes by taking free blocks of keys other than

@@ -90,10 +90,11 @@ typedef enum ofl_pool_kind {
 #define OFL_POOL_BUDGET_FROM_ENV OFL__SIZE_C(-1)
 
 /* Which blocks a pool with an unlimited budget carves from segments. AUTO:
- * every new block once the pool has served byte-keyed blocks of two sizes
- * (a pool for changing sizes: blocks cached for one microbatch's sizes make
- * room for the next one's); a pool of fixed shapes or of one byte size
- * keeps one backend call per block, reused by its key. */
+ * every new block once a device pool has served a byte-keyed block (a pool
+ * for changing sizes, as a caching allocator's: blocks cached for one
+ * microbatch's sizes make room for the next one's), a pinned pool
+ * byte-keyed blocks of two sizes; a pool of fixed shapes keeps one backend
+ * call per block, reused by its key. */
 typedef enum ofl_pool_segments {
   OFL_POOL_SEGMENTS_OFF = 0, /* none: one backend call per block */
   OFL_POOL_SEGMENTS_AUTO = 1,
