@@ -548,14 +548,16 @@ static void format_invalid(const entry_t *e, const char *s, char *msg,
  * ofl.sh (OFL_BUILD_DIR, OFL_NO_TORCH_INSTALL), the Python package (which
  * libofl it loads, whether its hooks run in C and import through DLPack,
  * the library it bundles at build time), its tests (OFL_EXPECT_EXT,
- * OFL_TEST_*), the benches and the demo. */
+ * OFL_TEST_*, OFL_STAGER_UNDER_TEST), ./ofl.sh soak's draws and sweeps
+ * (OFL_SOAK_*, OFL_SWEEP_*), the benches and the demo. */
 static bool foreign_name(const char *name) {
   static const char *const names[] = {
       "OFL_BUILD_DIR",      "OFL_NO_TORCH_INSTALL", "OFL_LIBRARY",
       "OFL_PYTHON_EXT",     "OFL_EXT_DLPACK",       "OFL_BUNDLE_LIBRARY",
-      "OFL_EXPECT_EXT"};
+      "OFL_EXPECT_EXT",     "OFL_STAGER_UNDER_TEST"};
   static const char *const prefixes[] = {"OFL_BENCH_", "OFL_DEMO_",
-                                         "OFL_TEST_"};
+                                         "OFL_TEST_",  "OFL_SOAK_",
+                                         "OFL_SWEEP_"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (strcmp(name, names[i]) == 0)
       return true;

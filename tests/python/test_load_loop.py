@@ -13,7 +13,7 @@ Under the asan setup (./ofl.sh asan) this runs with libasan preloaded into
 Python, libofl and the extension built with AddressSanitizer, and strict
 mode's stream jitter: a block handed back while torch still reads it, or a
 copy worker racing the training thread, is a report there. Steps per loop:
-OFL_LOAD_STEPS (default 60; ./ofl.sh asan runs 200)."""
+OFL_TEST_LOAD_STEPS (default 60; ./ofl.sh asan runs 200)."""
 import math
 import os
 import sys
@@ -33,7 +33,7 @@ from ofl.torch.megatron import (  # noqa: E402
     FineGrainedActivationOffloadingInterface as off_interface)
 
 torch.set_num_threads(1)
-STEPS = int(os.environ.get("OFL_LOAD_STEPS", "60"))
+STEPS = int(os.environ.get("OFL_TEST_LOAD_STEPS", "60"))
 VOCAB, D, HEADS, SEQ, LAYERS, BATCH = 64, 64, 4, 64, 2, 2
 
 

@@ -50,6 +50,31 @@ class Messages(unittest.TestCase):
         self.assertIn("status 2", run.stdout)
         self.assertIn("ofl WARN", run.stderr)
 
+    def test_wrong_arguments_are_python_errors_naming_the_argument(self):
+        import torch
+        import ofl.torch as ot
+        cases = [
+            (dict(model="x"), TypeError, "model must be a torch.nn.Module"),
+            (dict(min_offload_size="big"), TypeError, "min_offload_size must be an int"),
+            (dict(min_offload_size=1.5), TypeError, "min_offload_size must be an int"),
+            (dict(max_fwd_stash_size=None), TypeError, "max_fwd_stash_size must be an int"),
+            (dict(use_pin_memory="yes"), TypeError, "use_pin_memory must be True or False"),
+            (dict(use_streams="no"), TypeError, "use_streams must be True or False"),
+            (dict(min_offload_size=-1), ValueError, "min_offload_size must be >= 0"),
+        ]
+        for kw, exc, text in cases:
+            with self.assertRaises(exc, msg=repr(kw)) as cm:
+                ot.OffloadActivations(**kw)
+            self.assertIn(text, str(cm.exception))
+            self.assertIn("OffloadActivations:", str(cm.exception))
+        with self.assertRaises(TypeError) as cm:
+            ot.OffloadActivations("yes", "no")
+        self.assertIn("use_pin_memory", str(cm.exception))
+        # torchtune's own calls still work
+        ot.OffloadActivations(True, True, 5, 1024).close()
+        ot.OffloadActivations(use_streams=None, model=torch.nn.Linear(2, 2),
+                              warn_if_no_head=False).close()
+
     def test_ofl_info_says_each_problem_once(self):
         run = subprocess.run([sys.executable, "-m", "ofl.info"], capture_output=True, text=True,
                              timeout=120, env=dict(os.environ, OFL_OFFLOAD_GROUP="x"))

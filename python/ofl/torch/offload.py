@@ -62,6 +62,7 @@ Mapping onto the manager (documented in python/README.md too):
     always page-locked on cuda (and plain memory on the host backend).
 """
 import contextlib
+import operator
 import sys
 import threading
 import warnings
@@ -290,6 +291,23 @@ def release_managers():
     return n
 
 
+def _check_flag(arg, v):
+    """A flag must be a bool (a str such as "no" would read as True)."""
+    if not isinstance(v, bool) and type(v).__name__ != "bool_":  # numpy's too
+        raise TypeError("OffloadActivations: %s must be True or False, got %r" % (arg, v))
+
+
+def _check_int(arg, v):
+    """An int (a numpy integer too); a float, a str or None is refused."""
+    if isinstance(v, bool):
+        raise TypeError("OffloadActivations: %s must be an int, got a bool (%r)" % (arg, v))
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError("OffloadActivations: %s must be an int, got %s (%r)"
+                        % (arg, type(v).__name__, v)) from None
+
+
 class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.ContextDecorator):
     """Offloads the activations saved for backward while it is entered
     (torchtune's ``OffloadActivations``, same positional parameters), through
@@ -303,10 +321,19 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
             raise TypeError("OffloadActivations: the model is a keyword argument "
                             "(OffloadActivations(model=model) or offload_activations(model)); "
                             "the first positional parameter is use_pin_memory, as in torchtune")
-        if int(max_fwd_stash_size) < 1:
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise TypeError("OffloadActivations: model must be a torch.nn.Module (or None), got %s"
+                            % type(model).__name__)
+        _check_flag("use_pin_memory", use_pin_memory)
+        if use_streams is not None:
+            _check_flag("use_streams", use_streams)
+        _check_flag("warn_if_no_head", warn_if_no_head)
+        max_fwd_stash_size = _check_int("max_fwd_stash_size", max_fwd_stash_size)
+        min_offload_size = _check_int("min_offload_size", min_offload_size)
+        if max_fwd_stash_size < 1:
             raise ValueError("OffloadActivations: max_fwd_stash_size must be at least 1 (got %r)"
                              % (max_fwd_stash_size,))
-        if int(min_offload_size) < 0:
+        if min_offload_size < 0:
             raise ValueError("OffloadActivations: min_offload_size must be >= 0 bytes (got %r)"
                              % (min_offload_size,))
         if offload_modules is not None and not isinstance(offload_modules, str):

@@ -102,6 +102,10 @@ Test(config, tool_variables_are_not_warned_about) {
   setenv("OFL_DEMO_RANKS", "2", 1);
   setenv("OFL_NO_TORCH_INSTALL", "1", 1); /* ofl.sh's */
   setenv("OFL_LIBRARY", "/x/libofl.so", 1); /* the Python package's */
+  setenv("OFL_SOAK_DRAWS", "10", 1);         /* ./ofl.sh soak's */
+  setenv("OFL_SWEEP_FULL", "1", 1);
+  setenv("OFL_TEST_LOAD_STEPS", "5", 1);
+  setenv("OFL_STAGER_UNDER_TEST", "torch", 1);
   setenv("OFL_BENCHMARK", "1", 1); /* not the OFL_BENCH_ prefix */
   ofl_config_reload();
   cr_assert(eq(int, c.warnings, 1));
