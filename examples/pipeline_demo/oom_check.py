@@ -13,10 +13,15 @@ import subprocess
 import sys
 
 
+# A run takes seconds; under a sanitizer setup on a loaded machine minutes
+# (OFLTEST_SLOW: how much slower the setup runs, as for the tests' deadlines).
+TIMEOUT = 600 * float(os.environ.get("OFLTEST_SLOW", "1") or 1)
+
+
 def run(cmd, memory):
     env = dict(os.environ, CUDASIM_DEVICE_MEMORY=memory)
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, env=env, timeout=600)
+                       text=True, env=env, timeout=TIMEOUT)
     sys.stdout.write(p.stdout)
     return p.returncode, p.stdout
 

@@ -509,6 +509,11 @@ def _dist_worker(rank, world, init_file, out_dir):
         dist.destroy_process_group()
 
 
+@unittest.skipIf(os.environ.get("OFLTEST_TSAN") == "1",
+                 "under ThreadSanitizer: torch's gloo process group hands work between its own "
+                 "threads through code that is not instrumented, which the runtime reports as "
+                 "races in torch (c10d's AsyncAllgatherWork); the summary gather runs in the "
+                 "plain suite")
 class Distributed(unittest.TestCase):
     def test_summary_gathered_on_rank_0(self):
         import json
