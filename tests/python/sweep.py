@@ -43,7 +43,8 @@ def _ours(code):
 def _with_exits(code):
     """The offsets of code's normal with-exit sequences: LOAD_CONST None
     three times, then the call of __exit__ (3.11: PRECALL, CALL 2; 3.12:
-    CALL 2; 3.10: LOAD_CONST None, DUP_TOP twice, CALL_FUNCTION 3)."""
+    CALL 2; 3.10: LOAD_CONST None, DUP_TOP twice, CALL_FUNCTION 3), after
+    a SWAP where the body returns a value."""
     ins = list(dis.get_instructions(code))
     out = set()
     for i, a in enumerate(ins):
@@ -55,6 +56,8 @@ def _with_exits(code):
             rest = [n for n in nxt[2:] if n != "PRECALL"]
             if rest and rest[0] == "CALL" and ins[i + 1 + nxt.index("CALL")].arg == 2:
                 out.add(a.offset)
+                if i > 0 and ins[i - 1].opname == "SWAP":  # a return in the body: its value kept
+                    out.add(ins[i - 1].offset)
         elif nxt[:3] == ["DUP_TOP", "DUP_TOP", "CALL_FUNCTION"] and ins[i + 3].arg == 3:
             out.add(a.offset)
     return frozenset(out)

@@ -40,6 +40,7 @@ reloads into the device the input came from.
 """
 import ctypes
 import threading
+import weakref
 
 import torch
 
@@ -49,6 +50,7 @@ from ._core import Runtime
 
 L = _lib.lib
 _byref = ctypes.byref
+_destroy_extent = L.ofl_disk_extent_destroy  # NULL accepted
 
 __all__ = ["disk_checkpoint", "DiskStore", "Disco", "hf_grad_checkpoint_disk_offload_wrapper"]
 
@@ -73,7 +75,9 @@ class DiskStore:
         self.d = d.value
         self.kept_in_memory = 0
         self.stored = 0
-        self.order = []  # live checkpoints, in forward order
+        # weak references of the live checkpoints, in forward order: one
+        # whose step was cut (its graph dropped) goes, and its extents with it
+        self.order = []
 
     @classmethod
     def get(cls, disk_dir=None, queue_depth=0):
@@ -92,9 +96,14 @@ class DiskStore:
             cls._stores.clear()
 
     def close(self):
+        """Ends the extents of the checkpoints still alive, then the store."""
+        for r in list(self.order):
+            s = r()
+            if s is not None:
+                s.release()
         if self.d is not None:
-            L.ofl_disk_close(self.d)
-            self.d = None
+            d, self.d = self.d, None
+            L.ofl_disk_close(d)
 
     def put(self, t):
         """An extent holding t's bytes, or None when the store refused."""
@@ -124,6 +133,8 @@ class DiskStore:
         return e.value
 
     def get_tensor(self, ext, dtype, shape, device):
+        """The tensor of extent ext's bytes (the extent stays: its owner
+        ends it)."""
         data = ctypes.c_void_p()
         check(L.ofl_disk_extent_reload(ext, _lib.TIMEOUT_DEFAULT, _byref(data)),
               "ofl_disk_extent_reload")
@@ -134,7 +145,6 @@ class DiskStore:
         else:
             src = torch.frombuffer((ctypes.c_ubyte * nb).from_address(data.value), dtype=torch.uint8)
             out.view(-1).view(torch.uint8).copy_(src)
-        check(L.ofl_disk_extent_destroy(ext), "ofl_disk_extent_destroy")
         return out
 
     def prefetch(self, ext):
@@ -160,6 +170,7 @@ class _Saved:
         self.store = store
         self.items = []  # (ext or None, tensor or None, dtype, shape, device, requires_grad)
         self.done = False
+        self.ref = weakref.ref(self)  # its entry in store.order
 
     def prefetch(self):
         for ext, *_ in self.items:
@@ -168,13 +179,15 @@ class _Saved:
 
     def release(self):
         if not self.done:
+            # each extent leaves the list on the line of the C call that
+            # ends it (an interrupt cannot come between the two): a release
+            # cut by an interrupt and run again ends none twice
+            items = self.items
+            while items and self.store.d is not None:
+                ext = items[-1][0]; items.pop(); _destroy_extent(ext)  # noqa: E702
             self.done = True
-            for ext, *_ in self.items:
-                if ext is not None:
-                    self.store.drop(ext)
-            self.items = []
             try:
-                self.store.order.remove(self)
+                self.store.order.remove(self.ref)
             except ValueError:
                 pass
 
@@ -208,7 +221,7 @@ class _DiskCheckpoint(torch.autograd.Function):
                 ctx.args.append(len(saved.items) - 1)
             else:
                 ctx.args.append(("const", a))
-        store.order.append(saved)
+        store.order.append(saved.ref)
         ctx.saved = saved
         return out
 
@@ -218,9 +231,11 @@ class _DiskCheckpoint(torch.autograd.Function):
         store = saved.store
         # prefetch the inputs of the checkpoints that run backward next
         try:
-            i = store.order.index(saved)
-            for s in store.order[max(0, i - ctx.prefetch_size):i]:
-                s.prefetch()
+            i = store.order.index(saved.ref)
+            for r in store.order[max(0, i - ctx.prefetch_size):i]:
+                s = r()
+                if s is not None:
+                    s.prefetch()
         except ValueError:
             pass
         inputs = []
@@ -231,7 +246,8 @@ class _DiskCheckpoint(torch.autograd.Function):
             ext, t, dtype, shape, device, rg = saved.items[a]
             if ext is not None:
                 t = store.get_tensor(ext, dtype, shape, device)
-                saved.items[a] = (None, None, dtype, shape, device, rg)
+                # the item forgets the extent on the line that ends it
+                saved.items[a] = (None, None, dtype, shape, device, rg); _destroy_extent(ext)  # noqa: E702,E501
             x = t.detach()
             x.requires_grad_(rg)
             inputs.append(x)
