@@ -249,13 +249,17 @@ case "$task" in
     ;;
   soak)
     # Long randomized runs, counted: the pool property test over
-    # OFL_SOAK_DRAWS (default 1000) drawn workloads on the host backend
-    # (strict mode) and on the cudasim stand-in, then the interrupt sweep of
-    # ofl.torch at every line event (hooks in C and over ctypes). Each part
-    # prints what ran and what failed, by kind; the last line adds them up.
+    # OFL_SOAK_DRAWS (default 2000) drawn workloads on the host backend
+    # (strict mode) and on the cudasim stand-in, at the CI subset's sizes
+    # (OFL_SOAK_SIZE=full: up to 4 MiB tensors and 96 MiB an iteration,
+    # about 30 s a draw here), then the interrupt sweep of ofl.torch at every
+    # line event (hooks in C and over ctypes, the stager, the disk
+    # checkpoint). Each part prints what ran and what failed, by kind; the
+    # last line adds them up.
     build "$BUILD" -Dtests=true -Dexamples=true -Dbench=true
     install_torch
-    draws="${OFL_SOAK_DRAWS:-1000}" seed="${OFL_SOAK_SEED:-1}"
+    draws="${OFL_SOAK_DRAWS:-2000}" seed="${OFL_SOAK_SEED:-1}"
+    export OFL_SOAK_SIZE="${OFL_SOAK_SIZE:-small}"
     prop="$BUILD/tests/unit/pipeline/test_pipeline_pool_property"
     soak_dir="$BUILD/meson-logs/soak"
     mkdir -p "$soak_dir"
@@ -266,7 +270,7 @@ case "$task" in
       passed=$((passed + p)); failed=$((failed + f))
     }
     for be in host cudasim; do
-      log "pool property soak on $be: $draws draws from seed $seed (log: $soak_dir/pool-$be.log)"
+      log "pool property soak on $be: $draws draws ($OFL_SOAK_SIZE) from seed $seed (log: $soak_dir/pool-$be.log)"
       if [ "$be" = host ]; then
         env OFL_BACKEND=host OFLTEST_BACKEND=host OFL_STRICT=1 OFL_DEBUG=NONE \
           OFL_SOAK_DRAWS="$draws" OFL_SOAK_SEED="$seed" "$prop" >"$soak_dir/pool-$be.log" 2>&1 || true
@@ -277,14 +281,17 @@ case "$task" in
       grep '^# draws' "$soak_dir/pool-$be.log" | sed "s/^# /  $be: /" || echo "  $be: no count line (see the log)"
       count_tap "$soak_dir/pool-$be.log"
     done
-    for hooks in c ctypes; do
-      log "interrupt sweep, every line event, hooks $hooks (log: $soak_dir/sweep-$hooks.log)"
-      ext=1; [ "$hooks" = ctypes ] && ext=0
-      env OFL_SWEEP_FULL=1 OFL_SWEEP_MEGATRON=1 OFL_PYTHON_EXT=$ext OFL_BACKEND=host OFL_DEBUG=NONE \
-        OFL_LIBRARY="$BUILD/libofl.so" PYTHONPATH="$here/python:$BUILD/python" \
-        python3 tests/python/test_interrupt_sweep.py >"$soak_dir/sweep-$hooks.log" 2>&1 && s_rc=0 || s_rc=$?
-      grep -i 'swept' "$soak_dir/sweep-$hooks.log" | sed "s/^/  $hooks: /" || true
-      if [ "$s_rc" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    log "interrupt sweep at every line event: hooks in C and over ctypes, the stager and the disk checkpoint (log: $soak_dir/sweep.log)"
+    OFL_SWEEP_FULL=1 meson test -C "$BUILD" -v --no-rebuild --timeout-multiplier 8 \
+      python_interrupt_sweep python_interrupt_sweep_ctypes python_stager_sweep \
+      >"$soak_dir/sweep.log" 2>&1 || true
+    grep -E 'swept [0-9]+ injection points' "$soak_dir/sweep.log" | sed 's/^/  /' || true
+    for t in python_interrupt_sweep python_interrupt_sweep_ctypes python_stager_sweep; do
+      if grep -Eq "ofl:[a-z+]* / $t +OK" "$soak_dir/sweep.log"; then
+        passed=$((passed + 1))
+      else
+        failed=$((failed + 1)); echo "  $t: not passed (see the log)"
+      fi
     done
     echo "soak: $passed passed, $failed failed"
     [ "$failed" -eq 0 ]

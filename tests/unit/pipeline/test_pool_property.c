@@ -12,8 +12,8 @@
  * A TAP program, one check per draw. Arguments or environment:
  *   OFL_SOAK_DRAWS (default 50: the CI subset, with smaller workloads),
  *   OFL_SOAK_SEED (default 1). With OFL_SOAK_DRAWS set the workloads are
- *   drawn at full size, and the last line counts the draws that ran and
- *   those that failed, by kind. */
+ *   drawn at full size (OFL_SOAK_SIZE=small: at the CI subset's), and the
+ *   last line counts the draws that ran and those that failed, by kind. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -258,6 +258,9 @@ int main(int argc, char **argv) {
   const char *env_draws = getenv("OFL_SOAK_DRAWS");
   const char *env_seed = getenv("OFL_SOAK_SEED");
   bool full = env_draws != NULL || argc > 1;
+  const char *env_size = getenv("OFL_SOAK_SIZE"); /* small: the CI's sizes */
+  if (env_size != NULL && strcmp(env_size, "small") == 0)
+    full = false;
   long draws = argc > 1 ? atol(argv[1]) : env_draws ? atol(env_draws) : 50;
   uint64_t seed = argc > 2        ? strtoull(argv[2], NULL, 10)
                   : env_seed != NULL ? strtoull(env_seed, NULL, 10)
