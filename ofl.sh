@@ -153,6 +153,28 @@ run_tests() {
   return $rc
 }
 
+# sanitizer_tests DIR SETUP WHAT PYTHON_SELECTION... -- [ARGS...]: the C
+# suites under SETUP, then PYTHON_SELECTION under SETUP_python (the
+# interpreter with the sanitizer's runtime preloaded), and one line adding
+# both up. ARGS (meson test's: test names, --suite ...) select within the C
+# setup, and the python part is left out then: a name of one part would
+# match nothing in the other.
+sanitizer_tests() {
+  local dir="$1" setup="$2" what="$3"; shift 3
+  local py=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do py+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  local rc=0
+  run_tests "$dir" "$setup" "$@" || rc=$?
+  [ $# -gt 0 ] && return $rc
+  install_torch
+  log "$what (setup ${setup}_python)"
+  run_tests "$dir" "${setup}_python" "${py[@]}" || rc=$?
+  python3 "$here/.ci/summarize.py" "$dir/meson-logs/testlog-$setup.json" \
+    "$dir/meson-logs/testlog-${setup}_python.json" || rc=1
+  return $rc
+}
+
 task="${1:-help}"
 [ $# -gt 0 ] && shift
 case "$task" in
@@ -206,29 +228,16 @@ case "$task" in
     # tests, the client tests and the load loops) against the same
     # instrumented libofl and extension, libasan preloaded into Python.
     build build-asan "${ASAN_MESON[@]}"
-    install_torch
-    rc=0
-    run_tests build-asan asan "$@" || rc=$?
-    log "the python suite under AddressSanitizer (setup asan_python)"
-    run_tests build-asan asan_python --suite python --no-suite install "$@" || rc=$?
-    python3 "$here/.ci/summarize.py" build-asan/meson-logs/testlog-asan.json \
-      build-asan/meson-logs/testlog-asan_python.json || rc=1
-    exit $rc
+    sanitizer_tests build-asan asan "the python suite under AddressSanitizer" \
+      --suite python --no-suite install -- "$@"
     ;;
   tsan)
     # The TAP suites under ThreadSanitizer, then the python tests that drive
     # the copy workers (the load loops, the hooks' suite, the stager) with
     # libtsan preloaded into Python.
     build build-tsan "${TSAN_MESON[@]}"
-    install_torch
-    rc=0
-    run_tests build-tsan tsan "$@" || rc=$?
-    log "the python tests that drive the copy workers under ThreadSanitizer (setup tsan_python)"
-    run_tests build-tsan tsan_python python_load_loop python_load_loop_ctypes \
-      python_torch python_stager "$@" || rc=$?
-    python3 "$here/.ci/summarize.py" build-tsan/meson-logs/testlog-tsan.json \
-      build-tsan/meson-logs/testlog-tsan_python.json || rc=1
-    exit $rc
+    sanitizer_tests build-tsan tsan "the python tests that drive the copy workers under ThreadSanitizer" \
+      python_load_loop python_load_loop_ctypes python_torch python_stager -- "$@"
     ;;
   sanitizer-builds)
     # What CI compiles beside the tests: the asan and tsan builds at their
