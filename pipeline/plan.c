@@ -498,7 +498,7 @@ static double memcpy_rate(void) {
 }
 
 /* Link rates: measured from the warmup's copies (timing events), else the
- * host backend's link model, else its memcpy rate. */
+ * backend's link model (ofl__device_link_rate), else the memcpy rate. */
 static void link_rates(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   uint64_t db = 0, dns = 0, hb = 0, hns = 0;
@@ -515,9 +515,9 @@ static void link_rates(ofl_manager_t *m) {
       hns += ns;
     }
   }
-  const ofl__device_config_t *c = &m->dev->cfg;
-  double model_d2h = c->link_d2h_bps > 0 ? c->link_d2h_bps : c->link_total_bps;
-  double model_h2d = c->link_h2d_bps > 0 ? c->link_h2d_bps : c->link_total_bps;
+  double model_d2h = 0, model_h2d = 0;
+  if (ofl__device_link_rate(m->dev, &model_d2h, &model_h2d) != OFL_SUCCESS)
+    model_d2h = model_h2d = 0;
   if (dns > 0) {
     p->out.d2h_gbps = (double)db / (double)dns;
     p->out.h2d_gbps = hns > 0 ? (double)hb / (double)hns : p->out.d2h_gbps;

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "runtime/device_internal.h"
+#include "runtime/backend.h"
 
 typedef struct entry {
   ofl_event_t *ev; /* kept with the entry: steady state creates no event */
@@ -132,11 +132,9 @@ static void *defer_main(void *arg) {
   struct ofl__defer *d = dev->defer;
   ofl__thread_mark_owned();
   ofl__thread_name("release");
-#if OFL_HAVE_CUDA
   /* Callbacks here may call cudaFree while the application captures. */
-  if (dev->backend == OFL_BACKEND_CUDA)
-    ofl__cuda_thread_relax_capture();
-#endif
+  if (dev->ops->release_thread_init != NULL)
+    dev->ops->release_thread_init(dev);
   long pause_ns = 20000;
   pthread_mutex_lock(&d->lock);
   while (!atomic_load(&d->stop)) {

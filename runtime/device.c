@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/device_internal.h"
+#include "runtime/backend.h"
 
 /* No allocation or copy can span more than half the address space; larger
  * sizes would wrap when a backend rounds them up or adds them to a pointer. */
@@ -86,6 +86,25 @@ static ofl_status_t resolve_config(const ofl_device_params_t *p,
   return OFL_SUCCESS;
 }
 
+/* The ops table of a backend this build has; NULL for one it has not. */
+static const ofl__device_ops_t *backend_ops(ofl_backend_t backend) {
+  switch (backend) {
+  case OFL_BACKEND_HOST:
+    return &ofl__host_ops;
+  case OFL_BACKEND_CUDA:
+#if OFL_HAVE_CUDA
+    return &ofl__cuda_ops;
+#else
+    return NULL;
+#endif
+  case OFL_BACKEND_AUTO:
+    break;
+  }
+  return NULL;
+}
+
+#define NO_CUDA_BUILD "this build has no cuda backend (toolkit not found)"
+
 /* Chooses the backend; with auto and no usable GPU, host and the reason
  * (at INFO: a machine without a GPU is normal for auto). NULL on an error
  * (ofl_last_error says it). */
@@ -94,22 +113,22 @@ static const ofl__device_ops_t *select_backend(ofl_device_t *dev,
   *err = OFL_SUCCESS;
   if (dev->cfg.backend == OFL_BACKEND_HOST)
     return &ofl__host_ops;
-#if OFL_HAVE_CUDA
-  char why[300];
-  ofl_status_t st = ofl__cuda_probe(&dev->cfg.device_index, why, sizeof why);
-  if (st == OFL_SUCCESS) {
-    if (dev->cfg.backend == OFL_BACKEND_AUTO)
-      snprintf(dev->reason, sizeof dev->reason,
-               "auto: cuda device %d is available", dev->cfg.device_index);
-    return &ofl__cuda_ops;
+  const ofl__device_ops_t *gpu = backend_ops(OFL_BACKEND_CUDA);
+  char why[300] = NO_CUDA_BUILD;
+  if (gpu != NULL) {
+    ofl_status_t st = gpu->probe(&dev->cfg.device_index, why, sizeof why);
+    if (st == OFL_SUCCESS) {
+      if (dev->cfg.backend == OFL_BACKEND_AUTO)
+        snprintf(dev->reason, sizeof dev->reason,
+                 "auto: %s device %d is available", gpu->name,
+                 dev->cfg.device_index);
+      return gpu;
+    }
+    if (st == OFL_ERR_CONFIG) {
+      *err = st;
+      return NULL;
+    }
   }
-  if (st == OFL_ERR_CONFIG) {
-    *err = st;
-    return NULL;
-  }
-#else
-  const char *why = "this build has no cuda backend (toolkit not found)";
-#endif
   if (dev->cfg.backend == OFL_BACKEND_CUDA) {
     *err = ofl__error(OFL_ERR_NO_DEVICE, OFL_SUBSYS_DEVICE,
                       "OFL_BACKEND=cuda but no cuda device can be used (%s); "
@@ -145,8 +164,7 @@ ofl_status_t ofl_device_open(const ofl_device_params_t *params,
   dev->ops = select_backend(dev, &st);
   if (dev->ops == NULL)
     goto fail;
-  dev->backend =
-      dev->ops == &ofl__host_ops ? OFL_BACKEND_HOST : OFL_BACKEND_CUDA;
+  dev->backend = dev->ops->backend;
   dev->stats.device_capacity_bytes = dev->cfg.capacity_bytes;
   const char *trace = NULL;
   if (ofl__config_str("OFL_TRACE_FILE", &trace) == OFL_SUCCESS && trace[0])
@@ -288,13 +306,13 @@ ofl_status_t ofl_device_adopt_host_memory(ofl_device_t *dev, int on) {
   if (dev == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
                       "ofl_device_adopt_host_memory: device is NULL");
-  if (dev->backend != OFL_BACKEND_HOST)
+  if (dev->ops->adopt_host_memory == NULL)
     return ofl__error(OFL_ERR_NOT_SUPPORTED, OFL_SUBSYS_DEVICE,
                       "ofl_device_adopt_host_memory: the %s backend's device "
                       "memory is the GPU's; only the host backend can take "
                       "the application's memory as device memory",
                       dev->ops->name);
-  ofl__host_adopt_memory(dev, on != 0);
+  dev->ops->adopt_host_memory(dev, on != 0);
   return OFL_SUCCESS;
 }
 
@@ -697,12 +715,11 @@ ofl_status_t ofl_backend_probe(ofl_backend_t backend, int *count, char *why,
   int n = 0;
   ofl_status_t st = OFL_ERR_NO_DEVICE;
   if (backend != OFL_BACKEND_HOST) {
-#if OFL_HAVE_CUDA
-    st = ofl__cuda_device_count(&n, buf, sizeof buf);
-#else
-    snprintf(buf, sizeof buf,
-             "this build has no cuda backend (toolkit not found)");
-#endif
+    const ofl__device_ops_t *gpu = backend_ops(OFL_BACKEND_CUDA);
+    if (gpu != NULL)
+      st = gpu->device_count(&n, buf, sizeof buf);
+    else
+      snprintf(buf, sizeof buf, NO_CUDA_BUILD);
   }
   if (backend == OFL_BACKEND_HOST ||
       (backend == OFL_BACKEND_AUTO && st != OFL_SUCCESS)) {
@@ -719,10 +736,29 @@ ofl_status_t ofl_backend_probe(ofl_backend_t backend, int *count, char *why,
 bool ofl__device_owns(ofl_device_t *dev, const void *ptr, size_t bytes) {
   if (dev == NULL || ptr == NULL)
     return false;
-#if OFL_HAVE_CUDA
-  if (dev->backend == OFL_BACKEND_CUDA)
-    return ofl__cuda_device_owns(dev, ptr, bytes);
-#endif
-  return dev->backend == OFL_BACKEND_HOST &&
-         ofl__host_device_owns(dev, ptr, bytes);
+  return dev->ops->device_owns(dev, ptr, bytes);
+}
+
+size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes) {
+  if (dev == NULL || ptr == NULL || dev->ops->inflight == NULL)
+    return 0;
+  return dev->ops->inflight(dev, ptr, bytes);
+}
+
+/* Only the host backend's device memory is the CPU's to write. */
+void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes) {
+  if (dev != NULL && dev->backend == OFL_BACKEND_HOST && ptr != NULL)
+    memset(ptr, OFL__POISON_BYTE, bytes);
+}
+
+ofl_status_t ofl__device_link_rate(ofl_device_t *dev, double *d2h_bytes_per_s,
+                                   double *h2d_bytes_per_s) {
+  if (dev == NULL || d2h_bytes_per_s == NULL || h2d_bytes_per_s == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
+                      "ofl__device_link_rate: NULL argument");
+  if (dev->ops->link_rate != NULL)
+    return dev->ops->link_rate(dev, d2h_bytes_per_s, h2d_bytes_per_s);
+  *d2h_bytes_per_s = 0;
+  *h2d_bytes_per_s = 0;
+  return OFL_SUCCESS;
 }

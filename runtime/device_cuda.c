@@ -16,7 +16,7 @@
 /* cudaX(...) calls go through the table that the probe fills by dlopen:
  * libofl does not link the CUDA runtime. */
 #include "runtime/cuda_api.h"
-#include "runtime/device_internal.h"
+#include "runtime/backend.h"
 
 /* A failed runtime call also sets the calling thread's last error, which the
  * application's own cudaGetLastError checks would report at an unrelated
@@ -73,7 +73,7 @@ static ofl_status_t resolve_index(int count, int *index) {
 
 /* The CUDA runtime is loaded here, at the first device open (or probe):
  * without it the answer is OFL_ERR_NO_DEVICE saying it was not found. */
-ofl_status_t ofl__cuda_device_count(int *count, char *why, size_t cap) {
+static ofl_status_t cuda_device_count(int *count, char *why, size_t cap) {
   *count = 0;
   if (ofl__cudart_load(why, cap) != OFL_SUCCESS)
     return OFL_ERR_NO_DEVICE;
@@ -98,9 +98,9 @@ ofl_status_t ofl__cuda_device_count(int *count, char *why, size_t cap) {
   return OFL_SUCCESS;
 }
 
-ofl_status_t ofl__cuda_probe(int *device_index, char *why, size_t cap) {
+static ofl_status_t cuda_probe(int *device_index, char *why, size_t cap) {
   int n = 0;
-  OFL_CHECK(ofl__cuda_device_count(&n, why, cap));
+  OFL_CHECK(cuda_device_count(&n, why, cap));
   if (*device_index < 0) {
     ofl_status_t st = resolve_index(n, device_index);
     if (st != OFL_SUCCESS) {
@@ -758,14 +758,66 @@ static void cuda_range_pop(ofl_device_t *dev) {
   nvtxRangePop();
 }
 
+/* Both ends of the range: an allocation is contiguous, so a range that
+ * starts and ends in device memory of dev lies in it (two allocations
+ * side by side aside, which a tensor cannot tell apart anyway). */
+static bool cuda_device_owns(ofl_device_t *dev, const void *ptr,
+                             size_t bytes) {
+  const char *ends[2] = {ptr, (const char *)ptr + (bytes ? bytes - 1 : 0)};
+  dev_guard_t g;
+  if (enter(dev, &g) != OFL_SUCCESS)
+    return false;
+  bool owns = true;
+  for (int i = 0; i < 2 && owns; i++) {
+    struct cudaPointerAttributes a;
+    cudaError_t ce = cudaPointerGetAttributes(&a, ends[i]);
+    if (ce != cudaSuccess) {
+      (void)cudaGetLastError(); /* an answer, not the application's error */
+      owns = false;
+    } else if (a.type != cudaMemoryTypeDevice ||
+               a.device != dev->cfg.device_index) {
+      owns = false;
+    }
+  }
+  leave(&g);
+  return owns;
+}
+
+/* The release thread is ofl's for good: it stays in relaxed capture mode,
+ * so that release callbacks run there may call cudaFree while the
+ * application captures a graph on another thread. */
+static void cuda_release_thread_init(ofl_device_t *dev) {
+  (void)dev;
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
+    (void)cudaGetLastError();
+}
+
+/* The backend measures nothing itself: it knows the link model the
+ * application configured (OFL_LINK_*_GBPS, which it does not pace by),
+ * else nothing (0: the caller measures). */
+static ofl_status_t cuda_link_rate(ofl_device_t *dev, double *d2h_bytes_per_s,
+                                   double *h2d_bytes_per_s) {
+  const ofl__device_config_t *c = &dev->cfg;
+  *d2h_bytes_per_s = c->link_d2h_bps > 0 ? c->link_d2h_bps : c->link_total_bps;
+  *h2d_bytes_per_s = c->link_h2d_bps > 0 ? c->link_h2d_bps : c->link_total_bps;
+  return OFL_SUCCESS;
+}
+
 const ofl__device_ops_t ofl__cuda_ops = {
     .name = "cuda",
+    .backend = OFL_BACKEND_CUDA,
+    .probe = cuda_probe,
+    .device_count = cuda_device_count,
     .open = cuda_open,
     .close = cuda_close,
     .device_malloc = cuda_device_malloc,
     .device_free = cuda_device_free,
     .pinned_malloc = cuda_pinned_malloc,
     .pinned_free = cuda_pinned_free,
+    .device_owns = cuda_device_owns,
+    .link_rate = cuda_link_rate,
+    .release_thread_init = cuda_release_thread_init,
     .stream_create = cuda_stream_create,
     .stream_wrap = cuda_stream_wrap,
     .stream_native = cuda_stream_native,
@@ -787,36 +839,6 @@ const ofl__device_ops_t ofl__cuda_ops = {
     .range_push = cuda_range_push,
     .range_pop = cuda_range_pop,
 };
-
-/* Both ends of the range: an allocation is contiguous, so a range that
- * starts and ends in device memory of dev lies in it (two allocations
- * side by side aside, which a tensor cannot tell apart anyway). */
-bool ofl__cuda_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes) {
-  const char *ends[2] = {ptr, (const char *)ptr + (bytes ? bytes - 1 : 0)};
-  dev_guard_t g;
-  if (enter(dev, &g) != OFL_SUCCESS)
-    return false;
-  bool owns = true;
-  for (int i = 0; i < 2 && owns; i++) {
-    struct cudaPointerAttributes a;
-    cudaError_t ce = cudaPointerGetAttributes(&a, ends[i]);
-    if (ce != cudaSuccess) {
-      (void)cudaGetLastError(); /* an answer, not the application's error */
-      owns = false;
-    } else if (a.type != cudaMemoryTypeDevice ||
-               a.device != dev->cfg.device_index) {
-      owns = false;
-    }
-  }
-  leave(&g);
-  return owns;
-}
-
-void ofl__cuda_thread_relax_capture(void) {
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
-    (void)cudaGetLastError();
-}
 
 #else
 /* ISO C forbids an empty translation unit. */

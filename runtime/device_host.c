@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/device_internal.h"
+#include "runtime/backend.h"
 
 #define DEVICE_ALIGN 256
 #define PINNED_ALIGN 4096
@@ -248,9 +248,7 @@ static ofl_status_t host_pinned_free(ofl_device_t *dev, void *ptr,
 
 static size_t ops_touching(ofl_device_t *dev, const char *lo, size_t bytes);
 
-size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes) {
-  if (dev == NULL || dev->backend != OFL_BACKEND_HOST || ptr == NULL)
-    return 0;
+static size_t host_inflight(ofl_device_t *dev, const void *ptr, size_t bytes) {
   host_dev_t *h = HD(dev);
   pthread_mutex_lock(&h->reg_lock);
   hblock_t *b = find_block(h, ptr);
@@ -264,7 +262,8 @@ size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes) {
   return n;
 }
 
-bool ofl__host_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes) {
+static bool host_device_owns(ofl_device_t *dev, const void *ptr,
+                             size_t bytes) {
   host_dev_t *h = HD(dev);
   pthread_mutex_lock(&h->reg_lock);
   hblock_t *b = find_block(h, ptr);
@@ -276,13 +275,8 @@ bool ofl__host_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes) {
   return own;
 }
 
-void ofl__host_adopt_memory(ofl_device_t *dev, bool on) {
+static void host_adopt_host_memory(ofl_device_t *dev, bool on) {
   atomic_store(&HD(dev)->adopt, on);
-}
-
-void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes) {
-  if (dev != NULL && dev->backend == OFL_BACKEND_HOST && ptr != NULL)
-    memset(ptr, OFL__POISON_BYTE, bytes);
 }
 
 /* ---- events ------------------------------------------------------------- */
@@ -1638,6 +1632,17 @@ static ofl_status_t host_open(ofl_device_t *dev) {
   return OFL_SUCCESS;
 }
 
+/* The link model's rates, a direction without its own taking the total;
+ * without a model 0: copies run at memcpy speed, which the caller
+ * measures. */
+static ofl_status_t host_link_rate(ofl_device_t *dev, double *d2h_bytes_per_s,
+                                   double *h2d_bytes_per_s) {
+  const ofl__device_config_t *c = &dev->cfg;
+  *d2h_bytes_per_s = c->link_d2h_bps > 0 ? c->link_d2h_bps : c->link_total_bps;
+  *h2d_bytes_per_s = c->link_h2d_bps > 0 ? c->link_h2d_bps : c->link_total_bps;
+  return OFL_SUCCESS;
+}
+
 static void host_close(ofl_device_t *dev) {
   host_dev_t *h = HD(dev);
   if (h->nblocks > 0)
@@ -1658,12 +1663,17 @@ static void host_close(ofl_device_t *dev) {
 
 const ofl__device_ops_t ofl__host_ops = {
     .name = "host",
+    .backend = OFL_BACKEND_HOST,
     .open = host_open,
     .close = host_close,
     .device_malloc = host_device_malloc,
     .device_free = host_device_free,
     .pinned_malloc = host_pinned_malloc,
     .pinned_free = host_pinned_free,
+    .device_owns = host_device_owns,
+    .inflight = host_inflight,
+    .adopt_host_memory = host_adopt_host_memory,
+    .link_rate = host_link_rate,
     .stream_create = host_stream_create,
     .stream_destroy = host_stream_destroy,
     .stream_synchronize = host_stream_synchronize,

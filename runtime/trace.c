@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/device_internal.h"
+#include "runtime/backend.h"
 
 typedef struct {
   char name[48];
