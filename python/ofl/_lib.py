@@ -149,6 +149,42 @@ class ManagerPlan(ctypes.Structure):
                 ("names", ctypes.POINTER(PlanName))]
 
 
+# recompute: the auto plan's third action (ofl_manager_group_start_flags,
+# ofl_manager_group_action, ofl_manager_plan_action)
+GROUP_RECOMPUTABLE = 1
+ACTION_KEEP = 0
+ACTION_OFFLOAD = 1
+ACTION_RECOMPUTE = 2
+ACTION_NAMES = {ACTION_KEEP: "keep", ACTION_OFFLOAD: "offload", ACTION_RECOMPUTE: "recompute"}
+
+
+class PlanAction(ctypes.Structure):
+    """ofl_plan_action_t (ofl_manager_plan_action): one name's action in the
+    plan, its bytes, the predicted cost and the measured one."""
+    _fields_ = [("name", c_char_p), ("action", c_int), ("recomputable", c_int),
+                ("groups", ctypes.c_uint32), ("offloaded", ctypes.c_uint32),
+                ("recomputed", ctypes.c_uint32), ("bytes", c_uint64),
+                ("recompute_bytes", c_uint64), ("recompute_ms", c_double),
+                ("predicted_ms", c_double), ("measured_ms", c_double)]
+
+
+def plan_actions(m, nnames):
+    """Each name's PlanAction of manager m as a dict by the C field names
+    (action as "keep", "offload" or "recompute"), keyed by name; {} before
+    the end of the warmup or without groups "auto"."""
+    out = {}
+    a = PlanAction()
+    for i in range(nnames):
+        if lib.ofl_manager_plan_action(m, i, ctypes.byref(a)) != 0:
+            break
+        d = {n: getattr(a, n) for n, _ in PlanAction._fields_}
+        d["name"] = (a.name or b"").decode()
+        d["action"] = ACTION_NAMES.get(a.action, str(a.action))
+        d["recomputable"] = bool(a.recomputable)
+        out[d["name"]] = d
+    return out
+
+
 def plan_dict(p):
     """A ManagerPlan as a dict by the C field names; names: a list of dicts
     (their C fields), rate_source a str."""
@@ -388,6 +424,10 @@ _PROTOS = {
     "ofl_manager_summary": (_P, [_P]),
     "ofl_manager_get_stats": (None, [_P, POINTER(ManagerStats)]),
     "ofl_manager_plan_get": (c_int, [_P, POINTER(ManagerPlan)]),
+    "ofl_manager_group_start_flags": (c_int, [_P, c_char_p, ctypes.c_uint, c_size_t]),
+    "ofl_manager_group_action": (c_int, [_P, c_char_p, POINTER(c_int)]),
+    "ofl_manager_set_plan_recompute": (c_int, [_P, c_int]),
+    "ofl_manager_plan_action": (c_int, [_P, c_size_t, POINTER(PlanAction)]),
     "ofl_manager_group_count": (c_size_t, [_P]),
     "ofl_manager_group_stats": (c_int, [_P, c_size_t, POINTER(ManagerGroupStats)]),
     # summary

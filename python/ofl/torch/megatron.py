@@ -74,6 +74,7 @@ Megatron (default OFL_MIN_OFFLOAD_ELEMS, else 1048576); tensors below it are
 never handed to ofl (they stay in Python, uncounted by the C statistics).
 """
 import contextlib
+import ctypes
 import functools
 import os
 import re
@@ -223,6 +224,11 @@ class PipelineOffloadManager:
         if groups is None:
             groups = os.environ.get("OFL_OFFLOAD_GROUPS", "")
         groups = _groups_knob("PipelineOffloadManager", "groups", groups)
+        # recompute: the plan's third action (recompute=True: every name run
+        # through offload_or_recompute; recompute_modules: those names only)
+        self._rc = _Recompute(knobs.pop("recompute", None), knobs.pop("recompute_modules", None),
+                              groups, knobs.get("memory_target"),
+                              knobs.get("device_memory_target"))
         for name in ("memory_target", "device_memory_target"):
             if knobs.get(name) is not None:
                 knobs[name] = _lib.parse_bytes("PipelineOffloadManager", name, knobs[name])
@@ -249,6 +255,7 @@ class PipelineOffloadManager:
         self._core = ManagerCore(**self._knobs)
         self._core.min_elems = (_env_int("OFL_MIN_OFFLOAD_ELEMS", 1 << 20) if min_elems is None
                                 else min_elems)
+        self._rc.attach(self._core)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._core.pack, self._core.unpack)
         self._begun = False  # no chunk begun yet: knobs may still change
 
@@ -432,6 +439,11 @@ class PipelineOffloadManager:
                 raise
         finally:
             core.set_forward_only(False)
+        if was_warmup and not abandoned and self._rc.redo:
+            # a group started recomputable turned out not to be (an input
+            # changed in place, RNG without its state saved): the warmup is
+            # recorded again, that name started not recomputable
+            abandoned = True
         if abandoned and was_warmup:
             # the warmup's record is of a cut step: a new manager records anew
             min_elems = core.min_elems
@@ -490,8 +502,12 @@ class PipelineOffloadManager:
 
     # -- observability
     def stats(self):
-        """ofl_manager_get_stats as a dict by the C field names."""
-        return self._core.stats()
+        """ofl_manager_get_stats as a dict by the C field names; with the
+        auto plan, ``plan`` (ofl_manager_plan_get) and ``plan["actions"]``:
+        per name the action (keep, offload, recompute), the bytes, the
+        predicted and the measured cost (ofl_manager_plan_action), and why a
+        name is not recomputable."""
+        return self._rc.add_actions(self._core, self._core.stats())
 
     def group_stats(self):
         return self._core.group_stats()
@@ -908,3 +924,381 @@ class FineGrainedActivationOffloadingInterface:
     @staticmethod
     def reset_instance():
         PipelineOffloadManager.reset_instance()
+
+
+# ---- recompute: keep, offload or recompute per name ----------------------------
+#
+# The auto plan (offload_modules="auto") may choose, per group name, to keep
+# a group's activations, offload them or recompute them (ofl_manager_group_
+# start_flags with OFL_GROUP_RECOMPUTABLE, ofl_manager_group_action). A name
+# is recomputable when the module call is made through offload_or_recompute
+# (or a module wrapped by apply_recompute_modules) and the manager was made
+# with recompute=True or lists the name in recompute_modules (Megatron's
+# names: core_attn, mlp, layernorm, ...). A recomputed call runs under
+# torch.utils.checkpoint (non-reentrant, the RNG state saved and restored,
+# Megatron's CUDA RNG tracker too): its backward reruns the forward from the
+# inputs it keeps, between the group's backward markers, so ofl measures
+# what the rerun costs (plan["actions"][name]["measured_ms"]).
+
+# Megatron's recompute_modules, and what ofl does with each
+_MEGATRON_RECOMPUTE = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                       "shared_experts")
+_NOT_WRAPPED = {
+    "moe_act": "Megatron recomputes the MoE activation inside its grouped experts' forward "
+               "(output-discarding checkpoint); ofl cannot wrap that call",
+    "mla_up_proj": "Megatron recomputes the MLA up projection inside the attention's forward "
+                   "(output-discarding checkpoint); ofl cannot wrap that call",
+    "moe": "Megatron decides the MoE layer's recompute from its config at every forward; "
+           "ofl does not wrap it (leave it to Megatron's recompute_modules)",
+    "shared_experts": "Megatron decides the shared experts' recompute from its config at every "
+                      "forward; ofl does not wrap it (leave it to Megatron's recompute_modules)",
+}
+
+
+class _Recompute:
+    """The recompute knobs of a PipelineOffloadManager and what the warmups
+    found: the names that cannot be recomputed and why (kept across the
+    managers the instance makes)."""
+
+    def __init__(self, on, modules, groups, target, device_target):
+        if on is not None and not isinstance(on, bool):
+            raise TypeError("PipelineOffloadManager: recompute must be True or False, got %r"
+                            % (on,))
+        if modules is not None:
+            if isinstance(modules, str):
+                modules = [m for m in modules.split(",") if m]
+            if not isinstance(modules, (list, tuple, set)) or not all(
+                    isinstance(m, str) and m for m in modules):
+                raise TypeError("PipelineOffloadManager: recompute_modules must be a list of "
+                                "names (Megatron's: %s), got %r"
+                                % (", ".join(_MEGATRON_RECOMPUTE), modules))
+            modules = set(modules)
+        self.on = bool(on) or bool(modules)
+        self.modules = modules  # None: every name run through offload_or_recompute
+        if self.on and groups != b"auto":
+            raise ValueError("PipelineOffloadManager: recompute needs offload_modules=\"auto\" "
+                             "(the plan that chooses keep, offload or recompute per name)")
+        self.reasons = {}  # name -> why it cannot be recomputed
+        self.warned = set()
+        self.redo = False
+
+    def attach(self, core):
+        """A new manager: the plan may recompute (set before its warmup)."""
+        self.redo = False
+        if self.on:
+            core._check(_lib.lib.ofl_manager_set_plan_recompute(core.m, 1),
+                        "ofl_manager_set_plan_recompute")
+
+    def reason(self, name):
+        """Why name cannot be recomputed (None: it can)."""
+        if not self.on:
+            return "recompute is off (PipelineOffloadManager(recompute=True) or " \
+                   "recompute_modules=[...] turns it on)"
+        r = self.reasons.get(name)
+        if r is None and self.modules is not None and name not in self.modules:
+            r = "not in recompute_modules (%s)" % ", ".join(sorted(self.modules))
+        return r
+
+    def found(self, name, why, started_recomputable):
+        """The warmup found that name cannot be recomputed; a group of it
+        already started recomputable makes the warmup run again."""
+        if name not in self.reasons:
+            self.reasons[name] = why
+        if started_recomputable:
+            self.redo = True
+        if self.on and name not in self.warned:
+            self.warned.add(name)
+            import warnings
+            warnings.warn("ofl: %s cannot be recomputed: %s; the plan keeps or offloads it"
+                          % (name, why), stacklevel=4)
+
+    def add_actions(self, core, st):
+        plan = st.get("plan")
+        if plan is None:
+            return st
+        acts = _lib.plan_actions(core.m, len(plan.get("names", ())))
+        for name, a in acts.items():
+            a["why_not_recomputable"] = None if a["recomputable"] else (
+                self.reason(name) or "never started recomputable (not run through "
+                "offload_or_recompute, or it pushed no group in the warmup)")
+        plan["actions"] = acts
+        plan["recompute"] = self.on
+        return st
+
+
+def _tensors(args, kwargs):
+    out = [a for a in args if isinstance(a, torch.Tensor)]
+    out += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _kept_bytes(core, tensors):
+    """The device bytes of the inputs a recompute keeps (distinct storages)."""
+    seen, n = set(), 0
+    for t in tensors:
+        if t.device.type != core.device_type:
+            continue
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            n += st.nbytes()
+    return n
+
+
+def _rng_tracker():
+    """Megatron's CUDA RNG tracker when megatron.core is already imported."""
+    import sys
+    tp = sys.modules.get("megatron.core.tensor_parallel.random")
+    try:
+        return tp.get_cuda_rng_tracker() if tp is not None else None
+    except Exception:
+        return None
+
+
+def _rng_snapshot(core):
+    st = [torch.get_rng_state()]
+    if core.is_cuda:
+        st.append(torch.cuda.get_rng_state(core.torch_device))
+    return st
+
+
+def _recomputed(fn, mgr, name):
+    """fn for torch's checkpoint: its second call (the recompute, in
+    backward) runs with Megatron's CUDA RNG tracker states as they were at
+    the first (torch's checkpoint restores torch's RNG state, not the
+    tracker's), and counts as a marker call of the manager: one that raises
+    leaves the count open, so reset() treats the step as abandoned (its
+    backward stopped part way) and recovers."""
+    tracker = _rng_tracker()
+    if tracker is not None and not hasattr(tracker, "get_states"):
+        tracker = None
+    first = []
+
+    def run(*a, **k):
+        if not first:
+            first.append(dict(tracker.get_states()) if tracker is not None else None)
+            return fn(*a, **k)
+        mgr._call_begins()
+        now = None
+        if tracker is not None:
+            now = dict(tracker.get_states())
+            tracker.set_states(dict(first[0]))
+        try:
+            out = fn(*a, **k)
+        except BaseException as e:
+            if hasattr(e, "add_note"):
+                e.add_note("ofl: raised while recomputing %s in backward; the step is "
+                           "abandoned: call reset() (Megatron's schedule does) and the next "
+                           "step runs as usual" % name)
+            raise
+        finally:
+            if tracker is not None:
+                tracker.set_states(now)
+        mgr._call_ends()
+        return out
+    return run
+
+
+class _GroupStartFlags(torch.autograd.Function):
+    """_GroupStart with the recompute flag and the kept input's bytes."""
+
+    @staticmethod
+    def forward(ctx, tensor, core, name, flags, kept):
+        core._check(_lib.lib.ofl_manager_group_start_flags(core.m, name, flags, kept),
+                    "ofl_manager_group_start(%s)" % name.decode())
+        core.open.append(_core._Group(name))
+        ctx.core = core
+        ctx.name = name
+        ctx.ran = False
+        return tensor
+
+    @staticmethod
+    @_py_errors("backward of offload_or_recompute")
+    def backward(ctx, grad):
+        _once(ctx, "offload_or_recompute")
+        ctx.core.backward_ran = True
+        ctx.core.backward_end(ctx.name)
+        return grad, None, None, None, None
+
+
+def _group_action(core, bname):
+    a = ctypes.c_int()
+    core._check(_lib.lib.ofl_manager_group_action(core.m, bname, ctypes.byref(a)),
+                "ofl_manager_group_action(%s)" % bname.decode())
+    return a.value
+
+
+def _first_output(out):
+    if isinstance(out, torch.Tensor):
+        return out, None
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0], out
+    return None, out
+
+
+@_py_errors("offload_or_recompute")
+def offload_or_recompute(name, function, *args, preserve_rng_state=True, **kwargs):
+    """``function(*args, **kwargs)`` as group ``name`` of the manager: the
+    one-call form of fine_grained_offloading_group_start, the saved-tensor
+    hooks and the group's commit, where the auto plan may also choose to
+    recompute the call (PipelineOffloadManager(offload_modules="auto",
+    recompute=True) or recompute_modules=[name, ...]). A recomputed call
+    runs under torch.utils.checkpoint (non-reentrant; torch's RNG state, and
+    Megatron's CUDA RNG tracker, restored for the rerun): it saves nothing
+    but its inputs, and its backward reruns it. A call that changes an
+    input in place, or draws random numbers with preserve_rng_state=False,
+    is never recomputed: the warmup finds it, warns once with the reason,
+    records the warmup again, and stats()["plan"]["actions"][name] says
+    why. Without grad, or with offloading off, it is a plain call."""
+    call = "offload_or_recompute"
+    _check_name(call, name)
+    if not callable(function):
+        raise TypeError("%s: function must be callable, got %s" % (call, type(function).__name__))
+    mgr = PipelineOffloadManager.get_instance()
+    core = mgr._core
+    tensors = _tensors(args, kwargs)
+    first = next((i for i, a in enumerate(args)
+                  if isinstance(a, torch.Tensor) and a.requires_grad), None)
+    if not torch.is_grad_enabled() or first is None or not core.active:
+        return function(*args, **kwargs)
+    bn = _bname(name)
+    sname = bn.decode()
+    rc = mgr._rc
+    why = rc.reason(sname)
+    warm = core.is_warmup()
+    flags = _lib.GROUP_RECOMPUTABLE if why is None else 0
+    mgr._call_begins()
+    if core.active and not warm and core.group_count() == 0:
+        core = mgr._restart_cut_warmup()
+        warm = True
+    args = list(args)
+    args[first] = _GroupStartFlags.apply(args[first], core, bn, flags,
+                                         _kept_bytes(core, tensors) if flags else 0)
+    mgr._call_ends()
+    action = _group_action(core, bn)
+    versions = [(t, t._version) for t in tensors]
+    if action == _lib.ACTION_RECOMPUTE:
+        from torch.utils.checkpoint import checkpoint
+        out = checkpoint(_recomputed(function, mgr, sname), *args, use_reentrant=False,
+                         preserve_rng_state=preserve_rng_state, **kwargs)
+        changed = [t for t, v in versions if t._version != v]
+        if changed:
+            raise RuntimeError(
+                "ofl: %s was recomputed but changed an input in place during its forward "
+                "(a %s tensor); its recompute would read the changed value. Make the module "
+                "out of place, or leave %s out of recompute_modules" % (
+                    sname, list(changed[0].shape), sname))
+    else:
+        rng = _rng_snapshot(core) if warm and flags and not preserve_rng_state else None
+        with mgr:
+            out = function(*args, **kwargs)
+        if flags or warm:
+            changed = [t for t, v in versions if t._version != v]
+            if changed:
+                rc.found(sname, "it changes an input in place (a %s tensor), so a rerun would "
+                         "read the changed value" % list(changed[0].shape), bool(flags))
+            elif rng is not None and any(not torch.equal(a, b)
+                                         for a, b in zip(rng, _rng_snapshot(core))):
+                rc.found(sname, "it draws random numbers and preserve_rng_state=False, so a "
+                         "rerun would draw others", bool(flags))
+    t0, seq = _first_output(out)
+    if t0 is None:
+        raise TypeError("%s: %s returned %s; the group's commit needs a tensor (or a tuple "
+                        "or list whose first element is one)" % (call, sname,
+                                                                  type(out).__name__))
+    mgr._call_begins()
+    if t0.requires_grad:
+        t0 = _GroupCommit.apply(t0, core, bn, [], False)
+    else:
+        core.commit(bn, (), False)
+    mgr._call_ends()
+    if seq is None:
+        return t0
+    items = list(seq)
+    items[0] = t0
+    return type(seq)(items)
+
+
+def _wrap_module(module, name):
+    """module's calls go through offload_or_recompute(name, ...)."""
+    if getattr(module, "_ofl_recompute_name", None) is not None:
+        return False
+    orig = module.forward
+
+    def forward(*args, **kwargs):
+        return offload_or_recompute(name, orig, *args, **kwargs)
+
+    module.forward = forward
+    module._ofl_recompute_name = name
+    return True
+
+
+def apply_recompute_modules(model, config=None, recompute_modules=None):
+    """Lets ofl's auto plan choose keep, offload or recompute for the
+    modules of a Megatron-Core model named by Megatron's recompute_modules
+    (``config.recompute_modules`` with ``recompute_granularity='selective'``,
+    or ``recompute_modules``): "core_attn" (each layer's
+    self_attention.core_attention), "mlp" (a dense layer's mlp) and
+    "layernorm" (input_layernorm and pre_mlp_layernorm) are wrapped by
+    offload_or_recompute under those names, and Megatron's own checkpoint
+    and offload flags for them are turned off on the layers (ofl offloads
+    or recomputes them as the plan says). "moe", "shared_experts",
+    "moe_act" and "mla_up_proj" stay Megatron's (the plan says why). The
+    manager is made (or must already be) with offload_modules="auto" and
+    these names in recompute_modules. Returns {name: modules wrapped}."""
+    if recompute_modules is None:
+        if config is None:
+            raise TypeError("apply_recompute_modules: give config (Megatron's TransformerConfig) "
+                            "or recompute_modules")
+        if getattr(config, "recompute_granularity", None) != "selective":
+            raise ValueError("apply_recompute_modules: config.recompute_granularity is %r; "
+                             "Megatron's recompute_modules apply with 'selective'"
+                             % (getattr(config, "recompute_granularity", None),))
+        recompute_modules = list(config.recompute_modules or ())
+    names = list(recompute_modules)
+    bad = [n for n in names if n not in _MEGATRON_RECOMPUTE]
+    if bad:
+        import difflib
+        hint = difflib.get_close_matches(bad[0], _MEGATRON_RECOMPUTE, 1)
+        raise ValueError("apply_recompute_modules: unknown recompute module %r%s (Megatron's "
+                         "are %s)" % (bad[0], "; did you mean %r?" % hint[0] if hint else "",
+                                      ", ".join(_MEGATRON_RECOMPUTE)))
+    mgr = PipelineOffloadManager.get_instance()
+    rc = mgr._rc
+    if not rc.on:
+        raise ValueError("apply_recompute_modules: the manager does not recompute; make it with "
+                         "PipelineOffloadManager.get_instance(offload_modules=\"auto\", "
+                         "recompute_modules=%r)" % (names,))
+    wrapped = {n: 0 for n in names}
+    for layer in model.modules():
+        if not (hasattr(layer, "self_attention") and hasattr(layer, "mlp")
+                and hasattr(layer, "input_layernorm")):
+            continue
+        attn = layer.self_attention
+        if "core_attn" in names and isinstance(getattr(attn, "core_attention", None),
+                                               torch.nn.Module):
+            attn.checkpoint_core_attention = False
+            attn.offload_core_attention = False
+            wrapped["core_attn"] += _wrap_module(attn.core_attention, "core_attn")
+        if "mlp" in names and not getattr(layer, "is_moe_layer", False):
+            layer.recompute_mlp = False
+            wrapped["mlp"] += _wrap_module(layer.mlp, "mlp")
+        if "layernorm" in names:
+            for attr, flag, off in (("input_layernorm", "recompute_input_layernorm",
+                                     "offload_attn_norm"),
+                                    ("pre_mlp_layernorm", "recompute_pre_mlp_layernorm",
+                                     "offload_mlp_norm")):
+                norm = getattr(layer, attr, None)
+                if norm is None or type(norm).__name__ == "IdentityOp" or \
+                        not list(norm.parameters()):
+                    continue
+                setattr(layer, flag, False)
+                setattr(layer, off, False)
+                wrapped["layernorm"] += _wrap_module(norm, "layernorm")
+    for n in names:
+        if n in _NOT_WRAPPED:
+            rc.reasons.setdefault(n, _NOT_WRAPPED[n])
+    return wrapped
+
+
+__all__ += ["offload_or_recompute", "apply_recompute_modules"]
