@@ -5,7 +5,7 @@
  *
  * This header is the stand-in's own control interface. Test programs link
  * against the real runtime at build time, so they reach these functions with
- * dlsym(RTLD_DEFAULT, "cudasim_...") (tests/devmem.h wraps that): a NULL
+ * dlsym(RTLD_DEFAULT, "cudasim_...") (tests/support/devmem.h wraps that): a NULL
  * answer means the real runtime is loaded.
  *
  * Environment (read once, at the first call):

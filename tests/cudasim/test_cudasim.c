@@ -1,4 +1,4 @@
-/* Self-test of the cudasim runtime stand-in (tests/cudasim/cudart.c): each
+/* Self-test of the cudasim runtime stand-in (tests/cudasim/cudart*.c): each
  * strictness rule that ofl's tests rely on, checked once. Runs in count mode
  * (CUDASIM_MISUSE=count); each deliberate misuse is checked and reset. */
 #include <cuda_runtime_api.h>
@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "tests/cudasim/cudasim.h"
-#include "tests/tap.h"
+#include "tests/support/tap.h"
 
 #define N 4096
 
