@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The open issues' figures on a lent GPU, after tools/gpu_session.sh has
-# built its tree (default build-gpu). Each check runs under its own timeout
-# and a failing one does not stop the next; everything goes to stdout.
+# On a lent GPU, after tools/gpu_session.sh has built its tree (default
+# build-gpu): the MoE pools' backend calls and held/peak, the auto plan's
+# peaks against its memory targets, and the ofl.torch hooks' cost. Each
+# check runs under its own timeout and a failing one does not stop the
+# next; everything goes to stdout.
 #   1. issue 25: the MoE pool workload on the cuda backend (real cudaMalloc
 #      and cudaHostRegister calls in the counted iterations, held/peak);
 #   2. issue 26: the demo's auto plan on the cuda backend (real copies and
@@ -11,14 +13,14 @@
 #      (host backend, CPU tensors).
 # Not by default (name them in GPU_CHECK_ONLY):
 #   seeds: issue 25's MoE workload over draws GPU_CHECK_SEEDS (default
-#      "1 40"), GPU_CHECK_PAR at a time (4), through tools/moe_seeds.sh;
+#      "1 40"), GPU_CHECK_PAR at a time (4), through scripts/moe_pool_draws.sh;
 #   planbench: issue 26's benchmark (bench/ofl_bench_auto_plan.py, host
 #      backend with an emulated link) on this machine's quiet cores,
 #      --iters 8 --repeat 3 --jobs GPU_CHECK_PAR, its PNG to $OUT (or
 #      the current folder);
 #   steps: issue 22's per-saved-tensor step bench alone (--step-only),
 #      twice.
-# Usage: tools/gpu_issue_checks.sh [BUILD] [SECONDS]  (SECONDS: the budget
+# Usage: scripts/gpu_pool_plan_hooks.sh [BUILD] [SECONDS]  (SECONDS: the budget
 # for all, default 240). GPU_CHECK_ONLY="pool plan hooks" (the default)
 # picks checks; they run in the order pool, seeds, plan, planbench, steps,
 # hooks; GPU_CHECK_ITERS the demo's
@@ -54,7 +56,7 @@ fi
 if [[ $only == *" seeds "* ]]; then
 echo "== issue 25: MoE pools on cuda, many draws"
 read -r sfirst slast <<<"${GPU_CHECK_SEEDS:-1 40}"
-BUILD=$build run 200 "$here/tools/moe_seeds.sh" cuda "$sfirst" "$slast" "${GPU_CHECK_PAR:-4}"
+BUILD=$build run 200 "$here/scripts/moe_pool_draws.sh" cuda "$sfirst" "$slast" "${GPU_CHECK_PAR:-4}"
 fi
 
 if [[ $only == *" plan "* ]]; then

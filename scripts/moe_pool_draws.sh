@@ -4,21 +4,21 @@
 # its bytes held / peak in use, then how many runs made any call and the
 # worst ratio. For issue 25's "0 calls on every draw, held / peak <= 1.3".
 #
-# Usage: tools/moe_seeds.sh BACKEND [FIRST [LAST [PARALLEL]]]
+# Usage: scripts/moe_pool_draws.sh BACKEND [FIRST [LAST [PARALLEL]]]
 #   BACKEND: host, cuda (a GPU, or the stand-in with
 #   LD_LIBRARY_PATH=BUILD/tests/cudasim); seeds FIRST..LAST (default 1..20),
 #   PARALLEL runs at a time (default 1: concurrent runs share the copy
 #   engines and change the timing that placement depends on).
 # Environment: BUILD (default build), MOE_TIMEOUT (seconds a run, 120).
 set -u
-backend=${1:?usage: tools/moe_seeds.sh BACKEND [FIRST [LAST [PARALLEL]]]}
+backend=${1:?usage: scripts/moe_pool_draws.sh BACKEND [FIRST [LAST [PARALLEL]]]}
 first=${2:-1}
 last=${3:-20}
 par=${4:-1}
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-$here/build}
 bin=$build/bench/ofl_bench_moe_pool
-[ -x "$bin" ] || { echo "moe_seeds: $bin not built" >&2; exit 2; }
+[ -x "$bin" ] || { echo "moe_pool_draws: $bin not built" >&2; exit 2; }
 tmp=$(mktemp -d)
 # stopped from outside (a timeout): the runs still going stop too
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
@@ -61,5 +61,5 @@ for s in $(seq "$first" "$last"); do
   [ "$wrong" -gt 0 ] && wrongruns=$((wrongruns + 1))
   worst=$(echo "$a $h $worst" | awk '{m = $5; if ($2 > m) m = $2; if ($4 > m) m = $4; print m}')
 done
-echo "moe_seeds $backend: $runs runs (seeds $first-$last, $par at a time), $calls with a backend call in the counted iterations, $wrongruns with wrong bytes, $failed failed; worst held/peak $worst"
+echo "moe_pool_draws $backend: $runs runs (seeds $first-$last, $par at a time), $calls with a backend call in the counted iterations, $wrongruns with wrong bytes, $failed failed; worst held/peak $worst"
 [ "$failed" -eq 0 ] && [ "$wrongruns" -eq 0 ]
