@@ -236,7 +236,7 @@ static bool tensor_big_enough(const ofl_manager_t *m, const ofl_tensor_t *t) {
  * least one big enough. Eligible leaders get E_HELD, the others E_KEPT.
  * Returns the number of eligible clusters. */
 static uint32_t build_clusters(ofl_manager_t *m, group_t *g) {
-  bool dedup = !(m->rules_off & OFL__RULE6_OFF);
+  bool dedup = !(m->test.rules_off & OFL__RULE6_OFF);
   for (uint32_t i = 0; i < g->n; i++) {
     entry_t *e = &g->entries[i];
     const ofl_tensor_t *t = e->t;
@@ -357,7 +357,7 @@ static ofl_status_t offload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
                                     bool *done) {
   const char *src = (const char *)l->t->st->base + l->lo;
   *done = false;
-  if (m->fail_offload_after >= 0 && m->fail_offload_after-- == 0)
+  if (ofl__manager_test_fail_offload(m))
     return ofl__error(OFL_ERR_INTERNAL, OFL_SUBSYS_PIPELINE,
                       "injected offload fault (tests)");
   bool disk_first =
@@ -402,7 +402,7 @@ static ofl_status_t offload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
 static ofl_status_t release_device(ofl_manager_t *m, ofl_tensor_t *t) {
   if (!ofl_tensor_has_storage(t))
     return OFL_SUCCESS;
-  if (m->rules_off & OFL__RULE2D_OFF)
+  if (m->test.rules_off & OFL__RULE2D_OFF)
     return ofl_tensor_release_storage(t);
   /* Rule 2: the device block is reused only after the D2H that reads it. */
   return ofl_tensor_release_storage_after(t, m->d2h);
@@ -766,7 +766,7 @@ static ofl_status_t reload_cluster(ofl_manager_t *m, group_t *g, entry_t *l,
   /* Rule 2: the pinned block returns to its pool only after this H2D. */
   if (l->ext != NULL)
     s = ofl_disk_extent_destroy_after(l->ext, stream);
-  else if (m->rules_off & OFL__RULE2_OFF)
+  else if (m->test.rules_off & OFL__RULE2_OFF)
     s = ofl_pool_free(m->host_pool, l->host);
   else
     s = ofl_pool_free_after(m->host_pool, l->host, stream);
@@ -800,7 +800,7 @@ static void stack_remove(chunk_t *c, group_t *g) {
 static ofl_status_t reload_group(ofl_manager_t *m, group_t *g) {
   stack_remove(g->chunk, g);
   /* Rule 1: the H2D reads the pinned copy only after the D2H filled it. */
-  if (!(m->rules_off & OFL__RULE1_OFF))
+  if (!(m->test.rules_off & OFL__RULE1_OFF))
     OFL_CHECK(ofl_stream_wait_event(m->h2d, g->offload_ev));
   ofl__plan_on_reload(m, g, 0);
   ofl_status_t s = OFL_SUCCESS;
@@ -1156,7 +1156,7 @@ ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
     ofl_stream_t *compute = ofl__compute(m);
     /* Rule 1 (#7398): the inline H2D reads the pinned copy only after the
      * group's D2H has filled it. */
-    if (!(m->rules_off & OFL__RULE1_OFF))
+    if (!(m->test.rules_off & OFL__RULE1_OFF))
       OFL_CHECK(ofl_stream_wait_event(compute, g->offload_ev));
     stack_remove(g->chunk, g);
     ofl_status_t s = reload_cluster(m, g, l, compute);

@@ -1,7 +1,8 @@
-/* ofl: the pipeline offload manager: lifecycle (instances and the process
- * singleton), configuration, group names, the per-iteration reset, switches
- * and statistics. Chunks are in chunk.c, groups in group.c, the end of
- * warmup in policy.c. */
+/* ofl: the pipeline offload manager, the top of pipeline/: lifecycle
+ * (instances and the process singleton), configuration, the per-iteration
+ * reset, the stream boundaries and statistics. Chunks are in chunk.c,
+ * groups in group.c, the end of warmup in policy.c, what it reports in
+ * report.c; docs/design/pipeline.md draws the layers. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -10,138 +11,8 @@
 #include "pipeline/pipeline_internal.h"
 #include "pool/pool_internal.h"
 
-/* ---- small helpers ----------------------------------------------------------
- */
-
-/* Grows *arr to hold need elements (doubling); new elements are zeroed. */
-ofl_status_t ofl__grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
-  if (need <= *cap)
-    return OFL_SUCCESS;
-  uint32_t n = *cap ? *cap * 2 : 8;
-  while (n < need)
-    n *= 2;
-  char *p = realloc(*arr, (size_t)n * elem);
-  if (p == NULL)
-    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
-                      "no memory to grow a pipeline record to %u entries", n);
-  memset(p + (size_t)*cap * elem, 0, (size_t)(n - *cap) * elem);
-  *arr = p;
-  *cap = n;
-  return OFL_SUCCESS;
-}
-
-bool ofl__manager_active(const ofl_manager_t *m) {
-  bool fwd_only = m->forward_only && !(m->rules_off & OFL__RULE4_OFF);
-  return m->offload && m->enabled && !fwd_only;
-}
-
-/* A CUDA graph that captures the compute stream cannot contain ofl's
- * offload: its copies, pool blocks and events are decided at each call, and
- * a capture would freeze them. Offloading calls refuse instead of breaking
- * the application's capture (docs/DESIGN.md section 3.1); with offload
- * disabled they only hold tensors and work inside a capture. */
-ofl_status_t ofl__capture_refuse(ofl_manager_t *m, const char *fn) {
-  if (!ofl__stream_capturing(ofl__compute(m)))
-    return OFL_SUCCESS;
-  return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_PIPELINE,
-                    "rank %d: %s while the compute stream is being captured "
-                    "into a CUDA graph: offload copies cannot be captured; "
-                    "disable offload for captured passes "
-                    "(ofl_manager_disable_offload) and mark the graph's "
-                    "boundaries with ofl_manager_forward_record / "
-                    "ofl_manager_backward_record",
-                    m->rank, fn);
-}
-
-/* Rule 3: the compute stream is looked up at each use, never kept. */
-ofl_stream_t *ofl__compute(ofl_manager_t *m) {
-  if (m->rules_off & OFL__RULE3_OFF)
-    return m->compute_at_create;
-  return ofl_device_compute_stream(m->dev);
-}
-
-/* The next item of a comma-separated list (spaces around items ignored):
- * *item and *len name it; returns where the following search starts, or
- * NULL when the list has no more items. */
-const char *ofl__list_next(const char *p, const char **item, size_t *len) {
-  while (p != NULL && (*p == ' ' || *p == ','))
-    p++;
-  if (p == NULL || *p == '\0')
-    return NULL;
-  const char *end = p;
-  while (*end != '\0' && *end != ',')
-    end++;
-  const char *last = end;
-  while (last > p && last[-1] == ' ')
-    last--;
-  *item = p;
-  *len = (size_t)(last - p);
-  return end;
-}
-
-/* 1 when name is an item of the comma-separated list. */
-static bool list_has(const char *list, const char *name) {
-  size_t n = strlen(name), len;
-  const char *item;
-  for (const char *p = list; (p = ofl__list_next(p, &item, &len)) != NULL;)
-    if (len == n && strncmp(item, name, n) == 0)
-      return true;
-  return false;
-}
-
-int ofl__name_find(const ofl_manager_t *m, const char *name) {
-  for (int i = 0; i < m->nnames; i++)
-    if (strcmp(m->names[i].name, name) == 0)
-      return i;
-  return -1;
-}
-
-ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out) {
-  int i = ofl__name_find(m, name);
-  if (i >= 0) {
-    *out = i;
-    return OFL_SUCCESS;
-  }
-  if (name[0] == '\0')
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
-                      "rank %d: a group name must not be empty", m->rank);
-  if (!m->warmup)
-    return OFL__PERR(OFL_ERR_MISMATCH, m, m->cur_fwd, name,
-                     "group name not seen in the warmup iteration%s", "");
-  if (m->nnames >= OFL__MAX_NAMES)
-    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, m->cur_fwd, name,
-                     "more than %d distinct group names", OFL__MAX_NAMES);
-  name_info_t *ni = &m->names[m->nnames];
-  memset(ni, 0, sizeof *ni);
-  ni->name = strdup(name);
-  size_t len = strlen(name) + sizeof "ofl offload ";
-  ni->range_offload = malloc(len);
-  ni->range_reload = malloc(len);
-  if (ni->range_offload != NULL && ni->range_reload != NULL) {
-    snprintf(ni->range_offload, len, "ofl offload %s", name);
-    snprintf(ni->range_reload, len, "ofl reload %s", name);
-  }
-  if (m->max_inflight > 0)
-    ni->ring = calloc(m->max_inflight + 1, sizeof *ni->ring);
-  if (ni->name == NULL || ni->range_offload == NULL ||
-      ni->range_reload == NULL || (m->max_inflight > 0 && ni->ring == NULL)) {
-    free(ni->name);
-    free(ni->range_offload);
-    free(ni->range_reload);
-    free(ni->ring);
-    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
-                      "rank %d: no memory for group name %s", m->rank, name);
-  }
-  ni->selected = m->groups_cfg[0] == '\0' || list_has(m->groups_cfg, name);
-  ni->dynamic = list_has(m->dynamic_cfg, name);
-  ni->st.name = ni->name;
-  *out = m->nnames++;
-  return OFL_SUCCESS;
-}
-
 /* ---- configuration ----------------------------------------------------------
  */
-
 
 /* params.device_memory_target_bytes / OFL_DEVICE_MEMORY_TARGET: the device
  * memory the step may use at its peak; plan.c turns it into an activation
@@ -290,7 +161,7 @@ static ofl_status_t open_resources(ofl_manager_t *m,
   /* A device closed before this manager is destroyed closes after it. */
   ofl__device_pool_created(m->dev);
   m->holds_dev = true;
-  m->compute_at_create = ofl_device_compute_stream(m->dev);
+  m->test.compute_at_create = ofl_device_compute_stream(m->dev);
   OFL_CHECK(ofl_stream_create(m->dev, "offload-d2h", &m->d2h));
   OFL_CHECK(ofl_stream_create(m->dev, "offload-h2d", &m->h2d));
   OFL_CHECK(ofl_event_create(m->dev, &m->ev_compute));
@@ -336,7 +207,7 @@ ofl_status_t ofl_manager_create(const ofl_manager_params_t *params,
   m->tag_id = atomic_fetch_add(&next_tag_id, 1) % 255u + 1u;
   m->warmup = true;
   m->enabled = true;
-  m->fail_offload_after = -1;
+  m->test.fail_offload_after = -1;
   ofl_status_t s;
   OFL_CHECK_GOTO(configure(m, p), s, fail);
   OFL_CHECK_GOTO(open_resources(m, p), s, fail);
@@ -553,29 +424,6 @@ void ofl_manager_set_device_peak(ofl_manager_t *m, size_t bytes) {
     m->dev_peak_noted = bytes;
 }
 
-/* ---- switches
- * ------------------------------------------------------------------- */
-
-void ofl_manager_mark_not_offloadable(ofl_tensor_t *t) {
-  if (t != NULL)
-    ofl_tensor_set_flags(t, ofl_tensor_flags(t) | OFL_TENSOR_NOT_OFFLOADABLE);
-}
-
-void ofl_manager_disable_offload(ofl_manager_t *m) {
-  if (m != NULL)
-    m->enabled = false;
-}
-
-void ofl_manager_enable_offload(ofl_manager_t *m) {
-  if (m != NULL)
-    m->enabled = true;
-}
-
-void ofl_manager_set_forward_only(ofl_manager_t *m, int on) {
-  if (m != NULL)
-    m->forward_only = on != 0;
-}
-
 /* Records event on compute and makes compute wait for copy stream s. In a
  * capture the copy stream's event (recorded outside it) cannot be waited
  * for: the boundary is recorded, and the capture is refused while copies are
@@ -642,7 +490,9 @@ void ofl_manager_config_print(const ofl_manager_t *m, FILE *f) {
           m->rank, m->pp_rank, ofl_backend_name(ofl_device_backend(m->dev)));
   print_value(f, m, OFL__SRC_OFFLOAD, "OFL_OFFLOAD", m->offload ? "1" : "0");
   print_value(f, m, OFL__SRC_GROUPS, "OFL_OFFLOAD_GROUPS",
-              m->auto_plan ? "auto" : m->groups_cfg[0] ? m->groups_cfg : "(all)");
+              m->auto_plan       ? "auto"
+              : m->groups_cfg[0] ? m->groups_cfg
+                                 : "(all)");
   snprintf(v, sizeof v, "%llu%s", (unsigned long long)m->mem_target,
            m->auto_plan ? "" : " (ignored: groups not auto)");
   print_value(f, m, OFL__SRC_TARGET, "OFL_MEMORY_TARGET", v);
@@ -682,32 +532,6 @@ ofl_status_t ofl_manager_synchronize(ofl_manager_t *m, int64_t timeout_ms) {
 /* ---- statistics
  * ----------------------------------------------------------------- */
 
-ofl_status_t ofl_manager_summary_bytes(const ofl_manager_t *m, const char *name,
-                                       uint64_t *out) {
-  if (m == NULL || name == NULL || out == NULL)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
-                      "ofl_manager_summary_bytes: arguments must not be NULL");
-  if (m->warmup)
-    return ofl__error_quiet(OFL_ERR_NOT_READY,
-                            "rank %d: the summary exists after the warmup "
-                            "iteration's reset",
-                            m->rank);
-  int i = ofl__name_find(m, name);
-  *out = i < 0 ? 0 : m->names[i].summary_bytes;
-  return OFL_SUCCESS;
-}
-
-uint64_t ofl_manager_summary_total_bytes(const ofl_manager_t *m) {
-  uint64_t total = 0;
-  for (int i = 0; m != NULL && !m->warmup && i < m->nnames; i++)
-    total += m->names[i].summary_bytes;
-  return total;
-}
-
-const ofl_summary_t *ofl_manager_summary(const ofl_manager_t *m) {
-  return m != NULL && !m->warmup ? m->summary : NULL;
-}
-
 void ofl_manager_get_stats(const ofl_manager_t *m, ofl_manager_stats_t *out) {
   if (out == NULL)
     return;
@@ -742,15 +566,4 @@ ofl_status_t ofl_manager_group_stats(const ofl_manager_t *m, size_t i,
   *out = m->names[i].st;
   out->summary_bytes = m->names[i].summary_bytes;
   return OFL_SUCCESS;
-}
-
-/* ---- tests only
- * ----------------------------------------------------------------- */
-
-void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask) {
-  m->rules_off = mask;
-}
-
-void ofl__manager_fail_offload_after(ofl_manager_t *m, int after_n) {
-  m->fail_offload_after = after_n;
 }

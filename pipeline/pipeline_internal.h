@@ -61,6 +61,9 @@ typedef struct group {
   bool policy_offload;        /* steady-state switch (policy.c) */
   uint8_t keep_why;           /* ofl_group_keep_reason_t of the policy */
   bool last_of_name;          /* no later group of the same name in the chunk */
+  bool next_in_bwd;           /* kept in steady state: the last of its name
+                                 in the chunk next of that name in backward
+                                 at its commit (policy.c, end of warmup) */
   /* groups "auto" (plan.c). */
   uint32_t pidx;     /* index in the plan's measurements (warmup order) */
   uint8_t lead;      /* learned prefetch lead (reloads issued this many
@@ -166,6 +169,15 @@ enum {
   OFL__SRC_DEV_TARGET = 1u << 10
 };
 
+/* Switches of the tests alone (switches.c sets them; never set outside
+ * tests). */
+struct ofl__manager_test {
+  unsigned rules_off;              /* OFL__RULE*_OFF */
+  ofl_stream_t *compute_at_create; /* what rule 3 switched off uses */
+  int fail_offload_after; /* the offload of that many more clusters
+                             succeeds, the next fails; <0: never */
+};
+
 struct ofl_manager {
   ofl_device_t *dev;
   bool own_dev;
@@ -174,7 +186,6 @@ struct ofl_manager {
    * live on dev). */
   bool holds_dev;
   ofl_stream_t *d2h, *h2d;
-  ofl_stream_t *compute_at_create; /* only for the rule 3 test switch */
   ofl_event_t *ev_compute, *ev_d2h, *ev_h2d;
   ofl_pool_t *host_pool, *dev_pool;
   bool own_dev_pool;
@@ -193,11 +204,8 @@ struct ofl_manager {
   uint32_t from_params;     /* OFL__SRC_* bits: the value came from params */
   int pp_rank, rank;
   char *groups_cfg, *dynamic_cfg;
-  unsigned rules_off;
   bool off_trained; /* offload off: a training chunk began (not forward-only,
                        not disabled), so this reset ends the warmup */
-  int fail_offload_after; /* tests: the offload of that many more clusters
-                             succeeds, the next fails; <0: never */
   ofl_disk_t *disk;       /* the tier below pinned memory, or NULL */
 
   /* State. */
@@ -248,18 +256,26 @@ struct ofl_manager {
   uint64_t dev_peak_noted; /* ofl_manager_set_device_peak; 0: the device's */
   uint64_t dev_peak, dev_rest; /* measured at the warmup's end */
   ofl__plan_t *ap;         /* measurements, the plan, the ledger */
+
+  struct ofl__manager_test test;
 };
 
-/* manager.c */
+/* names.c: records, lists and the name table (calls no other file). */
+/* Grows *arr to hold need elements (doubling); new elements are zeroed. */
+ofl_status_t ofl__grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
 int ofl__name_find(const ofl_manager_t *m, const char *name);
 const char *ofl__list_next(const char *p, const char **item, size_t *len);
 ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out);
+
+/* switches.c */
 bool ofl__manager_active(const ofl_manager_t *m);
 ofl_stream_t *ofl__compute(ofl_manager_t *m);
 /* OFL_ERR_INVALID_USAGE naming fn while the compute stream is captured
  * into a CUDA graph (offloading calls cannot be captured). */
 ofl_status_t ofl__capture_refuse(ofl_manager_t *m, const char *fn);
-ofl_status_t ofl__grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
+/* Tests: whether this offload is the one ofl__manager_fail_offload_after
+ * chose to fail (counts down). */
+bool ofl__manager_test_fail_offload(ofl_manager_t *m);
 
 /* chunk.c */
 ofl_status_t ofl__chunk_new(ofl_manager_t *m, int vp_stage, chunk_t **out);
@@ -290,11 +306,13 @@ void ofl__stall_free(ofl_manager_t *m);
 
 /* policy.c */
 ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m);
-bool ofl__policy_next_in_backward(const ofl_manager_t *m, const group_t *g);
-/* A byte table gathered over params.comm (collective: every rank of it
- * calls), or this rank's alone without a comm. */
-ofl_status_t ofl__gather_table(ofl_manager_t *m, const ofl_byte_table_t *t,
-                               ofl_summary_t **out);
+
+/* report.c: rule 7, the per-name summary gathered on the comm and written
+ * on its rank 0 (collective). */
+ofl_status_t ofl__report_summary(ofl_manager_t *m);
+/* The auto plan printed after the summary on rank 0 of the comm
+ * (collective; nothing without auto). */
+ofl_status_t ofl__report_plan(ofl_manager_t *m);
 
 /* plan.c: groups "auto". Every hook returns at once without auto. The
  * warmup hooks stamp the compute and copy streams; the steady hooks keep
@@ -312,8 +330,6 @@ uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
 /* End of warmup: measure, solve, apply, report (after the first-backward
  * rule and mark_last_of_name, before the summary). */
 ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m);
-/* Printed after the summary on rank 0 of the comm (collective). */
-ofl_status_t ofl__plan_gather_print(ofl_manager_t *m);
 /* A steady iteration ended: measured against predicted, leads learn. */
 void ofl__plan_end_iteration(ofl_manager_t *m);
 void ofl__plan_free(ofl_manager_t *m);

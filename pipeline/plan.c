@@ -21,99 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/pipeline_internal.h"
-#include "pipeline/plan_solve.h"
-
-#define LEAD_MAX 16
-#define RAISE_TRIES 4 /* raise_aim: the whole error, then halves */
-#define REPLAN_MAX 8 /* solves after the first, when the measured peak goes
-                        over the target */
-/* The plan has settled when it ran this many steady iterations unchanged:
- * one more than a raise needs, so that the raise had its chance first. */
-#define SETTLE_AFTER (OFL__PLAN_RAISE_AFTER + 1)
-
-typedef struct stamp {
-  uint64_t cpu;    /* ofl__now_ns() at the call */
-  ofl_event_t *ev; /* timed event, where the backend has them */
-  uint32_t waits;  /* backward waits for reloads before it (bwd_seq) */
-  bool set;
-} stamp_t;
-
-typedef struct meas {
-  group_t *g;
-  stamp_t start; /* group_start, on compute: its forward runs to commit */
-  stamp_t commit, bwd_begin, bwd_end; /* compute stream */
-  stamp_t d2h_a, d2h_b, h2d_a, h2d_b; /* copy streams */
-  uint64_t kept_bytes; /* device bytes of the group its commit kept */
-  uint64_t late;       /* CPU ns when its copies were last seen unfinished
-                          (0: never): the bytes were on the device then */
-  int32_t late_ms;     /* the marker that saw that: its group's place in
-                          ms (-1: none) and which of its compute stamps */
-  uint8_t late_kind;   /* (0 commit, 1 backward begin, 2 backward end) */
-  bool rel_pending;
-  uint32_t bwd_seq;    /* 1 + place of its backward in the iteration */
-  uint64_t bwd_cpu_ns; /* the warmup's backward, begin to end, CPU clock */
-  uint64_t rc_bwd_cpu; /* steady: its backward's begin (CPU clock) */
-  uint64_t rc_bwd_ns;  /* steady: the last recomputed backward's time */
-} meas_t;
-
-struct ofl__plan {
-  bool timed;        /* stamps carry timing events */
-  bool timing_lost;  /* an event failed: the CPU clock for everything */
-  stamp_t base;      /* the first stamp of the warmup, on compute */
-  meas_t *ms;
-  uint32_t nms, capms, bwd_seq;
-
-  /* The plan (end of warmup). */
-  ofl__plan_group_t *inst; /* by pidx */
-  bool *chosen;
-  uint32_t *bwd_order; /* pidx in backward order */
-  uint64_t *stalled_before; /* nbwd + 1: the warmup's reload waits up to
-                               the k-th backward begin, summed (ns; 0 at
-                               0) */
-  int64_t *t_bwd_end;  /* by pidx */
-  uint32_t nbwd;
-  ofl_plan_name_t *names;
-  ofl_plan_action_t *acts; /* by name, beside names */
-  uint64_t *stall0;        /* by name: its stall_ns at the warmup's end */
-  double recompute_ms;     /* predicted recompute time of the plan */
-  uint8_t *action;         /* by pidx: OFL__PLAN_* of the plan */
-  ofl_manager_plan_t out;
-  uint8_t base_lead;
-
-  /* The ledger (steady state). */
-  int64_t live, peak;
-  uint64_t *off_now; /* by pidx: bytes its commit offloaded this iteration */
-  bool *pending;     /* by pidx: copy not yet seen complete */
-  uint32_t *fifo;    /* pidx of offloaded groups, commit order */
-  uint32_t fifo_head, fifo_len;
-  uint64_t stall_ns_start;
-  uint64_t solve_target; /* the target the last solve aimed at */
-  /* One raise (a plan predicted above its measured peak in
-   * OFL__PLAN_RAISE_AFTER iterations in a row solves again for a higher
-   * aim, to expose less copy time): the plan before
-   * it, kept to go back to when the raised one goes over the target. */
-  bool *chosen_safe;
-  uint64_t safe_aim, safe_pred;
-  bool raised;     /* the raised plan runs; not yet under the target */
-  bool raise_done; /* no more raises */
-  bool ever_over;  /* an iteration went over the target */
-  ofl__plan_under_t under; /* the evidence for a raise */
-  uint64_t changes_seen; /* replans + lead changes when last looked */
-  bool ledger;  /* the ledger's arrays exist (the warmup ended) */
-  bool touched; /* the ledger moved in this iteration */
-  bool warned;      /* "nothing more it can do" was said (once) */
-  bool over_warned; /* an over-target WARN since the plan last settled */
-};
-
-/* The steady ledger runs (after the warmup, with or without auto). */
-static bool active(const ofl_manager_t *m) {
-  return m->ap != NULL && m->ap->ledger;
-}
+#include "pipeline/plan.h"
 
 /* g is a group of the warmup record that the ledger follows. */
 static bool followed(const ofl_manager_t *m, const group_t *g) {
-  return active(m) && g->pidx < m->ap->nms && m->ap->ms[g->pidx].g == g;
+  return ofl__plan_ledger_runs(m) && g->pidx < m->ap->nms &&
+         m->ap->ms[g->pidx].g == g;
 }
 
 /* ---- warmup stamps ------------------------------------------------------ */
@@ -156,7 +69,8 @@ static ofl_status_t plan_alloc(ofl_manager_t *m) {
   return OFL_SUCCESS;
 }
 
-/* ---- the ledger ----------------------------------------------------------- */
+/* ---- the ledger -----------------------------------------------------------
+ */
 
 static void ledger_add(ofl__plan_t *p, int64_t bytes) {
   p->touched = true;
@@ -218,7 +132,8 @@ static void warm_poll(ofl_manager_t *m, uint32_t at, uint8_t kind) {
   }
 }
 
-/* ---- recompute: the application's side ------------------------------------ */
+/* ---- recompute: the application's side ------------------------------------
+ */
 
 void ofl__plan_on_start(ofl_manager_t *m, group_t *g) {
   if (g == NULL || !m->offload || !m->warmup || !m->auto_plan ||
@@ -272,8 +187,7 @@ ofl_status_t ofl_manager_group_start_flags(ofl_manager_t *m, const char *name,
   return OFL_SUCCESS;
 }
 
-ofl_status_t ofl_manager_group_action(const ofl_manager_t *m,
-                                      const char *name,
+ofl_status_t ofl_manager_group_action(const ofl_manager_t *m, const char *name,
                                       ofl_group_action_t *action) {
   if (m == NULL || name == NULL || action == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
@@ -363,9 +277,8 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
 /* The warmup's measurements of g (NULL outside an auto warmup, or
  * without memory for them). */
 static meas_t *warm_meas(ofl_manager_t *m, group_t *g) {
-  return m->auto_plan && g != NULL && m->warmup && m->ap != NULL
-             ? meas_of(m, g)
-             : NULL;
+  return m->auto_plan && g != NULL && m->warmup && m->ap != NULL ? meas_of(m, g)
+                                                                 : NULL;
 }
 
 void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase) {
@@ -423,11 +336,12 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
   ledger_add(p, -(int64_t)g->dev_bytes);
 }
 
-/* ---- prefetch depth ------------------------------------------------------- */
+/* ---- prefetch depth -------------------------------------------------------
+ */
 
 uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
                                   const chunk_t *next, uint32_t ahead) {
-  if (!m->auto_plan || !active(m) || m->ap->inst == NULL)
+  if (!m->auto_plan || !ofl__plan_ledger_runs(m) || m->ap->inst == NULL)
     return m->prefetch_groups;
   uint32_t depth = 0, pos = ahead;
   const chunk_t *order[2] = {c, next != c ? next : NULL};
@@ -442,7 +356,8 @@ uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
   return depth;
 }
 
-/* ---- end of warmup: the instance ------------------------------------------ */
+/* ---- end of warmup: the instance ------------------------------------------
+ */
 
 /* ns of a stamp on the warmup's axis (0 at the base), less the time its
  * backward passes waited for reloads before it: the plan models the
@@ -515,6 +430,8 @@ static void link_rates(ofl_manager_t *m) {
       hns += ns;
     }
   }
+  /* The backend's link model (0: none; the host backend's copies then run
+   * at memcpy speed, measured below). */
   double model_d2h = 0, model_h2d = 0;
   if (ofl__device_link_rate(m->dev, &model_d2h, &model_h2d) != OFL_SUCCESS)
     model_d2h = model_h2d = 0;
@@ -705,8 +622,8 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
     q->t_free = p->t_bwd_end[i] >= q->t_alloc ? p->t_bwd_end[i] : last;
     if (begin < q->t_alloc || begin > q->t_free)
       begin = q->t_free;
-    q->offloadable = x->bwd_seq > 0 && g->warm_bytes > 0 &&
-                     g->policy_offload && !ofl__policy_next_in_backward(m, g);
+    q->offloadable = x->bwd_seq > 0 && g->warm_bytes > 0 && g->policy_offload &&
+                     !g->next_in_bwd;
     if (q->offloadable)
       q->split_rank = split[g->nid]++;
     g->lead = p->base_lead;
@@ -740,8 +657,8 @@ static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
       int64_t fwd = q->t_alloc - at_ns(p, &x->start);
       uint64_t all = q->bytes + q->kept_bytes;
       q->recompute_ns = fwd > 0 ? (double)fwd : 0;
-      q->recompute_bytes = all > g->rc_input_bytes ? all - g->rc_input_bytes
-                                                   : 0;
+      q->recompute_bytes =
+          all > g->rc_input_bytes ? all - g->rc_input_bytes : 0;
     }
   }
   return OFL_SUCCESS;
@@ -783,8 +700,6 @@ static void fill_names(ofl_manager_t *m) {
   p->out.nnames = (size_t)m->nnames;
   p->out.names = p->names;
 }
-
-static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 /* Each name's action and costs (ofl_manager_plan_action), from the plan's
  * actions and the names' exposure (fill_names, predict). */
@@ -829,7 +744,7 @@ static void fill_acts(ofl_manager_t *m) {
     a->action = a->recomputed > 0  ? OFL_ACTION_RECOMPUTE
                 : a->offloaded > 0 ? OFL_ACTION_OFFLOAD
                                    : OFL_ACTION_KEEP;
-    a->predicted_ms = a->recomputed > 0 ? a->recompute_ms
+    a->predicted_ms = a->recomputed > 0  ? a->recompute_ms
                       : p->names != NULL ? p->names[k].exposed_ms
                                          : 0;
   }
@@ -922,9 +837,10 @@ static ofl_status_t device_target(ofl_manager_t *m) {
   ofl_device_get_stats(m->dev, &ds);
   ofl_pool_get_stats(m->dev_pool, &ps);
   uint64_t act = ps.peak_in_use_bytes;
-  m->dev_peak = m->dev_peak_noted > 0 ? m->dev_peak_noted : ds.device_bytes_peak;
-  const char *how = m->dev_peak_noted > 0 ? "the application's"
-                                          : "the device's";
+  m->dev_peak =
+      m->dev_peak_noted > 0 ? m->dev_peak_noted : ds.device_bytes_peak;
+  const char *how =
+      m->dev_peak_noted > 0 ? "the application's" : "the device's";
   m->dev_rest = m->dev_peak > act ? m->dev_peak - act : 0;
   if (m->dev_target <= m->dev_rest) {
     m->mem_target = 1; /* offload everything that may go */
@@ -933,12 +849,13 @@ static ofl_status_t device_target(ofl_manager_t *m) {
         "rank %d: device memory target %llu bytes (%.2f MiB) is at or below "
         "the %llu bytes (%.2f MiB) that are not activations (the warmup's "
         "device peak %llu bytes, %s, less the activation pool's peak %llu "
-        "bytes); everything that may go is offloaded. Raise OFL_DEVICE_MEMORY_TARGET "
+        "bytes); everything that may go is offloaded. Raise "
+        "OFL_DEVICE_MEMORY_TARGET "
         "(params.device_memory_target_bytes) above %.2f MiB",
-        m->rank, (unsigned long long)m->dev_target, mib(m->dev_target),
-        (unsigned long long)m->dev_rest, mib(m->dev_rest),
+        m->rank, (unsigned long long)m->dev_target, ofl__mib(m->dev_target),
+        (unsigned long long)m->dev_rest, ofl__mib(m->dev_rest),
         (unsigned long long)m->dev_peak, how, (unsigned long long)act,
-        mib(m->dev_rest));
+        ofl__mib(m->dev_rest));
   }
   uint64_t want = m->dev_target - m->dev_rest;
   if (m->mem_target == 0 || want < m->mem_target)
@@ -947,8 +864,8 @@ static ofl_status_t device_target(ofl_manager_t *m) {
            "rank %d: device memory target %.2f MiB: not activations %.2f MiB "
            "(device peak %.2f, %s, less activations %.2f), activation target "
            "%.2f MiB",
-           m->rank, mib(m->dev_target), mib(m->dev_rest), mib(m->dev_peak),
-           how, mib(act), mib(m->mem_target));
+           m->rank, ofl__mib(m->dev_target), ofl__mib(m->dev_rest),
+           ofl__mib(m->dev_peak), how, ofl__mib(act), ofl__mib(m->mem_target));
   return OFL_SUCCESS;
 }
 
@@ -959,13 +876,15 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
     return OFL_SUCCESS;
   OFL_CHECK(plan_alloc(m));
   ofl__plan_t *p = m->ap;
-  p->base_lead = (uint8_t)(m->prefetch_groups > LEAD_MAX ? LEAD_MAX
-                                                         : m->prefetch_groups);
+  p->base_lead =
+      (uint8_t)(m->prefetch_groups > LEAD_MAX ? LEAD_MAX : m->prefetch_groups);
   /* The stamps are read once: the warmup's work must have finished, and
    * its reload waits measured (on cuda by timing events, read here). */
   ofl_status_t s = ofl_stream_synchronize(ofl__compute(m), OFL_TIMEOUT_DEFAULT);
   if (s == OFL_SUCCESS)
-    s = ofl_manager_synchronize(m, OFL_TIMEOUT_DEFAULT);
+    s = ofl_stream_synchronize(m->d2h, OFL_TIMEOUT_DEFAULT);
+  if (s == OFL_SUCCESS)
+    s = ofl_stream_synchronize(m->h2d, OFL_TIMEOUT_DEFAULT);
   if (s != OFL_SUCCESS)
     return s;
   ofl__stall_harvest(m, true);
@@ -1021,219 +940,25 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
              "MiB, %.2f MiB over the target; everything that may go is "
              "offloaded. Raise OFL_MEMORY_TARGET (params.memory_target_bytes) "
              "or offload more (smaller OFL_MIN_OFFLOAD_BYTES)",
-             m->rank, mib(m->mem_target), mib(r.predicted_peak),
-             mib(p->out.shortfall_bytes));
+             m->rank, ofl__mib(m->mem_target), ofl__mib(r.predicted_peak),
+             ofl__mib(p->out.shortfall_bytes));
   OFL_INFO(OFL_SUBSYS_PIPELINE,
            "rank %d: auto plan: %s search, predicted peak %.2f MiB (target "
            "%.2f, all offloaded %.2f, none %.2f), predicted exposed %.3f ms "
            "(reload waits %.3f), "
            "links d2h %.2f h2d %.2f GB/s (%s), release latency %.3f ms, "
            "the warmup's reload waits (%.3f ms) out of its timeline",
-           m->rank, r.exact ? "exact" : "greedy", mib(r.predicted_peak),
-           mib(m->mem_target), mib(r.peak_all), mib(r.peak_none), exposed / 1e6,
-           p->out.predicted_stall_ms, p->out.d2h_gbps, p->out.h2d_gbps,
-           p->out.rate_source, p->out.release_ms, p->out.warmup_stall_ms);
+           m->rank, r.exact ? "exact" : "greedy", ofl__mib(r.predicted_peak),
+           ofl__mib(m->mem_target), ofl__mib(r.peak_all), ofl__mib(r.peak_none),
+           exposed / 1e6, p->out.predicted_stall_ms, p->out.d2h_gbps,
+           p->out.h2d_gbps, p->out.rate_source, p->out.release_ms,
+           p->out.warmup_stall_ms);
   p->stall_ns_start = m->st.stall_ns;
   return dts;
 }
 
-/* ---- the printed plan ----------------------------------------------------- */
-
-static const char *const FIELDS[] = {"bytes",  "groups",  "chosen",
-                                     "copy",   "window",  "exposed"};
-enum { F_BYTES, F_GROUPS, F_CHOSEN, F_COPY, F_WINDOW, F_EXPOSED, NF };
-static const char *const SCALARS[] = {"target", "peak", "all", "none", "expo",
-                                      "stall",  "d2h",  "h2d", "met"};
-enum {
-  S_TARGET,
-  S_PEAK,
-  S_ALL,
-  S_NONE,
-  S_EXPO,
-  S_STALL,
-  S_D2H,
-  S_H2D,
-  S_MET,
-  NS
-};
-
-static ofl_status_t encode(const ofl_manager_t *m, ofl_byte_table_t *t) {
-  const ofl__plan_t *p = m->ap;
-  char key[OFL_BYTE_TABLE_NAME_MAX + 1];
-  if (p == NULL || p->names == NULL)
-    return OFL_SUCCESS;
-  const ofl_manager_plan_t *o = &p->out;
-  uint64_t sc[NS] = {o->target_bytes,
-                     o->predicted_peak_bytes,
-                     o->peak_all_bytes,
-                     o->peak_none_bytes,
-                     (uint64_t)llround(o->predicted_exposed_ms * 1e6),
-                     (uint64_t)llround(o->predicted_stall_ms * 1e6),
-                     (uint64_t)llround(o->d2h_gbps * 1e3),
-                     (uint64_t)llround(o->h2d_gbps * 1e3),
-                     (uint64_t)o->met};
-  for (int k = 0; k < NS; k++) {
-    snprintf(key, sizeof key, "|%s", SCALARS[k]);
-    OFL_CHECK(ofl_byte_table_set(t, key, sc[k]));
-  }
-  for (size_t k = 0; k < o->nnames; k++) {
-    const ofl_plan_name_t *x = &o->names[k];
-    if (x->groups == 0)
-      continue;
-    uint64_t v[NF] = {x->bytes,
-                      x->groups,
-                      x->chosen,
-                      (uint64_t)llround(x->copy_ms * 1e6),
-                      (uint64_t)llround(x->window_ms * 1e6),
-                      (uint64_t)llround(x->exposed_ms * 1e6)};
-    for (int f = 0; f < NF; f++) {
-      snprintf(key, sizeof key, "%s|%.900s", FIELDS[f], x->name);
-      OFL_CHECK(ofl_byte_table_set(t, key, v[f]));
-    }
-    if (!m->plan_recompute || p->acts == NULL)
-      continue;
-    /* Three-way plans: the action (+1: 0 is absent; 8: recomputable),
-     * what a recompute frees, the predicted cost of the action. */
-    const ofl_plan_action_t *a = &p->acts[k];
-    uint64_t w[3] = {(uint64_t)a->action + 1 + (a->recomputable ? 8 : 0),
-                     a->recompute_bytes,
-                     (uint64_t)llround(a->predicted_ms * 1e6)};
-    const char *wk[3] = {"action", "rcbytes", "cost"};
-    for (int f = 0; f < 3; f++) {
-      snprintf(key, sizeof key, "%s|%.900s", wk[f], x->name);
-      OFL_CHECK(ofl_byte_table_set(t, key, w[f]));
-    }
-  }
-  if (m->plan_recompute)
-    OFL_CHECK(ofl_byte_table_set(t, "|rcms",
-                                 (uint64_t)llround(p->recompute_ms * 1e6)));
-  return OFL_SUCCESS;
-}
-
-static uint64_t get(const ofl_summary_t *s, int rank, const char *key) {
-  size_t i;
-  if (ofl_summary_find_group(s, key, &i) != OFL_SUCCESS)
-    return 0;
-  return ofl_summary_bytes(s, rank, i);
-}
-
-/* Three-way plans (OFL_PLAN_RECOMPUTE): per name its action, what a
- * recompute frees and the predicted cost of the action. */
-static void render_actions(const ofl_summary_t *s, int r, FILE *f) {
-  static const char *const act[] = {"keep", "offload", "recompute"};
-  char key[OFL_BYTE_TABLE_NAME_MAX + 32];
-  bool head = false;
-  for (size_t i = 0; i < ofl_summary_ngroups(s); i++) {
-    const char *k = ofl_summary_group_name(s, i);
-    if (k == NULL || strncmp(k, "action|", 7) != 0)
-      continue;
-    const char *name = k + 7;
-    uint64_t a = get(s, r, k);
-    if (a == 0)
-      continue;
-    if (!head) {
-      fprintf(f, "%-5s %-20s %-10s %12s %15s %10s\n", "rank", "group",
-              "action", "recomputable", "recompute MiB", "cost ms");
-      head = true;
-    }
-    snprintf(key, sizeof key, "rcbytes|%s", name);
-    uint64_t rb = get(s, r, key);
-    snprintf(key, sizeof key, "cost|%s", name);
-    uint64_t cost = get(s, r, key);
-    uint64_t ai = (a - 1) & 7;
-    fprintf(f, "%-5d %-20s %-10s %12s %15.2f %10.3f\n", r, name,
-            act[ai < 3 ? ai : 0], (a & 8) ? "yes" : "no", mib(rb),
-            (double)cost / 1e6);
-  }
-  if (head)
-    fprintf(f, "rank %d: predicted recompute %.3f ms per iteration (the "
-               "recomputed groups' forward time, measured in the warmup)\n",
-            r, (double)get(s, r, "|rcms") / 1e6);
-}
-
-static void render(const ofl_summary_t *s, FILE *f) {
-  int nranks = ofl_summary_nranks(s);
-  /* Printed once, at the end of the warmup: every figure is the model's
-   * prediction (the steady iterations measure, and may solve again), and
-   * says so, since a demo or an application prints measured peaks later. */
-  fprintf(f, "ofl offload plan (groups auto), every rank: chosen at the end "
-             "of the warmup; its peaks and times are predicted (the steady "
-             "iterations measure them, and may solve again)\n");
-  fprintf(f, "%-5s %-20s %10s %7s %7s %9s %10s %11s\n", "rank", "group",
-          "bytes MiB", "groups", "chosen", "copy ms", "window ms",
-          "exposed ms");
-  char key[OFL_BYTE_TABLE_NAME_MAX + 32];
-  for (int r = 0; r < nranks; r++) {
-    for (size_t i = 0; i < ofl_summary_ngroups(s); i++) {
-      const char *k = ofl_summary_group_name(s, i);
-      if (k == NULL || strncmp(k, "bytes|", 6) != 0)
-        continue;
-      const char *name = k + 6;
-      snprintf(key, sizeof key, "groups|%s", name);
-      uint64_t groups = get(s, r, key);
-      if (groups == 0)
-        continue;
-      uint64_t v[NF];
-      for (int fi = 0; fi < NF; fi++) {
-        snprintf(key, sizeof key, "%s|%s", FIELDS[fi], name);
-        v[fi] = get(s, r, key);
-      }
-      fprintf(f, "%-5d %-20s %10.2f %7llu %7llu %9.3f %10.3f %11.3f\n", r, name,
-              mib(v[F_BYTES]), (unsigned long long)v[F_GROUPS],
-              (unsigned long long)v[F_CHOSEN], (double)v[F_COPY] / 1e6,
-              (double)v[F_WINDOW] / 1e6, (double)v[F_EXPOSED] / 1e6);
-    }
-    render_actions(s, r, f);
-    uint64_t sc[NS];
-    for (int k = 0; k < NS; k++) {
-      snprintf(key, sizeof key, "|%s", SCALARS[k]);
-      sc[k] = get(s, r, key);
-    }
-    if (sc[S_TARGET] > 0)
-      fprintf(f,
-              "rank %d: predicted activation peak %.2f MiB against the "
-              "memory target %.2f MiB: %s; predicted with all offloaded "
-              "%.2f, with none %.2f; predicted exposed %.3f ms (reload "
-              "waits %.3f); links measured in the warmup d2h %.2f h2d %.2f "
-              "GB/s\n",
-              r, mib(sc[S_PEAK]), mib(sc[S_TARGET]),
-              sc[S_MET] ? "predicted met" : "predicted NOT met", mib(sc[S_ALL]),
-              mib(sc[S_NONE]), (double)sc[S_EXPO] / 1e6,
-              (double)sc[S_STALL] / 1e6, (double)sc[S_D2H] / 1e3,
-              (double)sc[S_H2D] / 1e3);
-    else
-      fprintf(f,
-              "rank %d: no memory target: copies that hide are offloaded; "
-              "predicted activation peak %.2f MiB (predicted with all "
-              "offloaded %.2f, with none %.2f); predicted exposed %.3f ms "
-              "(reload waits %.3f); links measured in the warmup d2h %.2f "
-              "h2d %.2f GB/s\n",
-              r, mib(sc[S_PEAK]), mib(sc[S_ALL]), mib(sc[S_NONE]),
-              (double)sc[S_EXPO] / 1e6, (double)sc[S_STALL] / 1e6,
-              (double)sc[S_D2H] / 1e3, (double)sc[S_H2D] / 1e3);
-  }
-}
-
-ofl_status_t ofl__plan_gather_print(ofl_manager_t *m) {
-  if (!m->auto_plan)
-    return OFL_SUCCESS;
-  ofl_byte_table_t *table = NULL;
-  OFL_CHECK(ofl_byte_table_create(&table));
-  ofl_status_t s = encode(m, table);
-  ofl_summary_t *sum = NULL;
-  if (s == OFL_SUCCESS)
-    s = ofl__gather_table(m, table, &sum);
-  ofl_byte_table_destroy(table);
-  bool root = m->comm == NULL || ofl_comm_rank(m->comm) == 0;
-  if (s == OFL_SUCCESS && root && m->summary_out != NULL) {
-    render(sum, m->summary_out);
-    fflush(m->summary_out);
-  }
-  ofl_summary_destroy(sum);
-  return s;
-}
-
-/* ---- steady iterations ---------------------------------------------------- */
+/* ---- steady iterations ----------------------------------------------------
+ */
 
 /* Moves group g's reload to lead want (recomputing its modelled reload
  * time and backward window). An earlier reload is refused when the
@@ -1331,7 +1056,7 @@ static void over_target(ofl_manager_t *m, bool back, uint64_t pred_peak,
     snprintf(next, sizeof next,
              "goes back to the plan before its raise (predicted peak %.2f "
              "MiB)",
-             mib(o->predicted_peak_bytes));
+             ofl__mib(o->predicted_peak_bytes));
   } else if (back) {
     snprintf(next, sizeof next,
              "moves %llu prefetch lead%s back one group (reloads issued "
@@ -1341,7 +1066,7 @@ static void over_target(ofl_manager_t *m, bool back, uint64_t pred_peak,
     snprintf(next, sizeof next,
              "solves again for a lower aim, %.2f MiB (predicted peak %.2f "
              "MiB)",
-             mib(p->solve_target), mib(o->predicted_peak_bytes));
+             ofl__mib(p->solve_target), ofl__mib(o->predicted_peak_bytes));
   } else {
     stuck = true;
     snprintf(next, sizeof next,
@@ -1362,9 +1087,9 @@ static void over_target(ofl_manager_t *m, bool back, uint64_t pred_peak,
            "%.2f MiB is %.0f%% over the memory target %.2f MiB (predicted "
            "%.2f MiB); the plan %s",
            m->rank, (unsigned long long)m->st.iterations,
-           mib(o->measured_peak_bytes),
-           100.0 * (double)(o->measured_peak_bytes - t) / (double)t, mib(t),
-           mib(pred_peak), next);
+           ofl__mib(o->measured_peak_bytes),
+           100.0 * (double)(o->measured_peak_bytes - t) / (double)t,
+           ofl__mib(t), ofl__mib(pred_peak), next);
 }
 
 /* The plan ran SETTLE_AFTER steady iterations unchanged: one line at the
@@ -1388,13 +1113,13 @@ static void settled(ofl_manager_t *m) {
            "groups (%.2f MiB); measured activation peak %.2f MiB, predicted "
            "%.2f, memory target %.2f: %s",
            m->rank, (unsigned long long)m->st.iterations, chosen, p->nms,
-           mib(moved), mib(o->measured_peak_settled_bytes),
-           mib(o->predicted_peak_bytes), mib(o->target_bytes),
+           ofl__mib(moved), ofl__mib(o->measured_peak_settled_bytes),
+           ofl__mib(o->predicted_peak_bytes), ofl__mib(o->target_bytes),
            within ? "within" : "over");
 }
 
 void ofl__plan_end_iteration(ofl_manager_t *m) {
-  if (!active(m) || m->warmup)
+  if (!ofl__plan_ledger_runs(m) || m->warmup)
     return;
   ofl__plan_t *p = m->ap;
   ledger_poll(m);
@@ -1447,9 +1172,9 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
              "%.2f MiB (predicted %.2f, target %.2f), reload stalls %.3f ms "
              "(predicted %.3f; exposed in all %.3f)",
              m->rank, (unsigned long long)m->st.iterations,
-             mib(o->measured_peak_bytes), mib(o->predicted_peak_bytes),
-             mib(o->target_bytes), o->measured_stall_ms, pred_stall,
-             pred_exposed);
+             ofl__mib(o->measured_peak_bytes),
+             ofl__mib(o->predicted_peak_bytes), ofl__mib(o->target_bytes),
+             o->measured_stall_ms, pred_stall, pred_exposed);
     if (over) {
       over_target(m, back, pred_peak, o->lead_changes - leads_before);
     } else if (p->raised) {
@@ -1505,9 +1230,9 @@ static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
 static bool replan(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
-  uint64_t aim = ofl__plan_replan_aim(o->target_bytes, p->solve_target,
-                                      o->measured_peak_bytes,
-                                      o->predicted_peak_bytes);
+  uint64_t aim =
+      ofl__plan_replan_aim(o->target_bytes, p->solve_target,
+                           o->measured_peak_bytes, o->predicted_peak_bytes);
   ofl__plan_result_t r;
   if (plan_solve(m, aim, &r) != OFL_SUCCESS)
     return false;
@@ -1518,8 +1243,8 @@ static bool replan(ofl_manager_t *m) {
            "%.2f MiB; solved again for %.2f MiB: predicted %.2f MiB, exposed "
            "%.3f ms",
            m->rank, (unsigned long long)o->replans,
-           mib(o->measured_peak_bytes), mib(o->target_bytes), mib(aim),
-           mib(r.predicted_peak), o->predicted_exposed_ms);
+           ofl__mib(o->measured_peak_bytes), ofl__mib(o->target_bytes),
+           ofl__mib(aim), ofl__mib(r.predicted_peak), o->predicted_exposed_ms);
   return true;
 }
 
@@ -1582,9 +1307,9 @@ static void raise_aim(ofl_manager_t *m, uint64_t err) {
              "again for %.2f MiB: predicted %.2f MiB less %.2f of that error "
              "(its share of the moved bytes), exposed %.3f ms (was %.3f)",
              m->rank, (unsigned long long)o->replans,
-             mib(o->measured_peak_bytes), mib(err), mib(p->safe_pred),
-             OFL__PLAN_RAISE_AFTER, mib(aim), mib(r.predicted_peak),
-             mib(carried), after, before);
+             ofl__mib(o->measured_peak_bytes), ofl__mib(err),
+             ofl__mib(p->safe_pred), OFL__PLAN_RAISE_AFTER, ofl__mib(aim),
+             ofl__mib(r.predicted_peak), ofl__mib(carried), after, before);
     return;
   }
   memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
@@ -1603,69 +1328,8 @@ static void raise_back(ofl_manager_t *m) {
            "the target %.2f MiB; back to the plan before it (predicted %.2f "
            "MiB)",
            m->rank, (unsigned long long)o->replans,
-           mib(o->measured_peak_bytes), mib(o->target_bytes),
-           mib(p->safe_pred));
-}
-
-ofl_status_t ofl_manager_plan_get(const ofl_manager_t *m,
-                                  ofl_manager_plan_t *out) {
-  if (m == NULL || out == NULL)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
-                      "ofl_manager_plan_get: manager and out must not be NULL");
-  memset(out, 0, sizeof *out);
-  if (!m->auto_plan && (m->warmup || !active(m)))
-    return ofl__error_quiet(OFL_ERR_NOT_READY,
-                            "rank %d: no auto plan (the offloaded groups are "
-                            "configured: OFL_OFFLOAD_GROUPS=auto or "
-                            "params.groups \"auto\" makes one), and the "
-                            "measured activation peaks exist after the "
-                            "warmup iteration's reset",
-                            m->rank);
-  if (m->auto_plan && (m->warmup || m->ap == NULL || m->ap->inst == NULL))
-    return ofl__error_quiet(OFL_ERR_NOT_READY,
-                            "rank %d: the auto plan exists after the warmup "
-                            "iteration's reset",
-                            m->rank);
-  *out = m->ap->out;
-  return OFL_SUCCESS;
-}
-
-ofl_status_t ofl_manager_plan_action(const ofl_manager_t *m, size_t i,
-                                     ofl_plan_action_t *out) {
-  if (m == NULL || out == NULL)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
-                      "ofl_manager_plan_action: manager and out must not be "
-                      "NULL");
-  const ofl__plan_t *p = m->ap;
-  if (!m->auto_plan || m->warmup || p == NULL || p->inst == NULL ||
-      p->acts == NULL)
-    return ofl__error_quiet(OFL_ERR_NOT_READY,
-                            "rank %d: the auto plan's actions exist after "
-                            "the warmup iteration's reset, with groups "
-                            "\"auto\"",
-                            m->rank);
-  if (i >= p->out.nnames)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
-                      "rank %d: plan action %zu of %zu names", m->rank, i,
-                      p->out.nnames);
-  ofl_plan_action_t a = p->acts[i];
-  /* Measured: a recompute's backward less the warmup's backward of the same
-   * groups (the last iteration, CPU clock); an offload's reload stalls, per
-   * steady iteration. */
-  for (uint32_t k = 0; k < p->nms; k++) {
-    const meas_t *x = &p->ms[k];
-    if (p->inst[k].name != (int)i || x->g->action != OFL_ACTION_RECOMPUTE ||
-        x->rc_bwd_ns == 0)
-      continue;
-    a.measured_ms += x->rc_bwd_ns > x->bwd_cpu_ns
-                         ? (double)(x->rc_bwd_ns - x->bwd_cpu_ns) / 1e6
-                         : 0;
-  }
-  if (a.action == OFL_ACTION_OFFLOAD && p->out.iterations > 0)
-    a.measured_ms = (double)(m->names[i].st.stall_ns - p->stall0[i]) / 1e6 /
-                    (double)p->out.iterations;
-  *out = a;
-  return OFL_SUCCESS;
+           ofl__mib(o->measured_peak_bytes), ofl__mib(o->target_bytes),
+           ofl__mib(p->safe_pred));
 }
 
 void ofl__plan_free(ofl_manager_t *m) {
@@ -1673,10 +1337,9 @@ void ofl__plan_free(ofl_manager_t *m) {
   if (p == NULL)
     return;
   for (uint32_t i = 0; i < p->nms; i++) {
-    stamp_t *st[] = {&p->ms[i].start, &p->ms[i].commit, &p->ms[i].bwd_begin,
-                     &p->ms[i].bwd_end,
-                     &p->ms[i].d2h_a,  &p->ms[i].d2h_b,     &p->ms[i].h2d_a,
-                     &p->ms[i].h2d_b};
+    stamp_t *st[] = {&p->ms[i].start,   &p->ms[i].commit, &p->ms[i].bwd_begin,
+                     &p->ms[i].bwd_end, &p->ms[i].d2h_a,  &p->ms[i].d2h_b,
+                     &p->ms[i].h2d_a,   &p->ms[i].h2d_b};
     for (size_t k = 0; k < sizeof st / sizeof st[0]; k++)
       if (st[k]->ev != NULL)
         ofl_event_destroy(st[k]->ev);

@@ -98,6 +98,21 @@ static void keep_fraction(ofl_manager_t *m) {
   }
 }
 
+/* The group kept by should_offload in steady state: the last of its name in
+ * a chunk that is the next of that name to run backward when it commits
+ * (the schedule repeats the warmup, so the warmup's backward position at
+ * the commit tells). */
+static bool next_in_backward(const ofl_manager_t *m, const group_t *g) {
+  if (!g->last_of_name)
+    return false;
+  for (uint32_t i = g->warm_bwd_cursor; i < m->nbwd; i++)
+    if ((m->bwd[i]->name_mask >> g->nid) & 1u)
+      return m->bwd[i] == g->chunk;
+  return false;
+}
+
+/* The last group of each name in a chunk; then (that fixed) the groups
+ * next_in_backward keeps, for the plan and the placement table. */
 static void mark_last_of_name(ofl_manager_t *m) {
   for (uint32_t i = 0; i < m->nfwd; i++) {
     chunk_t *c = m->fwd[i];
@@ -108,6 +123,10 @@ static void mark_last_of_name(ofl_manager_t *m) {
       seen |= UINT64_C(1) << g->nid;
     }
   }
+  for (uint32_t i = 0; i < m->nfwd; i++)
+    for (uint32_t j = 0; j < m->fwd[i]->ngroups; j++)
+      m->fwd[i]->groups[j]->next_in_bwd =
+          next_in_backward(m, m->fwd[i]->groups[j]);
 }
 
 /* The reference stops after the chunk that is first in backward order. On
@@ -221,105 +240,6 @@ static void report_unseen_names(ofl_manager_t *m) {
   report_small_tensors(m);
 }
 
-/* The group kept by should_offload in steady state: the last of its name in
- * a chunk that is the next of that name to run backward when it commits
- * (the schedule repeats the warmup, so the warmup's backward position at
- * the commit tells). */
-bool ofl__policy_next_in_backward(const ofl_manager_t *m, const group_t *g) {
-  if (!g->last_of_name)
-    return false;
-  for (uint32_t i = g->warm_bwd_cursor; i < m->nbwd; i++)
-    if ((m->bwd[i]->name_mask >> g->nid) & 1u)
-      return m->bwd[i] == g->chunk;
-  return false;
-}
-
-static void plan_one(const ofl_manager_t *m, const plan_rec_t *r,
-                     ofl_group_plan_t *out) {
-  memset(out, 0, sizeof *out);
-  out->chunk = r->c->index;
-  out->vp_stage = r->c->vp_stage;
-  out->microbatch = r->c->mb;
-  out->name = m->names[r->nid].name;
-  out->placement = OFL_GROUP_DEVICE;
-  const group_t *g = r->g;
-  if (g == NULL) {
-    out->reason = OFL_KEEP_NOT_SELECTED;
-    return;
-  }
-  out->bytes = g->warm_bytes;
-  out->disk_bytes = g->warm_disk_bytes;
-  if (g->warm_bytes == 0)
-    out->reason = g->warm_budget_bytes > 0 ? OFL_KEEP_HOST_BUDGET
-                  : g->warm_small > 0 || g->warm_flagged == 0
-                      ? OFL_KEEP_SIZE
-                      : OFL_KEEP_NOT_OFFLOADABLE;
-  else if (!g->policy_offload)
-    out->reason = (ofl_group_keep_reason_t)g->keep_why;
-  else if (ofl__policy_next_in_backward(m, g))
-    out->reason = OFL_KEEP_NEXT_BACKWARD;
-  else
-    out->placement =
-        g->warm_disk_bytes == g->warm_bytes ? OFL_GROUP_DISK : OFL_GROUP_PINNED;
-}
-
-size_t ofl_manager_group_plan_count(const ofl_manager_t *m) {
-  return m != NULL && !m->warmup ? m->nplan : 0;
-}
-
-ofl_status_t ofl_manager_group_plan(const ofl_manager_t *m, size_t i,
-                                    ofl_group_plan_t *out) {
-  if (m == NULL || out == NULL)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
-                      "ofl_manager_group_plan: manager and out must not be "
-                      "NULL");
-  if (m->warmup)
-    return ofl__error_quiet(OFL_ERR_NOT_READY,
-                            "rank %d: the group plan exists after the warmup "
-                            "iteration's reset",
-                            m->rank);
-  if (i >= m->nplan)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
-                      "ofl_manager_group_plan: index %zu out of range (%u "
-                      "groups in the record; see "
-                      "ofl_manager_group_plan_count)",
-                      i, m->nplan);
-  plan_one(m, &m->plan[i], out);
-  return OFL_SUCCESS;
-}
-
-ofl_status_t ofl__gather_table(ofl_manager_t *m, const ofl_byte_table_t *t,
-                               ofl_summary_t **out) {
-  if (m->comm != NULL)
-    return ofl_summary_gather(m->comm, t, 0, out);
-  const ofl_byte_table_t *one[1] = {t};
-  return ofl_summary_from_tables(one, 1, out);
-}
-
-/* Rule 7: the per-name table is gathered on the user's comm (collective:
- * every rank of it resets), an empty table still making a row. */
-static ofl_status_t gather_summary(ofl_manager_t *m) {
-  ofl_byte_table_t *table = NULL;
-  OFL_CHECK(ofl_byte_table_create(&table));
-  ofl_status_t s = OFL_SUCCESS;
-  for (int k = 0; k < m->nnames && s == OFL_SUCCESS; k++)
-    if (m->names[k].summary_bytes > 0)
-      s = ofl_byte_table_set(table, m->names[k].name,
-                             m->names[k].summary_bytes);
-  ofl_summary_t *sum = NULL;
-  if (s == OFL_SUCCESS)
-    s = ofl__gather_table(m, table, &sum);
-  ofl_byte_table_destroy(table);
-  if (s != OFL_SUCCESS)
-    return s;
-  ofl_summary_destroy(m->summary);
-  m->summary = sum;
-  bool root = m->comm == NULL || ofl_comm_rank(m->comm) == 0;
-  if (root && m->summary_out != NULL)
-    s = ofl_summary_write(sum, OFL_SUMMARY_TEXT, m->summary_out);
-  return s;
-}
-
 ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m) {
   ofl_status_t s = OFL_SUCCESS;
   if (m->nbwd != m->nfwd) {
@@ -354,10 +274,10 @@ ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m) {
            "rank %d: warmup ended: %u chunks, %d group names, summary %llu "
            "bytes",
            m->rank, m->nfwd, m->nnames, (unsigned long long)total);
-  ofl_status_t g = gather_summary(m);
+  ofl_status_t g = ofl__report_summary(m);
   /* Collective too: every rank of the comm runs it (groups "auto" is a
    * setting of the whole job). */
-  ofl_status_t pr = ofl__plan_gather_print(m);
+  ofl_status_t pr = ofl__report_plan(m);
   if (g == OFL_SUCCESS)
     g = pr;
   return s != OFL_SUCCESS ? s : g;

@@ -1,0 +1,100 @@
+/* ofl: the auto plan's private state, shared by pipeline/plan.c (the
+ * measurements, the ledger and its feedback) and pipeline/report.c (the
+ * printed plan and its readings). Not installed. */
+#ifndef OFL_PIPELINE_PLAN_H
+#define OFL_PIPELINE_PLAN_H
+
+#include "pipeline/pipeline_internal.h"
+#include "pipeline/plan_solve.h"
+
+#define LEAD_MAX 16
+#define RAISE_TRIES 4 /* raise_aim: the whole error, then halves */
+#define REPLAN_MAX                                                             \
+  8 /* solves after the first, when the measured peak goes                     \
+       over the target */
+/* The plan has settled when it ran this many steady iterations unchanged:
+ * one more than a raise needs, so that the raise had its chance first. */
+#define SETTLE_AFTER (OFL__PLAN_RAISE_AFTER + 1)
+
+typedef struct stamp {
+  uint64_t cpu;    /* ofl__now_ns() at the call */
+  ofl_event_t *ev; /* timed event, where the backend has them */
+  uint32_t waits;  /* backward waits for reloads before it (bwd_seq) */
+  bool set;
+} stamp_t;
+
+typedef struct meas {
+  group_t *g;
+  stamp_t start; /* group_start, on compute: its forward runs to commit */
+  stamp_t commit, bwd_begin, bwd_end; /* compute stream */
+  stamp_t d2h_a, d2h_b, h2d_a, h2d_b; /* copy streams */
+  uint64_t kept_bytes; /* device bytes of the group its commit kept */
+  uint64_t late;       /* CPU ns when its copies were last seen unfinished
+                          (0: never): the bytes were on the device then */
+  int32_t late_ms;     /* the marker that saw that: its group's place in
+                          ms (-1: none) and which of its compute stamps */
+  uint8_t late_kind;   /* (0 commit, 1 backward begin, 2 backward end) */
+  bool rel_pending;
+  uint32_t bwd_seq;    /* 1 + place of its backward in the iteration */
+  uint64_t bwd_cpu_ns; /* the warmup's backward, begin to end, CPU clock */
+  uint64_t rc_bwd_cpu; /* steady: its backward's begin (CPU clock) */
+  uint64_t rc_bwd_ns;  /* steady: the last recomputed backward's time */
+} meas_t;
+
+struct ofl__plan {
+  bool timed;       /* stamps carry timing events */
+  bool timing_lost; /* an event failed: the CPU clock for everything */
+  stamp_t base;     /* the first stamp of the warmup, on compute */
+  meas_t *ms;
+  uint32_t nms, capms, bwd_seq;
+
+  /* The plan (end of warmup). */
+  ofl__plan_group_t *inst; /* by pidx */
+  bool *chosen;
+  uint32_t *bwd_order;      /* pidx in backward order */
+  uint64_t *stalled_before; /* nbwd + 1: the warmup's reload waits up to
+                               the k-th backward begin, summed (ns; 0 at
+                               0) */
+  int64_t *t_bwd_end;       /* by pidx */
+  uint32_t nbwd;
+  ofl_plan_name_t *names;
+  ofl_plan_action_t *acts; /* by name, beside names */
+  uint64_t *stall0;        /* by name: its stall_ns at the warmup's end */
+  double recompute_ms;     /* predicted recompute time of the plan */
+  uint8_t *action;         /* by pidx: OFL__PLAN_* of the plan */
+  ofl_manager_plan_t out;
+  uint8_t base_lead;
+
+  /* The ledger (steady state). */
+  int64_t live, peak;
+  uint64_t *off_now; /* by pidx: bytes its commit offloaded this iteration */
+  bool *pending;     /* by pidx: copy not yet seen complete */
+  uint32_t *fifo;    /* pidx of offloaded groups, commit order */
+  uint32_t fifo_head, fifo_len;
+  uint64_t stall_ns_start;
+  uint64_t solve_target; /* the target the last solve aimed at */
+  /* One raise (a plan predicted above its measured peak in
+   * OFL__PLAN_RAISE_AFTER iterations in a row solves again for a higher
+   * aim, to expose less copy time): the plan before
+   * it, kept to go back to when the raised one goes over the target. */
+  bool *chosen_safe;
+  uint64_t safe_aim, safe_pred;
+  bool raised;             /* the raised plan runs; not yet under the target */
+  bool raise_done;         /* no more raises */
+  bool ever_over;          /* an iteration went over the target */
+  ofl__plan_under_t under; /* the evidence for a raise */
+  uint64_t changes_seen;   /* replans + lead changes when last looked */
+  bool ledger;             /* the ledger's arrays exist (the warmup ended) */
+  bool touched;            /* the ledger moved in this iteration */
+  bool warned;             /* "nothing more it can do" was said (once) */
+  bool over_warned;        /* an over-target WARN since the plan last settled */
+};
+
+/* The steady ledger runs (after the warmup, with or without auto). */
+static inline bool ofl__plan_ledger_runs(const ofl_manager_t *m) {
+  return m->ap != NULL && m->ap->ledger;
+}
+
+static inline double ofl__mib(uint64_t b) { return (double)b / 1048576.0; }
+
+#endif /* OFL_PIPELINE_PLAN_H */
