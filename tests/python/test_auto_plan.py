@@ -23,7 +23,8 @@ PLAN_FIELDS = {"automatic", "met", "exact", "target_bytes", "predicted_peak_byte
                "predicted_exposed_ms", "predicted_stall_ms", "d2h_gbps", "h2d_gbps", "rate_source", "iterations",
                "measured_peak_bytes", "measured_peak_max_bytes", "measured_stall_ms",
                "lead_changes", "replans", "names", "release_ms", "warmup_stall_ms",
-               "settled_iterations", "measured_peak_settled_bytes"}
+               "settled_iterations", "measured_peak_settled_bytes",
+               "actions", "recompute"}  # the last two: ofl.torch's (per name's action)
 NAME_FIELDS = {"name", "groups", "chosen", "bytes", "chosen_bytes", "copy_ms", "window_ms",
                "exposed_ms", "prefetch_lead_max"}
 
@@ -69,6 +70,9 @@ def check_plan(tc, plan, target):
         tc.assertIsInstance(x["name"], str)
         tc.assertLessEqual(x["chosen"], x["groups"])
         tc.assertLessEqual(x["chosen_bytes"], x["bytes"])
+    tc.assertEqual(set(plan["actions"]), {x["name"] for x in plan["names"]})
+    for a in plan["actions"].values():
+        tc.assertIn(a["action"], ("keep", "offload", "recompute"))
     chosen = sum(x["chosen_bytes"] for x in plan["names"])
     if plan["peak_none_bytes"] > target:
         tc.assertGreater(chosen, 0, "a target below the no-offload peak chose nothing")
@@ -162,6 +166,36 @@ class OffloadActivations(unittest.TestCase):
         st = ctx.stats()
         self.assertGreater(st["offloaded_bytes"], 0)
         check_plan(self, st["plan"], 16 << 10)
+        ctx.close()
+
+    def test_auto_names_are_module_paths(self):
+        """With a model, each group is named by the module that saved it
+        (issue 39): the plan lists module paths, bitwise equal still."""
+        data = make_data(steps=3, microbatches=2, batch=2, seq=SEQ, vocab=VOCAB)
+        base = train(fresh_model(), data, plain_loop)
+        model = fresh_model()
+        ctx = ot.offload_activations(model, min_offload_size=64, offload_modules="auto",
+                                     memory_target="16K")
+
+        def loop(m, mbs):
+            losses = []
+            for tok, tgt in mbs:
+                with ctx:
+                    loss = m(tok, tgt)
+                losses.append(loss.detach().clone())
+                (loss / len(mbs)).backward()
+            return losses
+
+        offl = train(model, data, loop)
+        assert_same(self, base, offl)
+        plan = ctx.stats()["plan"]
+        check_plan(self, plan, 16 << 10)
+        names = {x["name"] for x in plan["names"]}
+        for want in ("layers.0.attn_norm", "layers.0.mlp_norm", "layers.1.attn_norm",
+                     "layers.0", "norm"):
+            self.assertIn(want, names)
+        self.assertNotIn("output", names)  # the head's tensors stay (never offloaded)
+        self.assertTrue(any(x["chosen"] for x in plan["names"] if x["name"] != "activations"))
         ctx.close()
 
     def test_errors(self):

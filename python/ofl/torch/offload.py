@@ -57,6 +57,14 @@ Mapping onto the manager (documented in python/README.md too):
     ``TiedLinear``), else ``model.lm_head`` (Hugging Face): the activations
     saved inside it are not offloaded (they are the first needed in
     backward). ``warn_if_no_head`` warns when there is none;
+  * **names under the auto plan**: with ``offload_modules="auto"`` and a
+    ``model``, each saved tensor's group is named by the module that saved
+    it, as a module path (``layers.0.mlp``, ``layers.0.attn_norm``; a tensor
+    saved by a layer's own code is ``layers.0``; outside the model
+    ``activations``): the model's children, the items of its ModuleLists
+    and Sequentials and their children, so the plan and its printout say
+    which modules it offloads. Without "auto" (or without a model) every
+    group is named ``activations``;
   * ``use_streams=False`` waits for each copy right after its commit;
     ``use_pin_memory`` is accepted for compatibility: ofl's host pool is
     always page-locked on cuda (and plain memory on the host backend).
@@ -129,6 +137,7 @@ class _Session:
 
     def _new_iteration(self):
         self.chunks = []  # [[group mark, ...] per forward of this iteration]
+        self.names = []  # [[group name, ...] per chunk] with named groups
         self.live = []  # weakrefs of this iteration's records (forced end)
         self.bwd = [0, 0]  # manager's backward position: chunk, groups done
         self.backward_seen = False
@@ -187,6 +196,7 @@ class _Session:
                 self.broken = True
                 return
             self.chunks.append([])
+            self.names.append([])
 
     def end_forward(self, failed):
         if failed:
@@ -219,19 +229,29 @@ class _Hooks:
     pack_offload (a group of its own: start, push, commit) and
     unpack_ordered (the backward markers in the manager's order, then pop)."""
 
-    __slots__ = ("s", "suspend")
+    __slots__ = ("s", "suspend", "stack")
 
     def __init__(self):
         self.s = None
         self.suspend = 0
+        self.stack = None  # module paths being run (named groups), else None
 
     def pack(self, t):
         s = self.s
         core = s.core
         if self.suspend or s.broken or (_current_node is not None and _current_node() is not None):
             return core.keep(t)
+        stack = self.stack
         try:
-            return core.pack_offload(t, _NAME, s.chunks[-1], s.live)
+            if stack is None:
+                return core.pack_offload(t, _NAME, s.chunks[-1], s.live)
+            name = stack[-1] if stack else _NAME
+            marks = s.chunks[-1]
+            n = len(marks)
+            r = core.pack_offload(t, name, marks, s.live)
+            if len(marks) > n:
+                s.names[-1].append(name)
+            return r
         except OflError as e:
             return s.keep_or_offload_failed(t, e)
 
@@ -242,10 +262,71 @@ class _Hooks:
             if c is None:
                 return unpack_detached(r)
             return c.unpack(r)
-        x = s.core.unpack_ordered(r, s.chunks, s.bwd, _NAME)
+        if self.stack is None:
+            x = s.core.unpack_ordered(r, s.chunks, s.bwd, _NAME)
+        else:
+            x = _unpack_named(s, r)
         if type(r) not in _KEPT:
             s.after_backward()
         return x
+
+
+def _unpack_named(s, r):
+    """unpack_ordered for groups of several names: the backward markers of
+    the groups the manager expects up to r's own (chunks first in, first
+    out; a chunk's groups in reverse), each by its own name, then r's
+    tensor. Records that are kept, cached or of another manager take the
+    core's own path (no marker)."""
+    core = s.core
+    if (type(r) in _KEPT or getattr(r, "cached", None) is not None
+            or getattr(r, "core", None) is not core):
+        return core.unpack_ordered(r, s.chunks, s.bwd, _NAME)
+    o = r.vref()
+    if o is not None and o._version != r.version:
+        raise _core._modified_error(o, r.size, r.version, o._version)
+    g = r.group
+    chunks, names, pos = s.chunks, s.names, s.bwd
+    mine = None
+    while g.index == -1 and pos[0] < len(chunks):
+        groups = chunks[pos[0]]
+        if pos[1] >= len(groups):
+            pos[0] += 1
+            pos[1] = 0
+            continue
+        j = len(groups) - 1 - pos[1]
+        nxt, name = groups[j], names[pos[0]][j]
+        pos[1] += 1
+        core.backward_begin(name)
+        nxt.index = 0
+        if nxt is not g:
+            core.backward_end(name)
+            nxt.index = -2
+        else:
+            mine = name
+    x = core.pop_record(r)
+    if g.index == 0 and mine is not None:
+        g.index = -2
+        core.backward_end(mine)
+    return x
+
+
+def module_names(model):
+    """{module: path} of the modules whose saved tensors name their groups
+    under the auto plan: the model's children, the items of every
+    ModuleList and Sequential in it, and those items' children."""
+    out = {}
+    for name, child in model.named_children():
+        out[child] = name
+    for path, m in model.named_modules():
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+            for i, item in m.named_children():
+                ip = "%s.%s" % (path, i) if path else i
+                out[item] = ip
+                for cn, c in item.named_children():
+                    out.setdefault(c, "%s.%s" % (ip, cn))
+    for m in [m for m in out if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential))]:
+        del out[m]  # a container is never called itself
+    return out
 
 
 _sessions = {}  # key -> [_Session]
@@ -389,6 +470,9 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
                     "Pass warn_if_no_head=False to silence this", stacklevel=3)
             for b in model.buffers():
                 b._ofl_not_offloadable = True
+        # the auto plan's group names: the module paths (see the module doc)
+        self._named = (module_names(model) if model is not None and offload_modules == "auto"
+                       else None)
 
     # -- the manager
     def _session(self):
@@ -437,6 +521,9 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
             if head is not None:
                 self._handles = [head.register_forward_pre_hook(self._head_pre),
                                  head.register_forward_hook(self._head_post, always_call=True)]
+            if self._named is not None:
+                self._hk.stack = []
+                self._handles += self._name_hooks()
             s.entering = False
             # the hooks are pushed last, on the line that returns: no line
             # of this method runs after the push (an interrupt there would
@@ -465,6 +552,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
             h.remove()
         self._handles = []
         self._hk.suspend = 0
+        if self._hk.stack is not None:
+            del self._hk.stack[:]
         self._depth = 0
         self._thread = None
         self._frame = None
@@ -496,6 +585,24 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
         if top is not None and top[0] is self.pack_hook:
             super().__exit__(None, None, None)
         self._leave(True)
+
+    def _name_hooks(self):
+        """Forward hooks that keep the path of the module being run on the
+        hooks' stack (named groups)."""
+        stack = self._hk.stack
+        hs = []
+        for m, path in self._named.items():
+            b = path.encode()
+
+            def pre(module, args, b=b):
+                stack.append(b)
+
+            def post(module, args, output, b=b):
+                if stack and stack[-1] == b:
+                    stack.pop()
+            hs.append(m.register_forward_pre_hook(pre))
+            hs.append(m.register_forward_hook(post, always_call=True))
+        return hs
 
     def _head_pre(self, module, args):
         self._hk.suspend += 1
@@ -534,7 +641,21 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
 
     # -- observability
     def stats(self):
-        return self._core.stats()
+        """The manager's statistics; with offload_modules="auto", ``plan``
+        and ``plan["actions"]``: per name the action (keep or offload; this
+        interface does not recompute), the bytes, the predicted and the
+        measured cost."""
+        st = self._core.stats()
+        plan = st.get("plan")
+        if plan is not None:
+            acts = _lib.plan_actions(self._core.m, len(plan.get("names", ())))
+            for a in acts.values():
+                a["why_not_recomputable"] = (
+                    "offload_activations does not recompute (ofl.torch.megatron."
+                    "offload_or_recompute does)")
+            plan["actions"] = acts
+            plan["recompute"] = False
+        return st
 
     def pool_stats(self):
         return self._core.pool_stats()
