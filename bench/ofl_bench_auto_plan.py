@@ -31,8 +31,23 @@ to the next and within one, and then neither figure is steady (pooled:
 +45-70% for plans with no stall; paired: -39.8% for one run of a plan
 that offloads nothing). The closing line counts the goal both ways.
 
+Keep, offload or recompute (issue 42), --torch: the same question from
+PyTorch on the CPU (host backend, an emulated link of --link GB/s), for a
+small transformer whose attention core and MLP run through
+ofl.torch.megatron.offload_or_recompute: keep-all (plain PyTorch),
+recompute-only (torch.utils.checkpoint on every attention core and MLP,
+Megatron's selective recompute of core_attn and mlp), the offload-only auto
+plan and the three-way auto plan (recompute=True), at targets from keep-all's
+peak down. Activation peaks: the manager's ledger for ofl's strategies; a
+saved-tensor counter (bytes of the distinct storages autograd holds,
+weights left out) for the two without ofl. The ledger counts the groups'
+tensors only (the attention cores' and MLPs'), the counter every saved
+activation (norms, projections, embeddings too), so keep-all is given by both.
+These are CPU figures: a GPU's copy and compute times differ.
+
 Usage: ofl_bench_auto_plan.py DEMO [--out PNG] [--iters N] [--repeat R] [--jobs J]
                                [--baseline pooled|paired]
+       ofl_bench_auto_plan.py --torch [--link GBPS] [--steps N]
 Prints a table; writes a PNG (overhead against target, a line per strategy,
 a panel per link rate) with gnuplot when installed, else with a small PNG
 writer of its own (zlib). Not part of CI: a few minutes."""
@@ -233,7 +248,179 @@ def write_png_plain(path, panels):
     return True
 
 
+def torch_strategies(link_gbps, steps, targets_n=4):
+    """--torch: keep-all, recompute-only, offload-only auto and the
+    three-way auto plan side by side (see the module doc)."""
+    os.environ.setdefault("OFL_BACKEND", "host")
+    os.environ.setdefault("OFL_DEBUG", "NONE")
+    os.environ["OFL_LINK_D2H_GBPS"] = os.environ["OFL_LINK_H2D_GBPS"] = "%g" % link_gbps
+    import math
+    import time
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    import ofl.torch as ot
+    from ofl.torch import megatron as om
+    from torch.utils.checkpoint import checkpoint
+    torch.set_num_threads(1)
+    V, S, D, FF, B, L, MB = 128, 64, 64, 256, 4, 4, 2
+
+    class Attn(nn.Module):
+        def forward(self, q, k, v):
+            b, s, d = q.shape
+            h = 4
+            q, k, v = (t.reshape(b, s, h, d // h).transpose(1, 2) for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(d // h)
+            att = att.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1),
+                                  float("-inf")).softmax(-1)
+            return (att @ v).transpose(1, 2).reshape(b, s, d)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.qkv, self.attn = nn.LayerNorm(D), nn.Linear(D, 3 * D), Attn()
+            self.proj, self.n2 = nn.Linear(D, D), nn.LayerNorm(D)
+            self.mlp = nn.Sequential(nn.Linear(D, FF), nn.GELU(), nn.Linear(FF, D))
+
+        def forward(self, x, call):
+            q, k, v = (t.contiguous() for t in self.qkv(self.n1(x)).chunk(3, dim=-1))
+            x = x + self.proj(call("core_attn", self.attn, q, k, v))
+            return x + call("mlp", self.mlp, self.n2(x))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(V, D)
+            self.layers = nn.ModuleList([Layer() for _ in range(L)])
+            self.out = nn.Linear(D, V)
+
+        def forward(self, tok, tgt, call):
+            x = self.emb(tok)
+            for layer in self.layers:
+                x = layer(x, call)
+            return F.cross_entropy(self.out(x).reshape(-1, V), tgt.reshape(-1))
+
+    g = torch.Generator().manual_seed(1)
+    data = [[(torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, S), generator=g))
+             for _ in range(MB)] for _ in range(steps)]
+    plain = lambda n, f, *a: f(*a)  # noqa: E731
+    ckpt = lambda n, f, *a: checkpoint(f, *a, use_reentrant=False)  # noqa: E731
+
+    class Counter:
+        """Bytes of the distinct storages autograd holds for backward."""
+
+        def __init__(self):
+            self.live, self.peak, self.refs = 0, 0, {}
+
+        def pack(self, t):
+            if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+                return _Held(self, None, t)  # weights are not activations
+            key = t.untyped_storage().data_ptr()
+            n = self.refs.get(key)
+            if n is None:
+                self.live += t.untyped_storage().nbytes()
+                self.peak = max(self.peak, self.live)
+                n = [0, t.untyped_storage().nbytes()]
+                self.refs[key] = n
+            n[0] += 1
+            return _Held(self, key, t)
+
+        def unpack(self, h):
+            return h.t
+
+    class _Held:
+        def __init__(self, c, key, t):
+            self.c, self.key, self.t = c, key, t
+
+        def __del__(self):
+            n = self.c.refs.get(self.key)
+            if n is not None:
+                n[0] -= 1
+                if n[0] == 0:
+                    self.c.live -= n[1]
+                    del self.c.refs[self.key]
+
+    def run(call, ofl=None, counted=False):
+        torch.manual_seed(0)
+        m = Model()
+        times, grads, c = [], None, Counter()
+        for mbs in data:
+            t0 = time.perf_counter()
+            m.zero_grad(set_to_none=True)
+            for tok, tgt in mbs:
+                if ofl is not None:
+                    ot.init_chunk_handler(1, 0, 1)
+                if counted:
+                    with torch.autograd.graph.saved_tensors_hooks(c.pack, c.unpack):
+                        loss = m(tok, tgt, call)
+                else:
+                    loss = m(tok, tgt, call)
+                (loss / len(mbs)).backward()
+            if ofl is not None:
+                ot.reset()
+            times.append((time.perf_counter() - t0) * 1e3)
+            grads = [p.grad.clone() for p in m.parameters()]
+        r = {"ms": statistics.median(times[2:]), "grads": grads, "peak": c.peak}
+        if ofl is not None:
+            p = ofl.stats()["plan"]
+            r.update(peak=p["measured_peak_max_bytes"], pred=p["predicted_peak_bytes"],
+                     met=p["met"], actions={n: a["action"][0] for n, a in p["actions"].items()},
+                     pred_ms=p["predicted_exposed_ms"] + sum(
+                         a["recompute_ms"] for a in p["actions"].values()
+                         if a["action"] == "recompute"))
+        return r
+
+    def auto(target, recompute):
+        ot.PipelineOffloadManager.destroy_instance()
+        mgr = ot.PipelineOffloadManager.get_instance(offload_modules="auto", summary=False,
+                                                     memory_target=int(target),
+                                                     recompute=recompute)
+        r = run(om.offload_or_recompute, mgr)
+        ot.PipelineOffloadManager.destroy_instance()
+        return r
+
+    keep = run(plain, counted=True)
+    rconly = run(ckpt, counted=True)
+    roomy = auto(1 << 40, False)
+    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a["grads"], b["grads"]))  # noqa
+    hi = roomy["peak"]
+    targets = [hi * (1 - 0.6 * k / targets_n) for k in range(targets_n + 1)]
+    print("ofl_bench_auto_plan --torch: CPU, host backend, link %g GB/s per direction "
+          "(emulated); %d layers d=%d ff=%d seq %d batch %d, %d microbatches a step, %d steps "
+          "(step ms: median after the first two)" % (link_gbps, L, D, FF, S, B, MB, steps))
+    print("keep-all: %.1f ms, saved-tensor peak %.3f MiB (counter), %.3f MiB (ofl's ledger, "
+          "plan keeping everything); recompute-only (core_attn, mlp checkpointed): %.1f ms, "
+          "peak %.3f MiB (counter), gradients bitwise keep-all's: %s" % (
+              keep["ms"], keep["peak"] / MIB, hi / MIB, rconly["ms"], rconly["peak"] / MIB,
+              "yes" if same(keep, rconly) else "NO"))
+    print("\n%9s | %8s %9s | %8s %9s %4s %-12s | %8s %9s %4s %-12s %9s" % (
+        "target", "keep_ms", "rc_ms", "off_ms", "off_peak", "met", "off_plan", "mix_ms",
+        "mix_peak", "met", "mix_plan", "identical"))
+    for t in targets:
+        off, mix = auto(t, False), auto(t, True)
+        fmt = lambda r: ",".join("%s=%s" % (n[:4], a) for n, a in sorted(r["actions"].items()))  # noqa
+        print("%9.3f | %8.1f %9.1f | %8.1f %9.3f %4s %-12s | %8.1f %9.3f %4s %-12s %9s" % (
+            t / MIB, keep["ms"], rconly["ms"], off["ms"], off["peak"] / MIB,
+            "yes" if off["peak"] <= t else "no", fmt(off), mix["ms"], mix["peak"] / MIB,
+            "yes" if mix["peak"] <= t else "no", fmt(mix),
+            "yes" if same(keep, off) and same(keep, mix) else "NO"))
+    print("# MiB of saved activations at the peak; *_ms: median step (CPU); off: offload-only "
+          "auto plan, mix: keep/offload/recompute auto plan (k keep, o offload, r recompute "
+          "per name); met: the measured peak (ledger, every steady step) within the target; "
+          "identical: both plans' gradients bitwise keep-all's. recompute-only meets a "
+          "target when its counter peak (%.3f MiB) is below it." % (rconly["peak"] / MIB))
+    return 0
+
+
 def main():
+    if "--torch" in sys.argv[1:]:
+        tp = argparse.ArgumentParser(description="keep, offload or recompute from PyTorch (CPU)")
+        tp.add_argument("--torch", action="store_true")
+        tp.add_argument("--link", type=float, default=0.01, help="GB/s per direction")
+        tp.add_argument("--steps", type=int, default=6)
+        tp.add_argument("--targets", type=int, default=4)
+        ta = tp.parse_args()
+        return torch_strategies(ta.link, max(3, ta.steps), ta.targets)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("demo")
     ap.add_argument("--out", default="ofl_bench_auto_plan.png")

@@ -133,6 +133,12 @@ def main(tmp):
         tap(cf.returncode == 0 and st.returncode == 0,
             "pkg-config --libs ofl and pkg-config --static --libs ofl work",
             cf.stderr + st.stderr + st.stdout)
+        # The public headers need no mpi.h: MPI is link-only (Libs.private),
+        # so --cflags names ofl's include directory and no MPI path.
+        only = run([pkgconfig, "--cflags", "ofl"], env=pkenv)
+        tap(only.returncode == 0 and "mpi" not in only.stdout.lower(),
+            "pkg-config --cflags ofl has no MPI include path",
+            only.stdout + only.stderr)
         if cf.returncode == 0:
             out = os.path.join(tmp, "prog_pc")
             build_and_run("C program built with pkg-config (libofl.so) runs",
