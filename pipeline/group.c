@@ -143,6 +143,77 @@ ofl_status_t ofl_manager_group_start(ofl_manager_t *m, const char *name) {
   return OFL_SUCCESS;
 }
 
+/* The most recent open group of name (NULL: none, or a name that is not
+ * offloaded); *found whether the name is open at all. */
+static group_t *open_group(const ofl_manager_t *m, const char *name,
+                           bool *found) {
+  int nid = ofl__name_find(m, name);
+  *found = false;
+  for (uint32_t i = m->nopen; nid >= 0 && i-- > 0;)
+    if (m->open[i].nid == nid) {
+      *found = true;
+      return m->open[i].g;
+    }
+  return NULL;
+}
+
+ofl_status_t ofl_manager_group_start_flags(ofl_manager_t *m, const char *name,
+                                           unsigned flags,
+                                           size_t kept_input_bytes) {
+  if (m != NULL && (flags & ~OFL_GROUP_RECOMPUTABLE) != 0)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "rank %d: group_start_flags %s: unknown flags 0x%x "
+                      "(OFL_GROUP_RECOMPUTABLE is 0x%x)",
+                      m->rank, name ? name : "(null)", flags,
+                      OFL_GROUP_RECOMPUTABLE);
+  OFL_CHECK(ofl_manager_group_start(m, name));
+  if (!ofl__manager_active(m))
+    return OFL_SUCCESS;
+  bool found;
+  group_t *g = open_group(m, name, &found);
+  if (g == NULL)
+    return OFL_SUCCESS;
+  bool rc = (flags & OFL_GROUP_RECOMPUTABLE) != 0;
+  if (m->warmup) {
+    g->recomputable = rc;
+    g->rc_seen = true;
+    g->rc_input_bytes = rc ? kept_input_bytes : 0;
+    if (rc)
+      ofl__plan_on_start(m, g);
+  } else if (g->action == OFL_ACTION_RECOMPUTE) {
+    g->rc_input_bytes = kept_input_bytes; /* the ledger counts what it is */
+  }
+  return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_manager_group_action(const ofl_manager_t *m, const char *name,
+                                      ofl_group_action_t *action) {
+  if (m == NULL || name == NULL || action == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "ofl_manager_group_action: manager, name and action "
+                      "must not be NULL");
+  if (!ofl__manager_active(m)) {
+    *action = OFL_ACTION_KEEP;
+    return OFL_SUCCESS;
+  }
+  bool found;
+  const group_t *g = open_group(m, name, &found);
+  if (!found)
+    return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_PIPELINE,
+                      "rank %d: group_action %s: no open group of that name; "
+                      "ask after its group_start, before its commit",
+                      m->rank, name);
+  if (g == NULL)
+    *action = OFL_ACTION_KEEP;
+  else if (m->warmup)
+    *action = OFL_ACTION_OFFLOAD;
+  else if (g->action == OFL_ACTION_RECOMPUTE && g->recomputable)
+    *action = OFL_ACTION_RECOMPUTE;
+  else
+    *action = g->policy_offload ? OFL_ACTION_OFFLOAD : OFL_ACTION_KEEP;
+  return OFL_SUCCESS;
+}
+
 /* ---- push -----------------------------------------------------------------
  */
 
@@ -890,9 +961,7 @@ static ofl_status_t join_reload(ofl_manager_t *m, group_t *g, bool at_begin) {
     m->st.stall_ns += dt;
     ni->st.stalls++;
     ni->st.stall_ns += dt;
-    g->stalled = true;
-    if (m->warmup && at_begin)
-      g->warm_stall_ns += dt;
+    ofl__plan_on_stall(m, g, dt, m->warmup && at_begin);
   }
   g->reload_joined = true;
   return OFL_SUCCESS;

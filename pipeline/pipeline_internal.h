@@ -64,17 +64,10 @@ typedef struct group {
   bool next_in_bwd;           /* kept in steady state: the last of its name
                                  in the chunk next of that name in backward
                                  at its commit (policy.c, end of warmup) */
-  /* groups "auto" (plan.c). */
-  uint32_t pidx;     /* index in the plan's measurements (warmup order) */
-  uint8_t lead;      /* learned prefetch lead (reloads issued this many
-                        groups ahead of its backward) */
-  uint8_t lead_cap;  /* the lead it may grow to (lowered where a deeper one
-                        put the measured peak over the target) */
-  bool stalled;      /* its reload stalled compute in this iteration */
-  uint64_t warm_stall_ns; /* how long its backward waited for its reload in
-                             the warmup (the auto plan takes it out of the
-                             warmup's timeline) */
-  uint64_t dev_bytes; /* bytes on the device at its commit (ledger) */
+  /* The plan's index of the group (warmup order): the plan keeps the
+   * group's measurements, lead and ledger state in its own arrays
+   * (plan.h). */
+  uint32_t pidx;
   /* Recompute (ofl_manager_group_start_flags, OFL_GROUP_RECOMPUTABLE). */
   bool recomputable;       /* the application can rerun it (every start of
                               the warmup said so) */
@@ -295,7 +288,8 @@ void ofl__group_end_iteration(ofl_manager_t *m, group_t *g);
  * timed on the device (events before and after the wait, read later). */
 /* Makes compute wait for ev and times the wait: OFL_ERR_NOT_SUPPORTED
  * where the backend cannot time (the caller measures on the CPU). warm:
- * the time also goes to g->warm_stall_ns (a warmup backward's begin). */
+ * the time also goes to the plan as a warmup stall (a warmup backward's
+ * begin). */
 ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, group_t *g,
                                    ofl_stream_t *compute, ofl_event_t *ev,
                                    bool warm);
@@ -314,21 +308,25 @@ ofl_status_t ofl__report_summary(ofl_manager_t *m);
  * (collective; nothing without auto). */
 ofl_status_t ofl__report_plan(ofl_manager_t *m);
 
-/* plan.c: groups "auto". Every hook returns at once without auto. The
- * warmup hooks stamp the compute and copy streams; the steady hooks keep
- * the activation ledger (bytes of pushed tensors on the device). */
+/* plan_measure.c, plan_ledger.c: groups "auto". Every hook returns at once
+ * without auto. The warmup hooks stamp the compute and copy streams; the
+ * steady hooks keep the activation ledger (bytes of pushed tensors on the
+ * device). */
 void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase);
 /* group_start of g in the warmup: the start of its forward (recompute). */
 void ofl__plan_on_start(ofl_manager_t *m, group_t *g);
 void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase);
 void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end);
+/* g's reload held compute ns (warm: at its backward's begin in the
+ * warmup, taken out of the warmup's timeline). */
+void ofl__plan_on_stall(ofl_manager_t *m, group_t *g, uint64_t ns, bool warm);
 /* Reloads to keep issued ahead, from the leads of the groups next in
  * reload order (stack tops of c, then of next), given the ahead reloads
  * already issued and not yet begun. */
 uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
                                   const chunk_t *next, uint32_t ahead);
-/* End of warmup: measure, solve, apply, report (after the first-backward
- * rule and mark_last_of_name, before the summary). */
+/* End of warmup: measure, solve, apply (after the first-backward rule and
+ * the next-in-backward marks, before the summary). */
 ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m);
 /* A steady iteration ended: measured against predicted, leads learn. */
 void ofl__plan_end_iteration(ofl_manager_t *m);

@@ -1,6 +1,8 @@
-/* ofl: the auto plan's private state, shared by pipeline/plan.c (the
- * measurements, the ledger and its feedback) and pipeline/report.c (the
- * printed plan and its readings). Not installed. */
+/* ofl: the auto plan's private state, shared by pipeline/plan_measure.c
+ * (the warmup's measurements, the instance), pipeline/plan_ledger.c (the
+ * choice, the ledger and its feedback) and pipeline/report.c (the printed
+ * plan and its readings). The plan's per-group state is meas_t, in an
+ * array indexed by the plan's own index (group_t.pidx). Not installed. */
 #ifndef OFL_PIPELINE_PLAN_H
 #define OFL_PIPELINE_PLAN_H
 
@@ -9,9 +11,8 @@
 
 #define LEAD_MAX 16
 #define RAISE_TRIES 4 /* raise_aim: the whole error, then halves */
-#define REPLAN_MAX                                                             \
-  8 /* solves after the first, when the measured peak goes                     \
-       over the target */
+/* Solves after the first, when the measured peak goes over the target. */
+#define REPLAN_MAX 8
 /* The plan has settled when it ran this many steady iterations unchanged:
  * one more than a raise needs, so that the raise had its chance first. */
 #define SETTLE_AFTER (OFL__PLAN_RAISE_AFTER + 1)
@@ -35,10 +36,20 @@ typedef struct meas {
                           ms (-1: none) and which of its compute stamps */
   uint8_t late_kind;   /* (0 commit, 1 backward begin, 2 backward end) */
   bool rel_pending;
-  uint32_t bwd_seq;    /* 1 + place of its backward in the iteration */
-  uint64_t bwd_cpu_ns; /* the warmup's backward, begin to end, CPU clock */
-  uint64_t rc_bwd_cpu; /* steady: its backward's begin (CPU clock) */
-  uint64_t rc_bwd_ns;  /* steady: the last recomputed backward's time */
+  uint32_t bwd_seq;       /* 1 + place of its backward in the iteration */
+  uint64_t bwd_cpu_ns;    /* the warmup's backward, begin to end, CPU clock */
+  uint64_t rc_bwd_cpu;    /* steady: its backward's begin (CPU clock) */
+  uint64_t rc_bwd_ns;     /* steady: the last recomputed backward's time */
+  uint64_t warm_stall_ns; /* how long its backward waited for its reload in
+                             the warmup (taken out of the warmup's
+                             timeline) */
+  /* The feedback (plan_ledger.c). */
+  uint8_t lead;       /* learned prefetch lead (reloads issued this many
+                         groups ahead of its backward) */
+  uint8_t lead_cap;   /* the lead it may grow to (lowered where a deeper one
+                         put the measured peak over the target) */
+  bool stalled;       /* its reload stalled compute in this iteration */
+  uint64_t dev_bytes; /* bytes on the device at its commit (ledger) */
 } meas_t;
 
 struct ofl__plan {
@@ -96,5 +107,28 @@ static inline bool ofl__plan_ledger_runs(const ofl_manager_t *m) {
 }
 
 static inline double ofl__mib(uint64_t b) { return (double)b / 1048576.0; }
+
+/* plan_measure.c: the warmup's measurements and the instance. */
+ofl_status_t ofl__plan_alloc(ofl_manager_t *m);
+/* g's record, made (and its index given) at its first stamp; NULL without
+ * memory. */
+meas_t *ofl__plan_meas(ofl_manager_t *m, group_t *g);
+/* The bytes of g's storages (each cluster once) and, of them, those its
+ * commit offloaded. */
+uint64_t ofl__plan_group_bytes(const group_t *g, uint64_t *offloaded);
+/* The warmup's parts of the hooks (ofl__plan_on_commit and the others). */
+void ofl__plan_warm_commit(ofl_manager_t *m, group_t *g, int phase);
+void ofl__plan_warm_reload(ofl_manager_t *m, group_t *g, int phase);
+void ofl__plan_warm_backward(ofl_manager_t *m, group_t *g, int end);
+/* ns of a stamp on the warmup's axis, the warmup's reload waits out. */
+int64_t ofl__plan_at_ns(const ofl__plan_t *p, const stamp_t *s);
+/* When the group at backward place pos reloads with lead L. */
+int64_t ofl__plan_reload_time(const ofl__plan_t *p, uint32_t pos, uint32_t lead,
+                              uint32_t gate, int64_t t_alloc, int64_t t_begin);
+/* The instance from the stamps (link rates, windows, release latency). */
+ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames);
+/* params.device_memory_target_bytes: the activation target from the
+ * warmup's device peak. */
+ofl_status_t ofl__plan_device_target(ofl_manager_t *m);
 
 #endif /* OFL_PIPELINE_PLAN_H */

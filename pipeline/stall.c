@@ -20,7 +20,7 @@ typedef struct probe {
   int nid;
   group_t *g; /* its reload (groups live as long as the manager) */
   bool pending;
-  bool warm; /* a warmup backward's begin: also to g->warm_stall_ns */
+  bool warm; /* a warmup backward's begin (the plan takes it out) */
 } probe_t;
 
 struct ofl__stall_probes {
@@ -48,11 +48,7 @@ static void harvest_one(ofl_manager_t *m, probe_t *p, bool wait) {
     m->names[p->nid].st.stalls++;
     m->names[p->nid].st.stall_ns += ns;
   }
-  if (p->g != NULL) {
-    p->g->stalled = true;
-    if (p->warm)
-      p->g->warm_stall_ns += ns;
-  }
+  ofl__plan_on_stall(m, p->g, ns, p->warm);
 }
 
 void ofl__stall_harvest(ofl_manager_t *m, bool wait) {

@@ -1,12 +1,7 @@
-/* ofl: the auto offload plan (groups "auto", docs/DESIGN.md section 5.4).
- *
- * Warmup: every group is offloaded and stamped: its commit, backward begin
- * and backward end on the compute stream, its copies on the D2H and H2D
- * streams (timing events where the backend has them, else the CPU clock,
- * which on the host backend is the compute stream's clock: host compute
- * runs on the calling thread). End of warmup: the stamps become an instance
- * of pipeline/plan_solve.h (bytes, times, windows), the solver picks the
- * groups, the rest stay on the device (OFL_KEEP_AUTO_PLAN).
+/* ofl: the auto plan's decisions and its ledger (groups "auto",
+ * docs/design/pipeline.md section 5.4). End of warmup: the instance
+ * (plan_measure.c) is solved, the solver picks the groups, the rest stay
+ * on the device (OFL_KEEP_AUTO_PLAN).
  *
  * Steady state: a ledger of the activation bytes on the device (pushed
  * tensors of groups, between their commit and their backward's end; an
@@ -16,7 +11,9 @@
  * a reload that stalled is issued one group earlier in the next iteration,
  * while the predicted peak stays within the target; one that has not
  * stalled for a while goes back one group when the measured peak is above
- * the target). */
+ * the target); a measured peak over the target solves again (replan), one
+ * under the prediction may raise the aim. The group code calls the hooks
+ * here (ofl__plan_on_*); the warmup's go to plan_measure.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,44 +26,9 @@ static bool followed(const ofl_manager_t *m, const group_t *g) {
          m->ap->ms[g->pidx].g == g;
 }
 
-/* ---- warmup stamps ------------------------------------------------------ */
-
-static void stamp(ofl_manager_t *m, stamp_t *s, ofl_stream_t *stream) {
-  ofl__plan_t *p = m->ap;
-  s->cpu = ofl__now_ns();
-  s->waits = p->bwd_seq;
-  s->set = true;
-  if (!p->timed || p->timing_lost)
-    return;
-  if ((s->ev == NULL &&
-       ofl__event_create_timed(m->dev, &s->ev) != OFL_SUCCESS) ||
-      ofl_event_record(s->ev, stream) != OFL_SUCCESS)
-    p->timing_lost = true;
-}
-
-static meas_t *meas_of(ofl_manager_t *m, group_t *g) {
-  ofl__plan_t *p = m->ap;
-  if (g->pidx < p->nms && p->ms[g->pidx].g == g)
-    return &p->ms[g->pidx];
-  if (ofl__grow((void **)&p->ms, &p->capms, p->nms + 1, sizeof *p->ms) !=
-      OFL_SUCCESS)
-    return NULL;
-  meas_t *x = &p->ms[p->nms];
-  memset(x, 0, sizeof *x);
-  x->g = g;
-  g->pidx = p->nms++;
-  return x;
-}
-
-static ofl_status_t plan_alloc(ofl_manager_t *m) {
-  if (m->ap != NULL)
-    return OFL_SUCCESS;
-  m->ap = calloc(1, sizeof *m->ap);
-  if (m->ap == NULL)
-    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
-                      "no memory for the auto plan's measurements");
-  m->ap->timed = true; /* until a timing event cannot be made */
-  return OFL_SUCCESS;
+/* The prefetch lead of g (0: a group the plan does not follow). */
+static uint8_t lead_of(const ofl_manager_t *m, const group_t *g) {
+  return followed(m, g) ? m->ap->ms[g->pidx].lead : 0;
 }
 
 /* ---- the ledger -----------------------------------------------------------
@@ -97,124 +59,6 @@ static void ledger_poll(ofl_manager_t *m) {
   }
 }
 
-/* The bytes of g's storages (each cluster once) and, of them, those its
- * commit offloaded: one pass over the entries. */
-static uint64_t group_bytes(const group_t *g, uint64_t *offloaded) {
-  uint64_t b = 0, off = 0;
-  for (uint32_t i = 0; i < g->n; i++) {
-    const entry_t *l = &g->entries[i];
-    if (l->leader == i) {
-      b += l->span;
-      off += l->state == E_OFFLOADED ? l->span : 0;
-    }
-  }
-  *offloaded = off;
-  return b;
-}
-
-/* Warmup: the offloaded groups whose copies are still running at this
- * marker (where the steady ledger looks too) had their bytes on the device
- * until at least now; the marker is at's stamp kind of group ms[at]. */
-static void warm_poll(ofl_manager_t *m, uint32_t at, uint8_t kind) {
-  ofl__plan_t *p = m->ap;
-  uint64_t now = 0;
-  for (uint32_t i = 0; i < p->nms; i++) {
-    meas_t *x = &p->ms[i];
-    if (!x->rel_pending)
-      continue;
-    if (ofl_event_query(x->g->offload_ev) == OFL_SUCCESS) {
-      x->rel_pending = false;
-    } else {
-      x->late = now ? now : (now = ofl__now_ns());
-      x->late_ms = (int32_t)at;
-      x->late_kind = kind;
-    }
-  }
-}
-
-/* ---- recompute: the application's side ------------------------------------
- */
-
-void ofl__plan_on_start(ofl_manager_t *m, group_t *g) {
-  if (g == NULL || !m->offload || !m->warmup || !m->auto_plan ||
-      plan_alloc(m) != OFL_SUCCESS)
-    return;
-  meas_t *x = meas_of(m, g);
-  if (x != NULL)
-    stamp(m, &x->start, ofl__compute(m));
-}
-
-/* The most recent open group of name (NULL: none, or a name that is not
- * offloaded); *found whether the name is open at all. */
-static group_t *open_group(const ofl_manager_t *m, const char *name,
-                           bool *found) {
-  int nid = ofl__name_find(m, name);
-  *found = false;
-  for (uint32_t i = m->nopen; nid >= 0 && i-- > 0;)
-    if (m->open[i].nid == nid) {
-      *found = true;
-      return m->open[i].g;
-    }
-  return NULL;
-}
-
-ofl_status_t ofl_manager_group_start_flags(ofl_manager_t *m, const char *name,
-                                           unsigned flags,
-                                           size_t kept_input_bytes) {
-  if (m != NULL && (flags & ~OFL_GROUP_RECOMPUTABLE) != 0)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
-                      "rank %d: group_start_flags %s: unknown flags 0x%x "
-                      "(OFL_GROUP_RECOMPUTABLE is 0x%x)",
-                      m->rank, name ? name : "(null)", flags,
-                      OFL_GROUP_RECOMPUTABLE);
-  OFL_CHECK(ofl_manager_group_start(m, name));
-  if (!ofl__manager_active(m))
-    return OFL_SUCCESS;
-  bool found;
-  group_t *g = open_group(m, name, &found);
-  if (g == NULL)
-    return OFL_SUCCESS;
-  bool rc = (flags & OFL_GROUP_RECOMPUTABLE) != 0;
-  if (m->warmup) {
-    g->recomputable = rc;
-    g->rc_seen = true;
-    g->rc_input_bytes = rc ? kept_input_bytes : 0;
-    if (rc)
-      ofl__plan_on_start(m, g);
-  } else if (g->action == OFL_ACTION_RECOMPUTE) {
-    g->rc_input_bytes = kept_input_bytes; /* the ledger counts what it is */
-  }
-  return OFL_SUCCESS;
-}
-
-ofl_status_t ofl_manager_group_action(const ofl_manager_t *m, const char *name,
-                                      ofl_group_action_t *action) {
-  if (m == NULL || name == NULL || action == NULL)
-    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
-                      "ofl_manager_group_action: manager, name and action "
-                      "must not be NULL");
-  if (!ofl__manager_active(m)) {
-    *action = OFL_ACTION_KEEP;
-    return OFL_SUCCESS;
-  }
-  bool found;
-  const group_t *g = open_group(m, name, &found);
-  if (!found)
-    return ofl__error(OFL_ERR_INVALID_USAGE, OFL_SUBSYS_PIPELINE,
-                      "rank %d: group_action %s: no open group of that name; "
-                      "ask after its group_start, before its commit",
-                      m->rank, name);
-  if (g == NULL)
-    *action = OFL_ACTION_KEEP;
-  else if (m->warmup)
-    *action = OFL_ACTION_OFFLOAD;
-  else if (g->action == OFL_ACTION_RECOMPUTE && g->recomputable)
-    *action = OFL_ACTION_RECOMPUTE;
-  else
-    *action = g->policy_offload ? OFL_ACTION_OFFLOAD : OFL_ACTION_KEEP;
-  return OFL_SUCCESS;
-}
-
 ofl_status_t ofl_manager_set_plan_recompute(ofl_manager_t *m, int on) {
   if (m == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
@@ -232,39 +76,19 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
   if (g == NULL || !m->offload)
     return;
   if (m->warmup) {
-    /* Every group of the record gets its place in the ledger; the stamps
-     * are the auto plan's. */
-    if (plan_alloc(m) != OFL_SUCCESS)
-      return;
-    meas_t *x = meas_of(m, g);
-    if (x == NULL || !m->auto_plan)
-      return;
-    ofl__plan_t *p = m->ap;
-    if (phase == 0) {
-      warm_poll(m, g->pidx, 0);
-      stamp(m, &x->commit, ofl__compute(m));
-      if (!p->base.set)
-        stamp(m, &p->base, ofl__compute(m));
-    } else if (phase == 1) {
-      stamp(m, &x->d2h_a, m->d2h);
-    } else {
-      if (phase == 2)
-        stamp(m, &x->d2h_b, m->d2h);
-      uint64_t off;
-      x->kept_bytes = group_bytes(g, &off) - off;
-      x->rel_pending = phase == 2 && off > 0;
-    }
+    ofl__plan_warm_commit(m, g, phase);
     return;
   }
   if (!followed(m, g) || phase < 2)
     return;
   ofl__plan_t *p = m->ap;
+  meas_t *x = &p->ms[g->pidx];
   ledger_poll(m);
   uint64_t off;
-  g->dev_bytes = group_bytes(g, &off);
+  x->dev_bytes = ofl__plan_group_bytes(g, &off);
   if (g->action == OFL_ACTION_RECOMPUTE) /* the input the application keeps */
-    g->dev_bytes += g->rc_input_bytes;
-  ledger_add(p, (int64_t)g->dev_bytes);
+    x->dev_bytes += g->rc_input_bytes;
+  ledger_add(p, (int64_t)x->dev_bytes);
   off = phase == 2 ? off : 0;
   p->off_now[g->pidx] = off;
   if (off > 0 && p->fifo_len < p->nms) {
@@ -274,20 +98,11 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
   }
 }
 
-/* The warmup's measurements of g (NULL outside an auto warmup, or
- * without memory for them). */
-static meas_t *warm_meas(ofl_manager_t *m, group_t *g) {
-  return m->auto_plan && g != NULL && m->warmup && m->ap != NULL ? meas_of(m, g)
-                                                                 : NULL;
-}
-
 void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase) {
   if (g == NULL)
     return;
   if (m->warmup) {
-    meas_t *x = warm_meas(m, g);
-    if (x != NULL)
-      stamp(m, phase == 0 ? &x->h2d_a : &x->h2d_b, m->h2d);
+    ofl__plan_warm_reload(m, g, phase);
     return;
   }
   if (!followed(m, g) || phase == 0)
@@ -304,15 +119,7 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
   if (g == NULL)
     return;
   if (m->warmup) {
-    meas_t *x = warm_meas(m, g);
-    if (x == NULL)
-      return;
-    warm_poll(m, g->pidx, end ? 2 : 1);
-    if (!end)
-      x->bwd_seq = ++m->ap->bwd_seq;
-    stamp(m, end ? &x->bwd_end : &x->bwd_begin, ofl__compute(m));
-    if (end && x->bwd_begin.set)
-      x->bwd_cpu_ns = x->bwd_end.cpu - x->bwd_begin.cpu;
+    ofl__plan_warm_backward(m, g, end);
     return;
   }
   if (!followed(m, g))
@@ -325,7 +132,7 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
     if (g->inline_reload) /* reloaded at its pops, inside this backward */
       ofl__plan_on_reload(m, g, 1);
     if (rc) { /* the rerun forward's bytes are back */
-      g->dev_bytes += p->inst[g->pidx].recompute_bytes;
+      x->dev_bytes += p->inst[g->pidx].recompute_bytes;
       ledger_add(p, (int64_t)p->inst[g->pidx].recompute_bytes);
       x->rc_bwd_cpu = ofl__now_ns();
     }
@@ -333,7 +140,7 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
   }
   if (rc && x->rc_bwd_cpu != 0)
     x->rc_bwd_ns = ofl__now_ns() - x->rc_bwd_cpu;
-  ledger_add(p, -(int64_t)g->dev_bytes);
+  ledger_add(p, -(int64_t)x->dev_bytes);
 }
 
 /* ---- prefetch depth -------------------------------------------------------
@@ -349,320 +156,14 @@ uint32_t ofl__plan_prefetch_depth(const ofl_manager_t *m, const chunk_t *c,
     const chunk_t *x = order[k];
     for (uint32_t i = x ? x->nstack : 0; i-- > 0 && pos < LEAD_MAX;) {
       pos++;
-      if (x->stack[i]->lead >= pos)
+      if (lead_of(m, x->stack[i]) >= pos)
         depth = pos;
     }
   }
   return depth;
 }
 
-/* ---- end of warmup: the instance ------------------------------------------
- */
-
-/* ns of a stamp on the warmup's axis (0 at the base), less the time its
- * backward passes waited for reloads before it: the plan models the
- * compute, and the
- * warmup offloaded every group, where a steady iteration offloads only
- * some. A wait inflated every later gap and window (a reload's window
- * took in the wait it caused, so a copy the link could not hide looked
- * hidden). Copy stamps move with the compute stamp they were issued at. */
-static int64_t at_ns(const ofl__plan_t *p, const stamp_t *s) {
-  if (!s->set)
-    return -1;
-  int64_t t = (int64_t)(s->cpu - p->base.cpu);
-  if (p->timed && !p->timing_lost && s->ev != NULL && p->base.ev != NULL) {
-    uint64_t ns = 0;
-    if (ofl__event_elapsed_ns(p->base.ev, s->ev, &ns) == OFL_SUCCESS)
-      t = (int64_t)ns;
-  }
-  if (p->stalled_before != NULL) {
-    uint32_t k = s->waits < p->nbwd ? s->waits : p->nbwd;
-    t -= (int64_t)p->stalled_before[k];
-  }
-  return t;
-}
-
-static bool span_ns(const ofl__plan_t *p, const stamp_t *a, const stamp_t *b,
-                    uint64_t *ns) {
-  if (!a->set || !b->set || !p->timed || p->timing_lost || a->ev == NULL ||
-      b->ev == NULL)
-    return false;
-  return ofl__event_elapsed_ns(a->ev, b->ev, ns) == OFL_SUCCESS;
-}
-
-/* The host backend's memcpy rate: one 8 MiB copy, the best of three. */
-static double memcpy_rate(void) {
-  size_t n = (size_t)8 << 20;
-  char *a = malloc(n), *b = malloc(n);
-  double best = 0;
-  if (a != NULL && b != NULL) {
-    memset(a, 1, n);
-    memset(b, 2, n);
-    for (int i = 0; i < 3; i++) {
-      uint64_t t0 = ofl__now_ns();
-      memcpy(b, a, n);
-      uint64_t dt = ofl__now_ns() - t0;
-      double r = dt > 0 ? (double)n * 1e9 / (double)dt : 0;
-      if (r > best)
-        best = r;
-    }
-  }
-  free(a);
-  free(b);
-  return best > 0 ? best : 10e9;
-}
-
-/* Link rates: measured from the warmup's copies (timing events), else the
- * backend's link model (ofl__device_link_rate), else the memcpy rate. */
-static void link_rates(ofl_manager_t *m) {
-  ofl__plan_t *p = m->ap;
-  uint64_t db = 0, dns = 0, hb = 0, hns = 0;
-  for (uint32_t i = 0; i < p->nms; i++) {
-    meas_t *x = &p->ms[i];
-    uint64_t ns;
-    uint64_t moved = x->g->warm_bytes;
-    if (moved > 0 && span_ns(p, &x->d2h_a, &x->d2h_b, &ns) && ns > 0) {
-      db += moved;
-      dns += ns;
-    }
-    if (moved > 0 && span_ns(p, &x->h2d_a, &x->h2d_b, &ns) && ns > 0) {
-      hb += moved;
-      hns += ns;
-    }
-  }
-  /* The backend's link model (0: none; the host backend's copies then run
-   * at memcpy speed, measured below). */
-  double model_d2h = 0, model_h2d = 0;
-  if (ofl__device_link_rate(m->dev, &model_d2h, &model_h2d) != OFL_SUCCESS)
-    model_d2h = model_h2d = 0;
-  if (dns > 0) {
-    p->out.d2h_gbps = (double)db / (double)dns;
-    p->out.h2d_gbps = hns > 0 ? (double)hb / (double)hns : p->out.d2h_gbps;
-    p->out.rate_source = "measured";
-  } else if (model_d2h > 0 || model_h2d > 0) {
-    double mem = model_d2h > 0 && model_h2d > 0 ? 0 : memcpy_rate();
-    p->out.d2h_gbps = (model_d2h > 0 ? model_d2h : mem) / 1e9;
-    p->out.h2d_gbps = (model_h2d > 0 ? model_h2d : mem) / 1e9;
-    p->out.rate_source = "link model";
-  } else {
-    p->out.d2h_gbps = p->out.h2d_gbps = memcpy_rate() / 1e9;
-    p->out.rate_source = "memcpy";
-  }
-}
-
-static int cmp_bwd(const void *a, const void *b, void *ctx) {
-  const meas_t *ms = ctx;
-  uint32_t x = ms[*(const uint32_t *)a].bwd_seq;
-  uint32_t y = ms[*(const uint32_t *)b].bwd_seq;
-  return x < y ? -1 : x > y;
-}
-
-/* Insertion sort by bwd_seq (qsort_r is not C11). */
-static void sort_bwd(uint32_t *v, uint32_t n, const meas_t *ms) {
-  for (uint32_t i = 1; i < n; i++) {
-    uint32_t k = v[i], j = i;
-    while (j > 0 && cmp_bwd(&v[j - 1], &k, (void *)ms) > 0) {
-      v[j] = v[j - 1];
-      j--;
-    }
-    v[j] = k;
-  }
-}
-
-/* When group at backward place pos (0-based) reloads with lead L and
- * every group offloaded: at the end of the backward L places earlier, or
- * at gate's end where that is later (the runtime issues reloads at most one
- * chunk ahead), never before its commit nor after its backward begins. */
-static int64_t reload_time(const ofl__plan_t *p, uint32_t pos, uint32_t lead,
-                           uint32_t gate, int64_t t_alloc, int64_t t_begin) {
-  uint32_t from = pos >= lead && pos - lead > gate ? pos - lead : gate;
-  int64_t t = from < pos ? p->t_bwd_end[p->bwd_order[from]] : t_begin;
-  if (t < t_alloc)
-    t = t_alloc;
-  return t > t_begin ? t_begin : t;
-}
-
-static ofl_status_t build_instance(ofl_manager_t *m, int *nnames) {
-  ofl__plan_t *p = m->ap;
-  uint32_t n = p->nms;
-  p->inst = calloc(n ? n : 1, sizeof *p->inst);
-  p->chosen = calloc(n ? n : 1, sizeof *p->chosen);
-  p->bwd_order = calloc(n ? n : 1, sizeof *p->bwd_order);
-  p->t_bwd_end = calloc(n ? n : 1, sizeof *p->t_bwd_end);
-  if (!p->inst || !p->chosen || !p->bwd_order || !p->t_bwd_end)
-    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
-                      "no memory for the auto plan");
-  link_rates(m);
-  double d2h_bps = p->out.d2h_gbps * 1e9, h2d_bps = p->out.h2d_gbps * 1e9;
-  p->nbwd = 0;
-  for (uint32_t i = 0; i < n; i++)
-    if (p->ms[i].bwd_seq > 0)
-      p->bwd_order[p->nbwd++] = i;
-  sort_bwd(p->bwd_order, p->nbwd, p->ms);
-  /* The warmup's reload waits, in backward order (bwd_seq 1..nbwd): from
-   * here on at_ns leaves them out of the timeline. */
-  p->stalled_before = calloc((size_t)p->nbwd + 1, sizeof *p->stalled_before);
-  if (p->stalled_before == NULL)
-    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
-                      "no memory for the auto plan");
-  for (uint32_t k = 0; k < p->nbwd; k++)
-    p->stalled_before[k + 1] =
-        p->stalled_before[k] + p->ms[p->bwd_order[k]].g->warm_stall_ns;
-  p->out.warmup_stall_ms = (double)p->stalled_before[p->nbwd] / 1e6;
-  /* Commit order is the stamp order of the commits (one thread). */
-  int64_t last = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    meas_t *x = &p->ms[i];
-    p->t_bwd_end[i] = at_ns(p, &x->bwd_end);
-    int64_t t = at_ns(p, &x->commit);
-    if (t > last)
-      last = t;
-    if (p->t_bwd_end[i] > last)
-      last = p->t_bwd_end[i];
-  }
-  /* A copy of the warmup that ended later than the model puts its end
-   * (the warmup's commits, every copy at the link rate one after another:
-   * queueing is the model's already) shows latency the model lacks (a copy
-   * worker that woke late, a copy that waited for other work, a CPU that
-   * runs ahead of the device and sees the end late): the largest such
-   * excess delays every offloaded group's release after its modelled end
-   * (one per instance: which copy a late start hits is chance). The end is
-   * the later of the copies' timing event and the place on the compute
-   * stream of the last marker that saw them unfinished; without timing
-   * events, that marker's CPU time (a lower bound; not the first that saw
-   * them done, a whole window later). */
-  bool timed = p->timed && !p->timing_lost;
-  double latency = 0, queue = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    const meas_t *x = &p->ms[i];
-    if (x->g->warm_bytes == 0 || !x->commit.set)
-      continue;
-    double t0 = (double)at_ns(p, &x->commit);
-    queue = (queue > t0 ? queue : t0) +
-            (d2h_bps > 0 ? (double)x->g->warm_bytes * 1e9 / d2h_bps : 0);
-    double end = timed ? (double)at_ns(p, &x->d2h_b) : -1;
-    if (x->late != 0 && (uint32_t)x->late_ms < n &&
-        (timed || x->late > x->commit.cpu)) {
-      /* The ledger sees a copy end at its markers, on the CPU: where the
-       * CPU runs ahead of the device (a GPU), a marker whose own place on
-       * the compute stream is well past the copy's end can still see it
-       * unfinished, and the bytes stay until then. Without timing events
-       * that marker's stamp is the end (its CPU time, taken right after
-       * the look, with the warmup's waits out like every stamp). */
-      const meas_t *y = &p->ms[x->late_ms];
-      const stamp_t *at = x->late_kind == 0   ? &y->commit
-                          : x->late_kind == 1 ? &y->bwd_begin
-                                              : &y->bwd_end;
-      double seen = (double)at_ns(p, at);
-      if (seen > end)
-        end = seen;
-    }
-    if (end - queue > latency)
-      latency = end - queue;
-  }
-  p->out.release_ms = latency / 1e6;
-  /* Per backward place, the earliest backward end that can issue its
-   * reload: prefetch_next reaches one chunk ahead, and into a chunk only
-   * once its forward finished (forward_finished), so the first place of
-   * the chunk before in backward order whose end comes after this chunk's
-   * last commit; its own chunk's first where none does or none is. */
-  uint32_t *gate = calloc(2 * (size_t)(p->nbwd ? p->nbwd : 1), sizeof *gate);
-  if (gate == NULL)
-    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
-                      "no memory for the auto plan");
-  uint32_t *start = gate + (p->nbwd ? p->nbwd : 1); /* of each place's run */
-  for (uint32_t k = 0; k < p->nbwd; k++)
-    start[k] = k > 0 && p->ms[p->bwd_order[k]].g->chunk ==
-                            p->ms[p->bwd_order[k - 1]].g->chunk
-                   ? start[k - 1]
-                   : k;
-  for (uint32_t k = 0; k < p->nbwd; k++) {
-    uint32_t run = start[k];
-    if (k > run) { /* the same as its chunk's first place */
-      gate[k] = gate[run];
-      continue;
-    }
-    gate[k] = run; /* its own chunk's first, unless the chunk before's */
-    if (run == 0)
-      continue;
-    /* The chunk's forward ends at its last commit: only a backward end
-     * after it reaches into the chunk (forward_finished). */
-    int64_t fwd_end = INT64_MIN;
-    for (uint32_t j = run; j < p->nbwd && start[j] == run; j++) {
-      int64_t t = at_ns(p, &p->ms[p->bwd_order[j]].commit);
-      if (t > fwd_end)
-        fwd_end = t;
-    }
-    for (uint32_t q = start[run - 1]; q < run; q++)
-      if (p->t_bwd_end[p->bwd_order[q]] >= fwd_end) {
-        gate[k] = q;
-        break;
-      }
-  }
-  for (uint32_t i = 0; i < n; i++)
-    p->inst[i].bwd_pos = -1;
-  for (uint32_t k = 0; k < p->nbwd; k++) {
-    p->inst[p->bwd_order[k]].bwd_pos = (int32_t)k;
-    p->inst[p->bwd_order[k]].gate_pos = (int32_t)gate[k];
-  }
-  free(gate);
-  int split[OFL__MAX_NAMES] = {0};
-  *nnames = m->nnames;
-  for (uint32_t i = 0; i < n; i++) {
-    meas_t *x = &p->ms[i];
-    group_t *g = x->g;
-    ofl__plan_group_t *q = &p->inst[i];
-    q->name = g->nid;
-    q->bytes = g->warm_bytes;
-    q->kept_bytes = x->kept_bytes;
-    q->t_alloc = at_ns(p, &x->commit);
-    if (q->t_alloc < 0)
-      q->t_alloc = 0;
-    int64_t begin = at_ns(p, &x->bwd_begin);
-    q->t_free = p->t_bwd_end[i] >= q->t_alloc ? p->t_bwd_end[i] : last;
-    if (begin < q->t_alloc || begin > q->t_free)
-      begin = q->t_free;
-    q->offloadable = x->bwd_seq > 0 && g->warm_bytes > 0 && g->policy_offload &&
-                     !g->next_in_bwd;
-    if (q->offloadable)
-      q->split_rank = split[g->nid]++;
-    g->lead = p->base_lead;
-    g->lead_cap = LEAD_MAX;
-    q->t_reload = q->bwd_pos >= 0
-                      ? reload_time(p, (uint32_t)q->bwd_pos, g->lead,
-                                    (uint32_t)q->gate_pos, q->t_alloc, begin)
-                      : q->t_free;
-    if (q->bwd_pos >= 0) { /* where any choice may issue it */
-      q->lead = g->lead;
-      int64_t early = reload_time(p, (uint32_t)q->bwd_pos, UINT32_MAX,
-                                  (uint32_t)q->gate_pos, q->t_alloc, begin);
-      q->bwd_window_max_ns = (double)(begin - early);
-    }
-    /* The next commit after this one (else the iteration's last stamp). */
-    int64_t next = last;
-    for (uint32_t k = 0; k < n; k++) {
-      int64_t t = at_ns(p, &p->ms[k].commit);
-      if (t > q->t_alloc && t < next)
-        next = t;
-    }
-    q->fwd_window_ns = (double)(next - q->t_alloc);
-    q->bwd_window_ns = (double)(begin - q->t_reload);
-    q->d2h_ns = d2h_bps > 0 ? (double)q->bytes * 1e9 / d2h_bps : 0;
-    q->release_ns = latency;
-    q->h2d_ns = h2d_bps > 0 ? (double)q->bytes * 1e9 / h2d_bps : 0;
-    /* Recompute: the forward again (commit less start, on compute), and
-     * the group's bytes less the input the application keeps. */
-    q->recomputable = g->recomputable && x->start.set && x->bwd_seq > 0;
-    if (q->recomputable) {
-      int64_t fwd = q->t_alloc - at_ns(p, &x->start);
-      uint64_t all = q->bytes + q->kept_bytes;
-      q->recompute_ns = fwd > 0 ? (double)fwd : 0;
-      q->recompute_bytes =
-          all > g->rc_input_bytes ? all - g->rc_input_bytes : 0;
-    }
-  }
-  return OFL_SUCCESS;
-}
+/* ---- end of warmup: the plan -------------------------------------------- */
 
 /* Each name's exposed_ms: its chosen groups' parts of the plan's exposed
  * time (part, from ofl__plan_exposure: the reload queue included); where
@@ -694,8 +195,8 @@ static void fill_names(ofl_manager_t *m) {
       x->chosen++;
       x->chosen_bytes += q->bytes;
     }
-    if (p->ms[i].g->lead > x->prefetch_lead_max)
-      x->prefetch_lead_max = p->ms[i].g->lead;
+    if (p->ms[i].lead > x->prefetch_lead_max)
+      x->prefetch_lead_max = p->ms[i].lead;
   }
   p->out.nnames = (size_t)m->nnames;
   p->out.names = p->names;
@@ -820,61 +321,12 @@ static ofl_status_t ledger_alloc(ofl__plan_t *p) {
   return OFL_SUCCESS;
 }
 
-/* params.device_memory_target_bytes: what is not activations, measured
- * over the warmup (every group offloaded), gets its bytes; the activations
- * get the rest of the device target, or the activation target when that is
- * tighter. Not activations: the warmup's device peak (the application's
- * own, ofl_manager_set_device_peak, else the device's stats: what was
- * allocated through ofl on it) less the activation pool's peak in use
- * (params.device_pool, else the manager's reload pool). A device target at
- * or below it is an error giving both figures; everything that may go is
- * then offloaded. */
-static ofl_status_t device_target(ofl_manager_t *m) {
-  if (m->dev_target == 0)
-    return OFL_SUCCESS;
-  ofl_device_stats_t ds;
-  ofl_pool_stats_t ps;
-  ofl_device_get_stats(m->dev, &ds);
-  ofl_pool_get_stats(m->dev_pool, &ps);
-  uint64_t act = ps.peak_in_use_bytes;
-  m->dev_peak =
-      m->dev_peak_noted > 0 ? m->dev_peak_noted : ds.device_bytes_peak;
-  const char *how =
-      m->dev_peak_noted > 0 ? "the application's" : "the device's";
-  m->dev_rest = m->dev_peak > act ? m->dev_peak - act : 0;
-  if (m->dev_target <= m->dev_rest) {
-    m->mem_target = 1; /* offload everything that may go */
-    return ofl__error(
-        OFL_ERR_CONFIG, OFL_SUBSYS_PIPELINE,
-        "rank %d: device memory target %llu bytes (%.2f MiB) is at or below "
-        "the %llu bytes (%.2f MiB) that are not activations (the warmup's "
-        "device peak %llu bytes, %s, less the activation pool's peak %llu "
-        "bytes); everything that may go is offloaded. Raise "
-        "OFL_DEVICE_MEMORY_TARGET "
-        "(params.device_memory_target_bytes) above %.2f MiB",
-        m->rank, (unsigned long long)m->dev_target, ofl__mib(m->dev_target),
-        (unsigned long long)m->dev_rest, ofl__mib(m->dev_rest),
-        (unsigned long long)m->dev_peak, how, (unsigned long long)act,
-        ofl__mib(m->dev_rest));
-  }
-  uint64_t want = m->dev_target - m->dev_rest;
-  if (m->mem_target == 0 || want < m->mem_target)
-    m->mem_target = want;
-  OFL_INFO(OFL_SUBSYS_PIPELINE,
-           "rank %d: device memory target %.2f MiB: not activations %.2f MiB "
-           "(device peak %.2f, %s, less activations %.2f), activation target "
-           "%.2f MiB",
-           m->rank, ofl__mib(m->dev_target), ofl__mib(m->dev_rest),
-           ofl__mib(m->dev_peak), how, ofl__mib(act), ofl__mib(m->mem_target));
-  return OFL_SUCCESS;
-}
-
 ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   if (m->ap != NULL && !m->auto_plan)
     return ledger_alloc(m->ap); /* measured peaks only */
   if (!m->auto_plan)
     return OFL_SUCCESS;
-  OFL_CHECK(plan_alloc(m));
+  OFL_CHECK(ofl__plan_alloc(m));
   ofl__plan_t *p = m->ap;
   p->base_lead =
       (uint8_t)(m->prefetch_groups > LEAD_MAX ? LEAD_MAX : m->prefetch_groups);
@@ -889,9 +341,9 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
     return s;
   ofl__stall_harvest(m, true);
   int nnames = 0;
-  OFL_CHECK(build_instance(m, &nnames));
+  OFL_CHECK(ofl__plan_build_instance(m, &nnames));
   OFL_CHECK(ledger_alloc(p));
-  ofl_status_t dts = device_target(m);
+  ofl_status_t dts = ofl__plan_device_target(m);
   ofl__plan_result_t r;
   (void)nnames;
   if (m->mem_target > 0) {
@@ -967,16 +419,17 @@ static bool set_lead(ofl_manager_t *m, group_t *g, uint8_t want,
                      const char *why) {
   ofl__plan_t *p = m->ap;
   uint32_t i = g->pidx;
+  meas_t *x = &p->ms[i];
   ofl__plan_group_t *q = &p->inst[i];
-  int64_t begin = at_ns(p, &p->ms[i].bwd_begin);
+  int64_t begin = ofl__plan_at_ns(p, &p->ms[i].bwd_begin);
   if (begin < q->t_alloc || begin > q->t_free)
     begin = q->t_free;
   if (q->bwd_pos < 0)
     return false;
   int64_t old = q->t_reload;
-  q->t_reload = reload_time(p, (uint32_t)q->bwd_pos, want,
-                            (uint32_t)q->gate_pos, q->t_alloc, begin);
-  if (want > g->lead && m->mem_target > 0 &&
+  q->t_reload = ofl__plan_reload_time(p, (uint32_t)q->bwd_pos, want,
+                                      (uint32_t)q->gate_pos, q->t_alloc, begin);
+  if (want > x->lead && m->mem_target > 0 &&
       ofl__plan_peak(p->inst, p->nms, p->chosen) > m->mem_target) {
     q->t_reload = old; /* the target leaves no room for it */
     return false;
@@ -984,10 +437,10 @@ static bool set_lead(ofl_manager_t *m, group_t *g, uint8_t want,
   q->lead = want;
   q->bwd_window_ns = (double)(begin - q->t_reload);
   OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
-            "prefetch lead %u -> %u (%s)", g->lead, want, why);
-  if (want < g->lead)
-    g->lead_cap = want; /* it went over once: never that deep again */
-  g->lead = want;
+            "prefetch lead %u -> %u (%s)", x->lead, want, why);
+  if (want < x->lead)
+    x->lead_cap = want; /* it went over once: never that deep again */
+  x->lead = want;
   p->out.lead_changes++;
   return true;
 }
@@ -1005,10 +458,10 @@ static bool learn(ofl_manager_t *m, bool over) {
     bool back = false;
     for (int pass = 0; pass < 2 && !back; pass++)
       for (uint32_t i = 0; i < p->nms; i++) {
-        group_t *g = p->ms[i].g;
-        if (p->chosen[i] && g->lead > p->base_lead &&
-            (pass == 1 || !g->stalled))
-          back |= set_lead(m, g, (uint8_t)(g->lead - 1),
+        meas_t *x = &p->ms[i];
+        if (p->chosen[i] && x->lead > p->base_lead &&
+            (pass == 1 || !x->stalled))
+          back |= set_lead(m, x->g, (uint8_t)(x->lead - 1),
                            "the measured peak is over the target");
       }
     return back;
@@ -1023,10 +476,10 @@ static bool learn(ofl_manager_t *m, bool over) {
                       ? o->target_bytes - o->measured_peak_bytes
                       : 0;
   for (uint32_t i = 0; i < p->nms; i++) {
-    group_t *g = p->ms[i].g;
-    if (p->chosen[i] && g->stalled && g->lead < g->lead_cap &&
+    meas_t *x = &p->ms[i];
+    if (p->chosen[i] && x->stalled && x->lead < x->lead_cap &&
         p->inst[i].bytes <= room) {
-      if (set_lead(m, g, (uint8_t)(g->lead + 1), "its reload stalled") &&
+      if (set_lead(m, x->g, (uint8_t)(x->lead + 1), "its reload stalled") &&
           room != UINT64_MAX)
         room -= p->inst[i].bytes;
     }
@@ -1159,13 +612,13 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
     if (learnt) /* leads moved: the next iteration's predictions */
       predict(p);
     for (uint32_t i = 0; i < p->nms; i++)
-      p->ms[i].g->stalled = false;
+      p->ms[i].stalled = false;
     for (size_t k = 0; k < o->nnames; k++)
       p->names[k].prefetch_lead_max = 0;
     for (uint32_t i = 0; i < p->nms; i++) {
       ofl_plan_name_t *x = &p->names[p->inst[i].name];
-      if (p->ms[i].g->lead > x->prefetch_lead_max)
-        x->prefetch_lead_max = p->ms[i].g->lead;
+      if (p->ms[i].lead > x->prefetch_lead_max)
+        x->prefetch_lead_max = p->ms[i].lead;
     }
     OFL_INFO(OFL_SUBSYS_PIPELINE,
              "rank %d: auto plan, iteration %llu: measured activation peak "
@@ -1330,36 +783,4 @@ static void raise_back(ofl_manager_t *m) {
            m->rank, (unsigned long long)o->replans,
            ofl__mib(o->measured_peak_bytes), ofl__mib(o->target_bytes),
            ofl__mib(p->safe_pred));
-}
-
-void ofl__plan_free(ofl_manager_t *m) {
-  ofl__plan_t *p = m->ap;
-  if (p == NULL)
-    return;
-  for (uint32_t i = 0; i < p->nms; i++) {
-    stamp_t *st[] = {&p->ms[i].start,   &p->ms[i].commit, &p->ms[i].bwd_begin,
-                     &p->ms[i].bwd_end, &p->ms[i].d2h_a,  &p->ms[i].d2h_b,
-                     &p->ms[i].h2d_a,   &p->ms[i].h2d_b};
-    for (size_t k = 0; k < sizeof st / sizeof st[0]; k++)
-      if (st[k]->ev != NULL)
-        ofl_event_destroy(st[k]->ev);
-  }
-  if (p->base.ev != NULL)
-    ofl_event_destroy(p->base.ev);
-  free(p->ms);
-  free(p->inst);
-  free(p->chosen);
-  free(p->chosen_safe);
-  free(p->bwd_order);
-  free(p->stalled_before);
-  free(p->t_bwd_end);
-  free(p->off_now);
-  free(p->pending);
-  free(p->fifo);
-  free(p->names);
-  free(p->acts);
-  free(p->stall0);
-  free(p->action);
-  free(p);
-  m->ap = NULL;
 }
