@@ -204,6 +204,34 @@ class Recompute(unittest.TestCase):
         self.assertEqual(len(msgs), 1, msgs)
         self.assertIn("core_attn", msgs[0])
 
+    def test_random_without_saved_state_never_recomputed(self):
+        """A call that draws random numbers with preserve_rng_state=False
+        would draw others in its rerun: never recomputed, and why."""
+        drop = nn.Dropout(0.5)
+
+        def noisy(x):
+            return drop(x) * 2
+
+        ot.PipelineOffloadManager.get_instance(offload_modules="auto", memory_target=TARGET,
+                                               recompute=True, summary=False)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                torch.manual_seed(5)
+                x = torch.randn(64, 64, requires_grad=True)
+                ot.init_chunk_handler(1, 0, 1)
+                y = om.offload_or_recompute("noisy", noisy, x, preserve_rng_state=False)
+                y.sum().backward()
+                ot.reset()
+                torch.manual_seed(5)
+                xr = torch.randn(64, 64, requires_grad=True)
+                noisy(xr).sum().backward()
+                self.assertTrue(torch.equal(x.grad, xr.grad))
+        acts = self.actions(ot.PipelineOffloadManager.get_instance())
+        self.assertFalse(acts["noisy"]["recomputable"])
+        self.assertIn("random numbers", acts["noisy"]["why_not_recomputable"])
+        self.assertEqual(len([x for x in w if "cannot be recomputed" in str(x.message)]), 1)
+
     def test_exception_in_recompute_recovers(self):
         d = data(6)
         base_m, ofl_m = fresh(), fresh()
