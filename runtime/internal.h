@@ -13,6 +13,8 @@
 #include <ofl/log.h>
 #include <ofl/status.h>
 
+#include "runtime/clock.h" /* time */
+
 #if defined(__GNUC__)
 #define OFL__PRINTF(a, b) __attribute__((format(printf, a, b)))
 #define OFL__LIKELY(x) __builtin_expect(!!(x), 1)
@@ -128,15 +130,6 @@ size_t ofl__edit_distance(const char *a, const char *b);
 bool ofl__log_parse_subsys(const char *s, unsigned *mask);
 /* A decimal rank >= 0 (and below 2^30); "" is -1, all ranks. */
 bool ofl__log_parse_rank(const char *s, int *rank);
-
-/* ---- time -----------------------------------------------------------------
- */
-uint64_t ofl__now_ns(void); /* CLOCK_MONOTONIC */
-/* The default wait timeout (OFL_WAIT_TIMEOUT_MS) when timeout_ms < 0. */
-int64_t ofl__timeout_ms(int64_t timeout_ms);
-/* ofl__now_ns() + timeout_ms (resolved as above), saturating instead of
- * wrapping, so that a very long timeout means "wait", not "expired". */
-uint64_t ofl__deadline_ns(int64_t timeout_ms);
 
 /* ---- threads --------------------------------------------------------------
  */
