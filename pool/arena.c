@@ -7,24 +7,12 @@
 #include "runtime/device_internal.h"
 #include "runtime/internal.h"
 
-/* Device ranges follow cudaMalloc's 256-byte alignment; pinned ranges are
- * whole pages, so a byte-keyed block (a page multiple) is page-aligned as
- * O_DIRECT bounce buffers need. */
-#define GRANULE_DEVICE ((size_t)256)
-#define GRANULE_PINNED ((size_t)4096)
-/* A merged segment holds the most bytes the pool had in use and this
- * fraction of it more (ofl__arena_merge_bytes). */
-#define MERGE_MARGIN_NUM 3u
-#define MERGE_MARGIN_DEN 16u
-/* Growth: a new segment is at least this fraction of what the arena holds.
- * Small enough that the last segment's unused tail stays within the waste
- * bound (held / peak in use <= 1.3 on the MoE benchmark), large enough that
- * a warmup makes a few tens of backend calls, not one per block. */
-#define GROWTH_DIV 8u
+/* The granules, growth and merge margin are in pool/tuning.h. */
 
 void ofl__arena_init(ofl__arena_t *a, ofl_device_t *dev, ofl_pool_kind_t kind) {
   *a = (ofl__arena_t){.dev = dev, .kind = kind};
-  a->granule = kind == OFL_POOL_PINNED ? GRANULE_PINNED : GRANULE_DEVICE;
+  a->granule =
+      kind == OFL_POOL_PINNED ? OFL__GRANULE_PINNED : OFL__GRANULE_DEVICE;
 }
 
 static ofl__range_t *record_get(ofl__arena_t *a) {
@@ -129,7 +117,7 @@ void ofl__arena_give(ofl__arena_t *a, ofl__range_t *r) {
 
 size_t ofl__arena_grow_bytes(const ofl__arena_t *a, size_t bytes, size_t room) {
   const size_t step = OFL__ARENA_SEGMENT_MIN;
-  size_t want = a->held_bytes / GROWTH_DIV;
+  size_t want = a->held_bytes / OFL__GROWTH_DIV;
   if (want < bytes)
     want = bytes;
   if (want > SIZE_MAX - step)
@@ -142,7 +130,7 @@ size_t ofl__arena_grow_bytes(const ofl__arena_t *a, size_t bytes, size_t room) {
 
 size_t ofl__arena_merge_bytes(const ofl__arena_t *a, size_t most_bytes) {
   const size_t step = OFL__ARENA_MERGE_ROUND;
-  size_t margin = most_bytes / MERGE_MARGIN_DEN * MERGE_MARGIN_NUM;
+  size_t margin = most_bytes / OFL__MERGE_MARGIN_DEN * OFL__MERGE_MARGIN_NUM;
   if (most_bytes > SIZE_MAX - margin - step)
     return 0;
   size_t want = most_bytes + margin;

@@ -16,10 +16,7 @@
 
 #include <ofl/pool.h>
 
-/* Smallest segment; a segment is a whole number of these. */
-#define OFL__ARENA_SEGMENT_MIN ((size_t)2 << 20)
-/* A merged segment is a whole number of these. */
-#define OFL__ARENA_MERGE_ROUND ((size_t)64 << 10)
+#include "pool/tuning.h"
 
 typedef struct ofl__segment ofl__segment_t;
 
@@ -67,10 +64,11 @@ void ofl__arena_give(ofl__arena_t *a, ofl__range_t *r);
  * no limit) nor below the request. 0 when the request does not fit room. */
 size_t ofl__arena_grow_bytes(const ofl__arena_t *a, size_t bytes, size_t room);
 /* The bytes of the one segment that replaces all of them
- * (ofl__pool_merge): most_bytes (the most the pool ever had in use) and a
+ * (ofl__pool_merge): most_bytes (the most in use it is sized for) and a
  * margin for the gaps between blocks of changing sizes and for the peaks of
- * cycles still to come, at least the largest range handed out, in whole
- * granules of OFL__ARENA_MERGE_ROUND. 0 on overflow. */
+ * cycles still to come (3/16 of it), at least the largest range handed
+ * out and a minimum segment, in whole granules of OFL__ARENA_MERGE_ROUND.
+ * 0 on overflow. */
 size_t ofl__arena_merge_bytes(const ofl__arena_t *a, size_t most_bytes);
 /* The backend calls, lock not held. */
 ofl_status_t ofl__arena_backend_alloc(ofl__arena_t *a, size_t bytes,

@@ -18,8 +18,6 @@
 #include "pool/arena.h"
 #include "pool/pool_internal.h"
 
-#define OFL__POOL_NBUCKETS 256u
-
 typedef struct pool_key pool_key_t;
 
 typedef struct pool_block {
@@ -87,6 +85,11 @@ struct ofl_pool {
    * nothing in use, the count of those at the last growth, whether the
    * arena grew since the last merge, and a merge under way. */
   size_t most_in_use_bytes;
+  /* Under a manager: the most in use in the iteration under way, and the
+   * most in any iteration after the warmup (the first), which the steady
+   * iterations repeat; the warmup's may be higher (its reloads are not
+   * planned yet) and is not what a pinned pool keeps room for. */
+  size_t cycle_most_bytes, steady_most_bytes;
   uint64_t idle_points, grown_at;
   bool grew, merging;
   /* Training iterations the offload manager reported ended
@@ -128,9 +131,13 @@ struct ofl_pool {
   void (*then)(void *);
   void *then_arg;
   ofl_pool_t *reg_next; /* the pools of the process (pool/reclaim.c) */
+  /* A manager reports its iterations to this pool (ofl__pool_cycle_end);
+   * until one does, the pool follows the iterations its device's managers
+   * report to their device pools. pins: such a report under way (the
+   * pool's destroy waits for it). Guarded by the registry's lock. */
+  atomic_bool reported;
+  unsigned pins;
 };
-
-#define OFL__HANDLE_QUARANTINE ((size_t)32) /* ended handles before reuse */
 
 /* ---- keys and free lists (lock held) ------------------------------------ */
 pool_key_t *ofl__key_find(const ofl_pool_t *p, bool dynamic,
@@ -164,6 +171,16 @@ bool ofl__block_quiesce(pool_block_t *b);
  * mode. */
 ofl_status_t ofl__block_order(ofl_pool_t *p, pool_block_t *b,
                               ofl_stream_t *stream, bool last);
+
+/* ---- blocks coming back (pool/pool_free.c) ------------------------------ */
+/* Detaches t from its block and, when end_handle, ends the handle. expect
+ * non-NULL: t's block must belong to expect (ofl_pool_free); stream
+ * non-NULL: stream-ordered. Returns OFL_ERR_INVALID_ARG with nothing
+ * changed for a foreign, wrapped, stale or already freed tensor. */
+ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
+                               ofl_stream_t *stream, bool end_handle);
+/* A block's storage interface (pool_internal.h), set on every block. */
+extern const ofl__storage_ops_t ofl__block_storage_ops;
 
 /* ---- the pool (pool/pool.c) -------------------------------------------- */
 /* Lock held: an ended handle goes to p's cache. */

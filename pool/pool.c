@@ -14,8 +14,6 @@
 #include "runtime/device_internal.h"
 #include "runtime/internal.h"
 
-#define RESERVE_ALIGN ((size_t)256)
-
 /* ---- create / destroy ---------------------------------------------------- */
 
 static ofl_status_t budget_from_env(ofl_pool_kind_t kind, size_t *out) {
@@ -295,6 +293,18 @@ static ofl_tensor_t *handle_make(ofl_pool_t *p) {
 
 /* ---- allocation ---------------------------------------------------------- */
 
+/* Lock held: the peaks of the bytes in use (the stats' since the last
+ * reset, the pool's ever, and this iteration's) after a rise. */
+static void in_use_peaks(ofl_pool_t *p) {
+  size_t n = p->stats.in_use_bytes;
+  if (n > p->stats.peak_in_use_bytes)
+    p->stats.peak_in_use_bytes = n;
+  if (n > p->most_in_use_bytes)
+    p->most_in_use_bytes = n;
+  if (n > p->cycle_most_bytes)
+    p->cycle_most_bytes = n;
+}
+
 /* Lock held: takes a block for the new owner and counts it. */
 static void block_take(ofl_pool_t *p, pool_key_t *k, pool_block_t *prev,
                        pool_block_t *b) {
@@ -305,10 +315,7 @@ static void block_take(ofl_pool_t *p, pool_key_t *k, pool_block_t *prev,
   p->stats.hits++;
   p->stats.blocks_in_use++;
   p->stats.in_use_bytes += b->st.bytes;
-  if (p->stats.in_use_bytes > p->stats.peak_in_use_bytes)
-    p->stats.peak_in_use_bytes = p->stats.in_use_bytes;
-  if (p->stats.in_use_bytes > p->most_in_use_bytes)
-    p->most_in_use_bytes = p->stats.in_use_bytes;
+  in_use_peaks(p);
 }
 
 /* Lock held: undoes block_take (a later step failed). */
@@ -367,7 +374,7 @@ static pick_t block_pick(ofl_pool_t *p, pool_key_t *k, ofl_stream_t *stream,
 static bool reserve_fits(const ofl_pool_t *p, size_t bytes, size_t *off) {
   if (p->reserve == NULL)
     return false;
-  *off = (p->reserve_used + RESERVE_ALIGN - 1) & ~(RESERVE_ALIGN - 1);
+  *off = (p->reserve_used + OFL__RESERVE_ALIGN - 1) & ~(OFL__RESERVE_ALIGN - 1);
   return *off <= p->reserve_bytes && bytes <= p->reserve_bytes - *off;
 }
 
@@ -516,6 +523,7 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
   b->st.bytes = bytes;
   b->st.loc = p->loc;
   b->st.kind = OFL__STORAGE_BLOCK;
+  b->st.ops = &ofl__block_storage_ops;
   atomic_init(&b->st.refs, 1);
   if (reuse == NULL)
     atomic_init(&b->pending, false);
@@ -539,10 +547,7 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
   p->stats.blocks_in_use++;
   p->stats.total_bytes += bytes;
   p->stats.in_use_bytes += bytes;
-  if (p->stats.in_use_bytes > p->stats.peak_in_use_bytes)
-    p->stats.peak_in_use_bytes = p->stats.in_use_bytes;
-  if (p->stats.in_use_bytes > p->most_in_use_bytes)
-    p->most_in_use_bytes = p->stats.in_use_bytes;
+  in_use_peaks(p);
   pthread_mutex_unlock(&p->mu);
   *out = b;
   return OFL_SUCCESS;

@@ -164,6 +164,18 @@ ofl_status_t ofl__pool_block_ref(const ofl_tensor_t *t) {
   return s;
 }
 
+/* A handle on a block lets go through its storage (pool/tensor.c): the
+ * pool the handle names takes it back. */
+static ofl_status_t block_storage_release(ofl_tensor_t *t, ofl_stream_t *stream,
+                                          bool end_handle) {
+  return ofl__pool_release(NULL, t, stream, end_handle);
+}
+
+const ofl__storage_ops_t ofl__block_storage_ops = {
+    .release = block_storage_release,
+    .ref = ofl__pool_block_ref,
+};
+
 ofl_status_t ofl_pool_free(ofl_pool_t *pool, ofl_tensor_t *t) {
   if (pool == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,

@@ -1,5 +1,6 @@
 /* ofl: private structures of the tensor handle and the tensor pools, shared
- * by pool/tensor.c and pool/pool.c. Not installed. */
+ * by pool/tensor.c and the pool (pool/pool.c, pool/pool_free.c). Not
+ * installed. */
 #ifndef OFL_POOL_INTERNAL_H
 #define OFL_POOL_INTERNAL_H
 
@@ -15,9 +16,23 @@ enum ofl__storage_kind {
   OFL__STORAGE_EXTERNAL = 2 /* wrapped memory with a release callback */
 };
 
+/* How a kind of storage lets go of a handle: the release interface that
+ * pool/tensor.c calls, so that it needs nothing of the pool's (pool/
+ * pool_free.c gives a block's; pool/tensor.c its own, external storage's). */
+typedef struct ofl__storage_ops {
+  /* Detaches t from its storage (stream non-NULL: stream-ordered) and, when
+   * end_handle, ends the handle; the last handle gives the memory back.
+   * OFL_ERR_INVALID_ARG with nothing changed when t cannot let go. */
+  ofl_status_t (*release)(ofl_tensor_t *t, ofl_stream_t *stream,
+                          bool end_handle);
+  /* One more handle (a view) on t's storage; fails on a stale handle. */
+  ofl_status_t (*ref)(const ofl_tensor_t *t);
+} ofl__storage_ops_t;
+
 /* The memory one or more handles share. A pool block embeds it as its first
  * member; external storage is allocated on its own. */
 typedef struct ofl__storage {
+  const ofl__storage_ops_t *ops;
   void *base;
   size_t bytes;
   ofl_location_t loc;
@@ -65,13 +80,8 @@ struct ofl_tensor {
 ofl_status_t ofl__tensor_set_shape(ofl_tensor_t *t, const int64_t *shape,
                                    int ndim, ofl_dtype_t dtype);
 
-/* Detaches t from its storage (a pool block) and, when end_handle, ends the
- * handle. expect non-NULL: t's block must belong to expect (ofl_pool_free);
- * stream non-NULL: stream-ordered. Returns OFL_ERR_INVALID_ARG with nothing
- * changed for a foreign, wrapped, stale or already freed tensor. */
-ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
-                               ofl_stream_t *stream, bool end_handle);
-/* Takes one more reference on a block for a view; fails on a stale handle. */
+/* Takes one more reference on a block for a view; fails on a stale handle
+ * (the block storage's ref). */
 ofl_status_t ofl__pool_block_ref(const ofl_tensor_t *t);
 /* Returns an ended handle to the cache of its home pool. */
 void ofl__pool_handle_put(ofl_tensor_t *t);
@@ -89,10 +99,5 @@ void ofl__pool_destroy_when_idle(ofl_pool_t *pool, void (*then)(void *),
  * segment for higher peaks, and a pinned pool short of room grows between
  * iterations (pool/reclaim.c). NULL: nothing. */
 void ofl__pool_cycle_end(ofl_pool_t *pool);
-
-/* External storage: detaches t (last handle releases the memory, through
- * the stream's timeline when stream is non-NULL). */
-ofl_status_t ofl__tensor_release_external(ofl_tensor_t *t,
-                                          ofl_stream_t *stream);
 
 #endif /* OFL_POOL_INTERNAL_H */

@@ -15,6 +15,7 @@
  * the idle cache of its device's other pools. Never taken while a pool's
  * lock is held. */
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t registry_cv = PTHREAD_COND_INITIALIZER;
 static ofl_pool_t *registry;
 
 void ofl__pool_register(ofl_pool_t *p) {
@@ -26,6 +27,8 @@ void ofl__pool_register(ofl_pool_t *p) {
 
 void ofl__pool_unregister(ofl_pool_t *p) {
   pthread_mutex_lock(&registry_mu);
+  while (p->pins > 0) /* an iteration's end reported to it (follow_cycle) */
+    pthread_cond_wait(&registry_cv, &registry_mu);
   for (ofl_pool_t **pp = &registry; *pp != NULL; pp = &(*pp)->reg_next)
     if (*pp == p) {
       *pp = p->reg_next;
@@ -501,46 +504,9 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
 
 /* ---- merging segments ---------------------------------------------------- */
 
-/* A merge resizes for a peak in use that rose more than a RESIZE_DIV-th
- * above the one it was sized for, within RESIZE_IDLE idle points. */
-#define RESIZE_DIV 32u
-#define RESIZE_IDLE 6u
-/* Under an offload manager, which reports where each training iteration
- * ends (ofl__pool_cycle_end), a device pool resizes its merged segment
- * through its first LEARN_CYCLES iterations for every peak in use that
- * rose more than a RESIZE_DIV-th above the one the segment was sized for.
- * The peak in use of an iteration of changing sizes moves by a tenth or
- * more from one iteration to the next (MoE benchmark: per-iteration peaks
- * 7.3 to 10.0 MB for one draw); the merge after the last growth, in the
- * first or second iteration, saw only those iterations' peaks (8.1 MB for
- * one draw), later higher ones (8.9 MB) still fitted its margin and changed
- * nothing, and the first counted iteration that rose further grew the pool
- * after 12 settling iterations. Twelve of them: the most in use keeps
- * rising with the iterations seen (the largest of more draws), and with
- * eight a merge sized for 11.1-11.4 MB met 12.4 MB after them (seed 22,
- * host backend), where the 6% left free was too fragmented for a 1 MiB
- * block. */
-#define LEARN_CYCLES 12u
-/* And a device pool whose sizes keep changing (more than MANY_SIZES byte
- * sizes seen, as an MoE pool's expert blocks) merges only once
- * MERGE_CYCLES iterations ended without growth, so that its merge sees
- * more iterations' peaks: on the MoE benchmark (host backend, seeds 13-40)
- * the pool grew in the counted iterations on 4 of 30 runs with the
- * learning resize alone, 5 of 86 with both (4 of 28 before either). A pool
- * of a few sizes (one that grows in its first steady iteration, when
- * reloads join the activations) merges at once, so that the iterations
- * after it make no call. */
-#define MANY_SIZES 64u
-#define MERGE_CYCLES 3u
-
-/* A pinned pool never merges (ofl__pool_idle_point): it grows when a
- * request finds no room, so an iteration whose peak rises a little past
- * the ones before grows it, however late (MoE benchmark, seed 58: 3% room
- * left after the warmup, a peak 1.2% higher in the counted iterations).
- * Through its first LEARN_CYCLES iterations, an iteration's end that finds
- * less than a ROOM_DIV-th of its most bytes in use free adds a segment for
- * the room missing, between iterations. */
-#define ROOM_DIV 12u
+/* The constants (RESIZE_DIV, LEARN_CYCLES, MANY_SIZES, MERGE_CYCLES,
+ * ROOM_DIV) are in pool/tuning.h; why these values, in docs/design/memory.md
+ * ("Tuning constants"). */
 
 /* Lock held: whether the pool is in its learning iterations, under a
  * manager (cycles > 0) only. */
@@ -548,44 +514,129 @@ static bool learning(const ofl_pool_t *p) {
   return p->cycles > 0 && p->learned_cycle == 0;
 }
 
+/* Lock held: the most in use a pool sizes its segments for. A pinned pool
+ * under a manager, once an iteration after the warmup ended: the most of
+ * those iterations (the one under way included), not the warmup's, which
+ * offloads every group before the plan keeps some on the device and is
+ * higher by up to a half (a pool sized for it held 2.7 times the steady
+ * peak). Else the most it ever had in use: a device pool's peaks move with
+ * the sizes drawn (MoE), and the warmup's is one of those draws. */
+static size_t most_of(const ofl_pool_t *p) {
+  if (p->cycles < 2 || p->kind != OFL_POOL_PINNED)
+    return p->most_in_use_bytes;
+  return p->cycle_most_bytes > p->steady_most_bytes ? p->cycle_most_bytes
+                                                    : p->steady_most_bytes;
+}
+
 /* Lock held, at an iteration's end: learning ends after an iteration that
  * made no new key and no backend call (a pool that has seen every size it
  * will see has nothing left to learn, and a resize for a peak a little
  * higher would be an allocation and a free inside the steady iterations:
  * fixed shapes, 1F1B pp 4, made 10 of each in the 20 after the warmup),
- * and at the latest after LEARN_CYCLES iterations. */
+ * and at the latest after OFL__LEARN_CYCLES iterations. */
 static void learning_check(ofl_pool_t *p) {
   uint64_t calls = p->stats.backend_allocs + p->stats.backend_frees;
   bool changed = p->keys_made != p->cycle_keys || calls != p->cycle_calls;
   p->cycle_keys = p->keys_made;
   p->cycle_calls = calls;
-  if (p->learned_cycle != 0 || (changed && p->cycles < LEARN_CYCLES))
+  if (p->learned_cycle != 0 || (changed && p->cycles < OFL__LEARN_CYCLES))
     return;
   p->learned_cycle = p->cycles;
   OFL_INFO(OFL_SUBSYS_POOL,
            "pool %s: learning ended after iteration %llu: %zu held, most in "
            "use %zu",
            p->name, (unsigned long long)p->cycles, ofl__pool_held(p),
-           p->most_in_use_bytes);
+           most_of(p));
 }
 
-void ofl__pool_cycle_end(ofl_pool_t *p) {
-  if (p == NULL)
-    return;
+/* Replaces the segments by one of bytes sized for most in use (0: by none)
+ * (ofl__pool_merge; shrink: a resize at an iteration's end, which also
+ * replaces a single segment a minimum segment larger than bytes). */
+static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
+
+/* Lock held, at an iteration's end (cycles counts it already): whether a
+ * learning pool with nothing in use resizes its segments to one of *bytes
+ * for the most in use of the iterations after the warmup (the warmup's may
+ * be higher: its reloads were not planned yet; a reload pool the steady
+ * iterations do not use at all gives everything back, *bytes 0). When its
+ * segments came from growth alone (no merge sized them) and it holds less
+ * than its most in use (most_of) and three quarters of the
+ * margin a merged segment keeps (ofl__arena_merge_bytes): a pool of
+ * changing sizes fragments, and with a twelfth free (a pinned pool's room)
+ * or the first 2 MiB segment for 1.6 MB (an application's pool under a
+ * tight pinned budget, whose peak moves with what stays on the device)
+ * grew after learning (so the segment it resizes to keeps a margin of at
+ * least OFL__MERGE_SLACK_MIN). A pinned pool, which never merges at idle points
+ * and sizes for the steady iterations, also when it holds more than that
+ * segment and more than the waste bound (OFL__WASTE_NUM / OFL__WASTE_DEN
+ * times that most). Not after the warmup alone; a pool within the bound
+ * and the margin (a fixed-shape workload's) makes no call. */
+static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
+                       size_t *bytes) {
+  if (!learn || p->arena.nsegs == 0 || p->stats.budget_bytes != 0 ||
+      p->cycles < 2 || p->stats.blocks_in_use != 0 || p->merging)
+    return false;
+  size_t held = p->arena.held_bytes;
+  *bytes = 0;
+  *most_out = 0;
+  if (p->steady_most_bytes == 0)
+    return true;
+  size_t most = most_of(p);
+  size_t want = ofl__arena_merge_bytes(&p->arena, most);
+  /* A resize for the steady iterations keeps at least the slack: a small
+   * pool's gaps are a larger share of it. */
+  size_t step = OFL__ARENA_MERGE_ROUND;
+  if (want == 0 || most > SIZE_MAX - OFL__MERGE_SLACK_MIN - step)
+    return false;
+  size_t least = (most + OFL__MERGE_SLACK_MIN + step - 1) / step * step;
+  if (want < least)
+    want = least;
+  if (want < p->merge_floor_bytes)
+    want = p->merge_floor_bytes;
+  *bytes = want;
+  *most_out = most;
+  /* Past the waste bound, and more than the resized segment. */
+  size_t bound = most / OFL__WASTE_DEN * OFL__WASTE_NUM;
+  if (p->kind == OFL_POOL_PINNED && held > want + OFL__ARENA_MERGE_ROUND &&
+      held > bound)
+    return true;
+  /* Short of margin: only a pool whose segments came from growth alone
+   * (never sized by a merge or a resize; a merged one resizes for higher
+   * peaks by its own rules). */
+  return p->merged_bytes == 0 && held < most + (want - most) / 4 * 3;
+}
+
+static void cycle_end(ofl_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   bool learn = p->cycles == 0 || learning(p);
+  if (p->cycles >= 1 && p->cycle_most_bytes > p->steady_most_bytes)
+    p->steady_most_bytes = p->cycle_most_bytes; /* not the warmup's */
+  p->cycle_most_bytes = p->stats.in_use_bytes;
   p->cycles++;
-  size_t most = p->most_in_use_bytes, held = p->arena.held_bytes;
+  size_t resize = 0, most = 0;
+  if (resize_due(p, learn, &most, &resize)) {
+    pthread_mutex_unlock(&p->mu);
+    /* Between iterations: the cached blocks' last uses (the reloads'
+     * copies) are waited for, so that every range can go back. */
+    (void)settle_pending(p);
+    merge_into(p, most, resize, true);
+    pthread_mutex_lock(&p->mu);
+    learning_check(p); /* the resize counts as a change */
+    pthread_mutex_unlock(&p->mu);
+    return;
+  }
+  most = most_of(p);
+  size_t held = p->arena.held_bytes;
   bool room = p->kind == OFL_POOL_PINNED && p->arena.nsegs > 0 &&
               p->stats.budget_bytes == 0 && learn &&
-              held < most + most / ROOM_DIV;
+              held < most + most / OFL__ROOM_DIV;
   /* Just the room missing, in whole minimum segments (an eighth of what
    * it holds, the growth of a request, took the stand-in's pinned pool to
    * 1.27 times its peak in use on one draw). */
   size_t want = 0;
   if (room) {
     size_t step = OFL__ARENA_SEGMENT_MIN;
-    want = (most + most / ROOM_DIV - held + step - 1) / step * step;
+    want = (most + most / OFL__ROOM_DIV - held + step - 1) / step * step;
   }
   pthread_mutex_unlock(&p->mu);
   if (want != 0 && grow(p, want, false) != OFL_SUCCESS)
@@ -599,7 +650,7 @@ void ofl__pool_cycle_end(ofl_pool_t *p) {
    * must pass without a call. */
   pthread_mutex_lock(&p->mu);
   bool merge = p->kind == OFL_POOL_DEVICE && p->grew && !p->merging &&
-               p->byte_keys_made >= 2 && p->byte_keys_made <= MANY_SIZES &&
+               p->byte_keys_made >= 2 && p->byte_keys_made <= OFL__MANY_SIZES &&
                p->stats.budget_bytes == 0 && p->stats.blocks_in_use == 0;
   pthread_mutex_unlock(&p->mu);
   if (merge)
@@ -607,6 +658,43 @@ void ofl__pool_cycle_end(ofl_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   learning_check(p); /* a room made or a merge counts as a change */
   pthread_mutex_unlock(&p->mu);
+}
+
+/* The device pools of p's device that no manager reports to (an
+ * application's pool whose tensors a manager offloads while it reloads
+ * into a pool of its own) end an iteration with p: without it such a pool
+ * never learned, its merges came at idle points two iterations after a
+ * growth, inside the steady iterations. At most FOLLOW_MAX of them. */
+#define FOLLOW_MAX 16
+static void follow_cycle(ofl_pool_t *p) {
+  ofl_pool_t *q[FOLLOW_MAX];
+  int n = 0;
+  pthread_mutex_lock(&registry_mu);
+  for (ofl_pool_t *o = registry; o != NULL && n < FOLLOW_MAX; o = o->reg_next)
+    if (o != p && o->dev == p->dev && o->kind == OFL_POOL_DEVICE &&
+        !atomic_load(&o->reported)) {
+      o->pins++;
+      q[n++] = o;
+    }
+  pthread_mutex_unlock(&registry_mu);
+  for (int i = 0; i < n; i++)
+    cycle_end(q[i]);
+  if (n == 0)
+    return;
+  pthread_mutex_lock(&registry_mu);
+  for (int i = 0; i < n; i++)
+    q[i]->pins--;
+  pthread_cond_broadcast(&registry_cv);
+  pthread_mutex_unlock(&registry_mu);
+}
+
+void ofl__pool_cycle_end(ofl_pool_t *p) {
+  if (p == NULL)
+    return;
+  atomic_store(&p->reported, true);
+  cycle_end(p);
+  if (p->kind == OFL_POOL_DEVICE)
+    follow_cycle(p);
 }
 
 bool ofl__pool_idle_point(ofl_pool_t *p) {
@@ -632,19 +720,20 @@ bool ofl__pool_idle_point(ofl_pool_t *p) {
      * in pieces, its merge in iteration 16). A pool of a few sizes merges
      * after any growth, at least to the size the growth proved missing
      * (note_merge_too_small). */
-    if (p->cycles > 0 && p->byte_keys_made > MANY_SIZES)
-      return learning(p) && p->cycles >= p->grown_cycle + MERGE_CYCLES;
+    if (p->cycles > 0 && p->byte_keys_made > OFL__MANY_SIZES)
+      return learning(p) && p->cycles >= p->grown_cycle + OFL__MERGE_CYCLES;
     return p->idle_points >= p->grown_at + 2;
   }
   /* Within a few idle points of a merge (under a manager: while it learns,
    * learning_check), a peak in use that rose past the one it was sized for
    * merges again: the cycles that follow the last growth often climb a
    * little further. */
-  bool resize = p->cycles > 0 ? learning(p)
-                              : p->idle_points <= p->merged_at + RESIZE_IDLE;
+  bool resize = p->cycles > 0
+                    ? learning(p)
+                    : p->idle_points <= p->merged_at + OFL__RESIZE_IDLE;
   return p->merged_at != 0 && resize &&
-         p->most_in_use_bytes >
-             p->merged_most_bytes + p->merged_most_bytes / RESIZE_DIV;
+         most_of(p) >
+             p->merged_most_bytes + p->merged_most_bytes / OFL__RESIZE_DIV;
 }
 
 /* Lock held: whether every free block outside the reserve has its last
@@ -658,6 +747,16 @@ static bool cache_quiet(ofl_pool_t *p) {
 }
 
 void ofl__pool_merge(ofl_pool_t *p) {
+  pthread_mutex_lock(&p->mu);
+  size_t most = most_of(p);
+  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
+  if (bytes != 0 && bytes < p->merge_floor_bytes)
+    bytes = p->merge_floor_bytes; /* a segment that proved too small */
+  pthread_mutex_unlock(&p->mu);
+  merge_into(p, most, bytes, false);
+}
+
+static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink) {
   pool_block_t *victims = NULL;
   pthread_mutex_lock(&p->mu);
   if (p->merging || p->stats.blocks_in_use != 0 || !cache_quiet(p)) {
@@ -665,13 +764,11 @@ void ofl__pool_merge(ofl_pool_t *p) {
     return;
   }
   p->grew = false;
-  size_t most = p->most_in_use_bytes;
-  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
-  if (bytes != 0 && bytes < p->merge_floor_bytes)
-    bytes = p->merge_floor_bytes; /* a segment that proved too small */
-  if (p->arena.nsegs == 1 && p->arena.held_bytes >= bytes) {
-    /* One segment already as large: a merge would free it and make it
-     * again (two backend calls) for nothing. */
+  if (p->arena.nsegs == 1 && p->arena.held_bytes >= bytes && bytes != 0 &&
+      (!shrink || p->arena.held_bytes < bytes + OFL__ARENA_SEGMENT_MIN)) {
+    /* One segment already as large (and, for a resize, not a minimum
+     * segment larger): a merge would free it and make it again (two
+     * backend calls) for nothing. */
     p->merged_most_bytes = most;
     p->merged_at = p->idle_points;
     p->merged_bytes = p->arena.held_bytes;
@@ -694,7 +791,18 @@ void ofl__pool_merge(ofl_pool_t *p) {
   if (segs == NULL)
     return;
   free_segments(p, segs);
-  ofl_status_t s = bytes != 0 ? grow(p, bytes, true) : OFL_ERR_NO_MEMORY;
+  if (bytes == 0) { /* nothing in use to make room for */
+    pthread_mutex_lock(&p->mu);
+    p->merging = false;
+    p->merged_bytes = 0;
+    pthread_mutex_unlock(&p->mu);
+    OFL_INFO(OFL_SUBSYS_POOL,
+             "pool %s: segments of %zu bytes given back: the iterations "
+             "after the warmup used none of them",
+             p->name, old);
+    return;
+  }
+  ofl_status_t s = grow(p, bytes, true);
   pthread_mutex_lock(&p->mu);
   p->merging = false;
   p->merged_bytes = s == OFL_SUCCESS ? bytes : 0;

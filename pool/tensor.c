@@ -157,6 +157,9 @@ static ofl_status_t check_loc(ofl_location_t loc) {
   return OFL_SUCCESS;
 }
 
+/* External storage's release interface (below). */
+static const ofl__storage_ops_t external_ops;
+
 static ofl_status_t external_new(void *data, size_t bytes, ofl_location_t loc,
                                  ofl_release_fn release, void *user,
                                  ofl__storage_t **out) {
@@ -168,6 +171,7 @@ static ofl_status_t external_new(void *data, size_t bytes, ofl_location_t loc,
   st->bytes = bytes;
   st->loc = loc;
   st->kind = OFL__STORAGE_EXTERNAL;
+  st->ops = &external_ops;
   atomic_init(&st->refs, 1);
   st->release = release;
   st->release_user = user;
@@ -281,14 +285,10 @@ ofl_status_t ofl_tensor_view(const ofl_tensor_t *base, size_t offset_bytes,
                       "ofl_tensor_view: views at an offset of disk storage "
                       "are not supported");
   }
-  if (st->kind == OFL__STORAGE_BLOCK) {
-    ofl_status_t s = ofl__pool_block_ref(base);
-    if (s != OFL_SUCCESS) {
-      free(t);
-      return s;
-    }
-  } else {
-    atomic_fetch_add(&st->refs, 1);
+  ofl_status_t s = st->ops->ref(base);
+  if (s != OFL_SUCCESS) {
+    free(t);
+    return s;
   }
   attach(t, st, off);
   t->st_gen = base->st_gen;
@@ -324,8 +324,9 @@ static void external_unref(void *arg) {
     external_free(st);
 }
 
-ofl_status_t ofl__tensor_release_external(ofl_tensor_t *t,
-                                          ofl_stream_t *stream) {
+/* External storage: detaches t (the last handle releases the memory,
+ * through the stream's timeline when stream is non-NULL). */
+static ofl_status_t release_external(ofl_tensor_t *t, ofl_stream_t *stream) {
   ofl__storage_t *st = t->st;
   detach_fields(t);
   if (stream == NULL) {
@@ -338,10 +339,9 @@ ofl_status_t ofl__tensor_release_external(ofl_tensor_t *t,
    * last reference frees it after every use it queued. The release callback
    * runs on an ofl thread or at a synchronize of the stream, never inside a
    * host function (include/ofl/tensor.h), unless its owner said it may. */
-  ofl_status_t s =
-      st->release_in_host_fn
-          ? ofl__stream_launch_release(stream, external_unref, st)
-          : ofl__device_defer(stream, external_unref, st);
+  ofl_status_t s = st->release_in_host_fn
+                       ? ofl__stream_launch_release(stream, external_unref, st)
+                       : ofl__device_defer(stream, external_unref, st);
   if (s == OFL_SUCCESS)
     return OFL_SUCCESS;
   /* Could not defer: order it by waiting instead. */
@@ -356,6 +356,34 @@ ofl_status_t ofl__tensor_release_external(ofl_tensor_t *t,
   external_unref(st);
   return OFL_SUCCESS;
 }
+
+/* Ends a handle without storage: back to its pool's cache, or freed. */
+static void handle_end(ofl_tensor_t *t) {
+  if (t->home != NULL) {
+    ofl__pool_handle_put(t);
+    return;
+  }
+  t->state = OFL__TENSOR_DEAD;
+  free(t);
+}
+
+static ofl_status_t external_release(ofl_tensor_t *t, ofl_stream_t *stream,
+                                     bool end_handle) {
+  OFL_CHECK(release_external(t, stream));
+  if (end_handle)
+    handle_end(t);
+  return OFL_SUCCESS;
+}
+
+static ofl_status_t external_ref(const ofl_tensor_t *t) {
+  atomic_fetch_add(&t->st->refs, 1);
+  return OFL_SUCCESS;
+}
+
+static const ofl__storage_ops_t external_ops = {
+    .release = external_release,
+    .ref = external_ref,
+};
 
 static ofl_status_t release(ofl_tensor_t *t, ofl_stream_t *stream,
                             const char *what) {
@@ -372,9 +400,7 @@ static ofl_status_t release(ofl_tensor_t *t, ofl_stream_t *stream,
                       "%s: stream '%s' is being captured into a CUDA graph; "
                       "release before or after the capture",
                       what, ofl_stream_name(stream));
-  if (t->st->kind == OFL__STORAGE_BLOCK)
-    return ofl__pool_release(NULL, t, stream, false);
-  return ofl__tensor_release_external(t, stream);
+  return t->st->ops->release(t, stream, false);
 }
 
 ofl_status_t ofl_tensor_release_storage(ofl_tensor_t *t) {
@@ -397,21 +423,13 @@ ofl_status_t ofl_tensor_destroy(ofl_tensor_t *t) {
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_POOL,
                       "ofl_tensor_destroy: tensor %p already destroyed",
                       (void *)t);
-  if (t->st != NULL && t->st->kind == OFL__STORAGE_BLOCK)
-    return ofl__pool_release(NULL, t, NULL, true);
   if (t->st != NULL)
-    OFL_CHECK(ofl__tensor_release_external(t, NULL));
-  if (t->home != NULL) {
-    ofl__pool_handle_put(t);
-    return OFL_SUCCESS;
-  }
-  t->state = OFL__TENSOR_DEAD;
-  free(t);
+    return t->st->ops->release(t, NULL, true);
+  handle_end(t);
   return OFL_SUCCESS;
 }
 
-ofl_status_t ofl_tensor_destroy_slot(ofl_tensor_t **slot,
-                                     ofl_stream_t *after) {
+ofl_status_t ofl_tensor_destroy_slot(ofl_tensor_t **slot, ofl_stream_t *after) {
   if (slot == NULL || *slot == NULL)
     return OFL_SUCCESS;
   ofl_tensor_t *t = *slot;

@@ -1,0 +1,57 @@
+/* ofl: the pool's tuning constants in one place, each with the reason in a
+ * line; the measurements behind them are in docs/design/memory.md
+ * ("Tuning constants"). Not installed. */
+#ifndef OFL_POOL_TUNING_H
+#define OFL_POOL_TUNING_H
+
+#include <stddef.h>
+
+/* ---- keys and handles (pool/pool.c, pool/block.c) ------------------------ */
+
+/* Hash buckets of the key table: a model has tens to hundreds of keys. */
+#define OFL__POOL_NBUCKETS 256u
+/* Ended handles that wait before reuse: a double free is still found. */
+#define OFL__HANDLE_QUARANTINE ((size_t)32)
+/* Blocks carved from the reserve start on cudaMalloc's alignment. */
+#define OFL__RESERVE_ALIGN ((size_t)256)
+
+/* ---- segments (pool/arena.c) --------------------------------------------- */
+
+/* Smallest segment; a segment is a whole number of these. */
+#define OFL__ARENA_SEGMENT_MIN ((size_t)2 << 20)
+/* A merged segment is a whole number of these. */
+#define OFL__ARENA_MERGE_ROUND ((size_t)64 << 10)
+/* Device ranges follow cudaMalloc's 256-byte alignment. */
+#define OFL__GRANULE_DEVICE ((size_t)256)
+/* Pinned ranges are whole pages: O_DIRECT bounce buffers need them. */
+#define OFL__GRANULE_PINNED ((size_t)4096)
+/* A new segment is at least 1/GROWTH_DIV of what is held: few calls, little
+ * tail. */
+#define OFL__GROWTH_DIV 8u
+/* A merged segment holds the most in use and 3/16 more, for the gaps. */
+#define OFL__MERGE_MARGIN_NUM 3u
+#define OFL__MERGE_MARGIN_DEN 16u
+/* A segment resized at an iteration's end keeps at least this much free: a
+ * small pool's gaps are a larger share of it. */
+#define OFL__MERGE_SLACK_MIN (OFL__ARENA_SEGMENT_MIN / 2)
+
+/* ---- learning and merging (pool/reclaim.c) ------------------------------- */
+
+/* A merge resizes for a peak more than 1/RESIZE_DIV above its own... */
+#define OFL__RESIZE_DIV 32u
+/* ...within this many idle points of it (a pool with no manager). */
+#define OFL__RESIZE_IDLE 6u
+/* Iterations a pool under a manager learns at most: MoE peaks keep rising. */
+#define OFL__LEARN_CYCLES 12u
+/* More byte sizes than this: a pool of changing sizes (MoE expert blocks). */
+#define OFL__MANY_SIZES 64u
+/* Such a pool merges after this many iterations without growth. */
+#define OFL__MERGE_CYCLES 3u
+/* A learning pinned pool keeps 1/ROOM_DIV of its most in use free. */
+#define OFL__ROOM_DIV 12u
+/* The waste bound: a learning pool holding more than 13/10 of its steady
+ * iterations' most in use resizes down. */
+#define OFL__WASTE_NUM 13u
+#define OFL__WASTE_DEN 10u
+
+#endif /* OFL_POOL_TUNING_H */
