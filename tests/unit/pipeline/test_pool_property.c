@@ -187,6 +187,30 @@ static bool all_learned(drv_t *d) {
 }
 #endif
 
+/* OFL_SOAK_VERBOSE: each iteration's figures per pool, to debug a draw. */
+static void trace_iteration(drv_t *d, int it, bool counted) {
+  static int verbose = -1;
+  if (verbose < 0)
+    verbose = getenv("OFL_SOAK_VERBOSE") != NULL;
+  if (!verbose)
+    return;
+  ofl_pool_t *pools[3];
+  int n = pools_of(d, pools);
+  for (int i = 0; i < n; i++) {
+    ofl_pool_stats_t s;
+    ofl_pool_get_stats(pools[i], &s);
+    tap_diag("%s iteration %d pool %s: held %zu segments %zu peak %zu "
+             "allocs %llu frees %llu learned %llu",
+             counted ? "counted" : "learning", it, ofl_pool_name(pools[i]),
+             s.held_bytes, s.segment_bytes, s.peak_in_use_bytes,
+             (unsigned long long)s.backend_allocs,
+             (unsigned long long)s.backend_frees,
+             (unsigned long long)s.learned_iteration);
+    if (!counted) /* the counted iterations' peak is the check's */
+      ofl_pool_reset_peak(pools[i]);
+  }
+}
+
 /* Runs one draw; returns a mask of failure kinds and a reason in why. */
 static unsigned run_draw(const draw_t *w, char *why, size_t cap) {
   drv_t d;
@@ -202,6 +226,7 @@ static unsigned run_draw(const draw_t *w, char *why, size_t cap) {
       snprintf(why, cap, "learning iteration %d: %s", it, d.msg);
       fail |= 1u << F_ERROR;
     }
+    trace_iteration(&d, it, false);
     if (it >= 1 && all_learned(&d))
       break;
   }
@@ -217,11 +242,13 @@ static unsigned run_draw(const draw_t *w, char *why, size_t cap) {
     ofl_pool_get_stats(pools[i], &before[i]);
   }
   size_t wrong0 = d.wrong_bytes;
-  for (int k = 0; k < COUNTED && fail == 0; k++)
+  for (int k = 0; k < COUNTED && fail == 0; k++) {
     if (drv_iteration(&d) != OFL_SUCCESS) {
       snprintf(why, cap, "counted iteration %d: %s", k, d.msg);
       fail |= 1u << F_ERROR;
     }
+    trace_iteration(&d, k, true);
+  }
   if (fail == 0) {
     for (int i = 0; i < np; i++) {
       ofl_pool_get_stats(pools[i], &after[i]);
