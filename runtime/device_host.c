@@ -1,39 +1,8 @@
 /* ofl: the host backend's front: open and close, the link model's rates,
- * ranges for the trace, the bounded waits every part uses, and the ops
- * table (the parts: runtime/host.h). */
+ * ranges for the trace, and the ops table (the parts: runtime/host.h). */
 #include <math.h>
-#include <time.h>
 
 #include "runtime/host.h"
-
-#define WAIT_SLICE_NS 20000000ull /* a waiting worker checks for stop */
-
-/* The condition variables of the backend time their waits on CLOCK_MONOTONIC,
- * the clock of ofl__now_ns and of every deadline: a wall-clock step (NTP, a
- * resumed virtual machine) must not stretch a wait (a doze that nobody
- * signals, POSIX pthread_condattr_setclock). */
-void ofl__host_cond_init(pthread_cond_t *cv) {
-  pthread_condattr_t a;
-  pthread_condattr_init(&a);
-  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-  pthread_cond_init(cv, &a);
-  pthread_condattr_destroy(&a);
-}
-
-/* One slice of a bounded wait on cv (mu held; cv made by ofl__host_cond_init):
- * until deadline_ns or WAIT_SLICE_NS from now, whichever is first, so that
- * callers re-check their condition, the deadline and stop flags in
- * slices. */
-void ofl__host_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
-                               uint64_t now_ns, uint64_t deadline_ns) {
-  uint64_t slice = deadline_ns > now_ns ? deadline_ns - now_ns : 0;
-  if (slice > WAIT_SLICE_NS)
-    slice = WAIT_SLICE_NS;
-  uint64_t until = ofl__now_ns() + slice;
-  struct timespec ts = {(time_t)(until / 1000000000ull),
-                        (long)(until % 1000000000ull)};
-  pthread_cond_timedwait(cv, mu, &ts);
-}
 
 /* ---- ranges (trace only) ------------------------------------------------ */
 

@@ -11,6 +11,8 @@
 #ifndef OFL_RUNTIME_HOST_H
 #define OFL_RUNTIME_HOST_H
 
+#include <time.h>
+
 #include "runtime/backend.h"
 
 /* A device or pinned block (host_memory.c). */
@@ -106,8 +108,8 @@ typedef struct host_stream {
   int idle_waiters; /* threads on idle_cv (mu held) */
   uint64_t rng;
   /* An operation of the stream runs (on the worker or on a waiter that took
-   * it, see ofl__host_steal): the other leaves the head alone. Written under
-   * mu. */
+   * it, see steal in host_stream.c): the other leaves the head alone. Written
+   * under mu. */
   atomic_bool busy;
   /* Strict mode: the jitter drawn for the head, kept until it starts, so
    * that whichever thread runs it pauses as long (mu). */
@@ -134,16 +136,37 @@ static inline uint64_t doze_ns_of(const ofl_device_t *dev) {
   return (uint64_t)dev->cfg.doze_us * 1000u;
 }
 
-/* ---- waits (device_host.c) ----------------------------------------------
- * The condition variables of the backend time their waits on
- * CLOCK_MONOTONIC, the clock of ofl__now_ns and of every deadline. */
-void ofl__host_cond_init(pthread_cond_t *cv);
-/* One slice of a bounded wait on cv (mu held; cv made by
- * ofl__host_cond_init): until deadline_ns or a short slice from now,
- * whichever is first, so that callers re-check their condition, the
- * deadline and stop flags in slices. */
-void ofl__host_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
-                               uint64_t now_ns, uint64_t deadline_ns);
+/* ---- bounded waits ------------------------------------------------------ */
+#define WAIT_SLICE_NS 20000000ull /* a waiting worker checks for stop */
+
+/* The condition variables of the backend time their waits on CLOCK_MONOTONIC,
+ * the clock of ofl__now_ns and of every deadline: a wall-clock step (NTP, a
+ * resumed virtual machine) must not stretch a wait (a doze that nobody
+ * signals, POSIX pthread_condattr_setclock). */
+static inline void ofl__host_cond_init(pthread_cond_t *cv) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(cv, &a);
+  pthread_condattr_destroy(&a);
+}
+
+/* One slice of a bounded wait on cv (mu held; cv made by ofl__host_cond_init):
+ * until deadline_ns or WAIT_SLICE_NS from now, whichever is first, so that
+ * callers re-check their condition, the deadline and stop flags in
+ * slices. */
+static inline void ofl__host_cond_wait_until(pthread_cond_t *cv,
+                                             pthread_mutex_t *mu,
+                                             uint64_t now_ns,
+                                             uint64_t deadline_ns) {
+  uint64_t slice = deadline_ns > now_ns ? deadline_ns - now_ns : 0;
+  if (slice > WAIT_SLICE_NS)
+    slice = WAIT_SLICE_NS;
+  uint64_t until = ofl__now_ns() + slice;
+  struct timespec ts = {(time_t)(until / 1000000000ull),
+                        (long)(until % 1000000000ull)};
+  pthread_cond_timedwait(cv, mu, &ts);
+}
 
 /* ---- memory (host_memory.c) ---------------------------------------------- */
 /* The block registry: made at device open, freed with the blocks still in
@@ -179,32 +202,19 @@ void ofl__host_event_destroy(ofl_event_t *e);
 ofl_status_t ofl__host_event_query(ofl_event_t *e);
 ofl_status_t ofl__host_event_elapsed_ns(ofl_event_t *a, ofl_event_t *b,
                                         uint64_t *ns);
-ofl_status_t ofl__host_event_synchronize(ofl_event_t *e, int64_t timeout_ms);
 /* Drops a reference (the handle's, a queued record's or wait's); the last
  * frees the event. */
 void ofl__host_event_unref(host_event_t *he);
 /* Numbers the next record of he (he->mu held); 0 when out of memory. */
 uint64_t ofl__host_event_number_locked(host_event_t *he, ofl_stream_t *s);
-/* Record `target` reached (he->mu held; ofl__host_event_reached_now
- * without it). */
-bool ofl__host_event_reached(const host_event_t *he, uint64_t target);
+/* Record `target` reached (he->mu held). */
+bool ofl__host_event_reached_locked(const host_event_t *he, uint64_t target);
+/* Record `target` reached; without he->mu unless records completed out of
+ * order (one event recorded on several streams). */
+bool ofl__host_event_reached_now(host_event_t *he, uint64_t target);
 /* Reaches record `target` (he->mu held); true when a thread sleeps on
  * he->cv (the caller wakes it after unlocking). */
 bool ofl__host_event_complete_locked(host_event_t *he, uint64_t target);
-/* Waits until record `target` completed; false on timeout or stop (see
- * host_event.c: a waiter that names the record's stream, from, steals). */
-bool ofl__host_event_wait(host_event_t *he, uint64_t target, int64_t timeout_ms,
-                          uint64_t spin_ns, const atomic_bool *stop,
-                          host_stream_t *from);
-/* The worker stream record `target` of he was queued on (a reference the
- * caller drops with ofl__host_stream_unref; NULL when it was on the compute
- * stream or the record is not the latest any more). */
-host_stream_t *ofl__host_record_stream(host_event_t *he, uint64_t target);
-/* An application thread's wait for record `target` of he, taking the
- * operations it waits for off their stream when the worker has not started
- * them. */
-bool ofl__host_wait_record(host_event_t *he, uint64_t target,
-                           int64_t timeout_ms, uint64_t spin_ns);
 
 static inline uint64_t ev_completed(const host_event_t *he) {
   return atomic_load_explicit(&he->completed, memory_order_acquire);
@@ -212,23 +222,6 @@ static inline uint64_t ev_completed(const host_event_t *he) {
 
 static inline uint64_t ev_recorded(const host_event_t *he) {
   return atomic_load_explicit(&he->recorded, memory_order_acquire);
-}
-
-/* Record `target` reached; without mu unless records completed out of
- * order (one event recorded on several streams). */
-static inline bool ofl__host_event_reached_now(host_event_t *he,
-                                               uint64_t target) {
-  if (target <= ev_completed(he))
-    return true;
-  /* No record ahead: reached iff within the prefix. completed is stored
-   * before n_ahead_seen, so an empty list seen here comes with a prefix
-   * that covers every record it held. */
-  if (atomic_load(&he->n_ahead_seen) == 0)
-    return target <= atomic_load(&he->completed);
-  pthread_mutex_lock(&he->mu);
-  bool done = ofl__host_event_reached(he, target);
-  pthread_mutex_unlock(&he->mu);
-  return done;
 }
 
 /* ---- streams (host_stream.c) --------------------------------------------- */
@@ -250,12 +243,16 @@ void ofl__host_run_head_locked(host_stream_t *hs, op_t *op);
 /* Wakes the worker if it sleeps and nobody woke it yet, or if it dozes
  * with more than cfg.doze_us left (mu held): a start waits no longer. */
 void ofl__host_wake_worker_locked(host_stream_t *hs);
-/* Work stealing by a waiter for record `target` of he (host_stream.c). */
-void ofl__host_steal(host_stream_t *hs, host_event_t *he, uint64_t target,
-                     uint64_t deadline, int depth);
 /* A thread done taking work hands what is left back to the worker (mu
  * held). */
 void ofl__host_steal_end_locked(host_stream_t *hs);
+
+ofl_status_t ofl__host_event_synchronize(ofl_event_t *e, int64_t timeout_ms);
+/* An application thread's wait for record `target` of he, taking the
+ * operations it waits for off their stream when the worker has not started
+ * them. */
+bool ofl__host_wait_record(host_event_t *he, uint64_t target,
+                           int64_t timeout_ms, uint64_t spin_ns);
 
 /* ---- submission (host_submit.c) ------------------------------------------ */
 ofl_status_t ofl__host_memcpy_async(void *dst, const void *src, size_t bytes,

@@ -1,9 +1,7 @@
 /* ofl: the host backend's events: records numbered as they are queued and
  * reached in a contiguous prefix (records on several streams complete out
- * of order), timing events on the CPU clock, and the waits on a record,
- * which run the operations it waits for when its stream's worker has not
- * started them (ofl__host_steal). */
-#include <sched.h>
+ * of order), and timing events on the CPU clock. The waits on a record,
+ * which take work from its stream, are the streams' (host_stream.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,11 +48,25 @@ static size_t ahead_lower(const host_event_t *he, uint64_t target) {
 }
 
 /* Record `target` reached (mu held). */
-bool ofl__host_event_reached(const host_event_t *he, uint64_t target) {
+bool ofl__host_event_reached_locked(const host_event_t *he, uint64_t target) {
   if (target <= ev_completed(he))
     return true;
   size_t i = ahead_lower(he, target);
   return i < he->n_ahead && he->ahead[i] == target;
+}
+
+bool ofl__host_event_reached_now(host_event_t *he, uint64_t target) {
+  if (target <= ev_completed(he))
+    return true;
+  /* No record ahead: reached iff within the prefix. completed is stored
+   * before n_ahead_seen, so an empty list seen here comes with a prefix
+   * that covers every record it held. */
+  if (atomic_load(&he->n_ahead_seen) == 0)
+    return target <= atomic_load(&he->completed);
+  pthread_mutex_lock(&he->mu);
+  bool done = ofl__host_event_reached_locked(he, target);
+  pthread_mutex_unlock(&he->mu);
+  return done;
 }
 
 /* Records on different streams can complete out of order; a wait captured
@@ -84,7 +96,7 @@ bool ofl__host_event_complete_locked(host_event_t *he, uint64_t target) {
     /* A reader that sees the count sees the op's writes. */
     atomic_store(&he->completed, c);
     atomic_store(&he->n_ahead_seen, he->n_ahead);
-  } else if (target > c && !ofl__host_event_reached(he, target)) {
+  } else if (target > c && !ofl__host_event_reached_locked(he, target)) {
     /* Room was made at record time (event_make_room). */
     size_t i = ahead_lower(he, target);
     memmove(he->ahead + i + 1, he->ahead + i,
@@ -129,49 +141,6 @@ uint64_t ofl__host_event_number_locked(host_event_t *he, ofl_stream_t *s) {
   return target;
 }
 
-/* Waits until record `target` completed; false on timeout or stop. The
- * deadline (timeout_ms < 0: OFL_WAIT_TIMEOUT_MS) is resolved only when the
- * record is not complete yet. Polls for up to spin_ns before sleeping:
- * a copy of a small tensor completes in less than a futex round trip. A
- * waiter that is not a worker names the stream of the record (from, else
- * NULL) and runs the operations the record waits for itself while that
- * stream's worker has not started them (ofl__host_steal): the waiter does not
- * pay the worker's wake-up. */
-bool ofl__host_event_wait(host_event_t *he, uint64_t target, int64_t timeout_ms,
-                          uint64_t spin_ns, const atomic_bool *stop,
-                          struct host_stream *from) {
-  if (ofl__host_event_reached_now(he, target))
-    return true;
-  uint64_t deadline = ofl__deadline_ns(timeout_ms);
-  if (from != NULL) {
-    ofl__host_steal(from, he, target, deadline, 0);
-    if (ofl__host_event_reached_now(he, target))
-      return true;
-  }
-  if (spin_ns > 0) {
-    uint64_t until = ofl__now_ns() + spin_ns;
-    while (!ofl__host_event_reached_now(he, target) &&
-           (stop == NULL || !atomic_load(stop)) && ofl__now_ns() < until) {
-      if (from != NULL)
-        ofl__host_steal(from, he, target, deadline, 0);
-      sched_yield();
-    }
-  }
-  pthread_mutex_lock(&he->mu);
-  while (!ofl__host_event_reached(he, target)) {
-    uint64_t now = ofl__now_ns();
-    if (now >= deadline || (stop != NULL && atomic_load(stop))) {
-      pthread_mutex_unlock(&he->mu);
-      return false;
-    }
-    he->sleepers++;
-    ofl__host_cond_wait_until(&he->cv, &he->mu, now, deadline);
-    he->sleepers--;
-  }
-  pthread_mutex_unlock(&he->mu);
-  return true;
-}
-
 ofl_status_t ofl__host_event_create_timed(ofl_event_t *e) {
   OFL_CHECK(ofl__host_event_create(e));
   ((host_event_t *)e->impl)->timed = true;
@@ -204,41 +173,4 @@ ofl_status_t ofl__host_event_query(ofl_event_t *e) {
   host_event_t *he = e->impl;
   return ofl__host_event_reached_now(he, ev_recorded(he)) ? OFL_SUCCESS
                                                           : OFL_ERR_NOT_READY;
-}
-
-/* Record `target` of he and the worker stream it was queued on (a
- * reference the caller drops with ofl__host_stream_unref; NULL when it was on
- * the compute stream or the record is not the latest any more). */
-host_stream_t *ofl__host_record_stream(host_event_t *he, uint64_t target) {
-  pthread_mutex_lock(&he->mu);
-  host_stream_t *hs = ev_recorded(he) == target ? he->last_stream : NULL;
-  if (hs != NULL)
-    atomic_fetch_add(&hs->refs, 1);
-  pthread_mutex_unlock(&he->mu);
-  return hs;
-}
-
-/* An application thread's wait for record `target` of he, taking the
- * operations it waits for off their stream when the worker has not started
- * them. */
-bool ofl__host_wait_record(host_event_t *he, uint64_t target,
-                           int64_t timeout_ms, uint64_t spin_ns) {
-  if (ofl__host_event_reached_now(he, target))
-    return true;
-  host_stream_t *from = ofl__host_record_stream(he, target);
-  bool done = ofl__host_event_wait(he, target, timeout_ms, spin_ns, NULL, from);
-  if (from != NULL)
-    ofl__host_stream_unref(from);
-  return done;
-}
-
-ofl_status_t ofl__host_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
-  host_event_t *he = e->impl;
-  if (!ofl__host_wait_record(he, ev_recorded(he), timeout_ms,
-                             spin_ns_of(e->dev)))
-    return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
-                      "event not complete after %lld ms; is its stream "
-                      "blocked on a wait that never completes?",
-                      (long long)timeout_ms);
-  return OFL_SUCCESS;
 }

@@ -1,8 +1,8 @@
 /* ofl: the host backend's streams: a worker thread per stream that runs
  * its FIFO (with a poll, timed dozes and a sleep between bursts), the
  * strict-mode jitter before each operation, the link model's pacing of
- * copies, and work stealing: a thread that waits on a stream runs the
- * operations the worker has not started. */
+ * copies, and the waits on a stream or an event with work stealing: a
+ * thread that waits runs the operations the worker has not started. */
 #include <errno.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -15,6 +15,13 @@
 #define DOZE_WINDOW_NS 20000000ull /* worker_main: dozes this long at most */
 #define DOZES_BEFORE_BACKOFF 9     /* worker_main: dozes of OFL_HOST_DOZE_US */
 
+static bool event_wait(host_event_t *he, uint64_t target, int64_t timeout_ms,
+                       uint64_t spin_ns, const atomic_bool *stop,
+                       host_stream_t *from);
+static host_stream_t *record_stream(host_event_t *he, uint64_t target);
+static void steal(host_stream_t *hs, host_event_t *he, uint64_t target,
+                  uint64_t deadline, int depth);
+
 static uint64_t next_rand(uint64_t *s) {
   uint64_t x = *s;
   x ^= x >> 12;
@@ -25,7 +32,7 @@ static uint64_t next_rand(uint64_t *s) {
 }
 
 /* Sleeps up to ns for an operation of the stream (on its worker, or on a
- * waiter that took the operation: ofl__host_steal), waking early when the
+ * waiter that took the operation: steal), waking early when the
  * stream is destroyed (destroy sets stop and broadcasts work_cv under mu): a
  * jitter or link-model pause of minutes must not make destroy hang. Other
  * wake-ups of work_cv (a producer's, a waiter's hand-back to the worker) only
@@ -138,8 +145,7 @@ void ofl__host_execute(host_stream_t *hs, op_t *op) {
   case OP_WAIT: {
     /* A worker runs only its own stream's operations (docs/DESIGN.md
      * section 3.2): it waits, it does not take the other stream's. */
-    if (!ofl__host_event_wait(op->ev, op->target, -1, spin_ns_of(dev),
-                              &hs->stop, NULL)) {
+    if (!event_wait(op->ev, op->target, -1, spin_ns_of(dev), &hs->stop, NULL)) {
       char msg[256];
       snprintf(msg, sizeof msg,
                "a wait on an event did not complete within "
@@ -398,7 +404,7 @@ static void steal_locked(host_stream_t *hs, host_event_t *he, uint64_t target,
       return;
     host_event_t *up_ev = op->ev;
     uint64_t up_target = op->target;
-    host_stream_t *up = ofl__host_record_stream(up_ev, up_target);
+    host_stream_t *up = record_stream(up_ev, up_target);
     if (up == NULL || up == hs) {
       if (up != NULL)
         ofl__host_stream_unref(up);
@@ -406,7 +412,7 @@ static void steal_locked(host_stream_t *hs, host_event_t *he, uint64_t target,
     }
     atomic_fetch_add(&up_ev->refs, 1); /* the op may complete meanwhile */
     pthread_mutex_unlock(&hs->mu);
-    ofl__host_steal(up, up_ev, up_target, deadline, depth + 1);
+    steal(up, up_ev, up_target, deadline, depth + 1);
     bool reached = ofl__host_event_reached_now(up_ev, up_target);
     ofl__host_event_unref(up_ev);
     ofl__host_stream_unref(up);
@@ -442,8 +448,8 @@ void ofl__host_steal_end_locked(host_stream_t *hs) {
     ofl__host_wake_worker_locked(hs);
 }
 
-void ofl__host_steal(host_stream_t *hs, host_event_t *he, uint64_t target,
-                     uint64_t deadline, int depth) {
+static void steal(host_stream_t *hs, host_event_t *he, uint64_t target,
+                  uint64_t deadline, int depth) {
   /* A peek without the lock: the worker holds it from one op to the next,
    * and a waiter that spins must not slow it down. */
   if (atomic_load(&hs->busy) ||
@@ -620,4 +626,86 @@ ofl_status_t ofl__host_stream_destroy(ofl_stream_t *s) {
    * waiter takes work from it) until they are recorded again or freed. */
   ofl__host_stream_unref(hs);
   return st;
+}
+
+/* ---- waits on events ------------------------------------------------ */
+
+/* Waits until record `target` completed; false on timeout or stop. The
+ * deadline (timeout_ms < 0: OFL_WAIT_TIMEOUT_MS) is resolved only when the
+ * record is not complete yet. Polls for up to spin_ns before sleeping:
+ * a copy of a small tensor completes in less than a futex round trip. A
+ * waiter that is not a worker names the stream of the record (from, else
+ * NULL) and runs the operations the record waits for itself while that
+ * stream's worker has not started them (steal): the waiter does not
+ * pay the worker's wake-up. */
+static bool event_wait(host_event_t *he, uint64_t target, int64_t timeout_ms,
+                       uint64_t spin_ns, const atomic_bool *stop,
+                       struct host_stream *from) {
+  if (ofl__host_event_reached_now(he, target))
+    return true;
+  uint64_t deadline = ofl__deadline_ns(timeout_ms);
+  if (from != NULL) {
+    steal(from, he, target, deadline, 0);
+    if (ofl__host_event_reached_now(he, target))
+      return true;
+  }
+  if (spin_ns > 0) {
+    uint64_t until = ofl__now_ns() + spin_ns;
+    while (!ofl__host_event_reached_now(he, target) &&
+           (stop == NULL || !atomic_load(stop)) && ofl__now_ns() < until) {
+      if (from != NULL)
+        steal(from, he, target, deadline, 0);
+      sched_yield();
+    }
+  }
+  pthread_mutex_lock(&he->mu);
+  while (!ofl__host_event_reached_locked(he, target)) {
+    uint64_t now = ofl__now_ns();
+    if (now >= deadline || (stop != NULL && atomic_load(stop))) {
+      pthread_mutex_unlock(&he->mu);
+      return false;
+    }
+    he->sleepers++;
+    ofl__host_cond_wait_until(&he->cv, &he->mu, now, deadline);
+    he->sleepers--;
+  }
+  pthread_mutex_unlock(&he->mu);
+  return true;
+}
+
+/* Record `target` of he and the worker stream it was queued on (a
+ * reference the caller drops with ofl__host_stream_unref; NULL when it was on
+ * the compute stream or the record is not the latest any more). */
+static host_stream_t *record_stream(host_event_t *he, uint64_t target) {
+  pthread_mutex_lock(&he->mu);
+  host_stream_t *hs = ev_recorded(he) == target ? he->last_stream : NULL;
+  if (hs != NULL)
+    atomic_fetch_add(&hs->refs, 1);
+  pthread_mutex_unlock(&he->mu);
+  return hs;
+}
+
+/* An application thread's wait for record `target` of he, taking the
+ * operations it waits for off their stream when the worker has not started
+ * them. */
+bool ofl__host_wait_record(host_event_t *he, uint64_t target,
+                           int64_t timeout_ms, uint64_t spin_ns) {
+  if (ofl__host_event_reached_now(he, target))
+    return true;
+  host_stream_t *from = record_stream(he, target);
+  bool done = event_wait(he, target, timeout_ms, spin_ns, NULL, from);
+  if (from != NULL)
+    ofl__host_stream_unref(from);
+  return done;
+}
+
+ofl_status_t ofl__host_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
+  host_event_t *he = e->impl;
+  if (!ofl__host_wait_record(he, ev_recorded(he), timeout_ms,
+                             spin_ns_of(e->dev)))
+    return ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_DEVICE,
+                      "event not complete after %lld ms; is its stream "
+                      "blocked on a wait that never completes?",
+                      (long long)timeout_ms);
+  return OFL_SUCCESS;
 }
