@@ -1,6 +1,8 @@
-/* ofl: disk store internals shared by disk.c (store, extents), disk_io.c
- * (io_uring and thread engines), disk_space.c (space inside the file) and
- * disk_crc.c. Not installed. */
+/* ofl: disk store internals shared by disk_store.c (configuration, engine
+ * choice, open and close), disk_file.c (the private file, O_DIRECT, growing
+ * it), disk_keep.c (bounce buffers, the keep list), disk_extent.c (extents
+ * and their states), disk_io.c (io_uring and thread engines), disk_space.c
+ * (space inside the file) and disk_crc.c. Not installed. */
 #ifndef OFL_POOL_DISK_INTERNAL_H
 #define OFL_POOL_DISK_INTERNAL_H
 
@@ -70,9 +72,8 @@ void ofl__disk_inject_fault(ofl_disk_t *disk, ofl__disk_fault_t kind,
                             unsigned after_n, unsigned count);
 /* Tests: while paused, queued operations stay queued (no request is cut). */
 void ofl__disk_pause(ofl_disk_t *d, int paused);
-/* Tests: when set, the store skips O_TMPFILE and takes its fallback (a
- * named file unlinked right after it is created). */
-extern int ofl__disk_no_tmpfile;
+/* Tests: the store's O_TMPFILE is turned off by ofl__no_tmpfile
+ * (disk/private_file.h), the one hook for the disk store and staging/. */
 
 /* Tests: when nonzero, the O_DIRECT probe write at open fails with this
  * errno (ENOSPC: a full file system; EINVAL: O_DIRECT refused). */
@@ -192,6 +193,65 @@ extern const disk_engine_ops_t ofl__disk_engine_uring;
 int ofl__disk_uring_usable(void);
 #endif
 
+/* ---- shared by the store's files ----------------------------------------
+ */
+static inline void ofl__disk_lock(const ofl_disk_t *d) {
+  pthread_mutex_lock((pthread_mutex_t *)&d->mu);
+}
+static inline void ofl__disk_unlock(const ofl_disk_t *d) {
+  pthread_mutex_unlock((pthread_mutex_t *)&d->mu);
+}
+
+/* Lock held: a bounce buffer went back; wake reloads waiting for one. */
+static inline void ofl__disk_buffer_returned(ofl_disk_t *d) {
+  d->buf_gen++;
+  pthread_cond_broadcast(&d->done_cv);
+}
+
+/* Lock held: waits on done_cv until deadline_ns (CLOCK_MONOTONIC, from
+ * ofl__deadline_ns). false when the deadline passed. */
+bool ofl__disk_wait_until(ofl_disk_t *d, uint64_t deadline_ns);
+
+/* ---- the file (disk_file.c) */
+/* OFL_ERR_NO_SPACE for ENOSPC and for a file-size limit (EFBIG) or a quota
+ * (EDQUOT), which count as faults_enospc too; OFL_ERR_IO otherwise. */
+ofl_status_t ofl__disk_status_of_errno(int err);
+/* Opens the store's private file in d->dir; *how says which way. */
+ofl_status_t ofl__disk_file_open(ofl_disk_t *d, const char **how);
+/* Sets d->direct: O_DIRECT when mode asks and a probe write succeeds. */
+ofl_status_t ofl__disk_file_direct(ofl_disk_t *d, ofl_disk_direct_t mode);
+/* Lock held. Makes [off, off + len) of the file usable; 0 or errno. */
+int ofl__disk_file_grow(ofl_disk_t *d, uint64_t off, uint64_t len);
+/* Lock held. Space of span bytes: first fit, else the file grows (by at
+ * least d->grow, within the budget). */
+ofl_status_t ofl__disk_file_alloc(ofl_disk_t *d, uint64_t span, uint64_t *out);
+
+/* ---- bounce buffers and the keep list (disk_keep.c) */
+/* Lock not held. A bounce buffer of span bytes; when the pool refuses,
+ * kept buffers go back to it, oldest first, until it gives one or none is
+ * left. */
+ofl_status_t ofl__disk_buffer_alloc(ofl_disk_t *d, size_t span,
+                                    ofl_tensor_t **t);
+/* Lock held: a write of e completed; keeps its buffer t when the cap
+ * allows (dropping older ones) and returns NULL, else returns t to free. */
+ofl_tensor_t *ofl__disk_keep_add(ofl_disk_t *d, ofl_disk_extent_t *e,
+                                 ofl_tensor_t *t);
+/* Lock held: an ON_DISK extent with a kept buffer becomes RESIDENT without
+ * a read; false when it has none. */
+bool ofl__disk_keep_take(ofl_disk_t *d, ofl_disk_extent_t *e);
+/* Lock held: takes e off the keep list; returns its buffer. */
+ofl_tensor_t *ofl__disk_keep_unlink(ofl_disk_t *d, ofl_disk_extent_t *e);
+
+/* ---- extents (disk_extent.c) */
+/* Lock not held. Frees e's space, buffer and handle (no operation in
+ * flight); the buffer goes back after stream when one is given. */
+void ofl__disk_extent_release(ofl_disk_t *d, ofl_disk_extent_t *e,
+                              ofl_stream_t *after);
+/* Lock not held: the engine finished e's operation (ofl__disk_complete_req
+ * returned e); verifies, updates state and counters, wakes waiters. */
+void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e);
+
+/* ---- the I/O queue (disk_io.c) */
 /* Lock held: appends e's operation to its queue. */
 void ofl__disk_queue_push(ofl_disk_t *d, ofl_disk_extent_t *e);
 /* Lock held: takes e's operation out of its queue if nothing of it was cut
@@ -206,7 +266,5 @@ disk_req_t *ofl__disk_next_req(ofl_disk_t *d);
  * ofl__disk_finish without the lock. */
 ofl_disk_extent_t *ofl__disk_complete_req(ofl_disk_t *d, disk_req_t *r,
                                           long res);
-/* Lock not held: verifies, updates state and counters, wakes waiters. */
-void ofl__disk_finish(ofl_disk_t *d, ofl_disk_extent_t *e);
 
 #endif /* OFL_POOL_DISK_INTERNAL_H */

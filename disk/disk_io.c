@@ -15,6 +15,7 @@
 
 #include "runtime/device_internal.h"
 #include "runtime/internal.h"
+#include "runtime/queue.h"
 
 #define IDLE_WAIT_NS (100 * 1000000L)
 
@@ -61,21 +62,13 @@ static void busy_end(ofl_disk_t *d, int w) {
 }
 
 static void queue_pop(ofl_disk_t *d, int w) {
-  ofl_disk_extent_t *e = d->q_head[w];
-  d->q_head[w] = e->next_queued;
-  if (d->q_head[w] == NULL)
-    d->q_tail[w] = NULL;
-  e->next_queued = NULL;
+  ofl_disk_extent_t *e;
+  OFL_FIFO_POP(d->q_head[w], d->q_tail[w], e, next_queued);
 }
 
 void ofl__disk_queue_push(ofl_disk_t *d, ofl_disk_extent_t *e) {
   int w = e->op == DISK_OP_WRITE;
-  e->next_queued = NULL;
-  if (d->q_tail[w] != NULL)
-    d->q_tail[w]->next_queued = e;
-  else
-    d->q_head[w] = e;
-  d->q_tail[w] = e;
+  OFL_FIFO_PUSH(d->q_head[w], d->q_tail[w], e, next_queued);
 }
 
 bool ofl__disk_queue_cancel(ofl_disk_t *d, ofl_disk_extent_t *e) {
@@ -89,13 +82,7 @@ bool ofl__disk_queue_cancel(ofl_disk_t *d, ofl_disk_extent_t *e) {
   }
   if (q == NULL)
     return false;
-  if (prev != NULL)
-    prev->next_queued = e->next_queued;
-  else
-    d->q_head[w] = e->next_queued;
-  if (d->q_tail[w] == e)
-    d->q_tail[w] = prev;
-  e->next_queued = NULL;
+  OFL_FIFO_REMOVE(d->q_head[w], d->q_tail[w], prev, e, next_queued);
   return true;
 }
 

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "disk/private_file.h"
 #include "staging/staging_internal.h"
 
 static const struct {
@@ -461,8 +462,6 @@ static long name_max_of(const char *dir) {
  * NAME_MAX. The writer holds an flock on its file from creation to rename:
  * a sweeper that gets the lock knows no live writer owns the file. */
 
-int ofl__safetensors_no_tmpfile;
-
 #define TMP_SUFFIX ".tmp."
 #define TMP_RANDOM 6
 
@@ -596,14 +595,9 @@ static ofl_status_t create_temp(const char *dir, const char *base,
 }
 
 /* An unnamed file in dir (O_TMPFILE), locked; -1 with errno when the file
- * system or kernel has none. */
+ * system or kernel has none (or ofl__no_tmpfile is set). */
 static int open_unnamed(const char *dir) {
-#ifdef O_TMPFILE
-  if (ofl__safetensors_no_tmpfile) {
-    errno = EOPNOTSUPP;
-    return -1;
-  }
-  int fd = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+  int fd = ofl__file_unnamed(dir, O_WRONLY, 0644);
   if (fd < 0)
     return -1;
   fchmod(fd, 0644); /* whatever the umask, as the named path does */
@@ -614,11 +608,6 @@ static int open_unnamed(const char *dir) {
     return -1;
   }
   return fd;
-#else
-  (void)dir;
-  errno = EOPNOTSUPP;
-  return -1;
-#endif
 }
 
 /* Gives the unnamed file fd the name target: AT_EMPTY_PATH (needs

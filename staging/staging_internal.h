@@ -17,10 +17,10 @@
  * set it before starting saves. */
 typedef ssize_t (*ofl__write_fn)(int fd, const void *buf, size_t bytes);
 void ofl__safetensors_set_write_hook(ofl__write_fn fn);
-/* Tests: when set, the writer skips O_TMPFILE and takes its fallback (a
- * named, locked temporary renamed into place) as on a file system without
- * O_TMPFILE. */
-extern int ofl__safetensors_no_tmpfile;
+/* Tests: ofl__no_tmpfile (disk/private_file.h, the one hook for staging/
+ * and the disk store) makes the writer skip O_TMPFILE and take its fallback
+ * (a named, locked temporary renamed into place). */
+#include "disk/private_file.h"
 
 /* Element size of a dtype (0 when invalid) and the bytes of a shape; the
  * staging code does not depend on pool/ for these. */

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "disk/private_file.h"
 #include "disk_test_util.h"
 
 static void dir_setup(void) {
@@ -98,7 +99,7 @@ Test(disk_cleanup, killed_process_leaves_nothing) {
 
 Test(disk_cleanup, fallback_file_is_unlinked_at_once) {
   open_device();
-  ofl__disk_no_tmpfile = 1; /* as on a file system without O_TMPFILE */
+  ofl__no_tmpfile = 1; /* as on a file system without O_TMPFILE */
   ofl_disk_t *d = open_store(OFL_DISK_ENGINE_AUTO, 1);
   ofl_disk_extent_t *e = put(d, 3 << 20, 4);
   cr_assert(eq(int, ofl_disk_extent_wait(e, -1), OFL_SUCCESS));

@@ -79,7 +79,7 @@ static pid_t start_save(const char *name, int no_tmpfile) {
   if (pid == 0) {
     close(p[0]);
     notify_fd = p[1];
-    ofl__safetensors_no_tmpfile = no_tmpfile;
+    ofl__no_tmpfile = no_tmpfile;
     ofl__safetensors_set_write_hook(write_then_hang);
     void *data = calloc(1, BIG);
     ofl_safetensors_entry_t e = {.name = "w",
@@ -149,7 +149,7 @@ Test(save_crash, killed_save_leaves_no_name_with_o_tmpfile) {
 }
 
 Test(save_crash, fallback_temporary_of_a_killed_save_is_removed_by_the_next) {
-  ofl__safetensors_no_tmpfile = 1; /* as on NFS: the named temporary */
+  ofl__no_tmpfile = 1; /* as on NFS: the named temporary */
   pid_t pid = start_save("ckpt.safetensors", 1);
   kill_child(pid);
   char tmp[300] = "", full[600];
@@ -159,7 +159,7 @@ Test(save_crash, fallback_temporary_of_a_killed_save_is_removed_by_the_next) {
   cr_assert(eq(int, stat(full, &sb), 0));
   cr_expect(ge(sz, (size_t)sb.st_size, (size_t)BIG), "space was reserved");
   /* the next save of that name, by either path, removes it */
-  ofl__safetensors_no_tmpfile = 0;
+  ofl__no_tmpfile = 0;
   save_small("ckpt.safetensors");
   cr_expect(eq(int, count_names(".ckpt.safetensors.tmp.", NULL, 0), 0));
   cr_expect(eq(int, count_names(NULL, NULL, 0), 1));
@@ -167,9 +167,9 @@ Test(save_crash, fallback_temporary_of_a_killed_save_is_removed_by_the_next) {
   pid = start_save("ckpt.safetensors", 1);
   kill_child(pid);
   cr_assert(eq(int, count_names(".ckpt.safetensors.tmp.", NULL, 0), 1));
-  ofl__safetensors_no_tmpfile = 1;
+  ofl__no_tmpfile = 1;
   save_small("ckpt.safetensors");
-  ofl__safetensors_no_tmpfile = 0;
+  ofl__no_tmpfile = 0;
   cr_expect(eq(int, count_names(NULL, NULL, 0), 1));
 }
 
