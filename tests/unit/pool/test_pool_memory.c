@@ -859,3 +859,63 @@ Test(pool_moe, moe_workload_allocates_no_device_memory_seed_11,
      .init = open_big_dev, .fini = close_dev, .timeout = MOE_TIMEOUT) {
   check_moe_device(11);
 }
+
+/* A pinned pool under a manager whose warmup held more at once than the
+ * iterations after it (the warmup offloads every group before the plan
+ * keeps some on the device): at the end of the first iteration after the
+ * warmup, with nothing in use, its segments give way to one sized for the
+ * steady peak and its margin (a free per segment, one registration); the
+ * iterations after it make no call, and learning ends. */
+Test(pool_memory, pinned_pool_resizes_for_the_steady_iterations) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, OFL_POOL_SEGMENTS_ALL, "pin");
+  ofl_tensor_t *a = alloc_bytes(pool, 1536 * KIB, 1); /* the warmup: 3 MiB */
+  ofl_tensor_t *b = alloc_bytes(pool, 1536 * KIB, 1);
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  ofl__pool_cycle_end(pool);
+  ofl_pool_stats_t s0 = stats_of(pool);
+  cr_assert(eq(u64, s0.segments, 2));
+  cr_assert(ge(sz, s0.held_bytes, 4 * MIB));
+  pinned_new_size(pool, 236); /* the steady iterations: 1 MiB at once */
+  ofl__pool_cycle_end(pool);
+  ofl_pool_stats_t s1 = stats_of(pool);
+  cr_assert(eq(u64, s1.segments, 1));
+  cr_assert(eq(u64, s1.backend_frees - s0.backend_frees, 2));
+  cr_assert(eq(u64, s1.backend_allocs - s0.backend_allocs, 1));
+  cr_assert(ge(sz, s1.held_bytes, 2 * MIB)); /* 1 MiB and 1 MiB free */
+  cr_assert(lt(sz, s1.held_bytes, s0.held_bytes));
+  cr_assert(eq(u64, s1.learned_iteration, 0)); /* the resize: a change */
+  for (int it = 3; it <= 6; it++) {
+    pinned_new_size(pool, 236);
+    ofl__pool_cycle_end(pool);
+  }
+  ofl_pool_stats_t s2 = stats_of(pool);
+  assert_no_call(&s1, &s2);
+  cr_assert(eq(u64, s2.learned_iteration, 3));
+  ofl_pool_destroy(pool);
+}
+
+/* A device pool no manager reports to (an application's pool whose tensors
+ * a manager offloads while it reloads into a pool of its own) ends an
+ * iteration with each one a manager reports to a device pool of its
+ * device, until a manager reports to it itself. */
+Test(pool_memory, pool_no_manager_reports_to_follows_the_devices_iterations) {
+  ofl_pool_t *reload =
+      make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_AUTO, "reload");
+  ofl_pool_t *app = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_AUTO, "app");
+  ofl_pool_t *pin = make_pool(OFL_POOL_PINNED, OFL_POOL_SEGMENTS_AUTO, "pin");
+  ofl__pool_cycle_end(reload);
+  ofl__pool_cycle_end(pin); /* a pinned pool's iterations lead none */
+  cr_assert(eq(u64, stats_of(reload).iterations, 1));
+  cr_assert(eq(u64, stats_of(app).iterations, 1));
+  cr_assert(eq(u64, stats_of(pin).iterations, 1));
+  ofl__pool_cycle_end(app); /* reported to: it follows no more */
+  ofl__pool_cycle_end(reload);
+  cr_assert(eq(u64, stats_of(reload).iterations, 2));
+  cr_assert(eq(u64, stats_of(app).iterations, 2));
+  ofl_pool_destroy(app); /* a follower goes: the reports go on */
+  ofl__pool_cycle_end(reload);
+  cr_assert(eq(u64, stats_of(reload).iterations, 3));
+  ofl_pool_destroy(pin);
+  ofl_pool_destroy(reload);
+}
