@@ -21,7 +21,7 @@
 #include <ofl/ofl.h>
 #include "bench/bench.h"
 #include "runtime/internal.h"
-#include "tests/unit/pipeline/driver.h"
+#include "tests/support/driver.h"
 
 enum { SETTLE = 12, COUNTED = 20, HIT_PAIRS = 200000, HIT_REPS = 5 };
 

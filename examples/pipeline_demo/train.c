@@ -22,10 +22,10 @@ static void run_iteration(run_t *r, const sched_step_t *steps, int nsteps) {
   for (int i = 0; i < nsteps; i++) {
     const sched_step_t *s = &steps[i];
     int vs = s->chunk * P + r->rank; /* global virtual stage */
-    int mb = s->microbatch;
+    int mb = s->mb;
     layer_t *L = &r->layers[s->chunk * o->layers];
     saved_t *sv = &r->saved[((size_t)mb * V + s->chunk) * o->layers];
-    if (s->forward) {
+    if (s->fwd) {
       ofl_tensor_t *x = act(r, d.s, d.h);
       if (vs == 0)
         x_fill(r, F(x), (size_t)d.s * d.h, 1000003ull * (unsigned)mb + 7,

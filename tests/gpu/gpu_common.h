@@ -1,6 +1,6 @@
 /* Shared bits of the tests/gpu programs: they need nothing beyond the CUDA
  * toolkit (no Criterion, no MPI), run unchanged on a real GPU and on the
- * cudasim stand-in, print TAP (tests/tap.h) and exit 77 (skip) when no CUDA
+ * cudasim stand-in, print TAP (tests/support/tap.h) and exit 77 (skip) when no CUDA
  * device can be used. Device bytes are only touched through copies. */
 #ifndef OFL_TESTS_GPU_COMMON_H
 #define OFL_TESTS_GPU_COMMON_H
@@ -11,8 +11,8 @@
 
 #include <ofl/ofl.h>
 
-#include "tests/devmem.h"
-#include "tests/tap.h"
+#include "tests/support/devmem.h"
+#include "tests/support/tap.h"
 
 /* The number of usable devices, or exits 77 after a TAP skip line. */
 static inline int gpu_require_device(void) {

@@ -11,7 +11,8 @@
 #include <unistd.h>
 
 #include "tests/gpu/gpu_common.h"
-#include "tests/schedule.h"
+#include "tests/support/fixture.h"
+#include "tests/support/schedule.h"
 
 #define NT 2      /* tensors per group */
 #define LAYERS 2  /* layers per chunk */
@@ -76,36 +77,13 @@ static void run(const cfg_t *cfg, result_t *r) {
     goto out;
   }
   TRY(gpu_open_device(0, &dev));
-  ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
-  pp.budget_bytes = 0;
-  pp.name = "activations";
-  TRY(ofl_pool_create(dev, &pp, &pool));
+  TRY(t_env_open_pool(dev, &pool));
   if (cfg->disk_groups) {
-    ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
-    kp.dev = dev;
-    kp.dir = "/tmp";
-    kp.budget_bytes = 0;
-    kp.groups = cfg->disk_groups;
-    kp.bounce_budget_bytes = 0;
-    kp.prefetch_groups = 2;
-    kp.checksum = 1;
-    kp.keep_bytes = 0; /* every reload reads the file */
-    kp.direct = OFL_DISK_DIRECT_OFF;
-    kp.engine = OFL_DISK_ENGINE_THREADS;
-    kp.rank = cfg->rank;
+    ofl_disk_params_t kp = t_env_disk_params(dev, cfg->disk_groups, cfg->rank);
     TRY(ofl_disk_open(&kp, &disk));
   }
-  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
-  mp.device = dev;
-  mp.device_pool = pool;
+  ofl_manager_params_t mp = t_env_manager_params(dev, pool);
   mp.disk = disk;
-  mp.offload = 1;
-  mp.groups = "";
-  mp.min_offload_bytes = 1;
-  mp.min_offload_elems = 0;
-  mp.fraction = 1.0;
-  mp.rank_delta_bytes = 0;
-  mp.max_inflight = 0;
   mp.host_budget_bytes = cfg->host_budget;
   mp.pp_rank = cfg->rank;
   mp.rank = cfg->rank;

@@ -12,7 +12,7 @@
 
 #include <ofl/ofl.h>
 
-#include "tests/tap.h"
+#include "tests/support/tap.h"
 
 #define LATE_US 50000
 

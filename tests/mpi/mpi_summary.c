@@ -14,7 +14,7 @@
  * communicator ofl used, and (on the cudasim stand-in) that no shared
  * memory object of the job is left in /dev/shm.
  *
- * Device memory is only touched through copies (tests/devmem.h), so the
+ * Device memory is only touched through copies (tests/support/devmem.h), so the
  * manager check runs on the backend under test (OFLTEST_BACKEND). */
 #include <mpi.h>
 #include <signal.h>
@@ -25,8 +25,8 @@
 
 #include <ofl/ofl.h>
 
-#include "tests/devmem.h"
-#include "tests/tap.h"
+#include "tests/support/devmem.h"
+#include "tests/support/tap.h"
 
 #if T_HAVE_NCCL
 #include <cuda_runtime_api.h>

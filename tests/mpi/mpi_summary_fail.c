@@ -30,7 +30,7 @@
 
 #include <ofl/ofl.h>
 
-#include "tests/tap.h"
+#include "tests/support/tap.h"
 
 #if T_HAVE_NCCL
 #include <cuda_runtime_api.h>

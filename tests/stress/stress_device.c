@@ -1,5 +1,5 @@
 /* Threads and streams at once on the backend under test (OFLTEST_BACKEND,
- * tests/devmem.h): several producer threads
+ * tests/support/devmem.h): several producer threads
  * each drive their own pair of streams joined by events, while sharing one
  * device. Every copied byte is checked. Run in every build; the tsan setup
  * runs it under ThreadSanitizer. */
@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include <ofl/ofl.h>
-#include "tests/devmem.h"
-#include "tests/tap.h"
+#include "tests/support/devmem.h"
+#include "tests/support/tap.h"
 
 #define THREADS 4
 #define ITERS 200

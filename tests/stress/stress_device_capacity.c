@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include <ofl/ofl.h>
-#include "tests/tap.h"
+#include "tests/support/tap.h"
 
 #define THREADS 2
 #define ROUNDS 150

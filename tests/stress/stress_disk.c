@@ -12,8 +12,8 @@
 #include <ofl/ofl.h>
 
 #include "disk/disk_internal.h"
-#include "tests/devmem.h"
-#include "tests/tap.h"
+#include "tests/support/devmem.h"
+#include "tests/support/tap.h"
 
 static ofl_device_t *dev;
 
@@ -159,7 +159,7 @@ static void run(ofl_disk_engine_t engine, const char *name) {
 
 int main(void) {
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
-  dp.backend = t_backend(); /* the backend under test (tests/devmem.h) */
+  dp.backend = t_backend(); /* the backend under test (tests/support/devmem.h) */
   if (ofl_device_open(&dp, &dev) != OFL_SUCCESS) {
     printf("1..0 # SKIP no device: %s\n", ofl_last_error());
     return 0;

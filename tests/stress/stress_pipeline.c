@@ -2,8 +2,8 @@
  * worker threads, as a plain TAP program so that ThreadSanitizer can run it
  * (the tsan setup), a quarter of the configurations with the disk tier.
  * Each configuration checks every popped byte. */
-#include "tests/tap.h"
-#include "tests/unit/pipeline/driver.h"
+#include "tests/support/tap.h"
+#include "tests/support/driver.h"
 
 int main(void) {
   enum { CONFIGS = 24 };

@@ -1,6 +1,6 @@
 /* Pools under concurrent allocate/free from several threads and from stream
  * callbacks (run by the tsan setup), on the backend under test
- * (OFLTEST_BACKEND, tests/devmem.h). Every block a thread holds is filled
+ * (OFLTEST_BACKEND, tests/support/devmem.h). Every block a thread holds is filled
  * with the thread's pattern and checked before it is returned, so two
  * owners of one block show up as wrong bytes: pinned blocks by the CPU,
  * device blocks through copies on the thread's stream. */
@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include <ofl/ofl.h>
-#include "tests/devmem.h"
-#include "tests/tap.h"
+#include "tests/support/devmem.h"
+#include "tests/support/tap.h"
 
 enum { THREADS = 4, ITERS = 4000 };
 

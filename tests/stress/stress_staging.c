@@ -9,8 +9,8 @@
 
 #include <ofl/ofl.h>
 
-#include "tests/devmem.h"
-#include "tests/tap.h"
+#include "tests/support/devmem.h"
+#include "tests/support/tap.h"
 
 enum { NT = 4, STEPS = 12 };
 
@@ -25,7 +25,7 @@ static void pattern(unsigned char *p, size_t n, unsigned seed) {
 int main(void) {
   tap_plan(5);
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
-  dp.backend = t_backend(); /* the backend under test (tests/devmem.h) */
+  dp.backend = t_backend(); /* the backend under test (tests/support/devmem.h) */
   ofl_device_t *dev = NULL;
   if (!tap_ok(ofl_device_open(&dp, &dev) == OFL_SUCCESS, "device opens"))
     return tap_done();

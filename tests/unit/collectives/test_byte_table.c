@@ -1,7 +1,7 @@
 /* The per-rank byte table: name rules, accumulation, order, overflow, and its
  * wire format (round trip, every malformed buffer rejected). */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -2,7 +2,7 @@
  * accessors, the gather over a self comm, and the comm entry points that
  * need no second process. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdlib.h>
 #include <string.h>
 

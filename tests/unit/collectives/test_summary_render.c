@@ -3,7 +3,7 @@
  * texts were produced by an independent Python rendering of the reference
  * layout (format(x, ".2f"), str.center, ljust/rjust). */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

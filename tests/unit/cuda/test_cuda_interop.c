@@ -5,7 +5,7 @@
  * saturates) and abort only a communicator they may. On the
  * cudasim stand-in (the counters and the second device come from it). */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -17,7 +17,7 @@
 
 #include <ofl/ofl.h>
 
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 
 #define OK(call)                                                               \
   cr_assert(eq(int, (call), OFL_SUCCESS), "%s: %s", #call, ofl_last_error())

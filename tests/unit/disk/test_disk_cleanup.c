@@ -5,7 +5,7 @@
 #include <sys/wait.h>
 
 #include "disk/private_file.h"
-#include "disk_test_util.h"
+#include "tests/support/disk_test_util.h"
 
 static void dir_setup(void) {
   snprintf(tdir, sizeof tdir, "/tmp/ofl-disk-clean-XXXXXX");

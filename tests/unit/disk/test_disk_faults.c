@@ -7,7 +7,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 
-#include "disk_test_util.h"
+#include "tests/support/disk_test_util.h"
 
 TestSuite(disk_faults, .init = disk_setup, .fini = disk_teardown);
 

@@ -2,7 +2,7 @@
  * extent is served from memory (no read), the newest are kept, kept
  * buffers give way when the bounce pool is full, and every byte is checked
  * whichever way it came back. */
-#include "disk_test_util.h"
+#include "tests/support/disk_test_util.h"
 
 TestSuite(disk_keep, .init = disk_setup, .fini = disk_teardown);
 

@@ -3,7 +3,7 @@
  * is small, so kept buffers are dropped across threads; another thread calls
  * ofl_disk_drop_kept. */
 #include <pthread.h>
-#include "disk_test_util.h"
+#include "tests/support/disk_test_util.h"
 
 TestSuite(disk_keep_stress, .init = disk_setup, .fini = disk_teardown);
 

@@ -4,7 +4,7 @@
  * them in reverse order with prefetch a few groups ahead (H2D on the H2D
  * stream, buffer freed after it). Tensors go to disk by group name or when
  * the host pool's budget is exhausted (spill). Byte-for-byte checks. */
-#include "disk_test_util.h"
+#include "tests/support/disk_test_util.h"
 
 TestSuite(disk_schedule, .init = disk_setup, .fini = disk_teardown);
 

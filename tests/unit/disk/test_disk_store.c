@@ -4,7 +4,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "disk_test_util.h"
+#include "tests/support/disk_test_util.h"
 
 TestSuite(disk, .init = disk_setup, .fini = disk_teardown);
 

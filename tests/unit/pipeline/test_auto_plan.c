@@ -7,7 +7,7 @@
  * everything and reports the shortfall; a reload that stalls is issued
  * earlier in later iterations; thousands of steady iterations keep the
  * counters and the pools flat. */
-#include "tests/unit/pipeline/harness.h"
+#include "tests/support/harness.h"
 
 #include <pthread.h>
 #include <time.h>

@@ -5,7 +5,7 @@
  * the steady-state plan and its peak. */
 #include <ofl/log.h>
 
-#include "tests/unit/pipeline/harness.h"
+#include "tests/support/harness.h"
 
 #define KIB ((size_t)1024)
 

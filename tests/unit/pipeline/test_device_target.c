@@ -7,7 +7,7 @@
  * the warmup's reset with both figures and offloads everything; the tighter
  * of the two targets wins; an application's own peak replaces the device's
  * stats; every popped tensor is bit-exact. */
-#include "tests/unit/pipeline/harness.h"
+#include "tests/support/harness.h"
 
 #include <inttypes.h>
 #include <stdio.h>

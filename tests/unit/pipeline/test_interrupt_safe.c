@@ -3,7 +3,7 @@
  * group of its own in one call), ofl_manager_commit_open_groups (what a cut
  * step left open, before the reset) and ofl_tensor_destroy_slot (ending a
  * handle and clearing its slot in one call). Data checked byte for byte. */
-#include "tests/unit/pipeline/harness.h"
+#include "tests/support/harness.h"
 
 #define KIB ((size_t)1024)
 

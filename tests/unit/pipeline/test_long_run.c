@@ -5,7 +5,7 @@
 
 #include "disk/disk_internal.h"
 
-#include "tests/unit/pipeline/harness.h"
+#include "tests/support/harness.h"
 
 #define KIB ((size_t)1024)
 

@@ -5,7 +5,7 @@
  * greedy search above 16 names). Random instances use multiples of 10 ns,
  * so that exposed times tie exactly or differ by more than the 1 ns tie. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

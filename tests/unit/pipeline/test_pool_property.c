@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/tap.h"
-#include "tests/unit/pipeline/driver.h"
+#include "tests/support/tap.h"
+#include "tests/support/driver.h"
 
 #define KIB ((size_t)1024)
 #define MIB ((size_t)1 << 20)

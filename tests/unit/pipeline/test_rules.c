@@ -1,7 +1,7 @@
 /* The rules of docs/DESIGN.md section 5, each with a test that fails without the
  * rule. Where a rule can be turned off (a test-only switch), the test also
  * shows the failure it prevents. */
-#include "tests/unit/pipeline/harness.h"
+#include "tests/support/harness.h"
 
 #define MIB ((size_t)1 << 20)
 

@@ -1,7 +1,7 @@
 /* The manager under 1F1B and interleaved 1F1B schedules: every popped tensor
  * equals byte for byte what was pushed, over seeded random configurations
  * with stream jitter, and the backward order is the schedule's. */
-#include "tests/unit/pipeline/harness.h"
+#include "tests/support/harness.h"
 
 static drv_cfg_t random_cfg(uint64_t seed) {
   uint64_t h = drv_mix(seed * 7919 + 1);

@@ -2,7 +2,7 @@
  * so at WARN (how many tensors and bytes, which setting to lower); one that
  * offloads something reports the kept ones at INFO only, naming the
  * threshold that applied. */
-#include "tests/unit/pipeline/harness.h"
+#include "tests/support/harness.h"
 
 typedef struct {
   int warnings;

@@ -1,14 +1,14 @@
 /* Tensor pools: exact and byte-size keys, FIFO reuse, hits and misses,
  * ownership checks, reset, clear, budget, reserve, handles. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <ofl/ofl.h>
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 
 /* On the backend under test (OFLTEST_BACKEND). Pinned blocks are touched by
  * the CPU; device blocks only through copies (fill, wrong_bytes). Tests

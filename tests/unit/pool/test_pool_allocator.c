@@ -7,7 +7,7 @@
  * a cudaFree under a queued copy as misuse), the C heap on the host backend
  * (whose device adopts the application's memory). */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include <ofl/ofl.h>
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 
 #define KIB ((size_t)1024)
 #define MIB ((size_t)1 << 20)

@@ -6,13 +6,13 @@
  * the pool grew and merged (two allocations, two frees) every round while
  * the bytes it held stayed flat. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdint.h>
 #include <stdlib.h>
 
 #include <ofl/ofl.h>
-#include "tests/devmem.h"
-#include "tests/unit/pipeline/driver.h"
+#include "tests/support/devmem.h"
+#include "tests/support/driver.h"
 
 #define KIB ((size_t)1024)
 #define MIB ((size_t)1 << 20)

@@ -6,7 +6,7 @@
  * of other sizes serves the request after they are released, in the pool,
  * across the device's pools, and in the manager's reload. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,9 +14,9 @@
 #include <unistd.h>
 
 #include <ofl/ofl.h>
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 #include "pool/pool_internal.h"
-#include "tests/unit/pipeline/driver.h"
+#include "tests/support/driver.h"
 
 #define KIB ((size_t)1024)
 #define MIB ((size_t)1 << 20)

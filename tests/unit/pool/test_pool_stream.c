@@ -1,14 +1,14 @@
 /* Stream-ordered reuse of pool blocks (docs/DESIGN.md section 5 rule 2): a block
  * whose last use is still queued is not handed out unordered. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <ofl/ofl.h>
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 
 /* On the backend under test (OFLTEST_BACKEND). Pinned blocks are touched by
  * the CPU; device memory only through copies (dfill, dwrong). Tests named

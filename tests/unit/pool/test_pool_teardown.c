@@ -3,12 +3,12 @@
  * pools destroyed before or after the manager that uses them. Each order
  * ends cleanly and leaks nothing (the valgrind setup runs these). */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdint.h>
 #include <string.h>
 
 #include <ofl/ofl.h>
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 
 TestSuite(pool_teardown);
 

@@ -1,7 +1,7 @@
 /* The tensor handle: dtypes, shapes, wrapped storage, views, release and
  * attach of storage. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include <ofl/ofl.h>
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 
 /* On the backend under test (OFLTEST_BACKEND). Tensors wrapping host
  * buffers only look at the handle; device bytes are reached through

@@ -5,13 +5,13 @@
  * the real runtime or none is loaded). Each test sets the stand-in's
  * variables before the process's first CUDA call (the device open). */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdlib.h>
 #include <string.h>
 
 #include <ofl/ofl.h>
 
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 
 typedef struct {
   int info, warn;

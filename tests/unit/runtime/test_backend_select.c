@@ -6,7 +6,7 @@
  * and, for the stand-in, CUDASIM_DEVICES=0, so that the fallback is tested
  * on every machine. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* The OFL_* configuration table. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -4,7 +4,7 @@
  * range included), and a log file that cannot be opened is said on stderr
  * with its errno, as a trace file's is. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,7 +6,7 @@
  * PyTorch would have). Each test sets the stand-in's variables before the
  * process's first CUDA call. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * have). Runs against the real runtime, without the stand-in; skips on a
  * machine with a driver or without a runtime. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>

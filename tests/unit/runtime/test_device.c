@@ -5,7 +5,7 @@
  * on the calling thread, its capacity, link model and trace file) and skip
  * on cuda. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,7 +15,7 @@
 #include <ofl/ofl.h>
 #include "runtime/device_internal.h"
 #include "runtime/internal.h"
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 
 #define HOST_ONLY()                                                            \
   do {                                                                         \

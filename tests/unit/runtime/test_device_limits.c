@@ -4,7 +4,7 @@
  * On the backend under test (OFLTEST_BACKEND); device bytes are reached
  * through copies only. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,7 +15,7 @@
 
 #include <ofl/ofl.h>
 #include "runtime/internal.h"
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 
 static ofl_device_t *dev;
 

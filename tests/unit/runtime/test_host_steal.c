@@ -9,7 +9,7 @@
  * strict mode). A held worker (ofl__host_stream_hold) plays one that has not
  * woken up yet. Host backend only. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * and link rates so low that one byte would take more than a day are
  * configuration errors. Host backend only (the pacing and jitter are its). */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,7 +6,7 @@
  * never recorded or an event created without timing; a re-recorded event
  * answers for its latest record only. Host backend only. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>

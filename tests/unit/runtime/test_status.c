@@ -1,6 +1,6 @@
 /* Status codes, the last-error message and logging. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>

@@ -5,7 +5,7 @@
  * same misuse is the CUDA runtime's (the cudasim stand-in aborts on it).
  * The backend-neutral part (foreign and double frees) is in test_device.c. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,7 +6,7 @@
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * header layout, strict rejection of malformed files, and write faults that
  * must leave nothing at the final path. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -5,7 +5,7 @@
  * The saves run in forked children, stopped inside write(2) by the
  * writer's test hook and killed there. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

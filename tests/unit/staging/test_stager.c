@@ -3,7 +3,7 @@
  * tensor, a source freed while staging is an error, and background saves
  * round-trip through the safetensors reader and fail without partial files. */
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
@@ -17,7 +17,7 @@
 #include <ofl/ofl.h>
 #include "runtime/internal.h"
 #include "staging/staging_internal.h"
-#include "tests/devmem.h"
+#include "tests/support/devmem.h"
 
 /* On the backend under test (OFLTEST_BACKEND). Staged copies live in host
  * memory and are read by the CPU; device tensors only through copies

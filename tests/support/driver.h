@@ -3,7 +3,7 @@
  * filled with a pattern, pops them in backward and counts wrong bytes.
  * Header-only (static) so each test program includes it.
  *
- * Device bytes are written and checked through copies (tests/devmem.h),
+ * Device bytes are written and checked through copies (tests/support/devmem.h),
  * never by the CPU, on the backend under test (OFLTEST_BACKEND): the same
  * schedules run on the host backend and on the cuda backend (the cudasim
  * stand-in, whose device memory the CPU cannot touch, or a real GPU). */
@@ -19,8 +19,9 @@
 #include <ofl/ofl.h>
 
 #include "pipeline/pipeline_internal.h"
-#include "tests/devmem.h"
-#include "tests/schedule.h"
+#include "tests/support/devmem.h"
+#include "tests/support/fixture.h"
+#include "tests/support/schedule.h"
 
 static inline uint64_t drv_mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -36,7 +37,7 @@ static inline uint64_t drv_hash(uint64_t a, uint64_t b, uint64_t c,
 
 /* drv_fill and drv_wrong touch memory with the CPU: only host buffers and
  * pinned memory. Device memory goes through drv_tensor_fill / drv_tensor_wrong
- * below. The pattern is tests/devmem.h's. */
+ * below. The pattern is tests/support/devmem.h's. */
 static inline void drv_fill(void *p, size_t n, uint64_t seed) {
   t_pattern(p, n, seed);
 }
@@ -74,8 +75,6 @@ static inline size_t drv_tensor_wrong(ofl_device_t *dev, const ofl_tensor_t *t,
   return t_wrong(dev, ofl_tensor_data(t), n, seed);
 }
 
-/* ---- schedule ------------------------------------------------------------ */
-
 /* ---- driver -------------------------------------------------------------- */
 
 /* One name's tensors when drv_cfg_t.names[g].set: tensors per group, their
@@ -106,16 +105,16 @@ typedef struct {
   int jitter_us;
   int tricks; /* aliases with forced release, duplicates, not-offloadable */
   int offload;
-  ofl_pool_t *act_pool;    /* NULL: one per run */
-  ofl_device_t *dev;       /* NULL: one per run */
-  const char *disk_groups; /* non-NULL: a disk tier with these groups */
-  int64_t host_budget;     /* pinned budget (0: none) */
-  int keyed_by_bytes;      /* 1: the schedule's own tensors of dynamic names
-                              (expert_fc1, moe_act) come from byte-keyed
-                              blocks, as a caching allocator would give */
-  drv_name_cfg_t names[7]; /* per name; set 0: the fields above decide */
-  int own_reload_pool;     /* 1: the manager reloads into a pool of its own,
-                              not the application's act_pool */
+  ofl_pool_t *act_pool;       /* NULL: one per run */
+  ofl_device_t *dev;          /* NULL: one per run */
+  const char *disk_groups;    /* non-NULL: a disk tier with these groups */
+  int64_t host_budget;        /* pinned budget (0: none) */
+  int keyed_by_bytes;         /* 1: the schedule's own tensors of dynamic names
+                                 (expert_fc1, moe_act) come from byte-keyed
+                                 blocks, as a caching allocator would give */
+  drv_name_cfg_t names[7];    /* per name; set 0: the fields above decide */
+  int own_reload_pool;        /* 1: the manager reloads into a pool of its own,
+                                 not the application's act_pool */
   const char *dynamic_groups; /* the manager's dynamic_groups (NULL: its
                                  default, expert_fc1 and moe_act) */
 } drv_cfg_t;
@@ -217,9 +216,8 @@ static inline ofl_status_t drv_forward(drv_t *d, int c, int mb) {
       r->n = 0;
       DRV_TRY(d, ofl_manager_group_start(m, drv_names[g]));
       uint64_t hs = drv_hash(cfg->seed, (uint64_t)c, (uint64_t)l, (uint64_t)g);
-      int nt = cfg->names[g].set
-                   ? cfg->names[g].tensors
-                   : 1 + (int)(hs % (uint64_t)cfg->tensors_max);
+      int nt = cfg->names[g].set ? cfg->names[g].tensors
+                                 : 1 + (int)(hs % (uint64_t)cfg->tensors_max);
       ofl_tensor_t *forced[DRV_MAX_T];
       size_t nforced = 0;
       for (int k = 0; k < nt && r->n < DRV_MAX_T - 1; k++) {
@@ -339,40 +337,21 @@ static inline ofl_status_t drv_open(drv_t *d, const drv_cfg_t *cfg) {
     ofl_device_params_t dp = t_device_params(cfg->jitter_us, cfg->seed | 1);
     DRV_TRY(d, ofl_device_open(&dp, &d->dev));
   }
-  if (cfg->act_pool != NULL) {
+  if (cfg->act_pool != NULL)
     d->pool = cfg->act_pool;
-  } else {
-    ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
-    pp.budget_bytes = 0;
-    pp.name = "activations";
-    DRV_TRY(d, ofl_pool_create(d->dev, &pp, &d->pool));
-  }
+  else
+    DRV_TRY(d, t_env_open_pool(d->dev, &d->pool));
   if (cfg->disk_groups != NULL) {
-    ofl_disk_params_t kp = OFL_DISK_PARAMS_INIT;
-    kp.dev = d->dev;
-    kp.dir = "/tmp";
-    kp.budget_bytes = 0;
-    kp.groups = cfg->disk_groups;
-    kp.bounce_budget_bytes = 0;
-    kp.prefetch_groups = 2;
-    kp.checksum = 1;
-    kp.keep_bytes = 0; /* every reload reads the file (and its checksum) */
-    kp.direct = OFL_DISK_DIRECT_OFF;
-    kp.engine = OFL_DISK_ENGINE_THREADS;
-    kp.rank = cfg->rank;
+    ofl_disk_params_t kp =
+        t_env_disk_params(d->dev, cfg->disk_groups, cfg->rank);
     DRV_TRY(d, ofl_disk_open(&kp, &d->disk));
   }
-  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
-  mp.device = d->dev;
-  mp.device_pool = cfg->own_reload_pool ? NULL : d->pool;
+  ofl_manager_params_t mp = t_env_manager_params(d->dev, d->pool);
+  if (cfg->own_reload_pool)
+    mp.device_pool = NULL;
   mp.disk = d->disk;
   mp.offload = cfg->offload;
-  mp.groups = "";
   mp.min_offload_bytes = (int64_t)cfg->thresh;
-  mp.min_offload_elems = 0;
-  mp.fraction = 1.0;
-  mp.rank_delta_bytes = 0;
-  mp.max_inflight = 0;
   mp.host_budget_bytes = cfg->host_budget;
   mp.dynamic_groups = cfg->dynamic_groups;
   mp.pp_rank = cfg->rank;

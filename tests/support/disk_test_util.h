@@ -1,5 +1,5 @@
 /* Helpers shared by the disk store tests: a device of the backend under test
- * (OFLTEST_BACKEND, tests/devmem.h), a private temp directory per test
+ * (OFLTEST_BACKEND, tests/support/devmem.h), a private temp directory per test
  * (checked empty at the end), seeded byte patterns. Extents' buffers are
  * pinned memory, which the CPU reads and writes on every backend; device
  * memory is filled and checked through copies (dev_fill, dev_wrong). */
@@ -7,7 +7,7 @@
 #define OFL_TESTS_DISK_UTIL_H
 
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,8 +18,7 @@
 #include <ofl/ofl.h>
 
 #include "disk/disk_internal.h"
-#include "tests/devmem.h"
-
+#include "tests/support/devmem.h"
 
 static ofl_device_t *dev;
 static char tdir[256];

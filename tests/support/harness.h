@@ -1,50 +1,31 @@
 /* Small helpers for the manager's direct tests (one device, one activation
- * pool, one manager), on the backend under test (OFLTEST_BACKEND, see
- * tests/devmem.h): device bytes are filled and checked through copies. */
+ * pool, one manager: tests/support/fixture.h), on the backend under test
+ * (OFLTEST_BACKEND, see tests/support/devmem.h): device bytes are filled and
+ * checked through copies. */
 #ifndef OFL_TEST_PIPELINE_HARNESS_H
 #define OFL_TEST_PIPELINE_HARNESS_H
 
 #include <criterion/criterion.h>
-#include "tests/cr_assert.h"
+#include "tests/support/cr_assert.h"
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "tests/unit/pipeline/driver.h"
+#include "tests/support/driver.h"
+#include "tests/support/fixture.h"
 
-
-typedef struct {
-  ofl_device_t *dev;
-  ofl_pool_t *pool;
-  ofl_manager_t *m;
-} h_env_t;
+/* The fixture (fixture.h) under the manager tests' names. */
+typedef t_env_t h_env_t;
 
 static inline ofl_manager_params_t h_params(h_env_t *e) {
-  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
-  mp.device = e->dev;
-  mp.device_pool = e->pool;
-  mp.offload = 1;
-  mp.groups = "";
-  mp.min_offload_bytes = 1;
-  mp.min_offload_elems = 0;
-  mp.fraction = 1.0;
-  mp.rank_delta_bytes = 0;
-  mp.max_inflight = 0;
-  mp.host_budget_bytes = 0;
-  mp.rank = 0;
-  return mp;
+  return t_env_manager_params(e->dev, e->pool);
 }
 
+/* The device of the backend under test (strict mode with jitter on the host
+ * one) and its activation pool. */
 static inline void h_open_dev(h_env_t *e, int jitter_us, uint64_t seed) {
-  memset(e, 0, sizeof *e);
-  /* The backend under test; strict mode with jitter on the host one. */
   ofl_device_params_t dp = t_device_params(jitter_us, seed);
-  cr_assert(eq(int, ofl_device_open(&dp, &e->dev), OFL_SUCCESS), "%s",
-            ofl_last_error());
-  ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
-  pp.budget_bytes = 0;
-  pp.name = "activations";
-  cr_assert(eq(int, ofl_pool_create(e->dev, &pp, &e->pool), OFL_SUCCESS));
+  cr_assert(eq(int, t_env_open(e, &dp), OFL_SUCCESS), "%s", ofl_last_error());
 }
 
 static inline void h_open(h_env_t *e, int jitter_us, uint64_t seed) {
@@ -54,11 +35,7 @@ static inline void h_open(h_env_t *e, int jitter_us, uint64_t seed) {
             ofl_last_error());
 }
 
-static inline void h_close(h_env_t *e) {
-  ofl_manager_destroy(e->m);
-  ofl_pool_destroy(e->pool);
-  ofl_device_close(e->dev);
-}
+static inline void h_close(h_env_t *e) { t_env_close(e); }
 
 static inline ofl_tensor_t *h_tensor(h_env_t *e, size_t bytes, uint64_t seed) {
   ofl_tensor_t *t = NULL;
@@ -68,8 +45,8 @@ static inline ofl_tensor_t *h_tensor(h_env_t *e, size_t bytes, uint64_t seed) {
                               ofl_device_compute_stream(e->dev), &t),
                OFL_SUCCESS),
             "%s", ofl_last_error());
-  cr_assert(eq(int, drv_tensor_fill(e->dev, t, bytes, seed), OFL_SUCCESS),
-            "%s", ofl_last_error());
+  cr_assert(eq(int, drv_tensor_fill(e->dev, t, bytes, seed), OFL_SUCCESS), "%s",
+            ofl_last_error());
   return t;
 }
 
@@ -111,16 +88,18 @@ static inline ofl_tensor_t *h_tensor_from(h_env_t *e, const void *src,
                               ofl_device_compute_stream(e->dev), &t),
                OFL_SUCCESS),
             "%s", ofl_last_error());
-  cr_assert(eq(int, t_write(e->dev, ofl_tensor_data(t), src, bytes),
-               OFL_SUCCESS),
-            "%s", ofl_last_error());
+  cr_assert(
+      eq(int, t_write(e->dev, ofl_tensor_data(t), src, bytes), OFL_SUCCESS),
+      "%s", ofl_last_error());
   return t;
 }
 
 #define H_OK(call)                                                             \
   cr_assert(eq(int, (call), OFL_SUCCESS), "%s: %s", #call, ofl_last_error())
 
-static inline void h_sleep_fn(void *arg) { usleep((useconds_t)(uintptr_t)arg * 1000); }
+static inline void h_sleep_fn(void *arg) {
+  usleep((useconds_t)(uintptr_t)arg * 1000);
+}
 
 /* Makes the stream busy for ms milliseconds (a slow copy engine). The host
  * function only sleeps: no ofl or CUDA call (allowed on both backends). */
