@@ -1,4 +1,5 @@
-/* ofl: chunks (one per microbatch x virtual stage) and the backward order.
+/* ofl: chunks (one per microbatch x virtual stage), their group records
+ * and the backward order.
  *
  * Warmup records the chunks in forward order and builds the backward order
  * as the reference does: a chunk of the last virtual stage is placed at its
@@ -10,6 +11,15 @@
 #include <string.h>
 
 #include "pipeline/pipeline_internal.h"
+
+static void group_free(group_t *g) {
+  if (g == NULL)
+    return;
+  ofl_event_destroy(g->offload_ev);
+  ofl_event_destroy(g->reload_ev);
+  free(g->entries);
+  free(g);
+}
 
 ofl_status_t ofl__chunk_new(ofl_manager_t *m, int vp_stage, chunk_t **out) {
   if (m->nfwd >= 0xffffu) /* tags hold the chunk index in 16 bits */
@@ -31,11 +41,47 @@ void ofl__chunk_free(chunk_t *c) {
   if (c == NULL)
     return;
   for (uint32_t i = 0; i < c->ngroups; i++)
-    ofl__group_free(c->groups[i]);
+    group_free(c->groups[i]);
   free(c->groups);
   free(c->commit_order);
   free(c->stack);
   free(c);
+}
+
+ofl_status_t ofl__chunk_add_group(ofl_manager_t *m, chunk_t *c, int nid,
+                                  group_t **out) {
+  if (c->ngroups >= OFL__TAG_MAX_GROUPS) /* tags hold the group in 12 bits */
+    return OFL__PERR(OFL_ERR_INVALID_USAGE, m, c, m->names[nid].name,
+                     "more than %u groups in one chunk", OFL__TAG_MAX_GROUPS);
+  OFL_CHECK(ofl__grow((void **)&c->groups, &c->cap, c->ngroups + 1,
+                      sizeof *c->groups));
+  group_t *g = calloc(1, sizeof *g);
+  uint32_t *order = realloc(c->commit_order, c->cap * sizeof *order);
+  group_t **stack = realloc(c->stack, c->cap * sizeof *stack);
+  if (order != NULL)
+    c->commit_order = order;
+  if (stack != NULL)
+    c->stack = stack;
+  if (g == NULL || order == NULL || stack == NULL) {
+    free(g);
+    return OFL__PERR(OFL_ERR_NO_MEMORY, m, c, m->names[nid].name,
+                     "no memory for a group record%s", "");
+  }
+  ofl_status_t s = ofl_event_create(m->dev, &g->offload_ev);
+  if (s == OFL_SUCCESS)
+    s = ofl_event_create(m->dev, &g->reload_ev);
+  if (s != OFL_SUCCESS) {
+    group_free(g);
+    return s;
+  }
+  g->chunk = c;
+  g->index = c->ngroups;
+  g->nid = nid;
+  g->policy_offload = true;
+  c->groups[c->ngroups++] = g;
+  c->name_mask |= UINT64_C(1) << nid;
+  *out = g;
+  return OFL_SUCCESS;
 }
 
 static ofl_status_t push_backward(ofl_manager_t *m, chunk_t *c) {

@@ -1,8 +1,9 @@
 /* ofl: the pipeline offload manager, the top of pipeline/: lifecycle
  * (instances and the process singleton), configuration, the per-iteration
  * reset, the stream boundaries and statistics. Chunks are in chunk.c,
- * groups in group.c, the end of warmup in policy.c, what it reports in
- * report.c; docs/design/pipeline.md draws the layers. */
+ * groups in group_forward.c and group_backward.c, the end of warmup in
+ * policy.c, what it reports in report.c; docs/design/pipeline.md draws the
+ * layers. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,8 +16,8 @@
  */
 
 /* params.device_memory_target_bytes / OFL_DEVICE_MEMORY_TARGET: the device
- * memory the step may use at its peak; plan.c turns it into an activation
- * target at the end of the warmup. */
+ * memory the step may use at its peak; plan_measure.c turns it into an
+ * activation target at the end of the warmup. */
 static ofl_status_t read_device_target(ofl_manager_t *m,
                                        const ofl_manager_params_t *p) {
   if (p->device_memory_target_bytes >= 0) {

@@ -1,7 +1,6 @@
-/* ofl: private structures of the pipeline offload manager, shared by
- * pipeline/manager.c (lifecycle, iteration), chunk.c (chunks and backward
- * order), group.c (push, commit, reload, pop) and policy.c (end of warmup).
- * Not installed. */
+/* ofl: private structures of the pipeline offload manager, shared by the
+ * files of pipeline/ (docs/design/pipeline.md draws their layers). Not
+ * installed. */
 #ifndef OFL_PIPELINE_INTERNAL_H
 #define OFL_PIPELINE_INTERNAL_H
 
@@ -167,8 +166,8 @@ enum {
 struct ofl__manager_test {
   unsigned rules_off;              /* OFL__RULE*_OFF */
   ofl_stream_t *compute_at_create; /* what rule 3 switched off uses */
-  int fail_offload_after; /* the offload of that many more clusters
-                             succeeds, the next fails; <0: never */
+  int fail_offload_after;          /* the offload of that many more clusters
+                                      succeeds, the next fails; <0: never */
 };
 
 struct ofl_manager {
@@ -199,7 +198,7 @@ struct ofl_manager {
   char *groups_cfg, *dynamic_cfg;
   bool off_trained; /* offload off: a training chunk began (not forward-only,
                        not disabled), so this reset ends the warmup */
-  ofl_disk_t *disk;       /* the tier below pinned memory, or NULL */
+  ofl_disk_t *disk; /* the tier below pinned memory, or NULL */
 
   /* State. */
   bool warmup, enabled, forward_only;
@@ -237,21 +236,44 @@ struct ofl_manager {
   ofl_manager_stats_t st;
   ofl__stall_probes_t *probes; /* cuda: stalls timed on the GPU (stall.c) */
 
-  /* groups "auto" (plan.c). */
+  /* groups "auto" (plan_measure.c, plan_ledger.c). */
   bool auto_plan;
-  bool plan_recompute;     /* OFL_PLAN_RECOMPUTE: the plan may recompute */
-  uint64_t mem_target;     /* bytes; 0: none */
+  bool plan_recompute; /* OFL_PLAN_RECOMPUTE: the plan may recompute */
+  uint64_t mem_target; /* bytes; 0: none */
   /* params.device_memory_target_bytes (0: none); at the warmup's end the
    * plan's mem_target becomes it less dev_rest, the non-activation bytes
    * (device peak less the activation peak with everything offloaded),
-   * when that is tighter (plan.c, device_target). */
+   * when that is tighter (plan_measure.c, ofl__plan_device_target). */
   uint64_t dev_target;
   uint64_t dev_peak_noted; /* ofl_manager_set_device_peak; 0: the device's */
   uint64_t dev_peak, dev_rest; /* measured at the warmup's end */
-  ofl__plan_t *ap;         /* measurements, the plan, the ledger */
+  ofl__plan_t *ap;             /* measurements, the plan, the ledger */
 
   struct ofl__manager_test test;
 };
+
+/* Tags (ofl_manager_tensor_push returns them, tensor_pop takes them):
+ * bit 63: held outside a group; bits 55..62: the manager's tag id (a tag
+ * pops only on the manager that made it); bits 40..54: iteration; managed:
+ * bits 24..39 chunk, 12..23 group, 0..11 entry + 1; held: bits 0..39
+ * slot + 1. The low field is never 0, so neither is a tag. */
+#define OFL__TAG_HELD (UINT64_C(1) << 63)
+#define OFL__TAG_ID_SHIFT 55
+#define OFL__TAG_ID(m) ((uint64_t)(m)->tag_id << OFL__TAG_ID_SHIFT)
+#define OFL__TAG_GEN_MASK (UINT64_C(0x7fff) << 40)
+#define OFL__TAG_GEN(m) ((uint64_t)((m)->gen & 0x7fffu) << 40)
+#define OFL__TAG_SLOT_MASK ((UINT64_C(1) << 40) - 1)
+#define OFL__TAG_MAX_GROUPS 0xfffu  /* per chunk */
+#define OFL__TAG_MAX_ENTRIES 0xffeu /* per group (entry + 1 fits 12 bits) */
+
+static inline ofl_tag_t ofl__tag_make(const ofl_manager_t *m, uint32_t c,
+                                      uint32_t g, uint32_t k) {
+  return OFL__TAG_ID(m) | OFL__TAG_GEN(m) | ((uint64_t)c << 24) |
+         ((uint64_t)g << 12) | (uint64_t)(k + 1);
+}
+
+/* The files' calls, from the lowest file to the highest
+ * (docs/design/pipeline.md section 5.5). */
 
 /* names.c: records, lists and the name table (calls no other file). */
 /* Grows *arr to hold need elements (doubling); new elements are zeroed. */
@@ -270,43 +292,11 @@ ofl_status_t ofl__capture_refuse(ofl_manager_t *m, const char *fn);
  * chose to fail (counts down). */
 bool ofl__manager_test_fail_offload(ofl_manager_t *m);
 
-/* chunk.c */
-ofl_status_t ofl__chunk_new(ofl_manager_t *m, int vp_stage, chunk_t **out);
-void ofl__chunk_free(chunk_t *c);
-ofl_status_t ofl__order_flush(ofl_manager_t *m, bool force);
-chunk_t *ofl__front_backward_chunk(ofl_manager_t *m, int nid);
-ofl_status_t ofl__chunk_check_done(ofl_manager_t *m, chunk_t *c);
-
-/* group.c */
-ofl_status_t ofl__group_commit_now(ofl_manager_t *m, group_t *g,
-                                   ofl_tensor_t *const *forced, size_t n);
-ofl_status_t ofl__group_reload(ofl_manager_t *m, group_t *g);
-void ofl__group_free(group_t *g);
-void ofl__group_end_iteration(ofl_manager_t *m, group_t *g);
-
-/* stall.c: on backends with timing events, compute's wait for a reload is
- * timed on the device (events before and after the wait, read later). */
-/* Makes compute wait for ev and times the wait: OFL_ERR_NOT_SUPPORTED
- * where the backend cannot time (the caller measures on the CPU). warm:
- * the time also goes to the plan as a warmup stall (a warmup backward's
- * begin). */
-ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, group_t *g,
-                                   ofl_stream_t *compute, ofl_event_t *ev,
-                                   bool warm);
-/* Adds the completed measurements to the stall counters (all of them,
- * waiting boundedly, when wait). */
-void ofl__stall_harvest(ofl_manager_t *m, bool wait);
-void ofl__stall_free(ofl_manager_t *m);
-
-/* policy.c */
-ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m);
-
-/* report.c: rule 7, the per-name summary gathered on the comm and written
- * on its rank 0 (collective). */
-ofl_status_t ofl__report_summary(ofl_manager_t *m);
-/* The auto plan printed after the summary on rank 0 of the comm
- * (collective; nothing without auto). */
-ofl_status_t ofl__report_plan(ofl_manager_t *m);
+/* Tests only (switches.c). */
+void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask);
+/* The offload of after_n more clusters succeeds, the next one fails (as a
+ * copy that cannot be queued would); -1: no fault. */
+void ofl__manager_fail_offload_after(ofl_manager_t *m, int after_n);
 
 /* plan_measure.c, plan_ledger.c: groups "auto". Every hook returns at once
  * without auto. The warmup hooks stamp the compute and copy streams; the
@@ -332,11 +322,74 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m);
 void ofl__plan_end_iteration(ofl_manager_t *m);
 void ofl__plan_free(ofl_manager_t *m);
 
-/* Tests only. */
-void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask);
-/* The offload of after_n more clusters succeeds, the next one fails (as a
- * copy that cannot be queued would); -1: no fault. */
-void ofl__manager_fail_offload_after(ofl_manager_t *m, int after_n);
+/* stall.c: on backends with timing events, compute's wait for a reload is
+ * timed on the device (events before and after the wait, read later). */
+/* Makes compute wait for ev and times the wait: OFL_ERR_NOT_SUPPORTED
+ * where the backend cannot time (the caller measures on the CPU). warm:
+ * the time also goes to the plan as a warmup stall (a warmup backward's
+ * begin). */
+ofl_status_t ofl__stall_timed_wait(ofl_manager_t *m, group_t *g,
+                                   ofl_stream_t *compute, ofl_event_t *ev,
+                                   bool warm);
+/* Adds the completed measurements to the stall counters (all of them,
+ * waiting boundedly, when wait). */
+void ofl__stall_harvest(ofl_manager_t *m, bool wait);
+void ofl__stall_free(ofl_manager_t *m);
+
+/* tier.c: where an offloaded cluster's bytes wait, pinned memory or the
+ * disk tier, behind offload, reload and drop. */
+/* Copies leader l's cluster into the tier on the D2H stream: the disk tier
+ * for the groups it selects, else pinned memory, the disk tier again when
+ * the host budget is full; *done false when every tier refused (the
+ * cluster stays on the device, counted). */
+ofl_status_t ofl__tier_offload(ofl_manager_t *m, group_t *g, entry_t *l,
+                               bool *done);
+/* Queues the H2D copy of l's bytes from the tier into dst on stream; once
+ * queued, the tier's storage is let go after stream (rule 2), *released
+ * telling whether that succeeded. Nothing changes on a failure. */
+ofl_status_t ofl__tier_reload(ofl_manager_t *m, entry_t *l, void *dst,
+                              ofl_stream_t *stream, ofl_status_t *released);
+typedef enum {
+  OFL__TIER_DROP,           /* the iteration ended without a reload */
+  OFL__TIER_UNDO,           /* g's offload failed half-way: its counts go
+                               back; its offload event was recorded */
+  OFL__TIER_UNDO_UNRECORDED /* the same, no event: waits for the D2H */
+} ofl__tier_drop_t;
+/* Lets l's tier storage go after the group's copies, without a reload. */
+void ofl__tier_drop(ofl_manager_t *m, group_t *g, entry_t *l,
+                    ofl__tier_drop_t how);
+/* Starts reading back the bytes of the groups next in c's reload order
+ * where the tier is slow to give them (the disk tier's prefetch groups). */
+void ofl__tier_read_ahead(ofl_manager_t *m, const chunk_t *c);
+/* l's bytes are in the tier. */
+static inline bool ofl__tier_holds(const entry_t *l) {
+  return l->host != NULL || l->ext != NULL;
+}
+
+/* chunk.c: chunks, their group records, the backward order. */
+ofl_status_t ofl__chunk_new(ofl_manager_t *m, int vp_stage, chunk_t **out);
+void ofl__chunk_free(chunk_t *c);
+/* A new group record of name nid at the end of chunk c (warmup). */
+ofl_status_t ofl__chunk_add_group(ofl_manager_t *m, chunk_t *c, int nid,
+                                  group_t **out);
+ofl_status_t ofl__order_flush(ofl_manager_t *m, bool force);
+chunk_t *ofl__front_backward_chunk(ofl_manager_t *m, int nid);
+ofl_status_t ofl__chunk_check_done(ofl_manager_t *m, chunk_t *c);
+
+/* group_forward.c: start, push, commit (public calls only). */
+
+/* group_backward.c: reload, backward, pop. */
+void ofl__group_end_iteration(ofl_manager_t *m, group_t *g);
+
+/* report.c: rule 7, the per-name summary gathered on the comm and written
+ * on its rank 0 (collective). */
+ofl_status_t ofl__report_summary(ofl_manager_t *m);
+/* The auto plan printed after the summary on rank 0 of the comm
+ * (collective; nothing without auto). */
+ofl_status_t ofl__report_plan(ofl_manager_t *m);
+
+/* policy.c */
+ofl_status_t ofl__policy_end_warmup(ofl_manager_t *m);
 
 /* Log and error lines name the rank, chunk, microbatch and group. */
 #define OFL__PLOG(level, m, c, gname, fmt, ...)                                \

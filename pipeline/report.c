@@ -2,8 +2,8 @@
  * the summary (bytes per group name, gathered on the comm: rule 7), the
  * per-group placement table (ofl_manager_group_plan), and the auto plan
  * as printed on rank 0 and read back (ofl_manager_plan_get,
- * ofl_manager_plan_action). It reads what policy.c and plan.c decided and
- * decides nothing. */
+ * ofl_manager_plan_action). It reads what policy.c and the plan (plan_ledger.c)
+ * decided and decides nothing. */
 #include <math.h>
 #include <string.h>
 
