@@ -556,21 +556,22 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
 
 /* Lock held, at an iteration's end (cycles counts it already): whether a
  * learning pool with nothing in use resizes its segments to one of *bytes
- * for the most in use of the iterations after the warmup (the warmup's may
- * be higher: its reloads were not planned yet; a reload pool the steady
- * iterations do not use at all gives everything back, *bytes 0). When its
- * segments came from growth alone (no merge sized them) and it holds less
- * than its most in use (most_of) and three quarters of the
- * margin a merged segment keeps (ofl__arena_merge_bytes): a pool of
- * changing sizes fragments, and with a twelfth free (a pinned pool's room)
- * or the first 2 MiB segment for 1.6 MB (an application's pool under a
- * tight pinned budget, whose peak moves with what stays on the device)
- * grew after learning (so the segment it resizes to keeps a margin of at
- * least OFL__MERGE_SLACK_MIN). A pinned pool, which never merges at idle points
- * and sizes for the steady iterations, also when it holds more than that
- * segment and more than the waste bound (OFL__WASTE_NUM / OFL__WASTE_DEN
- * times that most). Not after the warmup alone; a pool within the bound
- * and the margin (a fixed-shape workload's) makes no call. */
+ * for its most in use (most_of; a pinned pool's: of the iterations after
+ * the warmup, whose peak may be higher). Not after the warmup alone. Due:
+ * - when the iterations after the warmup used none of it (a reload pool
+ *   the plan stopped using): everything goes back, *bytes 0;
+ * - when its segments came from growth alone (no merge sized them) and it
+ *   holds less than its most in use and three quarters of a merged
+ *   segment's margin: a pool of changing sizes fragments, and with a
+ *   twelfth free (a pinned pool's room) or a first 2 MiB segment for
+ *   1.6 MB (an application's pool under a tight pinned budget, whose peak
+ *   moves with what stays on the device) grew after learning; the segment
+ *   it resizes to keeps at least OFL__MERGE_SLACK_MIN free;
+ * - a pinned pool (it never merges at idle points), when it holds more
+ *   than that segment and more than the waste bound (OFL__WASTE_NUM /
+ *   OFL__WASTE_DEN times its most).
+ * A pool within the bound and the margin (a fixed-shape workload's) makes
+ * no call. */
 static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
                        size_t *bytes) {
   if (!learn || p->arena.nsegs == 0 || p->stats.budget_bytes != 0 ||
