@@ -1121,6 +1121,10 @@ class _GroupStartFlags(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+def _same(t):
+    return t
+
+
 def _group_action(core, bname):
     a = ctypes.c_int()
     core._check(_lib.lib.ofl_manager_group_action(core.m, bname, ctypes.byref(a)),
@@ -1179,8 +1183,11 @@ def offload_or_recompute(name, function, *args, preserve_rng_state=True, **kwarg
     versions = [(t, t._version) for t in tensors]
     if action == _lib.ACTION_RECOMPUTE:
         from torch.utils.checkpoint import checkpoint
-        out = checkpoint(_recomputed(function, mgr, sname), *args, use_reentrant=False,
-                         preserve_rng_state=preserve_rng_state, **kwargs)
+        # the checkpoint saves its inputs through the hooks in force: plain
+        # ones (they stay where they are, the kept input), never ofl's
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            out = checkpoint(_recomputed(function, mgr, sname), *args, use_reentrant=False,
+                             preserve_rng_state=preserve_rng_state, **kwargs)
         changed = [t for t, v in versions if t._version != v]
         if changed:
             raise RuntimeError(

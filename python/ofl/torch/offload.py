@@ -121,15 +121,21 @@ class _Session:
         # set at the next begin_forward, that entry was cut (an exception or
         # an interrupt between two of its lines) and its step is abandoned
         self.entering = False
+        self.rc_reasons = {}  # recompute: name -> why it cannot be recomputed
+        self.rc_warned = set()
         self._new_core()
 
     def _new_core(self):
         old = self.core
-        max_inflight, prefetch, groups, target, device_target = self.key
+        max_inflight, prefetch, groups, target, device_target, recompute = self.key[:6]
         self.core = ManagerCore(groups=groups, fraction=1.0, rank_delta_bytes=0, pp_rank=0,
                                 max_inflight=max_inflight, summary=False,
                                 prefetch_groups=prefetch, memory_target=target,
                                 device_memory_target=device_target)
+        self.rc_redo = False
+        if recompute:
+            self.core._check(_lib.lib.ofl_manager_set_plan_recompute(self.core.m, 1),
+                             "ofl_manager_set_plan_recompute")
         self.broken = False  # the structure changed: rest of the forward kept
         self._new_iteration()
         if old is not None:
@@ -138,6 +144,8 @@ class _Session:
     def _new_iteration(self):
         self.chunks = []  # [[group mark, ...] per forward of this iteration]
         self.names = []  # [[group name, ...] per chunk] with named groups
+        self.cur = None  # (module group, name) whose backward began and has not ended
+        self.rc_pending = 0  # recomputed module groups whose rerun has not come
         self.live = []  # weakrefs of this iteration's records (forced end)
         self.bwd = [0, 0]  # manager's backward position: chunk, groups done
         self.backward_seen = False
@@ -155,7 +163,10 @@ class _Session:
                 r = ref()
                 if r is not None and r.cached is None and r.core is core:
                     core.pop_record(r)
-        renew = self.broken or (self.abandoned and core.is_warmup())
+        if self.cur is not None and not self.abandoned:
+            self.end_current()
+        renew = self.broken or (self.abandoned and core.is_warmup()) or (
+            self.rc_redo and core.is_warmup())
         if (self.chunks or self.abandoned) and not renew:
             # an abandoned step may have left the manager a chunk that
             # self.chunks does not list, or a group open: the groups here
@@ -213,14 +224,50 @@ class _Session:
         if e.status != _lib.ERR_MISMATCH:
             raise e
         self.broken = True
-        return self.core.keep(t)
+        return self.core.keep(t) if t is not None else None
 
     def after_backward(self):
         """An unpack ran: the iteration ends when it left nothing to pop,
         outside a forward."""
         self.backward_seen = True
-        if self.core.unpopped == 0 and self.depth == 0 and self.chunks:
+        if (self.core.unpopped == 0 and self.depth == 0 and self.chunks
+                and self.rc_pending == 0):
             self.end_iteration()
+
+    def end_current(self):
+        """Ends the backward of the module group begun last (its records
+        may pop one after another: it ends when another group begins)."""
+        g, name = self.cur
+        self.cur = None
+        if g.index == 0:
+            g.index = -2
+            self.core.backward_end(name)
+
+    def reach(self, g):
+        """The backward markers the manager expects up to group g's, by
+        their names (groups passed over are begun and ended); g is begun.
+        Returns g's name, or None when g was passed over already."""
+        core, chunks, names, pos = self.core, self.chunks, self.names, self.bwd
+        if self.cur is not None and g.index == -1:
+            self.end_current()
+        mine = None
+        while g.index == -1 and pos[0] < len(chunks):
+            groups = chunks[pos[0]]
+            if pos[1] >= len(groups):
+                pos[0] += 1
+                pos[1] = 0
+                continue
+            j = len(groups) - 1 - pos[1]
+            nxt, name = groups[j], names[pos[0]][j]
+            pos[1] += 1
+            core.backward_begin(name)
+            nxt.index = 0
+            if nxt is not g:
+                core.backward_end(name)
+                nxt.index = -2
+            else:
+                mine = name
+        return mine
 
 
 class _Hooks:
@@ -229,12 +276,13 @@ class _Hooks:
     pack_offload (a group of its own: start, push, commit) and
     unpack_ordered (the backward markers in the manager's order, then pop)."""
 
-    __slots__ = ("s", "suspend", "stack")
+    __slots__ = ("s", "suspend", "stack", "mod")
 
     def __init__(self):
         self.s = None
         self.suspend = 0
         self.stack = None  # module paths being run (named groups), else None
+        self.mod = 0  # module groups open (recompute=True): tensors go into them
 
     def pack(self, t):
         s = self.s
@@ -243,6 +291,11 @@ class _Hooks:
             return core.keep(t)
         stack = self.stack
         try:
+            if self.mod:
+                r = core.pack(t)  # into the open module group
+                if type(r) not in _KEPT:
+                    s.live.append(weakref.ref(r))
+                return r
             if stack is None:
                 return core.pack_offload(t, _NAME, s.chunks[-1], s.live)
             name = stack[-1] if stack else _NAME
@@ -285,29 +338,112 @@ def _unpack_named(s, r):
     if o is not None and o._version != r.version:
         raise _core._modified_error(o, r.size, r.version, o._version)
     g = r.group
-    chunks, names, pos = s.chunks, s.names, s.bwd
-    mine = None
-    while g.index == -1 and pos[0] < len(chunks):
-        groups = chunks[pos[0]]
-        if pos[1] >= len(groups):
-            pos[0] += 1
-            pos[1] = 0
-            continue
-        j = len(groups) - 1 - pos[1]
-        nxt, name = groups[j], names[pos[0]][j]
-        pos[1] += 1
-        core.backward_begin(name)
-        nxt.index = 0
-        if nxt is not g:
-            core.backward_end(name)
-            nxt.index = -2
-        else:
-            mine = name
+    if s.cur is not None and s.cur[0] is g:
+        return core.pop_record(r)  # a module group's next record
+    mine = s.reach(g)
     x = core.pop_record(r)
     if g.index == 0 and mine is not None:
-        g.index = -2
-        core.backward_end(mine)
+        if type(g) is _ModGroup:
+            s.cur = (g, mine)  # ends when another group begins
+        else:
+            g.index = -2
+            core.backward_end(mine)
     return x
+
+
+def _same(t):
+    return t
+
+
+class _ModGroup(_core._Group):
+    """A module call as one group (recompute=True): its saved tensors, or
+    none when the plan recomputes it."""
+
+
+def _recompute_call(ctx, path, orig, args, kwargs):
+    """A recompute candidate's call under the auto plan (recompute=True):
+    one group named path, started recomputable; kept or offloaded as the
+    plan says (its saved tensors pushed into it), or run under
+    torch.utils.checkpoint (non-reentrant) when the plan recomputes it, its
+    rerun in backward between the group's markers."""
+    from . import megatron as om
+    hk, s = ctx._hk, ctx._s
+    core = s.core if s is not None else None
+    if (core is None or hk.suspend or hk.mod or s.broken or not core.active
+            or not torch.is_grad_enabled()
+            or (_current_node is not None and _current_node() is not None)):
+        return orig(*args, **kwargs)
+    tensors = om._tensors(args, kwargs)
+    if not any(t.requires_grad for t in tensors):
+        return orig(*args, **kwargs)
+    bn = path.encode()
+    why = s.rc_reasons.get(path)
+    flags = _lib.GROUP_RECOMPUTABLE if why is None else 0
+    try:
+        core._check(_lib.lib.ofl_manager_group_start_flags(
+            core.m, bn, flags, om._kept_bytes(core, tensors) if flags else 0),
+            "ofl_manager_group_start(%s)" % path)
+    except OflError as e:
+        s.keep_or_offload_failed(None, e)  # the structure changed: kept from here on
+        return orig(*args, **kwargs)
+    g = _ModGroup(bn)
+    core.open.append(g)
+    action = om._group_action(core, bn)
+    versions = [(t, t._version) for t in tensors]
+    if action == _lib.ACTION_RECOMPUTE:
+        from torch.utils.checkpoint import checkpoint
+        calls = []
+
+        def rerun(*a, **k):
+            if calls:  # the recompute, in backward
+                s.rc_pending -= 1
+                if s.core is core and s.reach(g) is not None:
+                    s.cur = (g, bn)
+            calls.append(1)
+            return orig(*a, **k)
+        # the checkpoint saves its inputs through the hooks in force: plain
+        # ones here (they stay where they are: the kept input), not ofl's
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            out = checkpoint(rerun, *args, use_reentrant=False, **kwargs)
+        s.rc_pending += 1
+    else:
+        hk.mod += 1
+        try:
+            out = orig(*args, **kwargs)
+        finally:
+            hk.mod -= 1
+    core.commit(bn)
+    s.chunks[-1].append(g)
+    s.names[-1].append(bn)
+    changed = [t for t, v in versions if t._version != v]
+    if changed and path not in s.rc_reasons:
+        s.rc_reasons[path] = ("it changes an input in place (a %s tensor), so a rerun would "
+                              "read the changed value" % list(changed[0].shape))
+        if flags:
+            s.rc_redo = True
+        if path not in s.rc_warned:
+            s.rc_warned.add(path)
+            warnings.warn("ofl: %s cannot be recomputed: %s; the plan keeps or offloads it"
+                          % (path, s.rc_reasons[path]), stacklevel=3)
+    return out
+
+
+def recompute_candidates(model, names, head):
+    """{module: group name} of the modules offload_activations(recompute=
+    True) runs as one group each: those of names with no other named module
+    inside, the head excepted. The name is the path with the layer's index
+    as "*" (``layers.*.mlp``): one name per module of a layer, as Megatron's
+    names are, so the plan's search over the recomputable names stays exact
+    (it is for up to 8 of them)."""
+    import re
+    inner = {}
+    for m, path in names.items():
+        if m is head:
+            continue
+        if any(c in names for c in m.modules() if c is not m):
+            continue
+        inner[m] = re.sub(r"(^|\.)\d+(?=\.)", r"\1*", path)
+    return inner
 
 
 def module_names(model):
@@ -397,7 +533,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
 
     def __init__(self, use_pin_memory=True, use_streams=None, max_fwd_stash_size=5,
                  min_offload_size=1024, *, model=None, warn_if_no_head=True,
-                 offload_modules=None, memory_target=None, device_memory_target=None):
+                 offload_modules=None, memory_target=None, device_memory_target=None,
+                 recompute=False):
         if isinstance(use_pin_memory, torch.nn.Module):
             raise TypeError("OffloadActivations: the model is a keyword argument "
                             "(OffloadActivations(model=model) or offload_activations(model)); "
@@ -409,6 +546,13 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
         if use_streams is not None:
             _check_flag("use_streams", use_streams)
         _check_flag("warn_if_no_head", warn_if_no_head)
+        _check_flag("recompute", recompute)
+        if recompute and (offload_modules != "auto" or model is None):
+            raise ValueError("OffloadActivations: recompute=True needs offload_modules=\"auto\" "
+                             "and model= (the plan chooses keep, offload or recompute per module "
+                             "of the model)")
+        self._recompute = bool(recompute)
+        self._model_ref = weakref.ref(model) if model is not None else None
         max_fwd_stash_size = _check_int("max_fwd_stash_size", max_fwd_stash_size)
         min_offload_size = _check_int("min_offload_size", min_offload_size)
         if max_fwd_stash_size < 1:
@@ -473,6 +617,9 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
         # the auto plan's group names: the module paths (see the module doc)
         self._named = (module_names(model) if model is not None and offload_modules == "auto"
                        else None)
+        # recompute=True: the innermost named modules run as one group each
+        self._rc_modules = (recompute_candidates(model, self._named, self._head)
+                            if self._recompute else {})
 
     # -- the manager
     def _session(self):
@@ -482,7 +629,11 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
             # reloads issued ahead in backward (one-tensor groups: a reload
             # one group ahead has one op's backward to land in, and stalled)
             key = (self.max_fwd_stash_size if self.use_streams else 0, self.max_fwd_stash_size,
-                   self._groups, self._memory_target, self._device_memory_target)
+                   self._groups, self._memory_target, self._device_memory_target,
+                   self._recompute,
+                   # recompute: what the warmups found about a model's modules
+                   # stays with that model's manager
+                   self._model_ref if self._recompute else None)
             s = self._s = self._hk.s = _acquire(self, key)
         return s
 
@@ -524,6 +675,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
             if self._named is not None:
                 self._hk.stack = []
                 self._handles += self._name_hooks()
+            for m, path in self._rc_modules.items():
+                m.forward = self._rc_forward(m, path)
             s.entering = False
             # the hooks are pushed last, on the line that returns: no line
             # of this method runs after the push (an interrupt there would
@@ -551,6 +704,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
         for h in self._handles:
             h.remove()
         self._handles = []
+        for m in self._rc_modules:
+            m.__dict__.pop("forward", None)
         self._hk.suspend = 0
         if self._hk.stack is not None:
             del self._hk.stack[:]
@@ -604,6 +759,17 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
             hs.append(m.register_forward_hook(post, always_call=True))
         return hs
 
+    def _rc_forward(self, module, path):
+        orig = type(module).forward.__get__(module)
+        ref = weakref.ref(self)
+
+        def forward(*args, **kwargs):
+            ctx = ref()
+            if ctx is None:
+                return orig(*args, **kwargs)
+            return _recompute_call(ctx, path, orig, args, kwargs)
+        return forward
+
     def _head_pre(self, module, args):
         self._hk.suspend += 1
 
@@ -649,12 +815,16 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
         plan = st.get("plan")
         if plan is not None:
             acts = _lib.plan_actions(self._core.m, len(plan.get("names", ())))
-            for a in acts.values():
-                a["why_not_recomputable"] = (
-                    "offload_activations does not recompute (ofl.torch.megatron."
-                    "offload_or_recompute does)")
+            reasons = self._session().rc_reasons
+            for name, a in acts.items():
+                a["why_not_recomputable"] = None if a["recomputable"] else (
+                    reasons.get(name) or (
+                        "recompute is off (offload_activations(..., recompute=True))"
+                        if not self._recompute else
+                        "not a module run as one group (recompute=True runs the innermost "
+                        "modules of the model's layers so)"))
             plan["actions"] = acts
-            plan["recompute"] = False
+            plan["recompute"] = self._recompute
         return st
 
     def pool_stats(self):
@@ -666,7 +836,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks, contextlib.Co
 
 def offload_activations(model=None, use_pin_memory=True, use_streams=True, min_offload_size=1024,
                         max_fwd_stash_size=5, warn_if_no_head=True, offload_modules=None,
-                        memory_target=None, device_memory_target=None):
+                        memory_target=None, device_memory_target=None, recompute=False):
     """A context manager (and decorator) that offloads every saved activation
     of at least min_offload_size bytes through ofl. See the module doc for
     how it maps onto the manager. ``offload_modules="auto"``: the first
@@ -677,10 +847,14 @@ def offload_activations(model=None, use_pin_memory=True, use_streams=True, min_o
     ``device_memory_target`` (with "auto"): the device memory the step may
     use at its peak, weights, gradients and optimizer state included; the
     warmup measures what is not activations and the plan aims the
-    activations at the rest (the tighter of the two targets wins)."""
+    activations at the rest (the tighter of the two targets wins).
+    ``recompute=True`` (with "auto" and a model): the innermost named
+    modules (``layers.0.mlp``, ...) run as one group each, which the plan may
+    also recompute (torch.utils.checkpoint, non-reentrant) where that costs
+    less step time or where offloading cannot meet the target."""
     return OffloadActivations(use_pin_memory=use_pin_memory, use_streams=use_streams,
                               max_fwd_stash_size=max_fwd_stash_size,
                               min_offload_size=min_offload_size, model=model,
                               warn_if_no_head=warn_if_no_head and model is not None,
                               offload_modules=offload_modules, memory_target=memory_target,
-                              device_memory_target=device_memory_target)
+                              device_memory_target=device_memory_target, recompute=recompute)
