@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """docs/configuration.md is generated from the library's own table: the page
 below its marker line must equal what `ofl-info --markdown` prints, so a
-variable added, removed or redocumented in runtime/config.c fails here until
-the page is regenerated. The output must not depend on the shell's OFL_*
+variable added, removed or redocumented in runtime/config_table.c fails here
+until the page is regenerated. The output must not depend on the shell's OFL_*
 settings either.
 
 Usage: check_config_doc.py OFL_INFO PAGE
