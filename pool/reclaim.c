@@ -570,13 +570,18 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
  * - a pinned pool (it never merges at idle points), when it holds more
  *   than that segment and more than the waste bound (OFL__WASTE_NUM /
  *   OFL__WASTE_DEN times its most).
+ * Under a budget (the manager's pinned pool, whose segments count against
+ * it) only the first and the last, within the budget: a pinned pool that
+ * the plan leaves unused (the last stage keeps its one microbatch on the
+ * device) held 4 MiB for a steady peak of 0.
  * A pool within the bound and the margin (a fixed-shape workload's) makes
  * no call. */
 static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
                        size_t *bytes) {
-  if (!learn || p->arena.nsegs == 0 || p->stats.budget_bytes != 0 ||
-      p->cycles < 2 || p->stats.blocks_in_use != 0 || p->merging)
+  if (!learn || p->arena.nsegs == 0 || p->cycles < 2 ||
+      p->stats.blocks_in_use != 0 || p->merging)
     return false;
+  size_t budget = p->stats.budget_bytes; /* 0: none */
   size_t held = p->arena.held_bytes;
   *bytes = 0;
   *most_out = 0;
@@ -599,8 +604,10 @@ static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
   /* Past the waste bound, and more than the resized segment. */
   size_t bound = most / OFL__WASTE_DEN * OFL__WASTE_NUM;
   if (p->kind == OFL_POOL_PINNED && held > want + OFL__ARENA_MERGE_ROUND &&
-      held > bound)
+      held > bound && (budget == 0 || want <= budget))
     return true;
+  if (budget != 0)
+    return false; /* it grows only for a request, within the budget */
   /* Short of margin: only a pool whose segments came from growth alone
    * (never sized by a merge or a resize; a merged one resizes for higher
    * peaks by its own rules). */
