@@ -382,7 +382,9 @@ def torch_strategies(link_gbps, steps, targets_n=4):
     keep = run(plain, counted=True)
     rconly = run(ckpt, counted=True)
     roomy = auto(1 << 40, False)
-    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a["grads"], b["grads"]))  # noqa
+
+    def same(a, b):
+        return all(torch.equal(x, y) for x, y in zip(a["grads"], b["grads"]))
     hi = roomy["peak"]
     targets = [hi * (1 - 0.6 * k / targets_n) for k in range(targets_n + 1)]
     print("ofl_bench_auto_plan --torch: CPU, host backend, link %g GB/s per direction "
@@ -398,7 +400,8 @@ def torch_strategies(link_gbps, steps, targets_n=4):
         "mix_peak", "met", "mix_plan", "identical"))
     for t in targets:
         off, mix = auto(t, False), auto(t, True)
-        fmt = lambda r: ",".join("%s=%s" % (n[:4], a) for n, a in sorted(r["actions"].items()))  # noqa
+        def fmt(r):
+            return ",".join("%s=%s" % (n[:4], a) for n, a in sorted(r["actions"].items()))
         print("%9.3f | %8.1f %9.1f | %8.1f %9.3f %4s %-12s | %8.1f %9.3f %4s %-12s %9s" % (
             t / MIB, keep["ms"], rconly["ms"], off["ms"], off["peak"] / MIB,
             "yes" if off["peak"] <= t else "no", fmt(off), mix["ms"], mix["peak"] / MIB,
