@@ -351,6 +351,8 @@ typedef struct HooksObject {
   long long ordinal; /* cuda: the GPU ofl opened; its tensors only */
   Py_ssize_t live_blocks; /* reloaded tensors torch still uses */
   Py_ssize_t unpopped;    /* records pushed, not popped, alive */
+  int in_call;            /* hook calls on this manager in progress (nested) */
+  char destroy_pending;   /* the last Block went during one: destroy at its end */
   char active;            /* offload enabled and not forward-only */
   char closing;           /* close() waits for live_blocks to drop to 0 */
   char copy_in;           /* host backend: copy into the device pool */
@@ -400,6 +402,19 @@ typedef struct {
   Py_ssize_t nbytes;
 } BlockObject;
 
+/* close() left the manager to the last Block: core._destroy_now(), with
+ * the caller's exception (if any) kept. */
+static void destroy_now_quiet(HooksObject *core) {
+  PyObject *et, *ev, *tb;
+  PyErr_Fetch(&et, &ev, &tb);
+  PyObject *r = call0((PyObject *)core, s_destroy_now);
+  if (r == NULL)
+    PyErr_WriteUnraisable((PyObject *)core);
+  else
+    Py_DECREF(r);
+  PyErr_Restore(et, ev, tb);
+}
+
 static void block_dealloc(PyObject *op) {
   BlockObject *b = (BlockObject *)op;
   HooksObject *core = b->core;
@@ -407,18 +422,32 @@ static void block_dealloc(PyObject *op) {
   if (core != NULL) {
     core->live_blocks--;
     if (core->closing && core->live_blocks == 0) {
-      PyObject *et, *ev, *tb;
-      PyErr_Fetch(&et, &ev, &tb);
-      PyObject *r = call0((PyObject *)core, s_destroy_now);
-      if (r == NULL)
-        PyErr_WriteUnraisable((PyObject *)core);
+      /* Freed by Python that ran inside a hook call on this manager (the
+       * allocator's torch.empty, a GC there): destroying the manager and
+       * its pool under that call would free what it is using; the call
+       * destroys it at its end (call_leave). */
+      if (core->in_call > 0)
+        core->destroy_pending = 1;
       else
-        Py_DECREF(r);
-      PyErr_Restore(et, ev, tb);
+        destroy_now_quiet(core);
     }
     Py_DECREF(core);
   }
   Py_TYPE(op)->tp_free(op);
+}
+
+/* Brackets a hook call that reaches libofl on self's manager. Python may
+ * run inside those calls (the allocator, a GC it starts, a weakref
+ * callback), and a Block freed there must not destroy the manager under
+ * the call: the destroy waits for the outermost call to end. */
+static void call_enter(HooksObject *self) { self->in_call++; }
+
+static PyObject *call_leave(HooksObject *self, PyObject *res) {
+  if (--self->in_call == 0 && self->destroy_pending) {
+    self->destroy_pending = 0;
+    if (self->closing && self->live_blocks == 0) destroy_now_quiet(self);
+  }
+  return res;
 }
 
 static int block_getbuffer(PyObject *op, Py_buffer *view, int flags) {
@@ -1413,7 +1442,15 @@ static PyObject *hooks_unpack_ordered(PyObject *op, PyObject *const *args,
   if (Py_TYPE(r) != &SavedType) return hooks_unpack(op, r);
   SavedObject *rec = (SavedObject *)r;
   if (rec->cached != NULL) return keep(rec->cached);
-  if (rec->core != NULL && rec->core != op) return hooks_unpack(rec->core, r);
+  if (rec->core != NULL && rec->core != op) {
+    /* Another manager's record (a session renewed its manager): the
+     * record's reference to it goes at the pop, so hold one meanwhile. */
+    PyObject *c = keep(rec->core);
+    call_enter((HooksObject *)c);
+    PyObject *x = call_leave((HooksObject *)c, hooks_unpack(c, r));
+    Py_DECREF(c);
+    return x;
+  }
   if (rec->group == NULL || Py_TYPE(rec->group) != &MarkType) return hooks_unpack(op, r);
   drain_handback();
   if (check_saved_version(self, rec)) return NULL;
@@ -1533,21 +1570,53 @@ static PyMemberDef hooks_members[] = {
      "reloaded tensors torch still uses"},
     {"unpopped", T_PYSSIZET, offsetof(HooksObject, unpopped), 0,
      "records pushed, not popped, alive"},
+    {"in_call", T_INT, offsetof(HooksObject, in_call), 0,
+     "hook calls on the manager in progress (a destroy waits for them)"},
+    {"destroy_pending", T_BOOL, offsetof(HooksObject, destroy_pending), 0,
+     "the last Block went during a call: destroy at its end"},
     {NULL, 0, 0, 0, NULL},
 };
 
+/* The methods, each one bracketed as a call in progress (call_enter). */
+static PyObject *method_pack(PyObject *op, PyObject *t) {
+  call_enter((HooksObject *)op);
+  return call_leave((HooksObject *)op, hooks_pack(op, t));
+}
+
+static PyObject *method_unpack(PyObject *op, PyObject *r) {
+  call_enter((HooksObject *)op);
+  return call_leave((HooksObject *)op, hooks_unpack(op, r));
+}
+
+static PyObject *method_pop_record(PyObject *op, PyObject *r) {
+  call_enter((HooksObject *)op);
+  return call_leave((HooksObject *)op, hooks_pop_record(op, r));
+}
+
+static PyObject *method_pack_offload(PyObject *op, PyObject *const *args,
+                                     Py_ssize_t nargs) {
+  call_enter((HooksObject *)op);
+  return call_leave((HooksObject *)op, hooks_pack_offload(op, args, nargs));
+}
+
+static PyObject *method_unpack_ordered(PyObject *op, PyObject *const *args,
+                                       Py_ssize_t nargs) {
+  call_enter((HooksObject *)op);
+  return call_leave((HooksObject *)op, hooks_unpack_ordered(op, args, nargs));
+}
+
 static PyMethodDef hooks_methods[] = {
-    {"pack", hooks_pack, METH_O,
+    {"pack", method_pack, METH_O,
      "The saved-tensor pack hook: t itself, or a Saved record pushed to the manager."},
-    {"unpack", hooks_unpack, METH_O,
+    {"unpack", method_unpack, METH_O,
      "The saved-tensor unpack hook: the tensor of a record (popped from the manager)."},
-    {"pack_offload", (PyCFunction)(void (*)(void))hooks_pack_offload, METH_FASTCALL,
+    {"pack_offload", (PyCFunction)(void (*)(void))method_pack_offload, METH_FASTCALL,
      "pack_offload(t, name): t in a group of its own (start, push, commit); a Kept "
      "record when the manager would not take it."},
-    {"unpack_ordered", (PyCFunction)(void (*)(void))hooks_unpack_ordered, METH_FASTCALL,
+    {"unpack_ordered", (PyCFunction)(void (*)(void))method_unpack_ordered, METH_FASTCALL,
      "unpack_ordered(r, chunks, pos, name): the backward markers up to r's group in the "
      "manager's order, then the tensor of r (offload_activations)."},
-    {"pop_record", hooks_pop_record, METH_O,
+    {"pop_record", method_pop_record, METH_O,
      "The tensor of a Saved record, popped on first use (no version check)."},
     {"keep", hooks_keep, METH_O, "A Kept record of t (stays where it is)."},
     {NULL, NULL, 0, NULL},

@@ -288,6 +288,94 @@ class Lifetime(unittest.TestCase):
         del out
         self.assertIsNone(core.m)  # destroyed by the last block
 
+    def _run_child(self, prog):
+        """prog in a fresh interpreter with Python objects on glibc malloc
+        and freed memory poisoned (PYTHONMALLOC=malloc, MALLOC_PERTURB_): a
+        use after free of an object there reads poison and crashes. Returns
+        (exit status, output)."""
+        import subprocess
+        env = dict(os.environ, PYTHONMALLOC="malloc", MALLOC_PERTURB_="169",
+                   PYTHONFAULTHANDLER="1")
+        p = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True,
+                           text=True, timeout=240)
+        return p.returncode, p.stdout + p.stderr
+
+    def test_unpack_through_a_newer_manager_keeps_the_records_own(self):
+        """A record of a manager that only the record still references
+        (offload_activations renews a session's manager; the old one's
+        records can still be unpacked), unpacked through the new manager's
+        unpack_ordered: the pop drops the record's reference to its manager,
+        which was then freed under the call."""
+        prog = (
+            "import gc, torch\n"
+            "from ofl.torch import _core\n"
+            "torch.set_num_threads(1)\n"
+            "def mk():\n"
+            "    return _core.ManagerCoreC(groups=b'', fraction=1.0, rank_delta_bytes=0,\n"
+            "        pp_rank=0, max_inflight=5, summary=False, prefetch_groups=5)\n"
+            "A, B = mk(), mk()\n"
+            "A.chunk_begin(1, 0); A.min_bytes = 0\n"
+            "t = torch.randn(64, 64); want = t.clone()\n"
+            "marks, live = [], []\n"
+            "r = A.pack_offload(t, b'activations', marks, live)\n"
+            "del t, A\n"
+            "gc.collect()\n"
+            "x = B.unpack_ordered(r, [marks], [0, 0], b'activations')\n"
+            "junk = [[object() for _ in range(1000)] for _ in range(20)]\n"
+            "assert torch.equal(x, want)\n"
+            "del x, r, junk\n"
+            "gc.collect()\n"
+            "print('survived')\n")
+        rc, out = self._run_child(prog)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("survived", out)
+
+    def test_last_block_freed_inside_a_pop_of_a_closing_manager(self):
+        """close() with a reloaded tensor alive leaves the destroy to its
+        last block. When that block is freed by Python run inside a pop on
+        the same manager (the allocator's torch.empty starts a GC that
+        collects it), the manager and its pool must outlive the pop: the
+        destroy waits for the call's end. It used to free the pool under
+        the allocation (a hang on its freed mutex, or a crash)."""
+        prog = (
+            "import gc, torch\n"
+            "from ofl.torch import _core\n"
+            "torch.set_num_threads(1)\n"
+            "flag = [False]\n"
+            "orig = _core.Runtime._alloc\n"
+            "def alloc(self, n, s):\n"
+            "    if flag[0]:\n"
+            "        gc.collect()  # as any allocation there may\n"
+            "    return orig(self, n, s)\n"
+            "_core.Runtime._alloc = alloc\n"
+            "A = _core.ManagerCoreC(groups=b'', fraction=1.0, rank_delta_bytes=0, pp_rank=0,\n"
+            "    max_inflight=5, summary=False, prefetch_groups=5)\n"
+            "A.chunk_begin(1, 0); A.min_bytes = 0\n"
+            "t1, t2 = torch.randn(256, 64), torch.randn(128, 64)\n"
+            "w1, w2 = t1.clone(), t2.clone()\n"
+            "marks, live = [], []\n"
+            "r1 = A.pack_offload(t1, b'activations', marks, live)\n"
+            "r2 = A.pack_offload(t2, b'activations', marks, live)\n"
+            "del t1, t2\n"
+            "A.synchronize()\n"
+            "x1 = A.pop_record(r1)\n"
+            "assert torch.equal(x1, w1) and A.live_blocks == 1\n"
+            "cyc = [x1]; cyc.append(cyc); del x1, cyc, r1\n"
+            "A.close()\n"
+            "assert A.closing and A.m is not None\n"
+            "flag[0] = True\n"
+            "x2 = A.pop_record(r2)\n"
+            "flag[0] = False\n"
+            "assert torch.equal(x2, w2), 'wrong bytes'\n"
+            "assert A.m is not None  # x2's block keeps it\n"
+            "del x2, r2\n"
+            "gc.collect()\n"
+            "assert A.m is None, 'not destroyed after its last block'\n"
+            "print('survived')\n")
+        rc, out = self._run_child(prog)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("survived", out)
+
     def test_no_growth_2000_rounds(self):
         core = new_core(_core.ManagerCoreC)
         items = cases()

@@ -431,8 +431,13 @@ class _PyHooks:
         if base is None:
             self._shape[0] = snb
             if self.copy_in:
-                self._check(L.ofl_pool_alloc(self.dev_pool, self._shape, 1, _lib.DTYPE_U8, None,
-                                             _byref(slot)), "ofl_pool_alloc")
+                self.in_call += 1  # the allocator runs Python
+                try:
+                    st_ = L.ofl_pool_alloc(self.dev_pool, self._shape, 1, _lib.DTYPE_U8, None,
+                                           _byref(slot))
+                finally:
+                    self._leave()
+                self._check(st_, "ofl_pool_alloc")
                 ctypes.memmove(L.ofl_tensor_data(slot.value), sptr, snb)
             else:
                 self._check(L.ofl_tensor_wrap(sptr, self._shape, 1, _lib.DTYPE_U8, _lib.LOC_DEVICE,
@@ -713,6 +718,11 @@ class _CoreMethods:
         self.unpopped = 0  # records pushed, not popped, alive
         self.epoch = 0  # iterations ended (the ctypes records count in theirs)
         self.closing = False
+        # libofl calls on the manager in progress: Python can run inside one
+        # (the allocator's torch.empty, a GC it starts) and free the last
+        # block of a closing manager; the destroy waits for the call's end
+        self.in_call = 0
+        self.destroy_pending = False
         # reused out-parameters
         self._h = ctypes.c_void_p()
         self._href = _byref(self._h)
@@ -750,9 +760,14 @@ class _CoreMethods:
             self._destroy_now()
 
     def _destroy_now(self):
-        if self.m is None:
+        m = self.m
+        if m is None:
             return
-        L.ofl_manager_destroy(self.m)
+        if self.in_call:  # inside a call on this manager: at its end (_leave)
+            self.destroy_pending = True
+            return
+        self.m = None  # before the calls: code they let run sees it destroyed
+        L.ofl_manager_destroy(m)
         if self.torch_pool is not None:  # after the manager: its reload pool
             L.ofl_pool_destroy(self.torch_pool)
             self.torch_pool = None
@@ -764,7 +779,15 @@ class _CoreMethods:
         if ev is not None:
             L.ofl_event_destroy(ev)
             self._boundary_ev = None
-        self.m = None
+
+    def _leave(self):
+        """The end of a libofl call bracketed by in_call += 1: a destroy
+        that waited for it runs now."""
+        self.in_call -= 1
+        if not self.in_call and self.destroy_pending:
+            self.destroy_pending = False
+            if self.closing and self.live_blocks == 0:
+                self._destroy_now()
 
     def _sync_compute(self):
         if self.is_cuda:
@@ -956,15 +979,23 @@ class _CoreMethods:
     # -- backward
     def backward_begin(self, name):
         self._sync_compute()
-        self._check(L.ofl_manager_group_backward_begin(self.m, name),
-                    "ofl_manager_group_backward_begin(%s)" % name.decode())
+        self.in_call += 1  # may reload: the allocator runs Python
+        try:
+            st = L.ofl_manager_group_backward_begin(self.m, name)
+        finally:
+            self._leave()
+        self._check(st, "ofl_manager_group_backward_begin(%s)" % name.decode())
         if self.pending:
             self.release_pending()
 
     def backward_end(self, name):
         self._sync_compute()
-        self._check(L.ofl_manager_group_backward_end(self.m, name),
-                    "ofl_manager_group_backward_end(%s)" % name.decode())
+        self.in_call += 1
+        try:
+            st = L.ofl_manager_group_backward_end(self.m, name)
+        finally:
+            self._leave()
+        self._check(st, "ofl_manager_group_backward_end(%s)" % name.decode())
 
     def _wrap_reloaded(self, blk, r):
         """The torch tensor of saved record r over the popped handle that
@@ -1003,7 +1034,11 @@ class _CoreMethods:
         self._sync_compute()
         if was_warmup and self.device_target:
             self._note_device_peak()
-        st = L.ofl_manager_reset(self.m)
+        self.in_call += 1
+        try:
+            st = L.ofl_manager_reset(self.m)
+        finally:
+            self._leave()
         if st == 0 or st == _lib.ERR_MISMATCH or (st == _lib.ERR_CONFIG and was_warmup
                                                   and not L.ofl_manager_is_warmup(self.m)):
             for g in self.open:
