@@ -117,6 +117,9 @@ Test(interrupt_safe, group_push_bytes_refuses_misuse_and_leaves_no_group_open) {
   H_OK(ofl_manager_commit_open_groups(e.m, &n));
   cr_assert(eq(sz, n, 1), "only the outer group was left open");
   H_OK(ofl_manager_reset(e.m));
+  /* copy 0 wrapped src's bytes: they must outlive the D2H copy, which the
+   * reset does not wait for (include/ofl/manager.h) */
+  H_OK(ofl_manager_synchronize(e.m, OFL_TIMEOUT_DEFAULT));
   H_OK(ofl_tensor_destroy(src));
   h_close(&e);
 }
