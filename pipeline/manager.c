@@ -234,6 +234,8 @@ void ofl_manager_destroy(ofl_manager_t *m) {
     ofl_stream_synchronize(m->d2h, OFL_TIMEOUT_DEFAULT);
   if (m->h2d)
     ofl_stream_synchronize(m->h2d, OFL_TIMEOUT_DEFAULT);
+  /* The probes name groups: harvested while the groups exist. */
+  ofl__stall_harvest(m, true);
   for (uint32_t i = 0; i < m->nfwd; i++)
     for (uint32_t j = 0; j < m->fwd[i]->ngroups; j++)
       ofl__group_end_iteration(m, m->fwd[i]->groups[j]);
@@ -246,7 +248,6 @@ void ofl_manager_destroy(ofl_manager_t *m) {
     ofl_stream_destroy(m->d2h);
   if (m->h2d)
     ofl_stream_destroy(m->h2d);
-  ofl__stall_harvest(m, true);
   ofl__stall_free(m);
   ofl__plan_free(m);
   ofl_event_destroy(m->ev_compute);
