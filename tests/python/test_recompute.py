@@ -177,7 +177,10 @@ class Recompute(unittest.TestCase):
         self.assertGreater(plan["peak_all_bytes"], TARGET)  # offload alone misses it
         self.assertEqual(plan["met"], 1)
         self.assertLessEqual(plan["predicted_peak_bytes"], TARGET)
-        self.assertLessEqual(plan["measured_peak_max_bytes"], TARGET)
+        # the contract: within the target once the feedback settled (a first
+        # steady iteration over it makes the plan solve again)
+        self.assertGreater(plan["settled_iterations"], 0)
+        self.assertLessEqual(plan["measured_peak_settled_bytes"], TARGET)
 
     def test_recompute_modules_lists_names(self):
         mgr = self.run_pair(offload_modules="auto", memory_target=TARGET,
@@ -314,7 +317,8 @@ class OffloadActivationsRecompute(unittest.TestCase):
             self.assertTrue(acts[n]["recomputable"], acts[n])
         self.assertTrue(any(a["action"] == "recompute" for a in acts.values()), acts)
         self.assertEqual(plan["met"], 1)
-        self.assertLessEqual(plan["measured_peak_max_bytes"], TARGET)
+        self.assertGreater(plan["settled_iterations"], 0)
+        self.assertLessEqual(plan["measured_peak_settled_bytes"], TARGET)
         self.assertGreater(plan["peak_all_bytes"], TARGET)  # offload alone misses it
         self.assertEqual(st["unpopped_tensors"], 0)
         ctx.close()
