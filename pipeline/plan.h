@@ -72,6 +72,8 @@ struct ofl__plan {
   ofl_plan_action_t *acts; /* by name, beside names */
   uint64_t *stall0;        /* by name: its stall_ns at the warmup's end */
   double recompute_ms;     /* predicted recompute time of the plan */
+  bool lowest;             /* the last solve met no target: the three-way
+                              plan with the lowest predicted peak runs */
   uint8_t *action;         /* by pidx: OFL__PLAN_* of the plan */
   ofl_manager_plan_t out;
   uint8_t base_lead;

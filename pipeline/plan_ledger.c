@@ -305,6 +305,7 @@ static ofl_status_t plan_solve(ofl_manager_t *m, uint64_t aim,
                                     m->plan_recompute, p->action, r));
   for (uint32_t i = 0; i < p->nms; i++)
     p->chosen[i] = p->action[i] == OFL__PLAN_OFFLOAD;
+  p->lowest = r->lowest;
   return OFL_SUCCESS;
 }
 
@@ -385,7 +386,18 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   p->out.peak_none_bytes = r.peak_none;
   p->out.shortfall_bytes =
       r.met || m->mem_target == 0 ? 0 : r.predicted_peak - m->mem_target;
-  if (m->mem_target > 0 && !r.met)
+  if (m->mem_target > 0 && !r.met && r.lowest)
+    OFL_WARN(OFL_SUBSYS_PIPELINE,
+             "rank %d: memory target %.2f MiB cannot be met: no plan that "
+             "keeps, offloads or recomputes leaves the predicted activation "
+             "peak within it; target not met, lowest peak chosen: %.2f MiB, "
+             "%.2f MiB over the target (offloading every group that may go "
+             "leaves %.2f). Raise OFL_MEMORY_TARGET "
+             "(params.memory_target_bytes), offload more (smaller "
+             "OFL_MIN_OFFLOAD_BYTES) or make more groups recomputable",
+             m->rank, ofl__mib(m->mem_target), ofl__mib(r.predicted_peak),
+             ofl__mib(p->out.shortfall_bytes), ofl__mib(r.peak_all));
+  else if (m->mem_target > 0 && !r.met)
     OFL_WARN(OFL_SUBSYS_PIPELINE,
              "rank %d: memory target %.2f MiB cannot be met: offloading every "
              "group that may go leaves a predicted activation peak of %.2f "
@@ -396,12 +408,14 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
              ofl__mib(p->out.shortfall_bytes));
   OFL_INFO(OFL_SUBSYS_PIPELINE,
            "rank %d: auto plan: %s search, predicted peak %.2f MiB (target "
-           "%.2f, all offloaded %.2f, none %.2f), predicted exposed %.3f ms "
+           "%.2f%s, all offloaded %.2f, none %.2f), predicted exposed %.3f ms "
            "(reload waits %.3f), "
            "links d2h %.2f h2d %.2f GB/s (%s), release latency %.3f ms, "
            "the warmup's reload waits (%.3f ms) out of its timeline",
            m->rank, r.exact ? "exact" : "greedy", ofl__mib(r.predicted_peak),
-           ofl__mib(m->mem_target), ofl__mib(r.peak_all), ofl__mib(r.peak_none),
+           ofl__mib(m->mem_target),
+           r.lowest ? ": target not met, lowest peak chosen" : "",
+           ofl__mib(r.peak_all), ofl__mib(r.peak_none),
            exposed / 1e6, p->out.predicted_stall_ms, p->out.d2h_gbps,
            p->out.h2d_gbps, p->out.rate_source, p->out.release_ms,
            p->out.warmup_stall_ms);
@@ -693,11 +707,13 @@ static bool replan(ofl_manager_t *m) {
   adopt(m, aim, r.predicted_peak);
   OFL_INFO(OFL_SUBSYS_PIPELINE,
            "rank %d: auto plan %llu: measured peak %.2f MiB over the target "
-           "%.2f MiB; solved again for %.2f MiB: predicted %.2f MiB, exposed "
-           "%.3f ms",
+           "%.2f MiB; solved again for %.2f MiB: predicted %.2f MiB%s, "
+           "exposed %.3f ms",
            m->rank, (unsigned long long)o->replans,
            ofl__mib(o->measured_peak_bytes), ofl__mib(o->target_bytes),
-           ofl__mib(aim), ofl__mib(r.predicted_peak), o->predicted_exposed_ms);
+           ofl__mib(aim), ofl__mib(r.predicted_peak),
+           r.lowest ? " (no plan meets it: lowest peak chosen)" : "",
+           o->predicted_exposed_ms);
   return true;
 }
 

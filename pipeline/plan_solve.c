@@ -914,6 +914,120 @@ static ofl_status_t search_recompute(plan_search_t *p, const plan_subset_t *sub,
   return OFL_SUCCESS;
 }
 
+/* ---- a target no choice meets: the lowest peak ------------------------- */
+
+/* a beats b for the lowest peak: the lower peak, then the least cost
+ * beyond the 1 ns tie, then fewer bytes off the device. */
+static bool beats_low(plan_score_t a, plan_score_t b) {
+  if (a.peak != b.peak)
+    return a.peak < b.peak;
+  if (a.exposed < b.exposed - PLAN_TIE_NS)
+    return true;
+  if (a.exposed > b.exposed + PLAN_TIE_NS)
+    return false;
+  return a.moved < b.moved;
+}
+
+/* The choice (with p's recomputed names) against the lowest found. */
+static void low_try(plan_search_t *p, plan_best_t *best, const bool *whole,
+                    unsigned mask, int split, size_t j, uint64_t moved) {
+  set_choice(p, whole, split, j);
+  uint64_t peak = evaluate(p, false);
+  if (best->found && peak > best->score.peak)
+    return;
+  plan_score_t sc = {p->rcost + cand_exposed(p), moved + p->rmoved, peak};
+  if (!best->found || beats_low(sc, best->score))
+    *best = (plan_best_t){sc, mask, split, j, true, p->rmask};
+}
+
+/* A subset of the recomputable names and the lowest peak any offload
+ * choice can give it (copies that take no time, every other name
+ * offloaded). */
+typedef struct {
+  uint64_t lb;
+  double cost;
+  unsigned mask;
+} plan_rlow_t;
+
+static int rlow_cmp(const void *pa, const void *pb) {
+  const plan_rlow_t *a = pa, *b = pb;
+  if (a->lb != b->lb)
+    return a->lb < b->lb ? -1 : 1;
+  if (a->cost != b->cost)
+    return a->cost < b->cost ? -1 : 1;
+  return a->mask < b->mask ? -1 : (a->mask > b->mask);
+}
+
+/* No choice meets the target, recompute on: the lowest predicted peak over
+ * the three-way space (every subset of the recomputable names rname, each
+ * with every subset of the other names whole and at most one split), ties
+ * to the least cost, then to fewer bytes (beats_low). The bound: the peak
+ * with copies that take no time (evaluate(p, true)) is never above the
+ * real one and never grows when a group is added, so a recompute subset
+ * whose bound with everything else offloaded is above the lowest found is
+ * skipped with all its choices, an offload subset S likewise (not its
+ * splits), and the splits of a name m with S where the bound of S with m
+ * whole is above it. Subsets of recomputable names go in the order of their bound; the
+ * offload subsets from every name down, so that low peaks come first. */
+static ofl_status_t search_lowest(plan_search_t *p, const int *rname, int nr,
+                                  plan_best_t *best) {
+  const plan_names_t *s = p->names;
+  int k_n = s->nactive;
+  size_t nsub = (size_t)1 << k_n, nrs = (size_t)1 << nr;
+  uint64_t *lb = malloc(nsub * sizeof *lb);
+  plan_rlow_t *rs = malloc(nrs * sizeof *rs);
+  if (lb == NULL || rs == NULL) {
+    free(lb);
+    free(rs);
+    return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
+                      "plan solve: no memory for the lowest peak's search "
+                      "(%d names, %d recomputable)",
+                      k_n, nr);
+  }
+  bool whole[PLAN_EXACT_NAMES];
+  for (size_t q = 0; q < nrs; q++) {
+    set_recompute(p, rname, nr, (unsigned)q);
+    for (int k = 0; k < k_n; k++)
+      whole[k] = !((p->excl >> k) & 1u);
+    set_choice(p, whole, -1, 0);
+    rs[q] = (plan_rlow_t){evaluate(p, true), p->rcost, (unsigned)q};
+  }
+  qsort(rs, nrs, sizeof *rs, rlow_cmp);
+  for (size_t q = 0; q < nrs; q++) {
+    if (best->found && rs[q].lb > best->score.peak)
+      break; /* the rest are bounded higher still */
+    set_recompute(p, rname, nr, rs[q].mask);
+    for (size_t i = nsub; i-- > 0;) {
+      unsigned S = (unsigned)i;
+      if (S & p->excl)
+        continue;
+      uint64_t moved = 0;
+      for (int k = 0; k < k_n; k++) {
+        whole[k] = (S >> k) & 1u;
+        if (whole[k])
+          moved += name_bytes(s, s->active[k], s->count[s->active[k]]);
+      }
+      set_choice(p, whole, -1, 0);
+      lb[S] = evaluate(p, true);
+      if (!best->found || lb[S] <= best->score.peak)
+        low_try(p, best, whole, S, -1, 0, moved);
+      for (int k = 0; k < k_n; k++) {
+        unsigned with = S | (1u << k);
+        if (with == S || (p->excl >> k) & 1u)
+          continue;
+        if (lb[with] > best->score.peak) /* with > S: computed before */
+          continue;
+        int m = s->active[k];
+        for (size_t j = 1; j < s->count[m]; j++)
+          low_try(p, best, whole, S, m, j, moved + name_bytes(s, m, j));
+      }
+    }
+  }
+  free(lb);
+  free(rs);
+  return OFL_SUCCESS;
+}
+
 typedef struct {
   double ratio;
   uint64_t bytes;
@@ -1041,6 +1155,10 @@ static ofl_status_t solve(plan_search_t *p, bool recompute,
   free(sub);
   if (st != OFL_SUCCESS)
     return st;
+  if (!best.found && recompute) { /* no choice meets it: the lowest peak */
+    OFL_CHECK(search_lowest(p, rname, nr, &best));
+    r->lowest = best.found;
+  }
   set_recompute(p, rname, nr, best.found ? best.rmask : 0);
   bool whole[PLAN_EXACT_NAMES] = {false};
   for (int k = 0; k < s->nactive; k++)

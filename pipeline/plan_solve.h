@@ -93,6 +93,9 @@ typedef struct ofl__plan_result {
   uint64_t recomputed_bytes; /* their recompute_bytes */
   double cost_ns;          /* exposed_ns + recompute_ns: what the search
                               minimises */
+  bool lowest;             /* no choice met the target and the three-way
+                              search chose the lowest predicted peak
+                              (ofl__plan_solve_actions with recompute) */
 } ofl__plan_result_t;
 
 /* Exposed copy time of one group when offloaded, at least: the part of each
@@ -169,9 +172,14 @@ ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
  * recomputable names and 16 offloadable ones; above 8 recomputable names
  * nothing is recomputed and exact is false. Ties (1 ns) go to fewer bytes
  * off the device (offloaded and recomputed), then the lower peak.
- * recompute false: ofl__plan_solve's choice, as actions. A target no
- * choice meets: every offloadable group offloaded, none recomputed, met
- * false. Errors as ofl__plan_solve's, and a recomputable group whose
+ * recompute false: ofl__plan_solve's choice, as actions (a target no
+ * choice meets: every offloadable group offloaded, met false). recompute
+ * true and a target no choice meets: the choice of the same space (every
+ * subset of the recomputable names, each with every offload choice of the
+ * others) with the lowest predicted peak, ties to the least predicted cost
+ * (1 ns), then to fewer bytes off the device; met false, lowest true (a
+ * search over that whole space, cut only where the peak with copies that
+ * take no time, a lower bound, cannot reach the lowest found). Errors as ofl__plan_solve's, and a recomputable group whose
  * recompute_bytes exceed bytes + kept_bytes or whose recompute_ns is
  * negative, NaN or infinite. */
 ofl_status_t ofl__plan_solve_actions(const ofl__plan_group_t *g, size_t n,

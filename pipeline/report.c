@@ -133,7 +133,7 @@ static const char *const FIELDS[] = {"bytes", "groups", "chosen",
                                      "copy",  "window", "exposed"};
 enum { F_BYTES, F_GROUPS, F_CHOSEN, F_COPY, F_WINDOW, F_EXPOSED, NF };
 static const char *const SCALARS[] = {"target", "peak", "all", "none", "expo",
-                                      "stall",  "d2h",  "h2d", "met"};
+                                      "stall",  "d2h",  "h2d", "met",  "low"};
 enum {
   S_TARGET,
   S_PEAK,
@@ -144,6 +144,7 @@ enum {
   S_D2H,
   S_H2D,
   S_MET,
+  S_LOW, /* no plan meets the target: the lowest peak (three-way) */
   NS
 };
 
@@ -161,7 +162,8 @@ static ofl_status_t encode(const ofl_manager_t *m, ofl_byte_table_t *t) {
                      (uint64_t)llround(o->predicted_stall_ms * 1e6),
                      (uint64_t)llround(o->d2h_gbps * 1e3),
                      (uint64_t)llround(o->h2d_gbps * 1e3),
-                     (uint64_t)o->met};
+                     (uint64_t)o->met,
+                     (uint64_t)(!o->met && p->lowest)};
   for (int k = 0; k < NS; k++) {
     snprintf(key, sizeof key, "|%s", SCALARS[k]);
     OFL_CHECK(ofl_byte_table_set(t, key, sc[k]));
@@ -288,7 +290,10 @@ static void render(const ofl_summary_t *s, FILE *f) {
               "waits %.3f); links measured in the warmup d2h %.2f h2d %.2f "
               "GB/s\n",
               r, ofl__mib(sc[S_PEAK]), ofl__mib(sc[S_TARGET]),
-              sc[S_MET] ? "predicted met" : "predicted NOT met",
+              sc[S_MET]   ? "predicted met"
+              : sc[S_LOW] ? "predicted NOT met (no plan meets it: target not "
+                            "met, lowest peak chosen)"
+                          : "predicted NOT met",
               ofl__mib(sc[S_ALL]), ofl__mib(sc[S_NONE]),
               (double)sc[S_EXPO] / 1e6, (double)sc[S_STALL] / 1e6,
               (double)sc[S_D2H] / 1e3, (double)sc[S_H2D] / 1e3);

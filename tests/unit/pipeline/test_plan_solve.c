@@ -1204,6 +1204,7 @@ typedef struct {
   bool found;
   uint32_t choices;
   unsigned rmask;
+  double low_cost; /* the least cost among the choices of min_peak */
 } brute3_t;
 
 /* Every choice of the three-way decision space: a subset of the
@@ -1226,14 +1227,17 @@ static void brute3_rec(const inst_t *in, int m, int *x, bool split,
     uint64_t peak = ofl__plan_peak_actions(in->g, in->n, a);
     double cost = naive_exposed(in, c) + rns;
     b->choices++;
-    if (peak < b->min_peak)
+    if (peak < b->min_peak || (peak == b->min_peak && cost < b->low_cost)) {
       b->min_peak = peak;
+      b->low_cost = cost;
+    }
     if (peak > target)
       return;
     if (!b->found || cost < b->cost ||
         (cost == b->cost &&
          (moved < b->moved || (moved == b->moved && peak < b->peak))))
-      *b = (brute3_t){cost, moved, peak, b->min_peak, true, b->choices, rmask};
+      *b = (brute3_t){cost,       moved, peak,  b->min_peak, true,
+                      b->choices, rmask, b->low_cost};
     return;
   }
   bool r = (rmask >> m) & 1u;
@@ -1248,7 +1252,7 @@ static void brute3_rec(const inst_t *in, int m, int *x, bool split,
 
 static brute3_t brute3(const inst_t *in, unsigned recomputable,
                        uint64_t target) {
-  brute3_t b = {0, 0, 0, UINT64_MAX, false, 0, 0};
+  brute3_t b = {0, 0, 0, UINT64_MAX, false, 0, 0, INFINITY};
   for (unsigned q = 0; q < (1u << in->nnames); q++) {
     if ((q & recomputable) != q)
       continue;
@@ -1260,6 +1264,7 @@ static brute3_t brute3(const inst_t *in, unsigned recomputable,
 
 typedef struct {
   uint32_t runs, recomputed, mixed, only_three_way, evaluated, choices;
+  uint32_t lowest_rec; /* unmet targets whose lowest peak recomputes */
 } tally3_t;
 
 static void solve3_and_compare(const inst_t *in, unsigned recomputable,
@@ -1311,9 +1316,15 @@ static void solve3_and_compare(const inst_t *in, unsigned recomputable,
     if (o.met)
       cr_assert(le(dbl, r.cost_ns, o.exposed_ns + 1.0));
   } else {
-    for (size_t i = 0; i < in->n; i++)
-      cr_assert(eq(int, a[i],
-                   in->g[i].offloadable ? OFL__PLAN_OFFLOAD : OFL__PLAN_KEEP));
+    /* no choice meets it: the lowest peak of the space, the least cost
+     * among those */
+    cr_assert(r.lowest);
+    cr_assert(eq(u64, r.predicted_peak, b.min_peak), "peak %llu brute %llu",
+              (unsigned long long)r.predicted_peak,
+              (unsigned long long)b.min_peak);
+    cr_assert(le(dbl, fabs(r.cost_ns - b.low_cost), 1e-6 * fmax(1.0, cost)),
+              "cost %f brute %f", r.cost_ns, b.low_cost);
+    t->lowest_rec += any_rec;
   }
   t->runs++;
   t->recomputed += any_rec;
@@ -1350,6 +1361,52 @@ Test(pipeline_plan_solve, three_way_search_matches_a_brute_force) {
             t.only_three_way);
   cr_assert(lt(u32, t.evaluated, t.choices), "evaluated %u of %u",
             t.evaluated, t.choices);
+  cr_assert(gt(u32, t.lowest_rec, 20), "lowest peaks with recompute %u",
+            t.lowest_rec);
+}
+
+/* A target no choice meets, where offloading everything leaves the peak
+ * where keeping does and recomputing lowers it further: with recompute on
+ * the plan takes the lowest peak of the three-way space (the brute force's
+ * minimum, here recompute g0 with g2 offloaded), and says so (lowest);
+ * with it off, offload-only as before (everything offloaded). */
+Test(pipeline_plan_solve, a_target_none_meets_takes_the_lowest_peak) {
+  inst_t in = {.n = 3, .nnames = 3, .count = {1, 0, 1}};
+  /* g0: 1000 bytes, 200 of them the input a recompute keeps, reloaded at
+   * 50 (g1 still there: 1500 offloaded or kept), backward 80 to 90; g1:
+   * 500 from 10 to 60; g2: 300 from 70, reloaded at 92 after g0 left. */
+  in.g[0] = grp(0, 0, 1000, 0, 0, 50, 90, 5);
+  in.g[0].bwd_window_ns = 30;
+  in.g[0].recomputable = true;
+  in.g[0].recompute_bytes = 800;
+  in.g[0].recompute_ns = 40;
+  in.g[1] = stay(1, 500, 10, 60);
+  in.g[2] = grp(2, 0, 300, 0, 70, 92, 95, 1);
+  uint64_t target = 900;
+  uint8_t a[3];
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve_actions(in.g, 3, 3, target, true, a, &r),
+               OFL_SUCCESS));
+  brute3_t b = brute3(&in, 1u, target);
+  cr_assert(not(b.found));
+  cr_assert(eq(u64, b.min_peak, 1000));
+  cr_assert(eq(u64, r.peak_all, 1500));
+  cr_assert(not(r.met));
+  cr_assert(r.lowest);
+  cr_assert(eq(u64, r.predicted_peak, b.min_peak));
+  cr_assert(eq(u64, ofl__plan_peak_actions(in.g, 3, a), 1000));
+  cr_assert(eq(int, a[0], OFL__PLAN_RECOMPUTE));
+  cr_assert(eq(int, a[1], OFL__PLAN_KEEP));
+  cr_assert(eq(int, a[2], OFL__PLAN_OFFLOAD));
+  cr_assert(le(dbl, fabs(r.cost_ns - b.low_cost), 1e-6));
+  /* recompute off: every offloadable group offloaded, not met */
+  cr_assert(eq(int, ofl__plan_solve_actions(in.g, 3, 3, target, false, a, &r),
+               OFL_SUCCESS));
+  cr_assert(not(r.lowest));
+  cr_assert(not(r.met));
+  cr_assert(eq(int, a[0], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(int, a[2], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(u64, r.predicted_peak, 1500));
 }
 
 /* Recompute off, or no name recomputable: the offload-only solver's
