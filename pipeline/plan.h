@@ -16,6 +16,15 @@
 /* The plan has settled when it ran this many steady iterations unchanged:
  * one more than a raise needs, so that the raise had its chance first. */
 #define SETTLE_AFTER (OFL__PLAN_RAISE_AFTER + 1)
+/* The measured recompute cost's feedback (plan_ledger.c): each steady
+ * iteration's measurement of a recomputed group (its backward less the
+ * warmup's backward of it) moves its estimate this far towards it (an
+ * exponential average); the plan solves again when an estimate moved by
+ * more than RC_MOVE of the one it was solved with (that one at least
+ * RC_FLOOR_NS: smaller moves are the CPU clock's noise). */
+#define RC_EMA 0.5
+#define RC_MOVE 0.5
+#define RC_FLOOR_NS 100000.0
 
 typedef struct stamp {
   uint64_t cpu;    /* ofl__now_ns() at the call */
@@ -40,6 +49,9 @@ typedef struct meas {
   uint64_t bwd_cpu_ns;    /* the warmup's backward, begin to end, CPU clock */
   uint64_t rc_bwd_cpu;    /* steady: its backward's begin (CPU clock) */
   uint64_t rc_bwd_ns;     /* steady: the last recomputed backward's time */
+  bool rc_fresh;          /* rc_bwd_ns measured in this iteration */
+  double rc_solved_ns;    /* the recompute estimate the plan was last
+                             solved with (inst's recompute_ns then) */
   uint64_t warm_stall_ns; /* how long its backward waited for its reload in
                              the warmup (taken out of the warmup's
                              timeline) */

@@ -138,8 +138,10 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
     }
     return;
   }
-  if (rc && x->rc_bwd_cpu != 0)
+  if (rc && x->rc_bwd_cpu != 0) {
     x->rc_bwd_ns = ofl__now_ns() - x->rc_bwd_cpu;
+    x->rc_fresh = true;
+  }
   ledger_add(p, -(int64_t)x->dev_bytes);
 }
 
@@ -303,8 +305,10 @@ static ofl_status_t plan_solve(ofl_manager_t *m, uint64_t aim,
                       "no memory for the auto plan's actions");
   OFL_CHECK(ofl__plan_solve_actions(p->inst, p->nms, m->nnames, aim,
                                     m->plan_recompute, p->action, r));
-  for (uint32_t i = 0; i < p->nms; i++)
+  for (uint32_t i = 0; i < p->nms; i++) {
     p->chosen[i] = p->action[i] == OFL__PLAN_OFFLOAD;
+    p->ms[i].rc_solved_ns = p->inst[i].recompute_ns;
+  }
   p->lowest = r->lowest;
   return OFL_SUCCESS;
 }
@@ -415,10 +419,9 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
            m->rank, r.exact ? "exact" : "greedy", ofl__mib(r.predicted_peak),
            ofl__mib(m->mem_target),
            r.lowest ? ": target not met, lowest peak chosen" : "",
-           ofl__mib(r.peak_all), ofl__mib(r.peak_none),
-           exposed / 1e6, p->out.predicted_stall_ms, p->out.d2h_gbps,
-           p->out.h2d_gbps, p->out.rate_source, p->out.release_ms,
-           p->out.warmup_stall_ms);
+           ofl__mib(r.peak_all), ofl__mib(r.peak_none), exposed / 1e6,
+           p->out.predicted_stall_ms, p->out.d2h_gbps, p->out.h2d_gbps,
+           p->out.rate_source, p->out.release_ms, p->out.warmup_stall_ms);
   p->stall_ns_start = m->st.stall_ns;
   return dts;
 }
@@ -585,6 +588,74 @@ static void settled(ofl_manager_t *m) {
            within ? "within" : "over");
 }
 
+static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak);
+
+/* The measured recompute cost feeds back (a three-way plan): each group
+ * recomputed in this iteration moves its estimate (recompute_ns, the
+ * warmup's forward time at first) RC_EMA of the way towards its measured
+ * cost, its backward less the warmup's backward of it (CPU clock), and the
+ * names' predicted costs follow. An estimate that moved by more than RC_MOVE
+ * of the one the plan was solved with solves again for the same aim
+ * (may_solve: not while another step of the feedback changes the plan);
+ * where the choice differs it becomes the plan (a replan, at most
+ * REPLAN_MAX in all). Groups not recomputed keep their estimates: only a
+ * recompute measures one. Returns true when the plan changed. */
+static bool recompute_feedback(ofl_manager_t *m, bool may_solve) {
+  ofl__plan_t *p = m->ap;
+  ofl_manager_plan_t *o = &p->out;
+  bool seen = false, moved = false;
+  for (uint32_t i = 0; i < p->nms; i++) {
+    meas_t *x = &p->ms[i];
+    if (!x->rc_fresh)
+      continue;
+    x->rc_fresh = false;
+    ofl__plan_group_t *q = &p->inst[i];
+    double meas = x->rc_bwd_ns > x->bwd_cpu_ns
+                      ? (double)(x->rc_bwd_ns - x->bwd_cpu_ns)
+                      : 0;
+    q->recompute_ns += RC_EMA * (meas - q->recompute_ns);
+    seen = true;
+    if (fabs(q->recompute_ns - x->rc_solved_ns) >
+        RC_MOVE * fmax(x->rc_solved_ns, RC_FLOOR_NS))
+      moved = true;
+  }
+  if (!seen)
+    return false;
+  fill_acts(m); /* the names' predicted costs: the corrected estimates */
+  if (!moved || !may_solve || o->replans >= REPLAN_MAX)
+    return false;
+  uint8_t *before = malloc(p->nms ? p->nms : 1);
+  if (before == NULL)
+    return false;
+  memcpy(before, p->action, p->nms);
+  double before_ms = p->recompute_ms;
+  ofl__plan_result_t r;
+  bool changed = false;
+  if (plan_solve(m, p->solve_target, &r) == OFL_SUCCESS) {
+    changed = memcmp(before, p->action, p->nms) != 0;
+    if (changed) {
+      o->replans++;
+      adopt(m, p->solve_target, r.predicted_peak);
+      OFL_INFO(OFL_SUBSYS_PIPELINE,
+               "rank %d: auto plan %llu: measured recompute times moved the "
+               "estimates (predicted recompute %.3f ms per iteration with "
+               "the plan before); solved again for %.2f MiB: predicted peak "
+               "%.2f MiB, recompute %.3f ms, exposed %.3f ms",
+               m->rank, (unsigned long long)o->replans, before_ms,
+               ofl__mib(p->solve_target), ofl__mib(r.predicted_peak),
+               p->recompute_ms, o->predicted_exposed_ms);
+    } else {
+      fill_acts(m);
+    }
+  } else { /* the plan stays as it was */
+    memcpy(p->action, before, p->nms);
+    for (uint32_t i = 0; i < p->nms; i++)
+      p->chosen[i] = p->action[i] == OFL__PLAN_OFFLOAD;
+  }
+  free(before);
+  return changed;
+}
+
 void ofl__plan_end_iteration(ofl_manager_t *m) {
   if (!ofl__plan_ledger_runs(m) || m->warmup)
     return;
@@ -623,6 +694,12 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
              leads_before = o->lead_changes;
     bool back = learn(m, over);
     bool learnt = o->replans + o->lead_changes != changes_before;
+    /* the measured recompute times: the estimates always, a solve when
+     * nothing else changed the plan (over the target, the step below
+     * solves with them) */
+    if (m->plan_recompute &&
+        recompute_feedback(m, !over && !learnt && !p->raised))
+      learnt = true;
     if (learnt) /* leads moved: the next iteration's predictions */
       predict(p);
     for (uint32_t i = 0; i < p->nms; i++)

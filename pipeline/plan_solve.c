@@ -967,8 +967,9 @@ static int rlow_cmp(const void *pa, const void *pb) {
  * whose bound with everything else offloaded is above the lowest found is
  * skipped with all its choices, an offload subset S likewise (not its
  * splits), and the splits of a name m with S where the bound of S with m
- * whole is above it. Subsets of recomputable names go in the order of their bound; the
- * offload subsets from every name down, so that low peaks come first. */
+ * whole is above it. Subsets of recomputable names go in the order of their
+ * bound; the offload subsets from every name down, so that low peaks come
+ * first. */
 static ofl_status_t search_lowest(plan_search_t *p, const int *rname, int nr,
                                   plan_best_t *best) {
   const plan_names_t *s = p->names;

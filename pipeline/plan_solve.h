@@ -179,9 +179,9 @@ ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
  * others) with the lowest predicted peak, ties to the least predicted cost
  * (1 ns), then to fewer bytes off the device; met false, lowest true (a
  * search over that whole space, cut only where the peak with copies that
- * take no time, a lower bound, cannot reach the lowest found). Errors as ofl__plan_solve's, and a recomputable group whose
- * recompute_bytes exceed bytes + kept_bytes or whose recompute_ns is
- * negative, NaN or infinite. */
+ * take no time, a lower bound, cannot reach the lowest found). Errors as
+ * ofl__plan_solve's, and a recomputable group whose recompute_bytes exceed
+ * bytes + kept_bytes or whose recompute_ns is negative, NaN or infinite. */
 ofl_status_t ofl__plan_solve_actions(const ofl__plan_group_t *g, size_t n,
                                      int nnames, uint64_t target,
                                      bool recompute, uint8_t *action,

@@ -627,7 +627,10 @@ typedef struct ofl_plan_action {
   uint64_t bytes;             /* its groups' bytes (offloadable and kept) */
   uint64_t recompute_bytes;   /* what recomputing all of them frees */
   double recompute_ms;        /* predicted: their forward time, per
-                                 iteration (the warmup's) */
+                                 iteration (the warmup's, corrected by
+                                 each steady iteration's measured rerun
+                                 of the groups recomputed: an exponential
+                                 average) */
   double predicted_ms;        /* the cost of its action: exposed copy time
                                  (offload) or recompute_ms (recompute) */
   double measured_ms;         /* the last steady iteration: recompute: its

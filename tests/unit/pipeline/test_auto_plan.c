@@ -42,6 +42,13 @@ typedef struct {
   grec_t rec[MBS][LAYERS][NG];
   size_t wrong;
   int iter;
+  /* Recompute (0: none): the groups k of bit k start recomputable (kept
+   * input 0 bytes) and their forward computes rc_fwd_us between start and
+   * commit; a group the plan recomputes pushes nothing and its backward
+   * reruns that forward for rc_bwd_us[k]. */
+  unsigned rc_mask;
+  unsigned rc_fwd_us, rc_bwd_us[NG];
+  ofl_group_action_t act[MBS][LAYERS][NG];
 } run_t;
 
 static void spin_us(unsigned us) {
@@ -58,8 +65,17 @@ static void forward(run_t *r, int mb) {
     for (int k = 0; k < NG; k++) {
       const gdef_t *d = &r->g[k];
       grec_t *gr = &r->rec[mb][l][k];
-      H_OK(ofl_manager_group_start(m, d->name));
-      for (int t = 0; t < d->tensors; t++) {
+      ofl_group_action_t *act = &r->act[mb][l][k];
+      *act = OFL_ACTION_OFFLOAD;
+      if ((r->rc_mask >> k) & 1u) {
+        H_OK(ofl_manager_group_start_flags(m, d->name, OFL_GROUP_RECOMPUTABLE,
+                                           0));
+        H_OK(ofl_manager_group_action(m, d->name, act));
+        spin_us(r->rc_fwd_us);
+      } else {
+        H_OK(ofl_manager_group_start(m, d->name));
+      }
+      for (int t = 0; t < d->tensors && *act != OFL_ACTION_RECOMPUTE; t++) {
         gr->seed[t] = ((uint64_t)r->iter << 32) ^ ((uint64_t)mb << 20) ^
                       ((uint64_t)l << 12) ^ ((uint64_t)k << 4) ^ (uint64_t)t;
         ofl_tensor_t *x = h_tensor(&r->e, d->bytes, gr->seed[t]);
@@ -78,8 +94,11 @@ static void backward(run_t *r, int mb) {
       grec_t *gr = &r->rec[mb][l][k];
       spin_us(r->gap_us);
       H_OK(ofl_manager_group_backward_begin(m, d->name));
-      for (int t = d->tensors; t-- > 0;)
-        r->wrong += h_pop_check(&r->e, gr->tag[t], d->bytes, gr->seed[t]);
+      if (r->act[mb][l][k] == OFL_ACTION_RECOMPUTE)
+        spin_us(r->rc_bwd_us[k]); /* the forward again */
+      else
+        for (int t = d->tensors; t-- > 0;)
+          r->wrong += h_pop_check(&r->e, gr->tag[t], d->bytes, gr->seed[t]);
       spin_us(d->bwd_us);
       H_OK(ofl_manager_group_backward_end(m, d->name));
     }
@@ -232,6 +251,82 @@ Test(auto_plan, target_below_full_offload_offloads_everything) {
   }
   for (int i = 0; i < 5; i++)
     iteration(&r);
+  cr_assert(eq(sz, r.wrong, 0));
+  close_run(&r);
+}
+
+/* The measured recompute cost feeds back: core_attn and mlp are
+ * recomputable, and the target, 64 KiB under the peak with everything
+ * offloaded, is met with a recompute (of mlp, or of core_attn, which frees
+ * more; a run's peaks differ a little from another's, so an offload alone
+ * may meet it: then the test has nothing to check and skips). The plan
+ * recomputes one of them, the cheaper by the warmup's forward times (close
+ * ones: on the host they hold the pushes' copies); the rerun of each
+ * recomputed group in a steady backward then takes 20 ms. The
+ * measurements move its estimate (half way per iteration) and its
+ * predicted cost, and the plan solves again: where mlp was recomputed,
+ * core_attn (which frees more, at the cost the warmup measured) or an
+ * offload takes its place. (Before the feedback the estimates stayed the
+ * warmup's: the first choice for good.) */
+Test(auto_plan, a_measured_recompute_cost_changes_the_plan) {
+  if (t_on_cuda())
+    cr_skip_test("the link model is the host backend's");
+  run_t r;
+  open_run(&r, WORKLOAD, 1, 0);
+  iteration(&r);
+  ofl_manager_plan_t p;
+  plan_of(&r, &p);
+  uint64_t all = p.peak_all_bytes;
+  close_run(&r);
+  open_run(&r, WORKLOAD, (int64_t)all - (64 << 10), 0);
+  r.rc_mask = 3; /* core_attn and mlp */
+  r.rc_fwd_us = 50;
+  H_OK(ofl_manager_set_plan_recompute(r.e.m, 1));
+  iteration(&r); /* warmup */
+  ofl_plan_action_t a0[2], a[2];
+  bool rc[2];
+  for (int k = 0; k < 2; k++) {
+    H_OK(ofl_manager_plan_action(r.e.m, (size_t)k, &a0[k]));
+    cr_assert(eq(str, (char *)a0[k].name, (char *)WORKLOAD[k].name));
+    cr_assert(a0[k].recomputable);
+    rc[k] = a0[k].action == OFL_ACTION_RECOMPUTE;
+    /* a recomputed group's rerun: far above its estimate */
+    r.rc_bwd_us[k] = rc[k] ? 20000 : 0;
+  }
+  cr_log_info("warmup: core_attn action %d estimate %.3f ms, mlp action %d "
+              "estimate %.3f ms",
+              (int)a0[0].action, a0[0].recompute_ms, (int)a0[1].action,
+              a0[1].recompute_ms);
+  if (!rc[0] && !rc[1]) {
+    close_run(&r);
+    cr_skip_test("this run's peaks let an offload alone meet the target");
+  }
+  plan_of(&r, &p);
+  uint64_t replans0 = p.replans;
+  for (int i = 0; i < 4; i++)
+    iteration(&r);
+  for (int k = 0; k < 2; k++)
+    H_OK(ofl_manager_plan_action(r.e.m, (size_t)k, &a[k]));
+  plan_of(&r, &p);
+  cr_log_info("after: core_attn action %d estimate %.3f ms, mlp action %d "
+              "estimate %.3f ms, replans %llu",
+              (int)a[0].action, a[0].recompute_ms, (int)a[1].action,
+              a[1].recompute_ms, (unsigned long long)p.replans);
+  for (int k = 0; k < 2; k++) {
+    if (!rc[k])
+      continue;
+    /* its estimate moved towards 20 ms per group (12 groups), at least
+     * half way (one iteration) */
+    cr_assert(gt(dbl, a[k].recompute_ms, 100.0), "%s estimate %.3f ms",
+              WORKLOAD[k].name, a[k].recompute_ms);
+    if (a[k].action == OFL_ACTION_RECOMPUTE)
+      cr_assert(eq(dbl, a[k].predicted_ms, a[k].recompute_ms));
+  }
+  if (rc[1] && !rc[0]) { /* core_attn's recompute is a way out */
+    cr_assert(gt(u64, p.replans, replans0));
+    cr_assert(not(eq(int, a[1].action, OFL_ACTION_RECOMPUTE)),
+              "mlp still recomputed, estimate %.3f ms", a[1].recompute_ms);
+  }
   cr_assert(eq(sz, r.wrong, 0));
   close_run(&r);
 }

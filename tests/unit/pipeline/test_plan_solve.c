@@ -1236,8 +1236,8 @@ static void brute3_rec(const inst_t *in, int m, int *x, bool split,
     if (!b->found || cost < b->cost ||
         (cost == b->cost &&
          (moved < b->moved || (moved == b->moved && peak < b->peak))))
-      *b = (brute3_t){cost,       moved, peak,  b->min_peak, true,
-                      b->choices, rmask, b->low_cost};
+      *b = (brute3_t){cost, moved,      peak,  b->min_peak,
+                      true, b->choices, rmask, b->low_cost};
     return;
   }
   bool r = (rmask >> m) & 1u;
