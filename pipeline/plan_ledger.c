@@ -597,9 +597,11 @@ static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak);
  * names' predicted costs follow. An estimate that moved by more than RC_MOVE
  * of the one the plan was solved with solves again for the same aim
  * (may_solve: not while another step of the feedback changes the plan);
- * where the choice differs it becomes the plan (a replan, at most
- * REPLAN_MAX in all). Groups not recomputed keep their estimates: only a
- * recompute measures one. Returns true when the plan changed. */
+ * where the choice differs it becomes the plan (a replan; this one only
+ * while fewer than REPLAN_MAX / 2 were made, so that estimates that go to
+ * and fro cannot use up the replans a peak over the target needs). Groups not
+ * recomputed keep their estimates: only a recompute measures one. Returns true
+ * when the plan changed. */
 static bool recompute_feedback(ofl_manager_t *m, bool may_solve) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
@@ -622,7 +624,8 @@ static bool recompute_feedback(ofl_manager_t *m, bool may_solve) {
   if (!seen)
     return false;
   fill_acts(m); /* the names' predicted costs: the corrected estimates */
-  if (!moved || !may_solve || o->replans >= REPLAN_MAX)
+  /* half the replans at most: the rest stay for a peak over the target */
+  if (!moved || !may_solve || o->replans >= REPLAN_MAX / 2)
     return false;
   uint8_t *before = malloc(p->nms ? p->nms : 1);
   if (before == NULL)
