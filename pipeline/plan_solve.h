@@ -2,7 +2,8 @@
  * function over numbers the warmup measured: which groups to offload so that
  * the predicted peak of activation bytes on the device stays within a
  * target, with the least predicted exposed copy time. Not installed; the
- * manager (pipeline/plan.c) builds the instance, the tests call it directly.
+ * manager (pipeline/plan_measure.c) builds the instance, the tests call it
+ * directly.
  *
  * Decision space: per group name n, a count x_n of its offloadable groups
  * that are offloaded, taken in split_rank order (0 first); every name is
