@@ -237,7 +237,7 @@ case "$task" in
     # libtsan preloaded into Python.
     build build-tsan "${TSAN_MESON[@]}"
     sanitizer_tests build-tsan tsan "the python tests that drive the copy workers under ThreadSanitizer" \
-      python_load_loop python_load_loop_ctypes python_torch python_stager -- "$@"
+      python_load_loop python_torch python_stager -- "$@"
     ;;
   sanitizer-builds)
     # What CI compiles beside the tests: the asan and tsan builds at their
@@ -262,7 +262,7 @@ case "$task" in
     # (strict mode) and on the cudasim stand-in, at the CI subset's sizes
     # (OFL_SOAK_SIZE=full: up to 4 MiB tensors and 96 MiB an iteration,
     # about 30 s a draw here), then the interrupt sweep of ofl.torch at every
-    # line event (hooks in C and over ctypes, the stager, the disk
+    # line event (the hooks in ofl._ext, the stager, the disk
     # checkpoint). Each part prints what ran and what failed, by kind; the
     # last line adds them up.
     build "$BUILD" -Dtests=true -Dexamples=true -Dbench=true
@@ -290,12 +290,12 @@ case "$task" in
       grep '^# draws' "$soak_dir/pool-$be.log" | sed "s/^# /  $be: /" || echo "  $be: no count line (see the log)"
       count_tap "$soak_dir/pool-$be.log"
     done
-    log "interrupt sweep at every line event: hooks in C and over ctypes, the stager and the disk checkpoint (log: $soak_dir/sweep.log)"
+    log "interrupt sweep at every line event: the hooks (ofl._ext), the stager and the disk checkpoint (log: $soak_dir/sweep.log)"
     OFL_SWEEP_FULL=1 meson test -C "$BUILD" -v --no-rebuild --timeout-multiplier 8 \
-      python_interrupt_sweep python_interrupt_sweep_ctypes python_stager_sweep \
+      python_interrupt_sweep python_stager_sweep \
       >"$soak_dir/sweep.log" 2>&1 || true
     grep -E 'swept [0-9]+ injection points' "$soak_dir/sweep.log" | sed 's/^/  /' || true
-    for t in python_interrupt_sweep python_interrupt_sweep_ctypes python_stager_sweep; do
+    for t in python_interrupt_sweep python_stager_sweep; do
       if grep -Eq "ofl:[a-z+]* / $t +OK" "$soak_dir/sweep.log"; then
         passed=$((passed + 1))
       else

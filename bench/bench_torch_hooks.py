@@ -9,9 +9,8 @@ when it was built there.)
 1. Hook overhead: N small tensors saved (pack) and unpacked (unpack) through
    ofl's hooks (one group of N tensors, pushed, committed, popped), against
    torch.autograd.graph.save_on_cpu and against no hooks (default saving).
-   ofl's hooks twice: over ctypes (ManagerCorePy) and in C (ofl._ext,
-   ManagerCoreC; skipped when the extension is not built: PYTHONPATH must
-   name <build>/python after python/, or the package be pip-installed).
+   ofl's hooks (ofl._ext, the one implementation: PYTHONPATH must name
+   <build>/python after python/, or the package be pip-installed).
    Printed in microseconds per tensor (pack+unpack calls, the best of 5
    rounds), with the ratio to save_on_cpu and the overhead over no hooks;
    "round" adds the group's commit and backward markers, the release of
@@ -86,10 +85,9 @@ def hook_overhead(n=2000, shape=(16, 16), reps=5):
         del out, packed
         return t1 - t0, clock() - t0
 
-    variants = [("no hooks", none_round, None), ("save_on_cpu", cpu_round, None),
-                ("ofl ctypes", ofl_round, _core.ManagerCorePy)]
-    if _core.ManagerCoreC is not None:
-        variants.append(("ofl C (_ext)", ofl_round, _core.ManagerCoreC))
+    variants = [("no hooks", none_round, None), ("save_on_cpu", cpu_round, None)]
+    if _core.hooks_backend == "c":
+        variants.append(("ofl C (_ext)", ofl_round, _core.ManagerCore))
     res = {}
     for name, fn, cls in variants:
         core = None
@@ -129,10 +127,8 @@ def main():
     soc, none = res["save_on_cpu"][0], res["no hooks"][0]
     for k, (v, rnd) in res.items():
         print("%-14s %12.2f %12.2f %12.2f %12.2f" % (k, v, v / soc, v - none, rnd))
-    if "ofl C (_ext)" in res:
-        print("ofl C / ofl ctypes: %.2f" % (res["ofl C (_ext)"][0] / res["ofl ctypes"][0]))
-    else:
-        print("ofl C: not measured (%s)" % _core.hooks_backend_reason)
+    if "ofl C (_ext)" not in res:
+        print("ofl: not measured (%s)" % _core.hooks_backend_reason)
 
     d, seq, batch = int(os.environ.get("OFL_BENCH_D", "256")), 128, 4
     data = make_data(steps=2, microbatches=2, batch=batch, seq=seq, vocab=256)

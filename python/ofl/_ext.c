@@ -1,31 +1,38 @@
 /* ofl._ext: the saved-tensor hooks of ofl.torch in C.
  *
- * ofl.torch._core.ManagerCore derives from Hooks when this module is present:
- * its pack and unpack methods are the hot path of every saved tensor (decide
- * whether the tensor goes to the manager, hand it over, give it back), which
- * over ctypes costs several foreign calls and Python objects per tensor. The
- * rest of the manager (groups, commits, the release of torch memory) stays in
- * Python and shares the state below, exposed as attributes of the same names.
- * The pure-Python methods in _core.py (_PyHooks) are the same algorithm and
- * the fallback when this module is absent.
+ * ofl.torch._core.ManagerCore derives from Hooks: its pack and unpack methods
+ * are the hot path of every saved tensor (decide whether the tensor goes to
+ * the manager, hand it over, give it back). The rest of the manager (groups,
+ * commits, the release of torch memory) stays in Python, over ctypes, and
+ * shares the state below, exposed as attributes of the same names. There is
+ * one implementation of the hooks: this one.
  *
- * libofl is neither included nor linked: ofl._lib loads it with ctypes and
- * setup() receives the addresses of the functions in _ext_abi.h. torch is not
- * linked either: tensors are used through their Python methods.
+ * The module includes ofl's headers and links libofl: in the package, the
+ * copy pip built into ofl/_libs (found through the module's RUNPATH,
+ * $ORIGIN/_libs); in the repository's build, the build's libofl. ofl._lib
+ * loads libofl with ctypes before this module is imported, and the dynamic
+ * loader binds the module's libofl.so.0 to the library already loaded under
+ * that soname, so ctypes and this module share one libofl (library() says
+ * which file; ofl.torch._core checks that it is ctypes' own). torch is not
+ * linked: tensors are used through their Python methods.
  *
  * One interpreter per process (module state in statics, single-phase init).
  */
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 /* dladdr */
+#endif
 #include "ext_internal.h"
 
-#define OFL_EXT_ABI_VERSION 2
+#include <dlfcn.h>
+
+#define OFL_EXT_ABI_VERSION 3
 
 _Static_assert(sizeof(void *) <= sizeof(unsigned long long),
                "pointers are kept as unsigned long long");
 
 /* ---- what setup() provides ----------------------------------------------- */
 
-struct ext__api ext__api;
 static int api_ready;
 
 static PyObject *error_factory; /* ofl._errors.error(status, where) */
@@ -106,7 +113,7 @@ PyObject *ext__keep(PyObject *o) {
 
 /* An ofl status as the package's exception (ofl.OflError with the status,
  * its name and ofl_last_error(), built by ofl._errors.error). */
-PyObject *ext__raise_ofl(ext_status_t st, const char *where) {
+PyObject *ext__raise_ofl(ofl_status_t st, const char *where) {
   PyObject *exc = PyObject_CallFunction(error_factory, "is", (int)st, where);
   if (exc != NULL) {
     PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
@@ -385,38 +392,17 @@ static int set_dlpack(PyObject *torch) {
   return 0;
 }
 
-/* setup(addresses, error, torch): addresses maps each name of FUNCTIONS to
- * the address of libofl's function (ctypes.cast(lib.name, c_void_p).value);
- * error(status, where) builds the exception of a failed call. */
+/* setup(error, torch): error(status, where) builds the exception of a failed
+ * call. */
 static PyObject *ext_setup(PyObject *mod, PyObject *args) {
   (void)mod;
-  PyObject *addresses, *error, *torch;
-  if (!PyArg_ParseTuple(args, "O!OO:setup", &PyDict_Type, &addresses, &error,
-                        &torch))
+  PyObject *error, *torch;
+  if (!PyArg_ParseTuple(args, "OO:setup", &error, &torch))
     return NULL;
   if (!PyCallable_Check(error)) {
     PyErr_SetString(PyExc_TypeError, "setup: error must be callable");
     return NULL;
   }
-  void *fn;
-#define API_SET(name, ret, params)                                             \
-  fn = NULL;                                                                   \
-  {                                                                            \
-    PyObject *a = PyDict_GetItemString(addresses, #name);                      \
-    if (a != NULL)                                                             \
-      fn = PyLong_AsVoidPtr(a);                                                \
-    if (PyErr_Occurred())                                                      \
-      return NULL;                                                             \
-    if (fn == NULL) {                                                          \
-      PyErr_SetString(PyExc_ValueError, "setup: no address for " #name);       \
-      return NULL;                                                             \
-    }                                                                          \
-  }                                                                            \
-  _Static_assert(sizeof(fn) == sizeof(ext__api.name),                          \
-                 "function pointer size");                                     \
-  memcpy(&ext__api.name, &fn, sizeof fn);
-  OFL_EXT_FUNCTIONS(API_SET)
-#undef API_SET
   PyObject *nn = NULL;
   if (set_ref(&ext__torch_frombuffer,
               PyObject_GetAttrString(torch, "frombuffer")) < 0 ||
@@ -445,10 +431,27 @@ static PyObject *ext_is_ready(PyObject *mod, PyObject *unused) {
   return PyBool_FromLong(api_ready);
 }
 
+/* The path of the libofl this module is bound to (the file the dynamic
+ * loader opened for it), and the version of the headers it was built with. */
+static PyObject *ext_library(PyObject *mod, PyObject *unused) {
+  (void)mod;
+  (void)unused;
+  Dl_info info;
+  if (dladdr((void *)&ofl_manager_create, &info) == 0 ||
+      info.dli_fname == NULL) {
+    PyErr_SetString(PyExc_OSError,
+                    "ofl._ext: dladdr cannot name the libofl it is bound to");
+    return NULL;
+  }
+  return Py_BuildValue("(ss)", info.dli_fname, OFL_VERSION_STRING);
+}
+
 static PyMethodDef ext_methods[] = {
     {"setup", ext_setup, METH_VARARGS,
-     "setup(addresses, error, torch): the libofl functions, the error factory "
-     "and torch; before any Hooks is used."},
+     "setup(error, torch): the error factory and torch; before any Hooks is "
+     "used."},
+    {"library", ext_library, METH_NOARGS,
+     "(path, version) of the libofl this module is bound to."},
     {"is_ready", ext_is_ready, METH_NOARGS, "Whether setup() ran."},
     {"drain", ext__drain, METH_NOARGS,
      "Drops the references to torch tensors whose memory ofl released, and "
@@ -481,25 +484,6 @@ PyMODINIT_FUNC PyInit__ext(void) {
   PyObject *m = PyModule_Create(&ext_module);
   if (m == NULL)
     return NULL;
-  static const char *const api_names[] = {
-#define API_NAME(name, ret, params) #name,
-      OFL_EXT_FUNCTIONS(API_NAME)
-#undef API_NAME
-  };
-  const Py_ssize_t n_names =
-      (Py_ssize_t)(sizeof api_names / sizeof api_names[0]);
-  PyObject *names = PyTuple_New(n_names);
-  if (names == NULL)
-    goto fail;
-  for (Py_ssize_t i = 0; i < n_names; i++) {
-    PyObject *s = PyUnicode_FromString(api_names[i]);
-    if (s == NULL)
-      goto fail;
-    PyTuple_SET_ITEM(names, i, s);
-  }
-  if (PyModule_AddObject(m, "FUNCTIONS", names) < 0)
-    goto fail;
-  names = NULL;
   if (PyModule_AddIntConstant(m, "ABI_VERSION", OFL_EXT_ABI_VERSION) < 0)
     goto fail;
   Py_INCREF(&HooksType);
@@ -529,7 +513,6 @@ PyMODINIT_FUNC PyInit__ext(void) {
   }
   return m;
 fail:
-  Py_XDECREF(names);
   Py_DECREF(m);
   return NULL;
 }

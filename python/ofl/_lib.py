@@ -16,6 +16,12 @@ Where the library comes from (first found wins):
 4. the lib directory of a ``meson install`` prefix whose ``bin`` (with
    ``ofl-info``) is on ``PATH``;
 5. the system loader (``ldconfig``, ``LD_LIBRARY_PATH``).
+
+The C extension ofl._ext (ofl.torch's saved-tensor hooks) links libofl too;
+it is imported after this module, and the dynamic loader binds it to the
+libofl loaded here (same soname), which ofl.torch._core checks. ctypes serves
+the calls that are not per saved tensor: creation, groups, commits, resets,
+statistics, the configuration.
 """
 import ctypes
 import ctypes.util
@@ -535,9 +541,9 @@ for _name, (_res, _args) in _PROTOS.items():
     _f.argtypes = _args
 
 
-# The package's own variables: OFL_LIBRARY (above), OFL_PYTHON_EXT
-# (ofl.torch._core: 0 runs the saved-tensor hooks over ctypes even where the
-# C extension ofl._ext is present) and OFL_EXT_DLPACK (ofl._ext: 0 hands
+# The package's own variables: OFL_LIBRARY (above), OFL_PYTHON_EXT (it used
+# to select saved-tensor hooks over ctypes, which are gone: ofl.torch._core
+# warns that 0 no longer does anything) and OFL_EXT_DLPACK (ofl._ext: 0 hands
 # reloaded blocks to torch with torch.frombuffer instead of DLPack).
 _PACKAGE_VARS = ("OFL_LIBRARY", "OFL_PYTHON_EXT", "OFL_EXT_DLPACK")
 
@@ -580,7 +586,3 @@ _libc.free.restype = None
 def free(ptr):
     _libc.free(ptr)
 
-
-def addresses(names):
-    """{name: address} of libofl's functions (for ofl._ext.setup)."""
-    return {n: ctypes.cast(getattr(lib, n), c_void_p).value for n in names}

@@ -59,10 +59,10 @@ void ext__drain_handback(void) {
  * free(address), reached through handback_list. alloc runs on the thread
  * that allocates (the training thread: pops and prefetches) and takes the
  * GIL. */
-static ext_status_t ext_alloc(void *ctx, size_t bytes, ofl_stream_t *stream,
+static ofl_status_t ext_alloc(void *ctx, size_t bytes, ofl_stream_t *stream,
                               void **ptr) {
   (void)ctx;
-  ext_status_t st = EXT_ERR_NO_MEMORY;
+  ofl_status_t st = OFL_ERR_NO_MEMORY;
   PyGILState_STATE g = PyGILState_Ensure();
   if (py_alloc != NULL) {
     PyObject *r = PyObject_CallFunction(py_alloc, "nK", (Py_ssize_t)bytes,
@@ -72,7 +72,7 @@ static ext_status_t ext_alloc(void *ctx, size_t bytes, ofl_stream_t *stream,
       Py_DECREF(r);
       if (p != NULL && !PyErr_Occurred()) {
         *ptr = p;
-        st = EXT_SUCCESS;
+        st = OFL_SUCCESS;
       }
     }
     if (PyErr_Occurred())
@@ -110,7 +110,7 @@ PyObject *ext__set_allocator(PyObject *mod, PyObject *args) {
   Py_INCREF(f);
   Py_XSETREF(py_alloc, a);
   Py_XSETREF(py_free, f);
-  ext_status_t (*pa)(void *, size_t, ofl_stream_t *, void **) = ext_alloc;
+  ofl_status_t (*pa)(void *, size_t, ofl_stream_t *, void **) = ext_alloc;
   void (*pf)(void *, void *, size_t, ofl_stream_t *) = ext_free;
   void *va, *vf;
   memcpy(&va, &pa, sizeof va);

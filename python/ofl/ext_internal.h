@@ -22,19 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "_ext_abi.h"
+#include <ofl/ofl.h>
 
 /* Copies at least this large run without the GIL. */
 #define COPY_NOGIL_BYTES ((size_t)1 << 16)
 
 /* ---- what setup() provides (_ext.c) -------------------------------------- */
-
-struct ext__api {
-#define API_FIELD(name, ret, params) ext_##name##_fn name;
-  OFL_EXT_FUNCTIONS(API_FIELD)
-#undef API_FIELD
-};
-extern struct ext__api ext__api;
 
 extern PyObject *ext__torch_frombuffer, *ext__torch_uint8, *ext__torch_strided,
     *ext__torch_tensor;
@@ -122,7 +115,7 @@ typedef struct handback {
 /* ---- the small helpers and Hooks (_ext.c) -------------------------------- */
 
 PyObject *ext__keep(PyObject *o);
-PyObject *ext__raise_ofl(ext_status_t st, const char *where);
+PyObject *ext__raise_ofl(ofl_status_t st, const char *where);
 PyObject *ext__optional_attr(PyObject *o, PyObject *name, int *found);
 PyObject *ext__call0(PyObject *o, PyObject *name);
 int ext__call_ll(PyObject *o, PyObject *name, long long *out);

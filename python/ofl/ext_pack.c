@@ -98,15 +98,15 @@ static PyObject *group_base(HooksObject *self, PyObject *bases, uintptr_t sptr,
   }
   ofl_tensor_t *h = NULL;
   int64_t shape[1] = {snb};
-  ext_status_t st;
+  ofl_status_t st;
   if (self->copy_in) {
-    st = ext__api.ofl_pool_alloc(ext__as_ptr(self->dev_pool), shape, 1,
-                                 EXT_DTYPE_U8, NULL, &h);
-    if (st != EXT_SUCCESS) {
+    st = ofl_pool_alloc(ext__as_ptr(self->dev_pool), shape, 1,
+                                 OFL_DTYPE_U8, NULL, &h);
+    if (st != OFL_SUCCESS) {
       Py_DECREF(key);
       return ext__raise_ofl(st, "ofl_pool_alloc");
     }
-    void *dst = ext__api.ofl_tensor_data(h);
+    void *dst = ofl_tensor_data(h);
     if ((size_t)snb >= COPY_NOGIL_BYTES) {
       Py_BEGIN_ALLOW_THREADS memcpy(dst, (const void *)sptr, (size_t)snb);
       Py_END_ALLOW_THREADS
@@ -114,9 +114,9 @@ static PyObject *group_base(HooksObject *self, PyObject *bases, uintptr_t sptr,
       memcpy(dst, (const void *)sptr, (size_t)snb);
     }
   } else {
-    st = ext__api.ofl_tensor_wrap((void *)sptr, shape, 1, EXT_DTYPE_U8,
-                                  EXT_LOC_DEVICE, NULL, NULL, &h);
-    if (st != EXT_SUCCESS) {
+    st = ofl_tensor_wrap((void *)sptr, shape, 1, OFL_DTYPE_U8,
+                                  OFL_LOC_DEVICE, NULL, NULL, &h);
+    if (st != OFL_SUCCESS) {
       Py_DECREF(key);
       return ext__raise_ofl(st, "ofl_tensor_wrap");
     }
@@ -127,7 +127,7 @@ static PyObject *group_base(HooksObject *self, PyObject *bases, uintptr_t sptr,
     Py_XDECREF(hv);
     Py_XDECREF(base);
     Py_DECREF(key);
-    ext__api.ofl_tensor_destroy(h);
+    ofl_tensor_destroy(h);
     return NULL;
   }
   PyList_SET_ITEM(base, 0, hv);
@@ -237,13 +237,13 @@ static PyObject *pack_eligible(HooksObject *self, PyObject *t, long long nb,
     goto done;
   }
   ofl_tensor_t *handle;
-  ext_status_t s;
+  ofl_status_t s;
   if (off == 0 && nb == snb) {
     int pushed = PyObject_IsTrue(PyList_GET_ITEM(base, 1));
     if (pushed < 0)
       goto done;
     if (pushed) {
-      if ((s = ext__api.ofl_tensor_alias(base_h, &handle)) != EXT_SUCCESS) {
+      if ((s = ofl_tensor_alias(base_h, &handle)) != OFL_SUCCESS) {
         ext__raise_ofl(s, "ofl_tensor_alias");
         goto done;
       }
@@ -255,18 +255,18 @@ static PyObject *pack_eligible(HooksObject *self, PyObject *t, long long nb,
     }
   } else {
     int64_t shape[1] = {nb};
-    s = ext__api.ofl_tensor_view(base_h, (size_t)off, shape, 1, EXT_DTYPE_U8,
+    s = ofl_tensor_view(base_h, (size_t)off, shape, 1, OFL_DTYPE_U8,
                                  &handle);
-    if (s != EXT_SUCCESS) {
+    if (s != OFL_SUCCESS) {
       ext__raise_ofl(s, "ofl_tensor_view");
       goto done;
     }
   }
   ofl_tag_t tag = 0;
-  s = ext__api.ofl_manager_tensor_push(ext__as_ptr(self->m), handle, &tag);
-  if (s != EXT_SUCCESS) {
+  s = ofl_manager_tensor_push(ext__as_ptr(self->m), handle, &tag);
+  if (s != OFL_SUCCESS) {
     if (handle != base_h) {
-      ext__api.ofl_tensor_destroy(handle);
+      ofl_tensor_destroy(handle);
     } else {
       PyObject *old = PyList_GET_ITEM(base, 1);
       PyList_SET_ITEM(base, 1, ext__keep(Py_False));
@@ -383,46 +383,46 @@ PyObject *ext__hooks_pack_offload(PyObject *op, PyObject *const *args,
   int64_t shape[1] = {nb};
   /* ext_release only links hold into a lock-free list: it may run as a
    * host function of the D2H stream, right after the copy. */
-  ext_status_t s = ext__api.ofl_tensor_wrap_flags(
-      (void *)src, shape, 1, EXT_DTYPE_U8, EXT_LOC_DEVICE, ext__release, hold,
-      EXT_WRAP_RELEASE_IN_HOST_FN, &h);
-  if (s != EXT_SUCCESS) {
+  ofl_status_t s = ofl_tensor_wrap_flags(
+      (void *)src, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE, ext__release, hold,
+      OFL_WRAP_RELEASE_IN_HOST_FN, &h);
+  if (s != OFL_SUCCESS) {
     Py_DECREF(hold->obj);
     PyMem_RawFree(hold);
     ext__raise_ofl(s, "ofl_tensor_wrap");
     goto fail;
   }
-  s = ext__api.ofl_manager_group_start(m, name);
-  if (s != EXT_SUCCESS) {
-    ext__api.ofl_tensor_destroy(
+  s = ofl_manager_group_start(m, name);
+  if (s != OFL_SUCCESS) {
+    ofl_tensor_destroy(
         h); /* releases the wrap: hold goes to the list */
     ext__raise_ofl(s, "ofl_manager_group_start");
     goto fail;
   }
   ofl_tag_t tag = 0;
-  s = ext__api.ofl_manager_tensor_push(m, h, &tag);
-  if (s == EXT_SUCCESS) {
+  s = ofl_manager_tensor_push(m, h, &tag);
+  if (s == OFL_SUCCESS) {
     rec->tag = tag;
     rec->h = (unsigned long long)(uintptr_t)h;
     rec->core = ext__keep(op);
     self->unpopped++;
   } else {
-    ext__api.ofl_tensor_destroy(h);
+    ofl_tensor_destroy(h);
   }
-  ext_status_t c;
+  ofl_status_t c;
   Py_BEGIN_ALLOW_THREADS /* may wait for the oldest copies (max_inflight) */
-      c = ext__api.ofl_manager_group_commit(m, name, NULL, 0, 0);
-  Py_END_ALLOW_THREADS if (s != EXT_SUCCESS) {
+      c = ofl_manager_group_commit(m, name, NULL, 0, 0);
+  Py_END_ALLOW_THREADS if (s != OFL_SUCCESS) {
     ext__raise_ofl(s, "ofl_manager_tensor_push");
     goto fail;
   }
-  if (c != EXT_SUCCESS) {
+  if (c != OFL_SUCCESS) {
     ext__raise_ofl(c, "ofl_manager_group_commit");
     goto fail;
   }
   /* kept on the device by the policy: the record holds the tensor (pop
    * gives it back); offloaded: the wrap holds it until the copy is done */
-  if (ext__api.ofl_tensor_has_storage(h))
+  if (ofl_tensor_has_storage(h))
     rec->tensor = ext__keep(t);
   if (nargs ==
       4) { /* the group in its chunk's list, a weak reference in live */

@@ -21,7 +21,7 @@ static void block_dealloc(PyObject *op) {
   BlockObject *b = (BlockObject *)op;
   HooksObject *core = b->core;
   if (b->h != NULL)
-    ext__api.ofl_tensor_destroy(b->h);
+    ofl_tensor_destroy(b->h);
   if (core != NULL) {
     core->live_blocks--;
     if (core->closing && core->live_blocks == 0) {
@@ -268,12 +268,12 @@ static PyObject *wrap_block(HooksObject *self, ofl_tensor_t *h,
                             PyObject *size) {
   BlockObject *b = PyObject_New(BlockObject, &ext__BlockType);
   if (b == NULL) {
-    ext__api.ofl_tensor_destroy(h);
+    ofl_tensor_destroy(h);
     return NULL;
   }
   b->core = (HooksObject *)ext__keep((PyObject *)self);
   b->h = h;
-  b->data = ext__api.ofl_tensor_data(h);
+  b->data = ofl_tensor_data(h);
   b->nbytes = nbytes;
   self->live_blocks++;
   PyObject *x = size != NULL ? wrap_dlpack(b, dtype, size) : NULL;
@@ -341,10 +341,10 @@ static PyObject *pop_record(HooksObject *self, SavedObject *rec) {
     return NULL;
   }
   ofl_tensor_t *h = NULL;
-  ext_status_t s;
+  ofl_status_t s;
   Py_BEGIN_ALLOW_THREADS /* may wait for the reload */
-      s = ext__api.ofl_manager_tensor_pop(m, (ofl_tag_t)rec->tag, &h);
-  Py_END_ALLOW_THREADS if (s != EXT_SUCCESS) {
+      s = ofl_manager_tensor_pop(m, (ofl_tag_t)rec->tag, &h);
+  Py_END_ALLOW_THREADS if (s != OFL_SUCCESS) {
     PyObject *code = PyLong_FromLong((long)s);
     if (code == NULL)
       return NULL;
@@ -358,8 +358,8 @@ static PyObject *pop_record(HooksObject *self, SavedObject *rec) {
   PyObject *t = rec->tensor; /* taken from the record */
   rec->tensor = NULL;
   if (t != NULL && t != Py_None &&
-      (uintptr_t)ext__api.ofl_tensor_data(h) == (uintptr_t)rec->ptr) {
-    ext__api.ofl_tensor_destroy(h); /* kept on the device: the tensor itself */
+      (uintptr_t)ofl_tensor_data(h) == (uintptr_t)rec->ptr) {
+    ofl_tensor_destroy(h); /* kept on the device: the tensor itself */
     rec->cached = ext__keep(t);
     return t;
   }
@@ -367,7 +367,7 @@ static PyObject *pop_record(HooksObject *self, SavedObject *rec) {
   if (self->is_cuda) {
     PyObject *hv = PyLong_FromVoidPtr(h);
     if (hv == NULL) {
-      ext__api.ofl_tensor_destroy(h);
+      ofl_tensor_destroy(h);
       return NULL;
     }
     PyObject *args[3] = {op, hv, (PyObject *)rec};
@@ -470,11 +470,11 @@ static int marker(HooksObject *self, const char *name, int begin) {
       PyErr_SetString(PyExc_RuntimeError, "ofl: the manager was destroyed");
     return -1;
   }
-  ext_status_t s;
+  ofl_status_t s;
   Py_BEGIN_ALLOW_THREADS /* begin may wait for the group's reload */
-      s = begin ? ext__api.ofl_manager_group_backward_begin(m, name)
-                : ext__api.ofl_manager_group_backward_end(m, name);
-  Py_END_ALLOW_THREADS if (s != EXT_SUCCESS) {
+      s = begin ? ofl_manager_group_backward_begin(m, name)
+                : ofl_manager_group_backward_end(m, name);
+  Py_END_ALLOW_THREADS if (s != OFL_SUCCESS) {
     ext__raise_ofl(s, begin ? "ofl_manager_group_backward_begin"
                             : "ofl_manager_group_backward_end");
     return -1;

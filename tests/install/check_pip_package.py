@@ -134,6 +134,20 @@ try:
            "the bundled libofl has no RPATH/RUNPATH", dyn[-1500:])
         ok("[$ORIGIN]" in dyn_info and root not in dyn_info,
            "the bundled ofl-info finds libofl next to it ($ORIGIN)", dyn_info[-1500:])
+        ext = glob.glob(os.path.join(os.path.dirname(os.path.dirname(libpath)), "_ext*.so"))
+        ok(len(ext) == 1, "the package holds the C extension ofl._ext", str(ext))
+        if ext:
+            dyn_ext = run(["readelf", "-d", ext[0]]).stdout
+            ok("[libofl.so.0]" in dyn_ext and "[$ORIGIN/_libs]" in dyn_ext
+               and root not in dyn_ext,
+               "ofl._ext links libofl.so.0 and finds it in ofl/_libs ($ORIGIN/_libs)",
+               dyn_ext[-1500:])
+            bound = run([py, "-c", "import ofl, os; from ofl import _ext; "
+                         "print(os.path.samefile(_ext.library()[0], ofl.library_path))"],
+                        env=env, cwd=tmp)
+            ok(bound.returncode == 0 and bound.stdout.split()[-1:] == ["True"],
+               "ofl._ext is bound to the libofl ctypes loaded (one library)",
+               bound.stdout[-500:] + bound.stderr[-1500:])
     info = run([py, "-m", "ofl.info"], env=env, cwd=tmp)
     ok(info.returncode == 0 and "\nbackends\n" in info.stdout
        and "\nconfiguration (value, default, source)\n" in info.stdout,

@@ -22,15 +22,11 @@ VOCAB, SEQ = 64, 16
 
 
 class Hooks(unittest.TestCase):
-    def test_the_hooks_asked_for(self):
-        """OFL_PYTHON_EXT=0: the ctypes hooks; OFL_EXPECT_EXT=1 (set by the
-        build that made ofl._ext): the C ones."""
-        if os.environ.get("OFL_PYTHON_EXT") == "0":
-            self.assertEqual(ofl_core.hooks_backend, "ctypes")
-            self.assertIs(ofl_core.ManagerCore, ofl_core.ManagerCorePy)
-        elif os.environ.get("OFL_EXPECT_EXT") == "1":
-            self.assertEqual(ofl_core.hooks_backend, "c", ofl_core.hooks_backend_reason)
-            self.assertIs(ofl_core.ManagerCore, ofl_core.ManagerCoreC)
+    def test_the_hooks_are_the_extensions(self):
+        """The one implementation of the hooks: ofl._ext's."""
+        from ofl import _ext
+        self.assertEqual(ofl_core.hooks_backend, "c", ofl_core.hooks_backend_reason)
+        self.assertTrue(issubclass(ofl_core.ManagerCore, _ext.Hooks))
 
 
 def fresh_model(seed=0):

@@ -167,7 +167,6 @@ class Lifecycle(Fresh):
         self.assertLess(fresh - plain, 16 * 1024)
         del it0
 
-    @unittest.skipUnless(ot._core.hooks_backend == "c", "the in-place offload is the C hooks'")
     def test_two_copies_per_tensor(self):
         """Host backend: a saved CPU tensor is offloaded from torch's memory
         in place (no copy into ofl's device pool first): the forward asks
@@ -201,7 +200,6 @@ class Lifecycle(Fresh):
                          + (m2["reloaded_tensors"] - m0["reloaded_tensors"]))
         ctx.close()
 
-    @unittest.skipUnless(ot._core.hooks_backend == "c", "torch's allocator needs ofl._ext")
     def test_reloads_live_in_torchs_memory(self):
         """The manager's reload pool takes its blocks from torch's allocator
         (torch.empty on the host backend, the caching allocator on cuda):
@@ -328,7 +326,6 @@ class Fidelity(Fresh):
         st = self.roundtrip(ts)
         self.assertGreaterEqual(st["offloaded_tensors"], len(dts) - 2)
 
-    @unittest.skipUnless(ot._core.hooks_backend == "c", "the DLPack wrap is the C hooks'")
     def test_reloaded_tensor_is_not_a_view(self):
         # A saved tensor that is no view comes back as a tensor of its own
         # (imported over the reloaded block through DLPack), as it was saved,

@@ -26,8 +26,8 @@ How it comes back (unpack): ofl_manager_tensor_pop returns the handle with
 device storage. A tensor that was not offloaded still has the torch storage:
 the original torch tensor is returned. A reloaded one lives in a block of the
 manager's device pool: it is handed to torch without a copy
-(host backend: imported through DLPack by ofl._ext, torch.frombuffer in
-the Python hooks; cuda: __cuda_array_interface__) and
+(host backend: imported through DLPack by ofl._ext, or torch.frombuffer
+over its Block; cuda: __cuda_array_interface__, _wrap_reloaded) and
 the block goes back to the pool (stream-ordered after the compute stream on
 cuda) when torch frees the last view of it. Copying into torch.empty would
 cost one more memcpy of every reloaded byte and saves no allocation (the
@@ -66,23 +66,40 @@ _weakref = weakref.ref
 
 
 def _load_ext():
-    """ofl._ext (the hooks in C), set up with libofl's functions, or None and
-    why not. OFL_PYTHON_EXT=0 asks for the ctypes hooks."""
-    if os.environ.get("OFL_PYTHON_EXT", "1").strip() == "0":
-        return None, "OFL_PYTHON_EXT=0"
+    """ofl._ext (the saved-tensor hooks, in C), set up, or None and why not.
+    It links libofl (the package's copy, or the build's); ofl._lib loaded a
+    libofl with ctypes first, and the module is bound to that same library
+    (the dynamic loader matches the soname), which is checked here: two
+    libofl in one process would each have a manager the other does not
+    know."""
+    if os.environ.get("OFL_PYTHON_EXT", "").strip() == "0":
+        warnings.warn("ofl.torch: OFL_PYTHON_EXT=0 no longer selects saved-tensor hooks over "
+                      "ctypes: there is one implementation, the C extension ofl._ext; unset "
+                      "OFL_PYTHON_EXT", stacklevel=2)
     try:
         from .. import _ext
     except ImportError as e:
-        return None, "ofl._ext is not built (%s)" % e
-    if getattr(_ext, "ABI_VERSION", None) != 2:
+        return None, "ofl._ext cannot be imported (%s)" % e
+    if getattr(_ext, "ABI_VERSION", None) != 3:
         return None, "ofl._ext at %s is of another version of the package" % _ext.__file__
-    _ext.setup(_lib.addresses(_ext.FUNCTIONS), error, torch)
+    bound, _ = _ext.library()
+    try:
+        same = os.path.samefile(bound, _lib.path)
+    except OSError:
+        same = os.path.realpath(bound) == os.path.realpath(_lib.path)
+    if not same:
+        return None, ("ofl._ext at %s is bound to the libofl at %s, not to the one ofl loaded "
+                      "(%s): OFL_LIBRARY and the package's ofl/_libs name different builds"
+                      % (_ext.__file__, bound, _lib.path))
+    _ext.setup(error, torch)
     return _ext, None
 
 
 _ext, _ext_missing = _load_ext()
-hooks_backend = "c" if _ext is not None else "ctypes"
-"""Which saved-tensor hooks ManagerCore runs: "c" (ofl._ext) or "ctypes"."""
+hooks_backend = "c" if _ext is not None else None
+"""The saved-tensor hooks ManagerCore runs: "c" (ofl._ext), or None where the
+extension is missing (ofl.torch's offloading then refuses to start and says
+why: hooks_backend_reason)."""
 hooks_backend_reason = _ext_missing or "ofl._ext from %s" % _ext.__file__
 
 _TORCH_TO_OFL = {
@@ -236,9 +253,9 @@ class Runtime:
 class _Block:
     """Owns an ofl tensor handle whose storage a torch tensor uses; destroyed
     when torch frees the last view (the buffer object dies with the torch
-    storage). Made before the C call that returns the handle, which writes
-    it into ``v`` (``ref``): an interrupt after that call drops the block
-    and its handle with it, never a handle that nothing owns.
+    storage). The cuda path of ofl._ext's unpack: its pop hands the handle
+    to ``_wrap_reloaded``, which makes the block first (the host backend's
+    block is ofl._ext's own Block).
 
     The core lists every block (``core.blocks``: a weak reference -> its
     ``v`` and stream): a __del__ cut by an interrupt (Python reports it as
@@ -296,42 +313,6 @@ def wrap_block(blk, nbytes, dtype, device_type):
 # ---- the engine ------------------------------------------------------------------
 
 
-class _Saved:
-    """What autograd stores for one saved tensor that went to the manager.
-    ``vref``/``version``: a weak reference to the tensor's root (the tensor,
-    or its ``_base``; views share one version counter) and its ``_version``
-    at the save, checked at unpack as autograd checks saved tensors without
-    hooks. ``cached``: the tensor the first unpack returned (popped once from
-    the manager), returned again by later unpacks of a graph kept with
-    retain_graph=True; it lives as long as autograd keeps this record.
-    ``core``: the manager's state while the record is pushed and not popped
-    (its ``unpopped`` count drops when the record is popped or dies)."""
-
-    __slots__ = ("tag", "h", "tensor", "ptr", "nbytes", "dtype", "size",
-                 "stride", "offset", "whole", "group", "vref", "version", "cached",
-                 "core", "epoch", "__weakref__")
-
-    def __del__(self):
-        c = getattr(self, "core", None)  # unset: cut before the push's bookkeeping
-        if c is not None and self.epoch == c.epoch:
-            # a record of an ended iteration is no longer counted (reset
-            # recounts from 0: an interrupt between the count and core
-            # cannot leave the count off beyond the iteration)
-            self.core = None
-            c.unpopped -= 1
-
-
-class _Kept:
-    """A saved tensor that stays where it is (not handed to the manager),
-    with its version at the save (checked at unpack)."""
-
-    __slots__ = ("t", "version")
-
-    def __init__(self, t, version):
-        self.t = t
-        self.version = version
-
-
 def _kept_tensor(r):
     """The tensor of a _Kept record, unchanged since the save."""
     t = r.t
@@ -353,7 +334,7 @@ def _modified_error(t, size, version, now):
 
 
 class _Group:
-    __slots__ = ("name", "records", "bases", "index", "slot", "aliases", "forced")
+    __slots__ = ("name", "records", "bases", "index", "aliases", "forced")
 
     def __init__(self, name):
         self.name = name
@@ -361,271 +342,19 @@ class _Group:
         self.bases = {}  # storage data_ptr -> [base handle, pushed?]
         self.index = -1
         # handles owned from the C call that makes them on (an interrupt
-        # after that call leaves them here, for _drop_bases): the base being
-        # made (ctypes pack) and the commit's forced-release aliases
-        self.slot = None  # ctypes.c_void_p
+        # after that call leaves them here, for _drop_bases): the commit's
+        # forced-release aliases
         self.aliases = None  # ctypes.c_void_p array
         self.forced = ()
-
-
-class _PyHooks:
-    """The saved-tensor hooks over ctypes: the fallback of ofl._ext.Hooks
-    (_ext.c), which runs the same algorithm on the same attributes of
-    ManagerCore (active, open, min_elems, min_bytes, copy_in, ...)."""
-
-    Saved = _Saved
-
-    def _eligible(self, t):
-        """Whether the manager may take t. Parameters and other subclasses,
-        views of them, buffers, lazy conjugates and negations (their bits
-        are not in the bytes) and quantized tensors stay where they are."""
-        if (t.device != self.torch_device or type(t) is not torch.Tensor
-                or t.layout is not torch.strided):
-            return False
-        numel = t.numel()
-        nb = numel * t.element_size()
-        if nb == 0 or numel < self.min_elems or nb < self.min_bytes:
-            return False
-        b = t._base
-        if b is not None and (type(b) is not torch.Tensor
-                              or getattr(b, "_ofl_not_offloadable", False)
-                              or getattr(b, "_is_buffer", False)):
-            return False
-        return not (getattr(t, "_ofl_not_offloadable", False) or getattr(t, "_is_buffer", False)
-                    or t.is_conj() or t.is_neg() or t.is_quantized)
-
-    def pack(self, t):
-        """The saved-tensor pack hook: a _Kept record (the tensor stays in
-        Python) or a _Saved record (pushed to the manager)."""
-        if not self.active or not self.open or not self._eligible(t):
-            return _Kept(t, t._version)
-        b = t._base
-        nb = t.numel() * t.element_size()
-        st = t.untyped_storage()
-        sptr = st.data_ptr()
-        snb = st.nbytes()
-        if t.is_contiguous():
-            off = t.data_ptr() - sptr
-            whole = False
-        elif 2 * nb >= snb:
-            off = 0
-            nb = snb
-            whole = True
-        else:
-            return _Kept(t, t._version)  # a small strided view of a large storage
-        g = self.open[-1]
-        h = self._href
-        if self.copy_in and not whole and 2 * nb < snb:
-            sptr += off  # copy only the region: it is its own storage
-            snb = nb
-            off = 0
-        # A new handle is owned by the group from the C call that makes it
-        # (written into g.slot, which _drop_bases ends) until it is pushed;
-        # a hand-over is one line whose only call is the last thing on it
-        # (nothing between the two can be interrupted: CPython checks for
-        # signals at calls' returns, function entries and backward jumps)
-        if g.slot is None:
-            g.slot = ctypes.c_void_p()
-        slot = g.slot
-        base = g.bases.get(sptr)
-        if base is None:
-            self._shape[0] = snb
-            if self.copy_in:
-                self.in_call += 1  # the allocator runs Python
-                try:
-                    st_ = L.ofl_pool_alloc(self.dev_pool, self._shape, 1, _lib.DTYPE_U8, None,
-                                           _byref(slot))
-                finally:
-                    self._leave()
-                self._check(st_, "ofl_pool_alloc")
-                ctypes.memmove(L.ofl_tensor_data(slot.value), sptr, snb)
-            else:
-                self._check(L.ofl_tensor_wrap(sptr, self._shape, 1, _lib.DTYPE_U8, _lib.LOC_DEVICE,
-                                              None, None, _byref(slot)), "ofl_tensor_wrap")
-            base = g.bases[sptr] = [slot.value, False]; slot.value = None  # noqa: E702 a hand-over
-        if off == 0 and nb == snb and not base[1]:
-            handle = base[0]
-            base[1] = True; st_ = L.ofl_manager_tensor_push(self.m, handle, self._tagref)  # noqa: E702
-            if st_ != 0:
-                base[1] = False
-        else:
-            if off == 0 and nb == snb:
-                self._check(L.ofl_tensor_alias(base[0], _byref(slot)), "ofl_tensor_alias")
-            else:
-                self._shape[0] = nb
-                self._check(L.ofl_tensor_view(base[0], off, self._shape, 1, _lib.DTYPE_U8,
-                                              _byref(slot)), "ofl_tensor_view")
-            handle = slot.value
-            slot.value = None; st_ = L.ofl_manager_tensor_push(self.m, handle, self._tagref)  # noqa: E702
-            if st_ != 0:
-                L.ofl_tensor_destroy(handle)
-        if st_ != 0:
-            raise error(st_, "ofl_manager_tensor_push")
-        r = _Saved()
-        r.tag = self._tag.value
-        r.h = handle
-        # held until the commit at least: while it lives its memory cannot be
-        # reused by another tensor of the group (storages are keyed by address)
-        r.tensor = t
-        r.ptr = sptr + off
-        r.nbytes = nb
-        r.dtype = t.dtype
-        r.size = t.size()
-        r.whole = whole
-        if whole:
-            r.stride = t.stride()
-            r.offset = t.storage_offset()
-        r.group = g
-        r.version = t._version
-        r.vref = _weakref(b if b is not None else t)
-        r.cached = None
-        r.epoch = self.epoch
-        self.unpopped += 1
-        r.core = self
-        g.records.append(r)
-        return r
-
-    def keep(self, t):
-        """The record of a tensor that stays where it is."""
-        return _Kept(t, t._version)
-
-    def pack_offload(self, t, name, marks=None, live=None):
-        """One group of its own for t (offload_activations): the group
-        starts, t is packed into it, the group commits; the group goes to
-        marks and a weak reference of the record to live. A _Kept record
-        (and no group) for a tensor the manager would not take."""
-        if not self.active or not self._eligible(t):
-            return _Kept(t, t._version)
-        nb = t.numel() * t.element_size()
-        whole = not t.is_contiguous()
-        if not whole:
-            ptr = t.data_ptr()
-        else:
-            st = t.untyped_storage()
-            if 2 * nb < st.nbytes():
-                return _Kept(t, t._version)  # a small strided view of a large storage
-            ptr = st.data_ptr()
-            nb = st.nbytes()
-        g = _Group(name)
-        self._sync_compute()
-        # start, push (a copy into the device pool on the host backend) and
-        # commit in one C call, as ofl._ext does: an interrupt before it
-        # changes nothing, one after it leaves a pushed tensor that the
-        # reset destroys unpopped
-        st_ = L.ofl_manager_group_push_bytes(self.m, name, ptr, nb, 1 if self.copy_in else 0,
-                                             self._tagref, self._href)
-        if st_ != 0:
-            raise error(st_, "ofl_manager_group_push_bytes(%s)" % name.decode())
-        r = _Saved()
-        r.tag = self._tag.value
-        r.h = h = self._h.value
-        r.tensor = None
-        if not self.copy_in:
-            if L.ofl_tensor_has_storage(h):
-                r.tensor = t  # kept on the device: pop gives it back
-            else:
-                self._hold_until_copied([t], [])
-        r.ptr = ptr
-        r.nbytes = nb
-        r.dtype = t.dtype
-        r.size = t.size()
-        r.whole = whole
-        if whole:
-            r.stride = t.stride()
-            r.offset = t.storage_offset()
-        r.group = g
-        r.version = t._version
-        b = t._base
-        r.vref = _weakref(b if b is not None else t)
-        r.cached = None
-        r.epoch = self.epoch
-        self.unpopped += 1
-        r.core = self
-        if marks is not None:
-            marks.append(g)
-            live.append(_weakref(r))
-        return r
-
-    def unpack_ordered(self, r, chunks, pos, name):
-        """The unpack of offload_activations: the backward markers of the
-        groups the manager expects up to r's own, in its order (chunks
-        first in, first out from chunks[pos[0]]; groups of a chunk in
-        reverse, pos[1] done), those passed over begun and ended at once;
-        then r's tensor. Group index: -1 not begun, 0 begun, -2 ended."""
-        if type(r) is not _Saved:
-            return self.unpack(r)
-        if r.cached is not None:
-            return r.cached
-        if r.core is not None and r.core is not self:
-            return r.core.unpack(r)
-        o = r.vref()
-        if o is not None and o._version != r.version:
-            raise _modified_error(o, r.size, r.version, o._version)
-        g = r.group
-        while g.index == -1 and pos[0] < len(chunks):
-            groups = chunks[pos[0]]
-            if pos[1] >= len(groups):
-                pos[0] += 1
-                pos[1] = 0
-                continue
-            nxt = groups[len(groups) - 1 - pos[1]]
-            pos[1] += 1
-            self.backward_begin(name)
-            nxt.index = 0
-            if nxt is not g:
-                self.backward_end(name)
-                nxt.index = -2
-        x = self.pop_record(r)
-        if g.index == 0:
-            g.index = -2
-            self.backward_end(name)
-        return x
-
-    def pop_record(self, r):
-        """Pops r from the manager (no version check) and keeps the tensor
-        in it; returns the tensor."""
-        if r.cached is not None or r.core is None:
-            return r.cached
-        if self.is_cuda:
-            self._sync_compute()
-        # the block owns the popped handle from the C call on (an interrupt
-        # after the pop frees it with the block)
-        blk = _Block(self, None, self.rt.compute_stream() if self.is_cuda else None)
-        st = L.ofl_manager_tensor_pop(self.m, r.tag, blk.ref)
-        if st != 0:
-            raise self._pop_error(st)
-        r.core = None
-        self.unpopped -= 1
-        t = r.tensor
-        r.tensor = None
-        if t is not None and L.ofl_tensor_data(blk.v.value) == r.ptr:
-            r.cached = t  # kept on the device: the torch tensor itself (blk ends h)
-            return t
-        x = r.cached = self._wrap_reloaded(blk, r)
-        return x
-
-    def unpack(self, r):
-        tr = type(r)
-        if tr is _Kept:
-            return _kept_tensor(r)
-        if tr is not _Saved:
-            return r
-        x = r.cached
-        if x is not None:
-            return x  # a graph used again (retain_graph=True)
-        o = r.vref()
-        if o is not None and o._version != r.version:
-            raise _modified_error(o, r.size, r.version, o._version)
-        return self.pop_record(r)
 
 
 def unpack_detached(r):
     """Unpack of a record whose manager is gone from its context: kept
     tensors and tensors already popped."""
     tr = type(r)
-    if tr is _Kept or (_ext is not None and tr is _ext.Kept):
+    if _ext is not None and tr is _ext.Kept:
         return _kept_tensor(r)
-    if tr is _Saved or (_ext is not None and tr is _ext.Saved):
+    if _ext is not None and tr is _ext.Saved:
         if r.cached is None:
             raise RuntimeError("ofl.torch: a saved tensor was unpacked after its manager was "
                                "closed; run backward before close()")
@@ -849,9 +578,6 @@ class _CoreMethods:
             if not base[1]:
                 base[1] = None; L.ofl_tensor_destroy(base[0])  # noqa: E702 one line (see above)
         g.bases = {}
-        slot = g.slot
-        if slot is not None and slot.value:
-            L.ofl_tensor_destroy_slot(_byref(slot), None)
         self._drop_aliases(g)
 
     def _drop_aliases(self, g):
@@ -997,10 +723,12 @@ class _CoreMethods:
             self._leave()
         self._check(st, "ofl_manager_group_backward_end(%s)" % name.decode())
 
-    def _wrap_reloaded(self, blk, r):
-        """The torch tensor of saved record r over the popped handle that
-        blk owns, reloaded into the manager's device pool."""
-        x = wrap_block(blk, r.nbytes, torch.uint8 if r.whole else r.dtype, self.device_type)
+    def _wrap_reloaded(self, h, r):
+        """The torch tensor of saved record r over popped handle h (an int,
+        owned from here on), reloaded into the manager's device pool: the
+        cuda path of ofl._ext (the host backend's is in C)."""
+        x = wrap_storage(self, h, r.nbytes, torch.uint8 if r.whole else r.dtype,
+                         self.device_type, self.rt.compute_stream() if self.is_cuda else None)
         if r.whole:
             return x.view(r.dtype).as_strided(r.size, r.stride, r.offset)
         return x.view(r.size) if len(r.size) != 1 else x
@@ -1057,12 +785,8 @@ class _CoreMethods:
         self._check(st, "ofl_manager_reset")
 
     def _iteration_ended(self):
-        """The manager ended its iteration. Records of the ctypes hooks count
-        in unpopped within their iteration only (_Saved.__del__), so a
-        count left off by an interrupt ends with it."""
+        """The manager ended its iteration."""
         self.epoch += 1
-        if self.Saved is _Saved:
-            self.unpopped = 0
 
     def commit_open_groups(self):
         """Commits every group still open in the manager (a step abandoned
@@ -1177,20 +901,25 @@ class _CoreMethods:
         return res
 
 
-class ManagerCorePy(_PyHooks, _CoreMethods):
-    """ManagerCore with the ctypes hooks (whether or not ofl._ext is built)."""
-
-
 if _ext is not None:
-    class ManagerCoreC(_ext.Hooks, _CoreMethods):
-        """ManagerCore with the hooks of ofl._ext."""
+    class ManagerCore(_ext.Hooks, _CoreMethods):
+        """One ofl manager with ofl.torch's saved-tensor hooks (ofl._ext)."""
 
         Saved = _ext.Saved
-
-    ManagerCore = ManagerCoreC
 else:
-    ManagerCoreC = None
-    ManagerCore = ManagerCorePy
+    class ManagerCore:
+        """Stands for the manager where ofl._ext is missing: refuses to start
+        and says what to install."""
+
+        Saved = None
+
+        def __init__(self, *args, **kwargs):
+            raise ImportError(
+                "ofl.torch: offloading activations needs the package's C extension ofl._ext, "
+                "and %s. Install the Python headers (Debian: apt-get install python3-dev) and "
+                "reinstall the package (pip install ./python), or build the repository with "
+                "meson and put <build>/python on PYTHONPATH. ofl.torch's safetensors, stager and "
+                "disk checkpoint work without it." % hooks_backend_reason)
 
 
 def _render(summary):
@@ -1243,5 +972,5 @@ def _rank():
     return dist.get_rank() if dist is not None else 0
 
 
-__all__ = ["Runtime", "ManagerCore", "ManagerCorePy", "ManagerCoreC", "OflError", "ofl_dtype",
-           "torch_dtype", "wrap_storage", "hooks_backend"]
+__all__ = ["Runtime", "ManagerCore", "OflError", "ofl_dtype", "torch_dtype", "wrap_storage",
+           "hooks_backend"]

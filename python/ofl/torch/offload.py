@@ -7,8 +7,8 @@ Mapping onto the manager (documented in python/README.md too):
   * one **group per saved tensor**, named ``activations``: the pack hook
     starts it, pushes the tensor and commits it at once, so the D2H copy of
     each activation starts right after the op that produced it, as
-    torchtune's per-tensor offload does (``ManagerCore.pack_offload``, in C
-    when ofl._ext is built);
+    torchtune's per-tensor offload does (``ManagerCore.pack_offload``, in C,
+    ofl._ext);
   * ``max_fwd_stash_size`` is the manager's ``max_inflight``: at most that
     many offloads of the name in flight before compute waits for the oldest;
     and its ``prefetch_groups``: backward issues the reloads of that many
@@ -83,8 +83,8 @@ from .._errors import OflError
 from . import _core
 from ._core import ManagerCore, unpack_detached
 
-# the records of tensors kept where they are (ctypes and C hooks)
-_KEPT = (_core._Kept, _core._ext.Kept if _core._ext is not None else _core._Kept)
+# the records of tensors kept where they are (ofl._ext's Kept; none without it)
+_KEPT = (_core._ext.Kept,) if _core._ext is not None else ()
 
 __all__ = ["offload_activations", "OffloadActivations", "release_managers"]
 
