@@ -183,9 +183,32 @@ static bool next_copy(const plan_order_t *o, const bool *chosen, bool instant,
   return false;
 }
 
+/* The producer of recomputed group c's input, where it is offloaded under
+ * chosen (has_input), else SIZE_MAX. */
+static size_t offloaded_input(const ofl__plan_group_t *g, size_t n,
+                              const bool *chosen, size_t c) {
+  if (!g[c].has_input || g[c].input_of >= n || g[c].input_of == c)
+    return SIZE_MAX;
+  return is_chosen(g, chosen, g[c].input_of) ? g[c].input_of : SIZE_MAX;
+}
+
+/* An offloaded group's bytes come back (its reload, or the rerun of a
+ * recomputed group whose input they hold, whichever is first): o->back[i]
+ * 0 they are there (its copy runs), 1 back before they left (they never
+ * leave), 2 they left, 3 back. */
+static void come_back(const plan_order_t *o, size_t i, uint64_t *cur) {
+  if (o->back[i] == 2) {
+    *cur += o->g[i].bytes;
+    o->back[i] = 3;
+  } else if (o->back[i] == 0) {
+    o->back[i] = 1;
+  }
+}
+
 /* instant: every copy takes no time. That peak is a lower bound of the
  * real one (each group's bytes leave no later) and, unlike it, never grows
- * when a group is added to the choice (no queue delays the others). */
+ * when a group is added to the choice (no queue delays the others; an
+ * offloaded producer of an input is back no later than a kept one). */
 static uint64_t peak_eval(const plan_order_t *o, const bool *chosen,
                           const bool *rec, bool instant) {
   const ofl__plan_group_t *g = o->g;
@@ -206,15 +229,14 @@ static uint64_t peak_eval(const plan_order_t *o, const bool *chosen,
         cur += x->bytes + x->kept_bytes - (r ? x->recompute_bytes : 0);
       } else if (ev->kind == PLAN_EV_RECOMP) {
         cur += r ? x->recompute_bytes : 0; /* the rerun forward's bytes */
+        size_t in = r ? offloaded_input(g, o->n, chosen, ev->group) : SIZE_MAX;
+        if (in != SIZE_MAX) /* the rerun's input, reloaded for it */
+          come_back(o, in, &cur);
       } else if (ev->kind == PLAN_EV_RELOAD) {
         /* Its bytes come back; when they never left (the copy still
          * running), they stay counted once. */
-        if (is_chosen(g, chosen, ev->group)) {
-          if (o->back[ev->group] == 2)
-            cur += x->bytes;
-          else
-            o->back[ev->group] = 1;
-        }
+        if (is_chosen(g, chosen, ev->group))
+          come_back(o, ev->group, &cur);
       } else {
         cur -= x->bytes + x->kept_bytes;
       }
@@ -429,12 +451,32 @@ double ofl__plan_exposed(const ofl__plan_group_t *g, size_t n,
   return ofl__plan_exposure(g, n, chosen, NULL, NULL);
 }
 
+double ofl__plan_input_wait(const ofl__plan_group_t *g, size_t i,
+                            bool offloaded) {
+  if (!offloaded || !g[i].has_input)
+    return 0;
+  double w = g[i].bwd_window_ns > 0 ? g[i].bwd_window_ns : 0;
+  return fmax(0.0, g[g[i].input_of].h2d_ns - w);
+}
+
+/* The recomputed groups' waits for their inputs' reloads (rec, chosen: n
+ * each), ns. */
+static double input_waits(const ofl__plan_group_t *g, size_t n,
+                          const bool *chosen, const bool *rec) {
+  double w = 0;
+  for (size_t i = 0; rec != NULL && i < n; i++)
+    if (rec[i])
+      w += ofl__plan_input_wait(
+          g, i, offloaded_input(g, n, chosen, i) != SIZE_MAX);
+  return w;
+}
+
 double ofl__plan_cost(const ofl__plan_group_t *g, size_t n,
                       const uint8_t *action, double *recompute_ns) {
   bool *chosen, *rec;
   if (!split_actions(action, n, &chosen, &rec))
     return INFINITY;
-  double r = 0;
+  double r = input_waits(g, n, chosen, rec);
   for (size_t i = 0; i < n; i++)
     if (rec[i])
       r += g[i].recompute_ns;
@@ -502,7 +544,7 @@ static bool bad_ns(double v) { return !(v >= 0) || isinf(v); }
  * byte totals the simulation can add up (an offloaded group can count its
  * bytes twice while its copy runs late). */
 static ofl_status_t check_group(const ofl__plan_group_t *x, size_t i,
-                                int nnames, uint64_t *total) {
+                                size_t n, int nnames, uint64_t *total) {
   if (x->name < 0 || x->name >= nnames)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "plan solve: group %zu name %d out of range (nnames %d)",
@@ -533,6 +575,11 @@ static ofl_status_t check_group(const ofl__plan_group_t *x, size_t i,
                       i, x->recompute_ns,
                       (unsigned long long)x->recompute_bytes,
                       (unsigned long long)(x->bytes + x->kept_bytes));
+  if (x->has_input && (x->input_of == i || x->input_of >= n))
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "plan solve: group %zu input_of %u must be another "
+                      "group, below %zu",
+                      i, x->input_of, n);
   if (x->lead > 0 &&
       (x->bwd_pos < 0 || x->gate_pos < 0 || x->gate_pos > x->bwd_pos ||
        bad_ns(x->bwd_window_max_ns) || x->bwd_window_max_ns < x->bwd_window_ns))
@@ -555,7 +602,7 @@ static ofl_status_t names_build(plan_names_t *s, const ofl__plan_group_t *g,
   uint64_t total = 0;
   const ofl__plan_group_t *first = NULL;
   for (size_t i = 0; i < n; i++) {
-    OFL_CHECK(check_group(&g[i], i, s->nnames, &total));
+    OFL_CHECK(check_group(&g[i], i, n, s->nnames, &total));
     if (g[i].lead > 0 && (size_t)g[i].bwd_pos >= n)
       return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                         "plan solve: group %zu bwd_pos %d not below the "
@@ -668,12 +715,21 @@ typedef struct {
   unsigned rmask, excl;
   double rcost;
   uint64_t rmoved;
+  bool linked; /* some recomputable group's input is another group's */
+  uint64_t nodes; /* peak evaluations (evaluate), not saturated */
+  bool cut;       /* the lowest-peak search ran out of its budget */
 } plan_search_t;
 
 /* The exposed time of p->cand (ofl__plan_exposed). */
 static double cand_exposed(const plan_search_t *p) {
   /* the recomputed groups are kept as far as the reload queue goes */
   return d2h_exposed(p->g, p->n, p->cand) + h2d_stall(&p->order, p->cand, NULL);
+}
+
+/* The recomputed groups' waits for their inputs' reloads under p->cand:
+ * never below 0, so the bounds without them stay bounds. */
+static double cand_input_waits(const plan_search_t *p) {
+  return p->linked ? input_waits(p->g, p->n, p->cand, p->rec) : 0;
 }
 
 /* The choice: the active names k with whole[k] (whole indexes
@@ -693,6 +749,7 @@ static void set_choice(plan_search_t *p, const bool *whole, int split,
 static uint64_t evaluate(plan_search_t *p, bool instant) {
   if (p->evaluated < UINT32_MAX)
     p->evaluated++;
+  p->nodes++;
   return peak_eval(&p->order, p->cand, p->rec, instant);
 }
 
@@ -719,7 +776,8 @@ static void try_choice(plan_search_t *p, plan_best_t *best, bool *whole,
   uint64_t peak = evaluate(p, false);
   if (peak > p->target)
     return;
-  plan_score_t sc = {p->rcost + cand_exposed(p), moved, peak};
+  plan_score_t sc = {p->rcost + cand_input_waits(p) + cand_exposed(p), moved,
+                     peak};
   if (beats(sc, best->score))
     *best = (plan_best_t){sc, mask, split, j, true, p->rmask};
 }
@@ -886,9 +944,22 @@ static void set_recompute(plan_search_t *p, const int *rname, int nr,
   }
 }
 
+/* Whether some offload choice with p's recomputed names may meet the
+ * target: the peak with every other name offloaded and copies that take no
+ * time is a lower bound of all of them (evaluate(p, true)). */
+static bool recompute_may_meet(plan_search_t *p) {
+  bool whole[PLAN_EXACT_NAMES];
+  for (int k = 0; k < p->names->nactive; k++)
+    whole[k] = !((p->excl >> k) & 1u);
+  set_choice(p, whole, -1, 0);
+  return evaluate(p, true) <= p->target;
+}
+
 /* Every subset of the recomputable names, cheapest first, each with the
  * exact offload search over the other names; a subset whose recompute time
- * alone is past the best ends the loop (the rest cost more). */
+ * alone is past the best ends the loop (the rest cost more), one whose
+ * lower bound of the peak is over the target is skipped (a target no
+ * choice meets then costs one evaluation per subset). */
 static ofl_status_t search_recompute(plan_search_t *p, const plan_subset_t *sub,
                                      const int *rname, int nr,
                                      plan_best_t *best) {
@@ -908,7 +979,8 @@ static ofl_status_t search_recompute(plan_search_t *p, const plan_subset_t *sub,
     if (rs[q].cost > best->score.exposed + PLAN_TIE_NS)
       break;
     set_recompute(p, rname, nr, rs[q].mask);
-    *best = search_exact(p, sub, *best);
+    if (nr == 0 || recompute_may_meet(p))
+      *best = search_exact(p, sub, *best);
   }
   free(rs);
   return OFL_SUCCESS;
@@ -935,7 +1007,8 @@ static void low_try(plan_search_t *p, plan_best_t *best, const bool *whole,
   uint64_t peak = evaluate(p, false);
   if (best->found && peak > best->score.peak)
     return;
-  plan_score_t sc = {p->rcost + cand_exposed(p), moved + p->rmoved, peak};
+  plan_score_t sc = {p->rcost + cand_input_waits(p) + cand_exposed(p),
+                     moved + p->rmoved, peak};
   if (!best->found || beats_low(sc, best->score))
     *best = (plan_best_t){sc, mask, split, j, true, p->rmask};
 }
@@ -969,9 +1042,19 @@ static int rlow_cmp(const void *pa, const void *pb) {
  * splits), and the splits of a name m with S where the bound of S with m
  * whole is above it. Subsets of recomputable names go in the order of their
  * bound; the offload subsets from every name down, so that low peaks come
- * first. */
+ * first. At most OFL__PLAN_LOWEST_BUDGET evaluations once a choice was
+ * found (the first one tried always is): then it stops with the lowest
+ * found and sets p->cut. */
+static bool lowest_spent(plan_search_t *p, const plan_best_t *best,
+                         uint64_t from) {
+  if (best->found && p->nodes - from >= OFL__PLAN_LOWEST_BUDGET)
+    p->cut = true;
+  return p->cut;
+}
+
 static ofl_status_t search_lowest(plan_search_t *p, const int *rname, int nr,
                                   plan_best_t *best) {
+  uint64_t from = p->nodes;
   const plan_names_t *s = p->names;
   int k_n = s->nactive;
   size_t nsub = (size_t)1 << k_n, nrs = (size_t)1 << nr;
@@ -994,11 +1077,11 @@ static ofl_status_t search_lowest(plan_search_t *p, const int *rname, int nr,
     rs[q] = (plan_rlow_t){evaluate(p, true), p->rcost, (unsigned)q};
   }
   qsort(rs, nrs, sizeof *rs, rlow_cmp);
-  for (size_t q = 0; q < nrs; q++) {
+  for (size_t q = 0; q < nrs && !lowest_spent(p, best, from); q++) {
     if (best->found && rs[q].lb > best->score.peak)
       break; /* the rest are bounded higher still */
     set_recompute(p, rname, nr, rs[q].mask);
-    for (size_t i = nsub; i-- > 0;) {
+    for (size_t i = nsub; i-- > 0 && !lowest_spent(p, best, from);) {
       unsigned S = (unsigned)i;
       if (S & p->excl)
         continue;
@@ -1019,7 +1102,8 @@ static ofl_status_t search_lowest(plan_search_t *p, const int *rname, int nr,
         if (lb[with] > best->score.peak) /* with > S: computed before */
           continue;
         int m = s->active[k];
-        for (size_t j = 1; j < s->count[m]; j++)
+        for (size_t j = 1; j < s->count[m] && !lowest_spent(p, best, from);
+             j++)
           low_try(p, best, whole, S, m, j, moved + name_bytes(s, m, j));
       }
     }
@@ -1105,6 +1189,7 @@ static void fill_result(const plan_search_t *p, ofl__plan_result_t *r) {
       r->recomputed_bytes += p->g[i].recompute_bytes;
     }
   }
+  r->recompute_ns += cand_input_waits(p);
   r->cost_ns = r->exposed_ns + r->recompute_ns;
 }
 
@@ -1157,8 +1242,12 @@ static ofl_status_t solve(plan_search_t *p, bool recompute,
   if (st != OFL_SUCCESS)
     return st;
   if (!best.found && recompute) { /* no choice meets it: the lowest peak */
+    uint64_t from = p->nodes;
     OFL_CHECK(search_lowest(p, rname, nr, &best));
     r->lowest = best.found;
+    r->cut = p->cut;
+    r->lowest_nodes =
+        p->nodes - from < UINT32_MAX ? (uint32_t)(p->nodes - from) : UINT32_MAX;
   }
   set_recompute(p, rname, nr, best.found ? best.rmask : 0);
   bool whole[PLAN_EXACT_NAMES] = {false};
@@ -1181,7 +1270,10 @@ static ofl_status_t solve_any(const ofl__plan_group_t *g, size_t n,
                       (const void *)g, n, (void *)chosen, (void *)out, nnames);
   plan_names_t names;
   OFL_CHECK(names_alloc(&names, nnames, n));
-  plan_search_t p = {g, n, target, &names, {0}, NULL, 0, NULL, 0, 0, 0, 0};
+  plan_search_t p = {g, n, target, &names, {0}, NULL, 0, NULL, 0, 0, 0, 0,
+                     false, 0, false};
+  for (size_t i = 0; i < n; i++)
+    p.linked |= g[i].recomputable && g[i].has_input;
   ofl__plan_result_t r;
   memset(&r, 0, sizeof r);
   ofl_status_t st = names_build(&names, g, n);

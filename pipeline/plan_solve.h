@@ -75,6 +75,15 @@ typedef struct ofl__plan_group {
                                application keeps) */
   double recompute_ns;      /* the forward's time, paid again in its
                                backward */
+  /* The group that produced the input the recompute keeps, where that
+   * input is a tensor of another group (has_input; input_of: its index,
+   * not this group's). Where the plan recomputes this group and offloads
+   * that one, the rerun needs the producer's bytes back as its backward
+   * begins: they return then (not at the producer's own t_reload) and the
+   * rerun waits for the part of the producer's H2D copy that this group's
+   * backward window does not cover (ofl__plan_input_wait). */
+  bool has_input;
+  uint32_t input_of;
 } ofl__plan_group_t;
 
 /* A group's action under a plan (ofl__plan_solve_actions). */
@@ -97,7 +106,25 @@ typedef struct ofl__plan_result {
   bool lowest;             /* no choice met the target and the three-way
                               search chose the lowest predicted peak
                               (ofl__plan_solve_actions with recompute) */
+  bool cut;                /* that lowest-peak search ran out of its
+                              budget (OFL__PLAN_LOWEST_BUDGET): the lowest
+                              peak it found, not necessarily the lowest */
+  uint32_t lowest_nodes;   /* peak evaluations of that search */
 } ofl__plan_result_t;
+
+/* The lowest-peak search (a target no three-way choice meets) evaluates at
+ * most this many choices; then it stops with the lowest found (its first
+ * tries are the likeliest: recompute subsets in the order of their bound,
+ * offload subsets from every name down). 16 offloadable and 8 recomputable
+ * names are 2^24 subsets before any split. */
+#define OFL__PLAN_LOWEST_BUDGET 100000u
+
+/* The wait of recomputed group i's rerun for its input's reload, ns: where
+ * g[i].has_input and the producer g[g[i].input_of] is offloaded (offloaded
+ * true), the part of the producer's H2D copy that g[i]'s backward window
+ * does not cover, else 0. Part of a recompute's cost. */
+double ofl__plan_input_wait(const ofl__plan_group_t *g, size_t i,
+                            bool offloaded);
 
 /* Exposed copy time of one group when offloaded, at least: the part of each
  * direction's copy that its window does not cover, the backward's window
@@ -180,9 +207,15 @@ ofl_status_t ofl__plan_solve(const ofl__plan_group_t *g, size_t n, int nnames,
  * others) with the lowest predicted peak, ties to the least predicted cost
  * (1 ns), then to fewer bytes off the device; met false, lowest true (a
  * search over that whole space, cut only where the peak with copies that
- * take no time, a lower bound, cannot reach the lowest found). Errors as
- * ofl__plan_solve's, and a recomputable group whose recompute_bytes exceed
- * bytes + kept_bytes or whose recompute_ns is negative, NaN or infinite. */
+ * take no time, a lower bound, cannot reach the lowest found; at most
+ * OFL__PLAN_LOWEST_BUDGET evaluations, then the lowest found and cut
+ * true). A recompute's cost includes its input's reload wait
+ * (ofl__plan_input_wait): that only adds to the cost, so the bounds
+ * (recompute_ns and the per-group exposed times) stay below it and the
+ * search stays exact. Errors as ofl__plan_solve's, and a recomputable
+ * group whose recompute_bytes exceed bytes + kept_bytes, whose
+ * recompute_ns is negative, NaN or infinite, or whose input_of is itself
+ * or not below n. */
 ofl_status_t ofl__plan_solve_actions(const ofl__plan_group_t *g, size_t n,
                                      int nnames, uint64_t target,
                                      bool recompute, uint8_t *action,
@@ -192,13 +225,17 @@ ofl_status_t ofl__plan_solve_actions(const ofl__plan_group_t *g, size_t n,
  * group holds bytes + kept_bytes - recompute_bytes from its commit, and
  * recompute_bytes more from its backward's begin (t_reload +
  * bwd_window_ns, at most t_free) to t_free; offloaded groups as
- * ofl__plan_peak. UINT64_MAX where it cannot allocate its scratch. */
+ * ofl__plan_peak, except that an offloaded producer of a recomputed
+ * group's input (has_input) has its bytes back from that group's
+ * backward's begin where that is before its own reload (held until its
+ * t_free). UINT64_MAX where it cannot allocate its scratch. */
 uint64_t ofl__plan_peak_actions(const ofl__plan_group_t *g, size_t n,
                                 const uint8_t *action);
 
 /* Predicted cost under actions: ofl__plan_exposed of the offloaded groups
- * plus recompute_ns of the recomputed ones; *recompute_ns (not NULL) gets
- * the second part. INFINITY where it cannot allocate its scratch. */
+ * plus recompute_ns and ofl__plan_input_wait of the recomputed ones;
+ * *recompute_ns (not NULL) gets the second part. INFINITY where it cannot
+ * allocate its scratch. */
 double ofl__plan_cost(const ofl__plan_group_t *g, size_t n,
                       const uint8_t *action, double *recompute_ns);
 

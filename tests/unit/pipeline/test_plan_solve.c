@@ -1207,6 +1207,22 @@ typedef struct {
   double low_cost; /* the least cost among the choices of min_peak */
 } brute3_t;
 
+/* A recomputed group whose input another group holds waits, where that
+ * group is offloaded, for the part of its reload that its own backward
+ * window does not cover. */
+static double naive_input_waits(const inst_t *in, const uint8_t *a) {
+  double w = 0;
+  for (size_t i = 0; i < in->n; i++) {
+    const ofl__plan_group_t *x = &in->g[i];
+    if (a[i] != OFL__PLAN_RECOMPUTE || !x->has_input ||
+        a[x->input_of] != OFL__PLAN_OFFLOAD)
+      continue;
+    double d = in->g[x->input_of].h2d_ns - x->bwd_window_ns;
+    w += d > 0 ? d : 0;
+  }
+  return w;
+}
+
 /* Every choice of the three-way decision space: a subset of the
  * recomputable names recomputed whole, and the offload choice of
  * ofl__plan_solve over the others. */
@@ -1225,7 +1241,7 @@ static void brute3_rec(const inst_t *in, int m, int *x, bool split,
       rns += r ? in->g[i].recompute_ns : 0;
     }
     uint64_t peak = ofl__plan_peak_actions(in->g, in->n, a);
-    double cost = naive_exposed(in, c) + rns;
+    double cost = naive_exposed(in, c) + rns + naive_input_waits(in, a);
     b->choices++;
     if (peak < b->min_peak || (peak == b->min_peak && cost < b->low_cost)) {
       b->min_peak = peak;
@@ -1433,4 +1449,191 @@ Test(pipeline_plan_solve, without_recompute_the_choice_is_offload_only) {
     cr_assert(eq(u64, r.predicted_peak, o.predicted_peak));
     cr_assert(eq(dbl, r.recompute_ns, 0.0));
   }
+}
+
+/* ---- the recompute's input held by another group ------------------------ */
+
+/* g0 (400 bytes, copied out by 5, reloaded at 100) holds g1's input; g1
+ * (1000 bytes, 200 of them kept by a recompute) begins its backward at 80;
+ * g2 stays with 300 bytes from 20 to 45 (g1 kept whole goes over 1000).
+ * Recomputing g1 with g0 offloaded brings g0's bytes back at 80 (peak 1400
+ * there, not 1000) and waits for the reload's 60 ns less g1's 30 ns
+ * window. */
+static void input_pair(ofl__plan_group_t *g, bool linked) {
+  g[2] = stay(2, 300, 20, 45);
+  g[0] = grp(0, 0, 400, 0, 0, 100, 120, 5);
+  g[0].fwd_window_ns = 10;
+  g[0].h2d_ns = 60;
+  g[0].bwd_window_ns = 60;
+  g[1] = grp(1, 0, 1000, 0, 10, 50, 90, 0);
+  g[1].h2d_ns = 100;
+  g[1].bwd_window_ns = 30;
+  g[1].recomputable = true;
+  g[1].recompute_bytes = 800;
+  g[1].recompute_ns = 40;
+  g[1].has_input = linked;
+  g[1].input_of = 0;
+}
+
+Test(pipeline_plan_solve, a_recompute_waits_for_and_holds_its_offloaded_input) {
+  ofl__plan_group_t g[3];
+  uint8_t rec[3] = {OFL__PLAN_OFFLOAD, OFL__PLAN_RECOMPUTE, OFL__PLAN_KEEP};
+  uint8_t kept[3] = {OFL__PLAN_KEEP, OFL__PLAN_RECOMPUTE, OFL__PLAN_KEEP};
+  double r = 0;
+  input_pair(g, false);
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 3, rec), 1000));
+  cr_assert(eq(dbl, ofl__plan_cost(g, 3, rec, &r), 40.0));
+  input_pair(g, true);
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 3, rec), 1400));
+  cr_assert(eq(dbl, ofl__plan_cost(g, 3, rec, &r), 70.0));
+  cr_assert(eq(dbl, r, 70.0));
+  cr_assert(eq(dbl, ofl__plan_input_wait(g, 1, true), 30.0));
+  cr_assert(eq(dbl, ofl__plan_input_wait(g, 1, false), 0.0));
+  /* a kept producer: no reload to wait for, its bytes there anyway */
+  cr_assert(eq(dbl, ofl__plan_cost(g, 3, kept, &r), 40.0));
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 3, kept), 1400));
+  /* a target of 1000: without the link g1 is recomputed (40 ns) with g0
+   * offloaded; with it, that choice peaks at 1400 and both are offloaded */
+  uint8_t a[3];
+  ofl__plan_result_t res;
+  input_pair(g, false);
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 3, 3, 1000, true, a, &res),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(int, a[1], OFL__PLAN_RECOMPUTE));
+  cr_assert(eq(dbl, res.cost_ns, 40.0));
+  input_pair(g, true);
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 3, 3, 1000, true, a, &res),
+               OFL_SUCCESS));
+  cr_assert(res.met);
+  cr_assert(eq(int, a[0], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(int, a[1], OFL__PLAN_OFFLOAD));
+  cr_assert(gt(dbl, res.cost_ns, 40.0));
+  cr_assert(eq(u64, res.predicted_peak, 1000));
+  /* a link to itself or past the groups is malformed */
+  g[1].input_of = 1;
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 3, 3, 1000, true, a, &res),
+               OFL_ERR_INVALID_ARG));
+  g[1].input_of = 3;
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 3, 3, 1000, true, a, &res),
+               OFL_ERR_INVALID_ARG));
+}
+
+/* Links from half the recomputable groups to another group, any. */
+static uint32_t make_links(inst_t *in, uint64_t *s) {
+  uint32_t links = 0;
+  for (size_t i = 0; i < in->n && in->n > 1; i++) {
+    ofl__plan_group_t *x = &in->g[i];
+    if (!x->recomputable || rnd(s, 0, 1) == 0)
+      continue;
+    size_t j = (size_t)rnd(s, 0, in->n - 2);
+    x->has_input = true;
+    x->input_of = (uint32_t)(j >= i ? j + 1 : j);
+    links++;
+  }
+  return links;
+}
+
+Test(pipeline_plan_solve, three_way_search_with_input_links_matches_a_brute_force) {
+  uint64_t s = 9191;
+  tally3_t t = {0};
+  uint32_t changed = 0, waited = 0;
+  for (int it = 0; it < 400; it++) {
+    inst_t in;
+    random_inst(&in, &s);
+    unsigned rm = make_recomputable(&in, &s);
+    if (make_links(&in, &s) == 0)
+      continue;
+    brute3_t any = brute3(&in, rm, UINT64_MAX);
+    uint64_t none = ofl__plan_peak(in.g, in.n, NULL);
+    uint64_t targets[4] = {
+        rnd(&s, any.min_peak, none), rnd(&s, any.min_peak, none),
+        none, any.min_peak > 0 ? any.min_peak - 1 : 0};
+    for (int k = 0; k < 4; k++) {
+      solve3_and_compare(&in, rm, targets[k], &t);
+      /* the same instance without its links: another plan or cost */
+      inst_t bare = in;
+      for (size_t i = 0; i < bare.n; i++)
+        bare.g[i].has_input = false;
+      uint8_t a[MAXG], b[MAXG];
+      ofl__plan_result_t ra, rb;
+      cr_assert(eq(int,
+                   ofl__plan_solve_actions(in.g, in.n, in.nnames, targets[k],
+                                           true, a, &ra),
+                   OFL_SUCCESS));
+      cr_assert(eq(int,
+                   ofl__plan_solve_actions(bare.g, bare.n, bare.nnames,
+                                           targets[k], true, b, &rb),
+                   OFL_SUCCESS));
+      /* a link only adds bytes and cost to a choice */
+      bool dearer = !ra.met || (rb.met && ra.cost_ns + 1e-6 >= rb.cost_ns);
+      cr_assert(dearer, "cost %f without the links %f", ra.cost_ns,
+                rb.cost_ns);
+      changed += memcmp(a, b, in.n) != 0;
+      waited += naive_input_waits(&in, a) > 0;
+    }
+  }
+  cr_log_info("three-way with links: %u runs, %u recompute, %u plans "
+              "changed by the links, %u wait for an input",
+              t.runs, t.recomputed, changed, waited);
+  cr_assert(gt(u32, t.runs, 400), "runs %u", t.runs);
+  cr_assert(gt(u32, t.recomputed, 60), "recomputed %u", t.recomputed);
+  cr_assert(gt(u32, changed, 20), "changed %u", changed);
+  cr_assert(gt(u32, waited, 10), "waited %u", waited);
+}
+
+/* ---- the lowest-peak search's budget ------------------------------------ */
+
+/* 16 offloadable names of 2 groups each, 8 of them recomputable, and a
+ * target no choice meets: the lowest-peak search stops after its budget
+ * with a valid plan and says it was cut. */
+Test(pipeline_plan_solve, the_lowest_peak_search_stops_at_its_budget) {
+  uint64_t s = 555;
+  inst_t in;
+  int counts[16];
+  for (int m = 0; m < 16; m++)
+    counts[m] = 2;
+  make_inst(&in, &s, 16, counts, 0, false);
+  for (size_t i = 0; i < in.n; i++) {
+    ofl__plan_group_t *x = &in.g[i];
+    x->recomputable = x->name < 8;
+    x->recompute_bytes = x->bytes / 2;
+    x->recompute_ns = 10.0 * (double)rnd(&s, 1, 40);
+  }
+  uint8_t a[MAXG];
+  ofl__plan_result_t r;
+  cr_assert(eq(int,
+               ofl__plan_solve_actions(in.g, in.n, in.nnames, 1, true, a, &r),
+               OFL_SUCCESS));
+  cr_log_info("lowest peak of 16 names, 8 recomputable: %u evaluations "
+              "(%u in the lowest-peak search), cut %d, peak %llu (all "
+              "offloaded %llu)",
+              r.evaluated, r.lowest_nodes, r.cut,
+              (unsigned long long)r.predicted_peak,
+              (unsigned long long)r.peak_all);
+  cr_assert(not(r.met));
+  cr_assert(r.lowest);
+  cr_assert(r.cut);
+  cr_assert(r.exact);
+  cr_assert(le(u32, r.lowest_nodes, OFL__PLAN_LOWEST_BUDGET + 64));
+  cr_assert(le(u32, r.evaluated, OFL__PLAN_LOWEST_BUDGET + 2048));
+  /* a valid plan: its figures are its actions', names whole */
+  cr_assert(eq(u64, r.predicted_peak, ofl__plan_peak_actions(in.g, in.n, a)));
+  for (size_t i = 0; i < in.n; i++) {
+    if (a[i] == OFL__PLAN_RECOMPUTE)
+      cr_assert(in.g[i].recomputable);
+    for (size_t j = 0; j < in.n; j++)
+      if (in.g[i].name == in.g[j].name)
+        cr_assert(eq(int, a[i] == OFL__PLAN_RECOMPUTE,
+                     a[j] == OFL__PLAN_RECOMPUTE));
+  }
+  /* a small instance is not cut */
+  inst_t small;
+  random_inst(&small, &s);
+  make_recomputable(&small, &s);
+  cr_assert(eq(int,
+               ofl__plan_solve_actions(small.g, small.n, small.nnames, 0, true,
+                                       a, &r),
+               OFL_SUCCESS));
+  cr_assert(not(r.cut));
 }
