@@ -75,9 +75,23 @@ static group_t *open_group(const ofl_manager_t *m, const char *name,
   return NULL;
 }
 
-ofl_status_t ofl_manager_group_start_flags(ofl_manager_t *m, const char *name,
-                                           unsigned flags,
-                                           size_t kept_input_bytes) {
+/* The most recent group of input_group started before g in g's chunk
+ * (NULL: none, or a name that is not offloaded). */
+static group_t *input_producer(const ofl_manager_t *m, const group_t *g,
+                               const char *input_group) {
+  if (input_group == NULL || input_group[0] == '\0')
+    return NULL;
+  int nid = ofl__name_find(m, input_group);
+  const chunk_t *c = g->chunk;
+  for (uint32_t k = g->index; nid >= 0 && k-- > 0;)
+    if (c->groups[k]->nid == nid)
+      return c->groups[k];
+  return NULL;
+}
+
+static ofl_status_t start_with(ofl_manager_t *m, const char *name,
+                               unsigned flags, size_t kept_input_bytes,
+                               const char *input_group) {
   if (m != NULL && (flags & ~OFL_GROUP_RECOMPUTABLE) != 0)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "rank %d: group_start_flags %s: unknown flags 0x%x "
@@ -97,11 +111,25 @@ ofl_status_t ofl_manager_group_start_flags(ofl_manager_t *m, const char *name,
     g->rc_seen = true;
     g->rc_input_bytes = rc ? kept_input_bytes : 0;
     if (rc)
-      ofl__plan_on_start(m, g);
+      ofl__plan_on_start(m, g, input_producer(m, g, input_group));
   } else if (g->action == OFL_ACTION_RECOMPUTE) {
     g->rc_input_bytes = kept_input_bytes; /* the ledger counts what it is */
   }
   return OFL_SUCCESS;
+}
+
+ofl_status_t ofl_manager_group_start_flags(ofl_manager_t *m, const char *name,
+                                           unsigned flags,
+                                           size_t kept_input_bytes) {
+  return start_with(m, name, flags, kept_input_bytes, NULL);
+}
+
+ofl_status_t ofl_manager_group_start_recompute(ofl_manager_t *m,
+                                               const char *name,
+                                               size_t kept_input_bytes,
+                                               const char *input_group) {
+  return start_with(m, name, OFL_GROUP_RECOMPUTABLE, kept_input_bytes,
+                    input_group);
 }
 
 ofl_status_t ofl_manager_group_action(const ofl_manager_t *m, const char *name,

@@ -303,8 +303,10 @@ void ofl__manager_fail_offload_after(ofl_manager_t *m, int after_n);
  * steady hooks keep the activation ledger (bytes of pushed tensors on the
  * device). */
 void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase);
-/* group_start of g in the warmup: the start of its forward (recompute). */
-void ofl__plan_on_start(ofl_manager_t *m, group_t *g);
+/* group_start of g in the warmup: the start of its forward (recompute);
+ * input: the group that holds the input a recompute of g keeps (NULL:
+ * none). */
+void ofl__plan_on_start(ofl_manager_t *m, group_t *g, group_t *input);
 void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase);
 void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end);
 /* g's reload held compute ns (warm: at its backward's begin in the

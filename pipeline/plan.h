@@ -52,6 +52,9 @@ typedef struct meas {
   bool rc_fresh;          /* rc_bwd_ns measured in this iteration */
   double rc_solved_ns;    /* the recompute estimate the plan was last
                              solved with (inst's recompute_ns then) */
+  group_t *input;         /* the group that holds the input a recompute
+                             keeps (ofl_manager_group_start_recompute;
+                             NULL: none): the instance's input_of */
   uint64_t warm_stall_ns; /* how long its backward waited for its reload in
                              the warmup (taken out of the warmup's
                              timeline) */

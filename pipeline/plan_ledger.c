@@ -234,11 +234,16 @@ static void fill_acts(ofl_manager_t *m) {
     a->bytes += q->bytes + q->kept_bytes;
     a->recomputable = a->recomputable && q->recomputable;
     a->recompute_bytes += q->recompute_bytes;
-    a->recompute_ms += q->recompute_ns / 1e6;
+    /* a recompute whose input's holder is offloaded waits for its reload */
+    double wait =
+        rc && q->has_input
+            ? ofl__plan_input_wait(p->inst, i, p->chosen[q->input_of]) / 1e6
+            : 0;
+    a->recompute_ms += q->recompute_ns / 1e6 + wait;
     a->offloaded += p->chosen[i];
     a->recomputed += rc;
     if (rc)
-      p->recompute_ms += q->recompute_ns / 1e6;
+      p->recompute_ms += q->recompute_ns / 1e6 + wait;
   }
   for (int k = 0; k < m->nnames; k++) {
     ofl_plan_action_t *a = &p->acts[k];
@@ -310,6 +315,12 @@ static ofl_status_t plan_solve(ofl_manager_t *m, uint64_t aim,
     p->ms[i].rc_solved_ns = p->inst[i].recompute_ns;
   }
   p->lowest = r->lowest;
+  if (r->cut)
+    OFL_INFO(OFL_SUBSYS_PIPELINE,
+             "rank %d: auto plan: the lowest-peak search was cut after %u "
+             "evaluations (OFL__PLAN_LOWEST_BUDGET): the lowest peak it "
+             "found, %.2f MiB, may not be the lowest",
+             m->rank, r->lowest_nodes, ofl__mib(r->predicted_peak));
   return OFL_SUCCESS;
 }
 
@@ -396,11 +407,14 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
              "keeps, offloads or recomputes leaves the predicted activation "
              "peak within it; target not met, lowest peak chosen: %.2f MiB, "
              "%.2f MiB over the target (offloading every group that may go "
-             "leaves %.2f). Raise OFL_MEMORY_TARGET "
+             "leaves %.2f)%s. Raise OFL_MEMORY_TARGET "
              "(params.memory_target_bytes), offload more (smaller "
              "OFL_MIN_OFFLOAD_BYTES) or make more groups recomputable",
              m->rank, ofl__mib(m->mem_target), ofl__mib(r.predicted_peak),
-             ofl__mib(p->out.shortfall_bytes), ofl__mib(r.peak_all));
+             ofl__mib(p->out.shortfall_bytes), ofl__mib(r.peak_all),
+             r.cut ? "; the search for it was cut at its budget, a lower one "
+                     "may exist"
+                   : "");
   else if (m->mem_target > 0 && !r.met)
     OFL_WARN(OFL_SUBSYS_PIPELINE,
              "rank %d: memory target %.2f MiB cannot be met: offloading every "

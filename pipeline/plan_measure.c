@@ -89,13 +89,15 @@ static void warm_poll(ofl_manager_t *m, uint32_t at, uint8_t kind) {
   }
 }
 
-void ofl__plan_on_start(ofl_manager_t *m, group_t *g) {
+void ofl__plan_on_start(ofl_manager_t *m, group_t *g, group_t *input) {
   if (g == NULL || !m->offload || !m->warmup || !m->auto_plan ||
       ofl__plan_alloc(m) != OFL_SUCCESS)
     return;
   meas_t *x = ofl__plan_meas(m, g);
-  if (x != NULL)
-    stamp(m, &x->start, ofl__compute(m));
+  if (x == NULL)
+    return;
+  stamp(m, &x->start, ofl__compute(m));
+  x->input = input != g ? input : NULL;
 }
 
 /* The warmup's part of ofl__plan_on_commit. */
@@ -468,6 +470,13 @@ ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames) {
       q->recompute_ns = fwd > 0 ? (double)fwd : 0;
       q->recompute_bytes =
           all > g->rc_input_bytes ? all - g->rc_input_bytes : 0;
+      /* the group that holds the input, where the record has it */
+      const group_t *in = x->input;
+      if (in != NULL && in->pidx < n && p->ms[in->pidx].g == in &&
+          in->pidx != i) {
+        q->has_input = true;
+        q->input_of = in->pidx;
+      }
     }
   }
   return OFL_SUCCESS;

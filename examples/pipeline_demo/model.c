@@ -354,7 +354,8 @@ ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   int rc = 0;
   if (r->o->recompute)
     OK(r, glue_group_start_recomputable(
-              g, "core_attn", (size_t)d.s * 3 * d.h * sizeof(float), &rc));
+              g, "core_attn", (size_t)d.s * 3 * d.h * sizeof(float),
+              "qkv_linear", &rc));
   else
     OK(r, glue_group_start(g, "core_attn"));
   ofl_tensor_t *a = act(r, d.s, d.h);

@@ -311,6 +311,22 @@ OFL_API ofl_status_t ofl_manager_group_start_flags(ofl_manager_t *m,
                                                    const char *name,
                                                    unsigned flags,
                                                    size_t kept_input_bytes);
+/* ofl_manager_group_start_flags(m, name, OFL_GROUP_RECOMPUTABLE,
+ * kept_input_bytes), and the name of the group that produced that input
+ * (input_group: NULL or "" for none): where the input is a tensor of
+ * another group (pushed and committed in it), the most recent group of
+ * input_group started before this one in the same chunk. Where the plan
+ * offloads that group and recomputes this one, the rerun needs the input
+ * back before this group's backward: the plan charges the part of its
+ * reload that this group's backward window does not hide to the
+ * recompute's cost, and counts its bytes as back on the device from this
+ * group's backward (not its own). A name that is not offloaded, or has no
+ * group before this one in the chunk, links nothing. Read in the warmup;
+ * steady iterations may pass it again or not. */
+OFL_API ofl_status_t ofl_manager_group_start_recompute(ofl_manager_t *m,
+                                                       const char *name,
+                                                       size_t kept_input_bytes,
+                                                       const char *input_group);
 /* The plan's action for the open group name (the most recent start of it
  * not yet committed): OFL_ACTION_OFFLOAD in the warmup, OFL_ACTION_RECOMPUTE
  * only for a recomputable group the steady plan recomputes, else KEEP or
@@ -630,7 +646,10 @@ typedef struct ofl_plan_action {
                                  iteration (the warmup's, corrected by
                                  each steady iteration's measured rerun
                                  of the groups recomputed: an exponential
-                                 average) */
+                                 average), and for a recomputed group whose
+                                 input's group is offloaded
+                                 (ofl_manager_group_start_recompute) the
+                                 wait for that reload */
   double predicted_ms;        /* the cost of its action: exposed copy time
                                  (offload) or recompute_ms (recompute) */
   double measured_ms;         /* the last steady iteration: recompute: its

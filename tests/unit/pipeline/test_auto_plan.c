@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "pipeline/plan.h"
 #include "pipeline/plan_solve.h"
 #include "runtime/device_internal.h"
 
@@ -48,6 +49,9 @@ typedef struct {
    * reruns that forward for rc_bwd_us[k]. */
   unsigned rc_mask;
   unsigned rc_fwd_us, rc_bwd_us[NG];
+  /* The group whose output a recompute of group k reruns from (NULL:
+   * none): ofl_manager_group_start_recompute's input_group. */
+  const char *rc_input[NG];
   ofl_group_action_t act[MBS][LAYERS][NG];
 } run_t;
 
@@ -67,7 +71,11 @@ static void forward(run_t *r, int mb) {
       grec_t *gr = &r->rec[mb][l][k];
       ofl_group_action_t *act = &r->act[mb][l][k];
       *act = OFL_ACTION_OFFLOAD;
-      if ((r->rc_mask >> k) & 1u) {
+      if (((r->rc_mask >> k) & 1u) && r->rc_input[k] != NULL) {
+        H_OK(ofl_manager_group_start_recompute(m, d->name, 0, r->rc_input[k]));
+        H_OK(ofl_manager_group_action(m, d->name, act));
+        spin_us(r->rc_fwd_us);
+      } else if ((r->rc_mask >> k) & 1u) {
         H_OK(ofl_manager_group_start_flags(m, d->name, OFL_GROUP_RECOMPUTABLE,
                                            0));
         H_OK(ofl_manager_group_action(m, d->name, act));
@@ -334,6 +342,94 @@ Test(auto_plan, a_measured_recompute_cost_changes_the_plan) {
     cr_assert(not(eq(int, a[1].action, OFL_ACTION_RECOMPUTE)),
               "mlp still recomputed, estimate %.3f ms", a[1].recompute_ms);
   }
+  cr_assert(eq(sz, r.wrong, 0));
+  close_run(&r);
+}
+
+/* The recompute's input held by another group: mlp reruns from
+ * core_attn's output (ofl_manager_group_start_recompute(m, "mlp", 0,
+ * "core_attn")). The warmup links each mlp group to the core_attn group
+ * before it in its chunk (the instance's input_of); solved with and
+ * without those links over targets from the lowest peak to the peak with
+ * nothing offloaded, the plan differs where recomputing mlp with
+ * core_attn offloaded brings core_attn's bytes back at mlp's backward (a
+ * higher peak) or waits for its reload (a higher cost), and never costs
+ * less with them. The run's own plan is the linked one, and its
+ * iterations pop every tensor intact. */
+Test(auto_plan, a_recompute_input_held_by_an_offloaded_group_changes_the_plan) {
+  run_t r;
+  open_run(&r, WORKLOAD, 1, 0.25); /* core_attn's reload: 2 ms a group */
+  r.rc_mask = 2; /* mlp */
+  r.rc_fwd_us = 50;
+  r.rc_input[1] = "core_attn";
+  H_OK(ofl_manager_set_plan_recompute(r.e.m, 1));
+  iteration(&r); /* warmup */
+  const ofl__plan_t *ap = r.e.m->ap;
+  cr_assert_not_null(ap);
+  size_t n = ap->nms, links = 0;
+  int attn = -1, mlp = -1;
+  for (size_t i = 0; i < n; i++) {
+    const char *nm = r.e.m->names[ap->inst[i].name].name;
+    if (strcmp(nm, "core_attn") == 0)
+      attn = ap->inst[i].name;
+    if (strcmp(nm, "mlp") == 0)
+      mlp = ap->inst[i].name;
+  }
+  cr_assert(ge(int, attn, 0));
+  cr_assert(ge(int, mlp, 0));
+  for (size_t i = 0; i < n; i++) {
+    const ofl__plan_group_t *q = &ap->inst[i];
+    if (q->name != mlp) {
+      cr_assert(not(q->has_input));
+      continue;
+    }
+    /* the core_attn group right before it in its chunk */
+    cr_assert(q->has_input, "mlp group %zu has no input link", i);
+    const group_t *g = ap->ms[i].g, *in = ap->ms[q->input_of].g;
+    cr_assert(eq(int, ap->inst[q->input_of].name, attn));
+    cr_assert(eq(ptr, (void *)in->chunk, (void *)g->chunk));
+    cr_assert(eq(u32, in->index + 1, g->index));
+    links++;
+  }
+  cr_assert(eq(sz, links, (size_t)(MBS * LAYERS)));
+  /* the same instance without its links */
+  ofl__plan_group_t *bare = calloc(n, sizeof *bare);
+  uint8_t *a = calloc(n, 1), *b = calloc(n, 1);
+  cr_assert(bare != NULL && a != NULL && b != NULL);
+  memcpy(bare, ap->inst, n * sizeof *bare);
+  for (size_t i = 0; i < n; i++)
+    bare[i].has_input = false;
+  ofl__plan_result_t ra, rb;
+  int nn = (int)r.e.m->nnames;
+  H_OK(ofl__plan_solve_actions(ap->inst, n, nn, 1, true, a, &ra));
+  H_OK(ofl__plan_solve_actions(bare, n, nn, 1, true, b, &rb));
+  uint64_t lo = ra.predicted_peak < rb.predicted_peak ? ra.predicted_peak
+                                                      : rb.predicted_peak;
+  uint64_t hi = ra.peak_none;
+  int differ = 0, dearer = 0, steps = 64;
+  for (int k = 0; k <= steps; k++) {
+    uint64_t t = lo + (hi - lo) / (uint64_t)steps * (uint64_t)k;
+    H_OK(ofl__plan_solve_actions(ap->inst, n, nn, t, true, a, &ra));
+    H_OK(ofl__plan_solve_actions(bare, n, nn, t, true, b, &rb));
+    differ += memcmp(a, b, n) != 0;
+    if (ra.met)
+      cr_assert(rb.met && ra.cost_ns + 1e-3 >= rb.cost_ns,
+                "target %llu: cost %.0f ns with the links, %.0f without",
+                (unsigned long long)t, ra.cost_ns, rb.cost_ns);
+    dearer += ra.met && rb.met && ra.cost_ns > rb.cost_ns + 1.0;
+    if (k == 0)
+      cr_log_info("lowest peak %.3f MiB with the links, %.3f without",
+                  ofl__mib(ra.predicted_peak), ofl__mib(rb.predicted_peak));
+  }
+  cr_log_info("input links: %d of %d targets plan differently, %d cost "
+              "more",
+              differ, steps + 1, dearer);
+  cr_assert(gt(int, differ, 0));
+  free(bare);
+  free(a);
+  free(b);
+  for (int i = 0; i < 3; i++)
+    iteration(&r);
   cr_assert(eq(sz, r.wrong, 0));
   close_run(&r);
 }
