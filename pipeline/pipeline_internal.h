@@ -298,10 +298,10 @@ void ofl__manager_rules_off(ofl_manager_t *m, unsigned mask);
  * copy that cannot be queued would); -1: no fault. */
 void ofl__manager_fail_offload_after(ofl_manager_t *m, int after_n);
 
-/* plan_measure.c, plan_ledger.c: groups "auto". Every hook returns at once
- * without auto. The warmup hooks stamp the compute and copy streams; the
- * steady hooks keep the activation ledger (bytes of pushed tensors on the
- * device). */
+/* plan_measure.c, plan_ledger.c, plan_feedback.c: groups "auto". Every
+ * hook returns at once without auto. The warmup hooks stamp the compute and
+ * copy streams; the steady hooks keep the activation ledger (bytes of
+ * pushed tensors on the device). */
 void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase);
 /* group_start of g in the warmup: the start of its forward (recompute);
  * input: the group that holds the input a recompute of g keeps (NULL:

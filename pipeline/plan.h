@@ -1,6 +1,7 @@
 /* ofl: the auto plan's private state, shared by pipeline/plan_measure.c
  * (the warmup's measurements, the instance), pipeline/plan_ledger.c (the
- * choice, the ledger and its feedback) and pipeline/report.c (the printed
+ * choice and the ledger), pipeline/plan_feedback.c (the steady
+ * iterations' feedback) and pipeline/report.c (the printed
  * plan and its readings). The plan's per-group state is meas_t, in an
  * array indexed by the plan's own index (group_t.pidx). Not installed. */
 #ifndef OFL_PIPELINE_PLAN_H
@@ -16,7 +17,7 @@
 /* The plan has settled when it ran this many steady iterations unchanged:
  * one more than a raise needs, so that the raise had its chance first. */
 #define SETTLE_AFTER (OFL__PLAN_RAISE_AFTER + 1)
-/* The measured recompute cost's feedback (plan_ledger.c): each steady
+/* The measured recompute cost's feedback (plan_feedback.c): each steady
  * iteration's measurement of a recomputed group (its backward less the
  * warmup's backward of it) moves its estimate this far towards it (an
  * exponential average); the plan solves again when an estimate moved by
@@ -58,7 +59,7 @@ typedef struct meas {
   uint64_t warm_stall_ns; /* how long its backward waited for its reload in
                              the warmup (taken out of the warmup's
                              timeline) */
-  /* The feedback (plan_ledger.c). */
+  /* The feedback (plan_ledger.c, plan_feedback.c). */
   uint8_t lead;       /* learned prefetch lead (reloads issued this many
                          groups ahead of its backward) */
   uint8_t lead_cap;   /* the lead it may grow to (lowered where a deeper one
@@ -147,5 +148,24 @@ ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames);
 /* params.device_memory_target_bytes: the activation target from the
  * warmup's device peak. */
 ofl_status_t ofl__plan_device_target(ofl_manager_t *m);
+
+/* plan_ledger.c: the choice, for the feedback (plan_feedback.c). */
+/* Reads the copies seen complete since the last look into the ledger. */
+void ofl__plan_ledger_poll(ofl_manager_t *m);
+/* Each name's action and costs (ofl_manager_plan_action). */
+void ofl__plan_fill_acts(ofl_manager_t *m);
+/* The predicted exposed and waiting times of p->chosen; the exposed ns. */
+double ofl__plan_predict(ofl__plan_t *p);
+/* Solves for aim into p->chosen and p->action. */
+ofl_status_t ofl__plan_choose(ofl_manager_t *m, uint64_t aim,
+                              ofl__plan_result_t *r);
+/* The choice in p->chosen becomes the plan. */
+void ofl__plan_adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak);
+/* The prefetch leads' step (over: the measured peak is over the target);
+ * true when a lead went back. */
+bool ofl__plan_learn(ofl_manager_t *m, bool over);
+/* Solves again for a lower aim after a peak over the target; whether it
+ * solved. */
+bool ofl__plan_replan(ofl_manager_t *m);
 
 #endif /* OFL_PIPELINE_PLAN_H */

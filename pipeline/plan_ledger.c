@@ -1,4 +1,4 @@
-/* ofl: the auto plan's decisions and its ledger (groups "auto",
+/* ofl: the auto plan's choice and its ledger (groups "auto",
  * docs/design/pipeline.md section 5.4). End of warmup: the instance
  * (plan_measure.c) is solved, the solver picks the groups, the rest stay
  * on the device (OFL_KEEP_AUTO_PLAN).
@@ -11,9 +11,10 @@
  * a reload that stalled is issued one group earlier in the next iteration,
  * while the predicted peak stays within the target; one that has not
  * stalled for a while goes back one group when the measured peak is above
- * the target); a measured peak over the target solves again (replan), one
- * under the prediction may raise the aim. The group code calls the hooks
- * here (ofl__plan_on_*); the warmup's go to plan_measure.c. */
+ * the target); a measured peak over the target solves again (replan). The
+ * group code calls the hooks here (ofl__plan_on_*); the warmup's go to
+ * plan_measure.c; the end of each steady iteration (its feedback: the
+ * measured recompute cost, the raise) is plan_feedback.c's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,7 @@ static void ledger_add(ofl__plan_t *p, int64_t bytes) {
 
 /* Offloaded groups whose copies completed leave the device (D2H is one
  * stream: they complete in commit order). */
-static void ledger_poll(ofl_manager_t *m) {
+void ofl__plan_ledger_poll(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   while (p->fifo_len > 0) {
     uint32_t k = p->fifo[p->fifo_head];
@@ -83,7 +84,7 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
     return;
   ofl__plan_t *p = m->ap;
   meas_t *x = &p->ms[g->pidx];
-  ledger_poll(m);
+  ofl__plan_ledger_poll(m);
   uint64_t off;
   x->dev_bytes = ofl__plan_group_bytes(g, &off);
   if (g->action == OFL_ACTION_RECOMPUTE) /* the input the application keeps */
@@ -108,7 +109,7 @@ void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase) {
   if (!followed(m, g) || phase == 0)
     return;
   ofl__plan_t *p = m->ap;
-  ledger_poll(m);
+  ofl__plan_ledger_poll(m);
   if (p->pending[g->pidx])
     p->pending[g->pidx] = false; /* its bytes never left */
   else
@@ -126,7 +127,7 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
     return;
   ofl__plan_t *p = m->ap;
   meas_t *x = &p->ms[g->pidx];
-  ledger_poll(m);
+  ofl__plan_ledger_poll(m);
   bool rc = g->action == OFL_ACTION_RECOMPUTE && p->inst != NULL;
   if (!end) {
     if (g->inline_reload) /* reloaded at its pops, inside this backward */
@@ -205,8 +206,8 @@ static void fill_names(ofl_manager_t *m) {
 }
 
 /* Each name's action and costs (ofl_manager_plan_action), from the plan's
- * actions and the names' exposure (fill_names, predict). */
-static void fill_acts(ofl_manager_t *m) {
+ * actions and the names' exposure (fill_names, ofl__plan_predict). */
+void ofl__plan_fill_acts(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   if (p->acts == NULL) {
     p->acts = calloc((size_t)(m->nnames ? m->nnames : 1), sizeof *p->acts);
@@ -263,7 +264,7 @@ static void fill_acts(ofl_manager_t *m) {
  * (each lead sets its group's modelled reload time: set_lead), from one
  * simulation; 0 where its scratch cannot be allocated. Returns the exposed
  * ns. */
-static double predict(ofl__plan_t *p) {
+double ofl__plan_predict(ofl__plan_t *p) {
   double *part =
       p->names != NULL ? calloc(p->nms ? p->nms : 1, sizeof *part) : NULL;
   double waits = 0;
@@ -282,7 +283,8 @@ static double predict(ofl__plan_t *p) {
 }
 
 /* The chosen groups offload in steady state, the other offloadable ones
- * stay (OFL_KEEP_AUTO_PLAN). Returns the predicted exposed ns (predict). */
+ * stay (OFL_KEEP_AUTO_PLAN). Returns the predicted exposed ns
+ * (ofl__plan_predict). */
 static double apply(ofl__plan_t *p) {
   for (uint32_t i = 0; i < p->nms; i++) {
     group_t *g = p->ms[i].g;
@@ -295,13 +297,13 @@ static double apply(ofl__plan_t *p) {
     g->policy_offload = p->chosen[i];
     g->keep_why = p->chosen[i] ? OFL_KEEP_NONE : OFL_KEEP_AUTO_PLAN;
   }
-  return predict(p);
+  return ofl__plan_predict(p);
 }
 
 /* Solves for aim into p->chosen and p->action: keep, offload or recompute
  * where the manager may recompute, else offload-only. */
-static ofl_status_t plan_solve(ofl_manager_t *m, uint64_t aim,
-                               ofl__plan_result_t *r) {
+ofl_status_t ofl__plan_choose(ofl_manager_t *m, uint64_t aim,
+                              ofl__plan_result_t *r) {
   ofl__plan_t *p = m->ap;
   if (p->action == NULL)
     p->action = calloc(p->nms ? p->nms : 1, sizeof *p->action);
@@ -363,7 +365,7 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   ofl__plan_result_t r;
   (void)nnames;
   if (m->mem_target > 0) {
-    OFL_CHECK(plan_solve(m, m->mem_target, &r));
+    OFL_CHECK(ofl__plan_choose(m, m->mem_target, &r));
   } else {
     /* No target: every group whose copies hide entirely (memory saved at
      * no predicted cost), each in the window it has with every group
@@ -390,7 +392,7 @@ ofl_status_t ofl__plan_end_warmup(ofl_manager_t *m) {
   }
   fill_names(m); /* before apply: its prediction fills their exposure */
   double exposed = apply(p);
-  fill_acts(m);
+  ofl__plan_fill_acts(m);
   p->solve_target = m->mem_target;
   p->out.automatic = 1;
   p->out.met = r.met;
@@ -481,9 +483,9 @@ static bool set_lead(ofl_manager_t *m, group_t *g, uint8_t want,
  * it stays within the target and its bytes fit in the room the measured
  * peak leaves under the target. Over it: the leads that grew go back one
  * group (those whose reloads did not stall first) and never grow that far
- * again; with none grown, the plan solves again (replan). Returns true
- * when a lead went back. */
-static bool learn(ofl_manager_t *m, bool over) {
+ * again; with none grown, the plan solves again (ofl__plan_replan). Returns
+ * true when a lead went back. */
+bool ofl__plan_learn(ofl_manager_t *m, bool over) {
   ofl__plan_t *p = m->ap;
   if (over) {
     bool back = false;
@@ -518,248 +520,9 @@ static bool learn(ofl_manager_t *m, bool over) {
   return false;
 }
 
-static bool replan(ofl_manager_t *m);
-static void raise_aim(ofl_manager_t *m, uint64_t err);
-static void raise_back(ofl_manager_t *m);
-
-/* The measured peak of the iteration that just ended went over the target
- * (predicted pred_peak): the plan's next step, and a line that says it. A
- * WARN, since on a GPU the next such iteration may be an out-of-memory;
- * one per plan (the first over the target after the plan settled, or ever):
- * the steps taken in the iterations right after, until the plan settles
- * again, are at INFO, so a run that keeps going over does not print every
- * iteration. "Nothing more it can do" is a WARN once. */
-static void over_target(ofl_manager_t *m, bool back, uint64_t pred_peak,
-                        uint64_t leads_back) {
-  ofl__plan_t *p = m->ap;
-  ofl_manager_plan_t *o = &p->out;
-  char next[192];
-  bool stuck = false;
-  if (p->raised) {
-    raise_back(m);
-    snprintf(next, sizeof next,
-             "goes back to the plan before its raise (predicted peak %.2f "
-             "MiB)",
-             ofl__mib(o->predicted_peak_bytes));
-  } else if (back) {
-    snprintf(next, sizeof next,
-             "moves %llu prefetch lead%s back one group (reloads issued "
-             "later)",
-             (unsigned long long)leads_back, leads_back == 1 ? "" : "s");
-  } else if (o->replans < REPLAN_MAX && replan(m)) {
-    snprintf(next, sizeof next,
-             "solves again for a lower aim, %.2f MiB (predicted peak %.2f "
-             "MiB)",
-             ofl__mib(p->solve_target), ofl__mib(o->predicted_peak_bytes));
-  } else {
-    stuck = true;
-    snprintf(next, sizeof next,
-             "can do nothing more (%s): the schedule holds more than the "
-             "warmup showed; a higher memory target, or fewer microbatches "
-             "in flight, would fit",
-             o->replans < REPLAN_MAX ? "no plan solves for a lower aim"
-                                     : "it solved again the most times it "
-                                       "may");
-  }
-  bool *said = stuck ? &p->warned : &p->over_warned;
-  ofl_log_level_t level = *said ? OFL_LOG_INFO : OFL_LOG_WARN;
-  *said = true;
-  p->over_warned = true;
-  uint64_t t = o->target_bytes;
-  OFL__LOG(level, OFL_SUBSYS_PIPELINE,
-           "rank %d: auto plan, iteration %llu: measured activation peak "
-           "%.2f MiB is %.0f%% over the memory target %.2f MiB (predicted "
-           "%.2f MiB); the plan %s",
-           m->rank, (unsigned long long)m->st.iterations,
-           ofl__mib(o->measured_peak_bytes),
-           100.0 * (double)(o->measured_peak_bytes - t) / (double)t,
-           ofl__mib(t), ofl__mib(pred_peak), next);
-}
-
-/* The plan ran SETTLE_AFTER steady iterations unchanged: one line at the
- * default level (a notice, not a warning: OFL_NOTE) with what it offloads
- * and its measured and predicted peaks, once per change of plan. */
-static void settled(ofl_manager_t *m) {
-  ofl__plan_t *p = m->ap;
-  const ofl_manager_plan_t *o = &p->out;
-  uint64_t moved = 0;
-  uint32_t chosen = 0;
-  for (uint32_t i = 0; i < p->nms; i++)
-    if (p->chosen[i]) {
-      chosen++;
-      moved += p->inst[i].bytes;
-    }
-  bool within =
-      o->target_bytes == 0 || o->measured_peak_settled_bytes <= o->target_bytes;
-  p->over_warned = false; /* the next over the target is news again */
-  OFL_NOTE(OFL_SUBSYS_PIPELINE,
-           "rank %d: auto plan settled at iteration %llu: offloads %u of %u "
-           "groups (%.2f MiB); measured activation peak %.2f MiB, predicted "
-           "%.2f, memory target %.2f: %s",
-           m->rank, (unsigned long long)m->st.iterations, chosen, p->nms,
-           ofl__mib(moved), ofl__mib(o->measured_peak_settled_bytes),
-           ofl__mib(o->predicted_peak_bytes), ofl__mib(o->target_bytes),
-           within ? "within" : "over");
-}
-
-static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak);
-
-/* The measured recompute cost feeds back (a three-way plan): each group
- * recomputed in this iteration moves its estimate (recompute_ns, the
- * warmup's forward time at first) RC_EMA of the way towards its measured
- * cost, its backward less the warmup's backward of it (CPU clock), and the
- * names' predicted costs follow. An estimate that moved by more than RC_MOVE
- * of the one the plan was solved with solves again for the same aim
- * (may_solve: not while another step of the feedback changes the plan);
- * where the choice differs it becomes the plan (a replan; this one only
- * while fewer than REPLAN_MAX / 2 were made, so that estimates that go to
- * and fro cannot use up the replans a peak over the target needs). Groups not
- * recomputed keep their estimates: only a recompute measures one. Returns true
- * when the plan changed. */
-static bool recompute_feedback(ofl_manager_t *m, bool may_solve) {
-  ofl__plan_t *p = m->ap;
-  ofl_manager_plan_t *o = &p->out;
-  bool seen = false, moved = false;
-  for (uint32_t i = 0; i < p->nms; i++) {
-    meas_t *x = &p->ms[i];
-    if (!x->rc_fresh)
-      continue;
-    x->rc_fresh = false;
-    ofl__plan_group_t *q = &p->inst[i];
-    double meas = x->rc_bwd_ns > x->bwd_cpu_ns
-                      ? (double)(x->rc_bwd_ns - x->bwd_cpu_ns)
-                      : 0;
-    q->recompute_ns += RC_EMA * (meas - q->recompute_ns);
-    seen = true;
-    if (fabs(q->recompute_ns - x->rc_solved_ns) >
-        RC_MOVE * fmax(x->rc_solved_ns, RC_FLOOR_NS))
-      moved = true;
-  }
-  if (!seen)
-    return false;
-  fill_acts(m); /* the names' predicted costs: the corrected estimates */
-  /* half the replans at most: the rest stay for a peak over the target */
-  if (!moved || !may_solve || o->replans >= REPLAN_MAX / 2)
-    return false;
-  uint8_t *before = malloc(p->nms ? p->nms : 1);
-  if (before == NULL)
-    return false;
-  memcpy(before, p->action, p->nms);
-  double before_ms = p->recompute_ms;
-  ofl__plan_result_t r;
-  bool changed = false;
-  if (plan_solve(m, p->solve_target, &r) == OFL_SUCCESS) {
-    changed = memcmp(before, p->action, p->nms) != 0;
-    if (changed) {
-      o->replans++;
-      adopt(m, p->solve_target, r.predicted_peak);
-      OFL_INFO(OFL_SUBSYS_PIPELINE,
-               "rank %d: auto plan %llu: measured recompute times moved the "
-               "estimates (predicted recompute %.3f ms per iteration with "
-               "the plan before); solved again for %.2f MiB: predicted peak "
-               "%.2f MiB, recompute %.3f ms, exposed %.3f ms",
-               m->rank, (unsigned long long)o->replans, before_ms,
-               ofl__mib(p->solve_target), ofl__mib(r.predicted_peak),
-               p->recompute_ms, o->predicted_exposed_ms);
-    } else {
-      fill_acts(m);
-    }
-  } else { /* the plan stays as it was */
-    memcpy(p->action, before, p->nms);
-    for (uint32_t i = 0; i < p->nms; i++)
-      p->chosen[i] = p->action[i] == OFL__PLAN_OFFLOAD;
-  }
-  free(before);
-  return changed;
-}
-
-void ofl__plan_end_iteration(ofl_manager_t *m) {
-  if (!ofl__plan_ledger_runs(m) || m->warmup)
-    return;
-  ofl__plan_t *p = m->ap;
-  ledger_poll(m);
-  if (p->touched) {
-    ofl_manager_plan_t *o = &p->out;
-    o->iterations++;
-    o->measured_peak_bytes = (uint64_t)(p->peak > 0 ? p->peak : 0);
-    if (o->measured_peak_bytes > o->measured_peak_max_bytes)
-      o->measured_peak_max_bytes = o->measured_peak_bytes;
-    o->measured_stall_ms = (double)(m->st.stall_ns - p->stall_ns_start) / 1e6;
-    /* The feedback of the iteration before: a plan that changed at its
-     * end starts its settled figures with this one. */
-    uint64_t changes = o->replans + o->lead_changes;
-    if (changes != p->changes_seen) {
-      p->changes_seen = changes;
-      o->settled_iterations = 0;
-      o->measured_peak_settled_bytes = 0;
-    }
-    o->settled_iterations++;
-    if (o->measured_peak_bytes > o->measured_peak_settled_bytes)
-      o->measured_peak_settled_bytes = o->measured_peak_bytes;
-  }
-  if (p->touched && p->inst != NULL) { /* the auto plan's feedback */
-    ofl_manager_plan_t *o = &p->out;
-    bool over = o->target_bytes > 0 && o->measured_peak_bytes > o->target_bytes;
-    uint64_t under_err =
-        ofl__plan_under_note(&p->under, o->settled_iterations == 1,
-                             o->predicted_peak_bytes, o->measured_peak_bytes);
-    uint64_t changes_before = o->replans + o->lead_changes;
-    /* the predictions this iteration ran under, for its line below */
-    double pred_stall = o->predicted_stall_ms,
-           pred_exposed = o->predicted_exposed_ms;
-    uint64_t pred_peak = o->predicted_peak_bytes,
-             leads_before = o->lead_changes;
-    bool back = learn(m, over);
-    bool learnt = o->replans + o->lead_changes != changes_before;
-    /* the measured recompute times: the estimates always, a solve when
-     * nothing else changed the plan (over the target, the step below
-     * solves with them) */
-    if (m->plan_recompute &&
-        recompute_feedback(m, !over && !learnt && !p->raised))
-      learnt = true;
-    if (learnt) /* leads moved: the next iteration's predictions */
-      predict(p);
-    for (uint32_t i = 0; i < p->nms; i++)
-      p->ms[i].stalled = false;
-    for (size_t k = 0; k < o->nnames; k++)
-      p->names[k].prefetch_lead_max = 0;
-    for (uint32_t i = 0; i < p->nms; i++) {
-      ofl_plan_name_t *x = &p->names[p->inst[i].name];
-      if (p->ms[i].lead > x->prefetch_lead_max)
-        x->prefetch_lead_max = p->ms[i].lead;
-    }
-    OFL_INFO(OFL_SUBSYS_PIPELINE,
-             "rank %d: auto plan, iteration %llu: measured activation peak "
-             "%.2f MiB (predicted %.2f, target %.2f), reload stalls %.3f ms "
-             "(predicted %.3f; exposed in all %.3f)",
-             m->rank, (unsigned long long)m->st.iterations,
-             ofl__mib(o->measured_peak_bytes),
-             ofl__mib(o->predicted_peak_bytes), ofl__mib(o->target_bytes),
-             o->measured_stall_ms, pred_stall, pred_exposed);
-    if (over) {
-      over_target(m, back, pred_peak, o->lead_changes - leads_before);
-    } else if (p->raised) {
-      p->raised = false; /* the raised plan holds */
-    } else if (!p->raise_done && !p->ever_over && o->target_bytes > 0 &&
-               o->predicted_exposed_ms > 0 && o->replans < REPLAN_MAX &&
-               under_err > 0 && !learnt) {
-      raise_aim(m, under_err);
-    }
-    p->ever_over |= over;
-    if (o->settled_iterations == SETTLE_AFTER &&
-        o->replans + o->lead_changes == p->changes_seen)
-      settled(m);
-  }
-  p->stall_ns_start = m->st.stall_ns;
-  p->live = p->peak = 0;
-  p->touched = false;
-  p->fifo_head = p->fifo_len = 0;
-  memset(p->pending, 0, p->nms * sizeof *p->pending);
-}
-
 /* The choice in p->chosen, solved for aim with peak predicted_peak,
  * becomes the plan: applied to the groups, and its figures published. */
-static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
+void ofl__plan_adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
   p->solve_target = aim;
@@ -778,7 +541,7 @@ static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
     x->chosen++;
     x->chosen_bytes += p->inst[i].bytes;
   }
-  fill_acts(m);
+  ofl__plan_fill_acts(m);
 }
 
 /* The measured peak went over the target: the model missed (copies that
@@ -788,17 +551,17 @@ static void adopt(ofl_manager_t *m, uint64_t aim, uint64_t predicted_peak) {
  * (the target less the model's error, or the last aim less the
  * overshoot); the next iterations offload the new choice. Returns whether
  * it solved. */
-static bool replan(ofl_manager_t *m) {
+bool ofl__plan_replan(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
   uint64_t aim =
       ofl__plan_replan_aim(o->target_bytes, p->solve_target,
                            o->measured_peak_bytes, o->predicted_peak_bytes);
   ofl__plan_result_t r;
-  if (plan_solve(m, aim, &r) != OFL_SUCCESS)
+  if (ofl__plan_choose(m, aim, &r) != OFL_SUCCESS)
     return false;
   o->replans++;
-  adopt(m, aim, r.predicted_peak);
+  ofl__plan_adopt(m, aim, r.predicted_peak);
   OFL_INFO(OFL_SUBSYS_PIPELINE,
            "rank %d: auto plan %llu: measured peak %.2f MiB over the target "
            "%.2f MiB; solved again for %.2f MiB: predicted %.2f MiB%s, "
@@ -809,88 +572,4 @@ static bool replan(ofl_manager_t *m) {
            r.lowest ? " (no plan meets it: lowest peak chosen)" : "",
            o->predicted_exposed_ms);
   return true;
-}
-
-/* The plan predicted its peak above what it measured in
- * OFL__PLAN_RAISE_AFTER iterations in a row (the model erred on the safe
- * side: a release latency that one late copy of the warmup set for every
- * group) and exposes copy time: solve once for the aim raised by the
- * smallest of those errors (err), keeping fewer groups offloaded; the plan
- * before is kept, and comes back if the raised one goes over the target
- * (raise_back). Only before any iteration went over the target, once. */
-static void raise_aim(ofl_manager_t *m, uint64_t err) {
-  ofl__plan_t *p = m->ap;
-  ofl_manager_plan_t *o = &p->out;
-  p->raise_done = true;
-  if (m->plan_recompute)
-    return; /* a three-way plan is not raised (its actions stay) */
-  if (p->chosen_safe == NULL)
-    p->chosen_safe = calloc(p->nms ? p->nms : 1, sizeof *p->chosen_safe);
-  if (p->chosen_safe == NULL)
-    return;
-  memcpy(p->chosen_safe, p->chosen, p->nms * sizeof *p->chosen);
-  uint64_t moved = 0; /* by the plan that measured under its prediction */
-  for (uint32_t i = 0; i < p->nms; i++)
-    if (p->chosen[i])
-      moved += p->inst[i].bytes;
-  double before = o->predicted_exposed_ms;
-  /* The error is that plan's: the model's excess is in its offloaded
-   * groups' bytes (a release latency, copies that end sooner than the
-   * warmup's), so a plan that moves less carries a share of it in
-   * proportion to its moved bytes. The aim takes the whole error, then
-   * half, a quarter, an eighth: the first whose plan, less its share,
-   * is predicted within the target is taken. With the whole error carried
-   * a raise from "everything offloaded" went 30-60% over the target for an
-   * iteration (the unit test's late warmup). */
-  for (int k = 0; k < RAISE_TRIES; k++) {
-    uint64_t credit = err >> k;
-    if (credit == 0)
-      break;
-    uint64_t aim = p->solve_target + credit;
-    ofl__plan_result_t r;
-    if (ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen, &r) !=
-        OFL_SUCCESS)
-      break;
-    double after = ofl__plan_exposed(p->inst, p->nms, p->chosen) / 1e6;
-    if (!isfinite(after) || after >= before)
-      break; /* nothing to gain (and less at lower aims), or no memory */
-    double share = moved > 0 ? (double)r.moved_bytes / (double)moved : 0;
-    uint64_t carried = (uint64_t)((double)err * (share < 1 ? share : 1));
-    uint64_t pred = r.predicted_peak > carried ? r.predicted_peak - carried : 0;
-    if (pred > o->target_bytes)
-      continue;
-    p->safe_aim = p->solve_target;
-    p->safe_pred = o->predicted_peak_bytes;
-    p->raised = true;
-    o->replans++;
-    adopt(m, aim, pred);
-    OFL_INFO(OFL_SUBSYS_PIPELINE,
-             "rank %d: auto plan %llu: measured peak %.2f MiB, at least %.2f "
-             "MiB under the predicted %.2f in %d iterations in a row; solved "
-             "again for %.2f MiB: predicted %.2f MiB less %.2f of that error "
-             "(its share of the moved bytes), exposed %.3f ms (was %.3f)",
-             m->rank, (unsigned long long)o->replans,
-             ofl__mib(o->measured_peak_bytes), ofl__mib(err),
-             ofl__mib(p->safe_pred), OFL__PLAN_RAISE_AFTER, ofl__mib(aim),
-             ofl__mib(r.predicted_peak), ofl__mib(carried), after, before);
-    return;
-  }
-  memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
-}
-
-/* The raised plan went over the target: the plan before it comes back. */
-static void raise_back(ofl_manager_t *m) {
-  ofl__plan_t *p = m->ap;
-  ofl_manager_plan_t *o = &p->out;
-  p->raised = false;
-  memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
-  o->replans++;
-  adopt(m, p->safe_aim, p->safe_pred);
-  OFL_INFO(OFL_SUBSYS_PIPELINE,
-           "rank %d: auto plan %llu: the raised plan measured %.2f MiB, over "
-           "the target %.2f MiB; back to the plan before it (predicted %.2f "
-           "MiB)",
-           m->rank, (unsigned long long)o->replans,
-           ofl__mib(o->measured_peak_bytes), ofl__mib(o->target_bytes),
-           ofl__mib(p->safe_pred));
 }
