@@ -240,7 +240,8 @@ static void render_actions(const ofl_summary_t *s, int r, FILE *f) {
   if (head)
     fprintf(f,
             "rank %d: predicted recompute %.3f ms per iteration (the "
-            "recomputed groups' forward time, measured in the warmup)\n",
+            "recomputed groups' forward time, measured in the warmup, and "
+            "their waits for the reloads of offloaded inputs)\n",
             r, (double)get(s, r, "|rcms") / 1e6);
 }
 
