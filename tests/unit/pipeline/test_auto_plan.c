@@ -434,6 +434,49 @@ Test(auto_plan, a_recompute_input_held_by_an_offloaded_group_changes_the_plan) {
   close_run(&r);
 }
 
+/* The link goes to the most recent group of the named one started before
+ * it in the same chunk: mlp names moe_act, which follows it in a layer, so
+ * the first layer's mlp has none and the second's gets the first layer's
+ * moe_act; a name never started links nothing. */
+Test(auto_plan, a_recompute_input_is_the_latest_earlier_group_of_that_name) {
+  cr_assert(eq(int, ofl_manager_group_start_recompute(NULL, "mlp", 0, "x"),
+               OFL_ERR_INVALID_ARG));
+  run_t r;
+  open_run(&r, WORKLOAD, 1, 0);
+  r.rc_mask = 6; /* mlp and moe_act */
+  r.rc_input[1] = "moe_act";
+  r.rc_input[2] = "no_such_group";
+  H_OK(ofl_manager_set_plan_recompute(r.e.m, 1));
+  iteration(&r); /* warmup */
+  const ofl__plan_t *ap = r.e.m->ap;
+  size_t linked = 0, mlps = 0;
+  for (size_t i = 0; i < ap->nms; i++) {
+    const ofl__plan_group_t *q = &ap->inst[i];
+    const group_t *g = ap->ms[i].g;
+    const char *nm = r.e.m->names[q->name].name;
+    if (strcmp(nm, "mlp") != 0) {
+      cr_assert(not(q->has_input), "%s group %zu linked", nm, i);
+      continue;
+    }
+    mlps++;
+    if (g->index < NG) { /* the first layer */
+      cr_assert(not(q->has_input));
+      continue;
+    }
+    cr_assert(q->has_input);
+    const group_t *in = ap->ms[q->input_of].g;
+    cr_assert(eq(str, (char *)r.e.m->names[in->nid].name, "moe_act"));
+    cr_assert(eq(ptr, (void *)in->chunk, (void *)g->chunk));
+    cr_assert(eq(u32, in->index + 2, g->index));
+    linked++;
+  }
+  cr_assert(eq(sz, mlps, (size_t)(MBS * LAYERS)));
+  cr_assert(eq(sz, linked, (size_t)(MBS * (LAYERS - 1))));
+  iteration(&r);
+  cr_assert(eq(sz, r.wrong, 0));
+  close_run(&r);
+}
+
 Test(auto_plan, target_met_without_offload_keeps_everything) {
   uint64_t all, none;
   extremes(&all, &none);
