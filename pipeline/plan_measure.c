@@ -199,30 +199,13 @@ static bool span_ns(const ofl__plan_t *p, const stamp_t *a, const stamp_t *b,
   return ofl__event_elapsed_ns(a->ev, b->ev, ns) == OFL_SUCCESS;
 }
 
-/* The host backend's memcpy rate: one 8 MiB copy, the best of three. */
-static double memcpy_rate(void) {
-  size_t n = (size_t)8 << 20;
-  char *a = malloc(n), *b = malloc(n);
-  double best = 0;
-  if (a != NULL && b != NULL) {
-    memset(a, 1, n);
-    memset(b, 2, n);
-    for (int i = 0; i < 3; i++) {
-      uint64_t t0 = ofl__now_ns();
-      memcpy(b, a, n);
-      uint64_t dt = ofl__now_ns() - t0;
-      double r = dt > 0 ? (double)n * 1e9 / (double)dt : 0;
-      if (r > best)
-        best = r;
-    }
-  }
-  free(a);
-  free(b);
-  return best > 0 ? best : 10e9;
-}
+/* The link rate the plan takes where the backend has none (a failed
+ * measurement). */
+#define DEFAULT_LINK_BPS 10e9
 
 /* Link rates: measured from the warmup's copies (timing events), else the
- * backend's link model (ofl__device_link_rate), else the memcpy rate. */
+ * backend's (ofl__device_link_rate: its link model, else its own timing of
+ * its copies, "memcpy"). */
 static void link_rates(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   uint64_t db = 0, dns = 0, hb = 0, hns = 0;
@@ -239,24 +222,23 @@ static void link_rates(ofl_manager_t *m) {
       hns += ns;
     }
   }
-  /* The backend's link model (0: none; the host backend's copies then run
-   * at memcpy speed, measured below). */
-  double model_d2h = 0, model_h2d = 0;
-  if (ofl__device_link_rate(m->dev, &model_d2h, &model_h2d) != OFL_SUCCESS)
-    model_d2h = model_h2d = 0;
   if (dns > 0) {
     p->out.d2h_gbps = (double)db / (double)dns;
     p->out.h2d_gbps = hns > 0 ? (double)hb / (double)hns : p->out.d2h_gbps;
     p->out.rate_source = "measured";
-  } else if (model_d2h > 0 || model_h2d > 0) {
-    double mem = model_d2h > 0 && model_h2d > 0 ? 0 : memcpy_rate();
-    p->out.d2h_gbps = (model_d2h > 0 ? model_d2h : mem) / 1e9;
-    p->out.h2d_gbps = (model_h2d > 0 ? model_h2d : mem) / 1e9;
-    p->out.rate_source = "link model";
-  } else {
-    p->out.d2h_gbps = p->out.h2d_gbps = memcpy_rate() / 1e9;
-    p->out.rate_source = "memcpy";
+    return;
   }
+  double d2h = 0, h2d = 0;
+  ofl__link_source_t src = OFL__LINK_NONE;
+  if (ofl__device_link_rate(m->dev, &d2h, &h2d, &src) != OFL_SUCCESS)
+    src = OFL__LINK_NONE;
+  p->out.d2h_gbps =
+      (src != OFL__LINK_NONE && d2h > 0 ? d2h : DEFAULT_LINK_BPS) / 1e9;
+  p->out.h2d_gbps =
+      (src != OFL__LINK_NONE && h2d > 0 ? h2d : DEFAULT_LINK_BPS) / 1e9;
+  p->out.rate_source = src == OFL__LINK_MODEL   ? "link model"
+                       : src == OFL__LINK_TIMED ? "memcpy"
+                                                : "default";
 }
 
 static int cmp_bwd(const void *a, const void *b, void *ctx) {

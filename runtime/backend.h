@@ -107,7 +107,8 @@ struct ofl__device_ops {
   void (*adopt_host_memory)(ofl_device_t *dev, bool on);
   /* ofl__device_link_rate, arguments not NULL (NULL op: 0, unknown). */
   ofl_status_t (*link_rate)(ofl_device_t *dev, double *d2h_bytes_per_s,
-                            double *h2d_bytes_per_s);
+                            double *h2d_bytes_per_s,
+                            ofl__link_source_t *source);
   /* Prepares the device's release thread (runtime/defer.c) as it starts
    * (NULL op: nothing to do). */
   void (*release_thread_init)(ofl_device_t *dev);
@@ -147,6 +148,10 @@ struct ofl__device_ops {
 extern const ofl__device_ops_t ofl__host_ops;
 #if OFL_HAVE_CUDA
 extern const ofl__device_ops_t ofl__cuda_ops;
+/* The cuda backend's link_rate op (runtime/cuda_link.c). */
+ofl_status_t ofl__cuda_link_rate(ofl_device_t *dev, double *d2h_bytes_per_s,
+                                 double *h2d_bytes_per_s,
+                                 ofl__link_source_t *source);
 #endif
 
 /* ---- deferred work (runtime/defer.c) ------------------------------------ */

@@ -752,13 +752,16 @@ void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes) {
 }
 
 ofl_status_t ofl__device_link_rate(ofl_device_t *dev, double *d2h_bytes_per_s,
-                                   double *h2d_bytes_per_s) {
-  if (dev == NULL || d2h_bytes_per_s == NULL || h2d_bytes_per_s == NULL)
+                                   double *h2d_bytes_per_s,
+                                   ofl__link_source_t *source) {
+  if (dev == NULL || d2h_bytes_per_s == NULL || h2d_bytes_per_s == NULL ||
+      source == NULL)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_DEVICE,
                       "ofl__device_link_rate: NULL argument");
   if (dev->ops->link_rate != NULL)
-    return dev->ops->link_rate(dev, d2h_bytes_per_s, h2d_bytes_per_s);
+    return dev->ops->link_rate(dev, d2h_bytes_per_s, h2d_bytes_per_s, source);
   *d2h_bytes_per_s = 0;
   *h2d_bytes_per_s = 0;
+  *source = OFL__LINK_NONE;
   return OFL_SUCCESS;
 }

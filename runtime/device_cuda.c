@@ -793,17 +793,6 @@ static void cuda_release_thread_init(ofl_device_t *dev) {
     (void)cudaGetLastError();
 }
 
-/* The backend measures nothing itself: it knows the link model the
- * application configured (OFL_LINK_*_GBPS, which it does not pace by),
- * else nothing (0: the caller measures). */
-static ofl_status_t cuda_link_rate(ofl_device_t *dev, double *d2h_bytes_per_s,
-                                   double *h2d_bytes_per_s) {
-  const ofl__device_config_t *c = &dev->cfg;
-  *d2h_bytes_per_s = c->link_d2h_bps > 0 ? c->link_d2h_bps : c->link_total_bps;
-  *h2d_bytes_per_s = c->link_h2d_bps > 0 ? c->link_h2d_bps : c->link_total_bps;
-  return OFL_SUCCESS;
-}
-
 const ofl__device_ops_t ofl__cuda_ops = {
     .name = "cuda",
     .backend = OFL_BACKEND_CUDA,
@@ -816,7 +805,7 @@ const ofl__device_ops_t ofl__cuda_ops = {
     .pinned_malloc = cuda_pinned_malloc,
     .pinned_free = cuda_pinned_free,
     .device_owns = cuda_device_owns,
-    .link_rate = cuda_link_rate,
+    .link_rate = ofl__cuda_link_rate,
     .release_thread_init = cuda_release_thread_init,
     .stream_create = cuda_stream_create,
     .stream_wrap = cuda_stream_wrap,

@@ -62,14 +62,27 @@ size_t ofl__device_inflight(ofl_device_t *dev, const void *ptr, size_t bytes);
 /* Fills [ptr, ptr+bytes) with the strict-mode poison byte (host backend). */
 void ofl__device_poison(ofl_device_t *dev, void *ptr, size_t bytes);
 #define OFL__POISON_BYTE 0xDB
+/* Where the backend's link rates come from. */
+typedef enum {
+  OFL__LINK_NONE,  /* no rate (a measurement failed): the caller's default */
+  OFL__LINK_MODEL, /* the link model configured (OFL_LINK_*_GBPS); a
+                      direction without a rate of its own, nor the total,
+                      is timed */
+  OFL__LINK_TIMED, /* the backend timed its own copies: host memcpy (the host
+                      backend's copies without a model), cuda a pinned<->device
+                      cudaMemcpyAsync (runtime/cuda_link.c) */
+} ofl__link_source_t;
 /* The rates of the device's link to host memory as its backend knows them,
- * in bytes/s, 0 where it does not (the caller measures): the host backend
- * reports its link model (OFL_LINK_*_GBPS, a direction without its own rate
- * taking the total), cuda the link model the application configured, if
- * any. OFL_ERR_INVALID_ARG on a NULL argument; the outputs are set only on
+ * in bytes/s, and where they come from: the link model (OFL_LINK_*_GBPS, a
+ * direction without its own rate taking the total), else the backend's own
+ * timing of its copies, made once and kept (the host backend: memcpy, once
+ * per process; cuda: once per cuda device). A rate is 0 only with
+ * OFL__LINK_NONE or beside a modelled one whose other direction could not be
+ * timed. OFL_ERR_INVALID_ARG on a NULL argument; the outputs are set only on
  * success. */
 ofl_status_t ofl__device_link_rate(ofl_device_t *dev, double *d2h_bytes_per_s,
-                                   double *h2d_bytes_per_s);
+                                   double *h2d_bytes_per_s,
+                                   ofl__link_source_t *source);
 
 /* ---- threads -------------------------------------------------------------
  * Threads that ofl starts (release, save, disk threads) mark themselves:

@@ -603,7 +603,12 @@ typedef struct ofl_manager_plan {
                                     waits for reloads, what a run measures
                                     as measured_stall_ms */
   double d2h_gbps, h2d_gbps;     /* link rates the plan used */
-  const char *rate_source;       /* "measured", "link model", "memcpy" */
+  const char *rate_source;       /* "measured" (the warmup's copies),
+                                    "link model" (OFL_LINK_*_GBPS),
+                                    "memcpy" (the backend timed its own
+                                    copies: host memcpy, cuda a pinned<->
+                                    device cudaMemcpyAsync), "default"
+                                    (10 GB/s: none of these) */
   double warmup_stall_ms;        /* the warmup's reload waits (it offloads
                                     every group), taken out of the timeline
                                     the plan models */
