@@ -9,6 +9,7 @@
  * counters and the pools flat. */
 #include "tests/support/harness.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <time.h>
 
@@ -125,10 +126,10 @@ static void iteration(run_t *r) {
   r->iter++;
 }
 
-/* Opens the run: host link model (host backend) or the stand-in's own
- * copies, no jitter (timings are what the plan reads). */
-static void open_run_groups(run_t *r, const gdef_t *g, const char *groups,
-                            int64_t target, double h2d_gbps) {
+/* Opens the run's device and activation pool (the fixture): host link model
+ * (host backend) or the stand-in's own copies, no jitter (timings are what
+ * the plan reads). */
+static void open_run_dev(run_t *r, const gdef_t *g, double h2d_gbps) {
   memset(r, 0, sizeof *r);
   r->g = g;
   ofl_device_params_t dp = t_device_params(0, 1);
@@ -136,16 +137,24 @@ static void open_run_groups(run_t *r, const gdef_t *g, const char *groups,
     dp.link_h2d_gbps = h2d_gbps;
     dp.link_d2h_gbps = h2d_gbps;
   }
-  cr_assert(eq(int, ofl_device_open(&dp, &r->e.dev), OFL_SUCCESS), "%s",
+  cr_assert(eq(int, t_env_open(&r->e, &dp), OFL_SUCCESS), "%s",
             ofl_last_error());
-  ofl_pool_params_t pp = OFL_POOL_PARAMS_INIT;
-  pp.budget_bytes = 0;
-  pp.name = "activations";
-  H_OK(ofl_pool_create(r->e.dev, &pp, &r->e.pool));
+}
+
+/* The run's manager settings: the fixture's, with groups and the target. */
+static ofl_manager_params_t run_params(run_t *r, const char *groups,
+                                       int64_t target) {
   ofl_manager_params_t mp = h_params(&r->e);
   mp.groups = groups;
   mp.memory_target_bytes = target;
   mp.pp_rank = RANK;
+  return mp;
+}
+
+static void open_run_groups(run_t *r, const gdef_t *g, const char *groups,
+                            int64_t target, double h2d_gbps) {
+  open_run_dev(r, g, h2d_gbps);
+  ofl_manager_params_t mp = run_params(r, groups, target);
   H_OK(ofl_manager_create(&mp, &r->e.m));
 }
 
@@ -497,6 +506,49 @@ Test(auto_plan, target_met_without_offload_keeps_everything) {
             "steady iterations offloaded bytes with nothing chosen");
   cr_assert(eq(sz, r.wrong, 0));
   close_run(&r);
+}
+
+/* A warmup that copies nothing (every tensor under the size to offload)
+ * times no copy: the plan's link rates are the backend's
+ * (ofl__device_link_rate), the link model where one is configured, else
+ * the backend's own timing of its copies (host: memcpy; cuda, the stand-in
+ * here: a pinned<->device cudaMemcpyAsync timed by events). */
+Test(auto_plan, without_warmup_copies_the_link_rates_are_the_backends) {
+  for (int model = 0; model < 2; model++) {
+    run_t r;
+    memset(&r, 0, sizeof r);
+    r.g = WORKLOAD;
+    ofl_device_params_t dp = t_device_params(0, 1);
+    if (model) {
+      dp.link_d2h_gbps = 2;
+      dp.link_h2d_gbps = 3;
+    }
+    cr_assert(eq(int, t_env_open(&r.e, &dp), OFL_SUCCESS), "%s",
+              ofl_last_error());
+    ofl_manager_params_t mp = run_params(&r, "auto", 0);
+    mp.min_offload_bytes = (size_t)1 << 30;
+    H_OK(ofl_manager_create(&mp, &r.e.m));
+    iteration(&r);
+    ofl_manager_plan_t p;
+    plan_of(&r, &p);
+    double d2h = 0, h2d = 0;
+    ofl__link_source_t src = OFL__LINK_NONE;
+    H_OK(ofl__device_link_rate(r.e.dev, &d2h, &h2d, &src));
+    cr_assert(eq(int, (int)src, model ? OFL__LINK_MODEL : OFL__LINK_TIMED));
+    cr_assert(eq(str, (char *)p.rate_source, model ? "link model" : "memcpy"));
+    cr_assert(d2h > 0 && h2d > 0, "d2h %g h2d %g bytes/s", d2h, h2d);
+    if (model) {
+      cr_assert(eq(dbl, d2h, 2e9));
+      cr_assert(eq(dbl, h2d, 3e9));
+    }
+    /* the same figures: the backend measured once and kept them */
+    cr_assert(fabs(p.d2h_gbps - d2h / 1e9) <= 1e-9 * d2h / 1e9,
+              "plan d2h %g GB/s, backend %g", p.d2h_gbps, d2h / 1e9);
+    cr_assert(fabs(p.h2d_gbps - h2d / 1e9) <= 1e-9 * h2d / 1e9,
+              "plan h2d %g GB/s, backend %g", p.h2d_gbps, h2d / 1e9);
+    cr_assert(eq(sz, r.wrong, 0));
+    close_run(&r);
+  }
 }
 
 /* The warmup sees a long gap before each group's backward, so every
