@@ -188,7 +188,7 @@ void ofl__handle_cache_push(ofl_pool_t *p, ofl_tensor_t *t);
 /* Destroys p and runs its ofl__pool_destroy_when_idle continuation. */
 void ofl__pool_finish(ofl_pool_t *p);
 
-/* ---- memory of the pool (pool/reclaim.c) -------------------------------- */
+/* ---- memory of the pool (pool/reclaim.c; the resize: pool/resize.c) ---- */
 /* Registers a new pool / forgets a destroyed one. */
 void ofl__pool_register(ofl_pool_t *p);
 void ofl__pool_unregister(ofl_pool_t *p);
@@ -229,6 +229,19 @@ bool ofl__pool_idle_point(ofl_pool_t *p);
 void ofl__pool_merge(ofl_pool_t *p);
 /* Lock not held: a free block taken off its key goes back to it. */
 void ofl__block_relink(ofl_pool_t *p, pool_block_t *b);
+/* What the resize (pool/resize.c) takes from reclaim.c. Lock not held in
+ * each. A new segment of seg_bytes (merged: the one that replaces the
+ * others, else grown for a request). */
+ofl_status_t ofl__pool_grow(ofl_pool_t *p, size_t seg_bytes, bool merged);
+/* Frees the memory of unlinked segments, counting the backend calls. */
+void ofl__pool_free_segments(ofl_pool_t *p, ofl__segment_t *segs);
+/* The ranges of idle cached blocks whose last use completed go back to
+ * the arena (see reclaim.c); returns whether any did. */
+bool ofl__pool_settle_pending(ofl_pool_t *p);
+/* The device pools of p's device that no manager reports to (at most max,
+ * into q), each pinned: its unregister waits for ofl__pool_unpin. */
+int ofl__pool_pin_followers(ofl_pool_t *p, ofl_pool_t **q, int max);
+void ofl__pool_unpin(ofl_pool_t **q, int n);
 /* Lock held: memory the pool holds from the backend. */
 size_t ofl__pool_held(const ofl_pool_t *p);
 

@@ -3,7 +3,9 @@
  * blocks released to make room, and the out-of-memory retry: when the
  * backend refuses, the cached memory of every pool of the device's kind
  * goes back before the request is tried again (as PyTorch's caching
- * allocator frees its cache before it reports out of memory). */
+ * allocator frees its cache before it reports out of memory). The learning
+ * and the resize at an iteration's end, and the merge of segments at idle
+ * points: pool/resize.c. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -34,6 +36,31 @@ void ofl__pool_unregister(ofl_pool_t *p) {
       *pp = p->reg_next;
       break;
     }
+  pthread_mutex_unlock(&registry_mu);
+}
+
+/* A resize at an iteration's end reaches the device's pools that no
+ * manager reports to (pool/resize.c, follow_cycle) through these. */
+int ofl__pool_pin_followers(ofl_pool_t *p, ofl_pool_t **q, int max) {
+  int n = 0;
+  pthread_mutex_lock(&registry_mu);
+  for (ofl_pool_t *o = registry; o != NULL && n < max; o = o->reg_next)
+    if (o != p && o->dev == p->dev && o->kind == OFL_POOL_DEVICE &&
+        !atomic_load(&o->reported)) {
+      o->pins++;
+      q[n++] = o;
+    }
+  pthread_mutex_unlock(&registry_mu);
+  return n;
+}
+
+void ofl__pool_unpin(ofl_pool_t **q, int n) {
+  if (n == 0)
+    return;
+  pthread_mutex_lock(&registry_mu);
+  for (int i = 0; i < n; i++)
+    q[i]->pins--;
+  pthread_cond_broadcast(&registry_cv);
   pthread_mutex_unlock(&registry_mu);
 }
 
@@ -76,7 +103,7 @@ void ofl__pool_destroy_victims(ofl_pool_t *p, pool_block_t *victims) {
 
 /* Frees the memory of unlinked segments, counting the backend calls. Lock
  * not held. */
-static void free_segments(ofl_pool_t *p, ofl__segment_t *segs) {
+void ofl__pool_free_segments(ofl_pool_t *p, ofl__segment_t *segs) {
   if (segs == NULL)
     return;
   uint64_t n = ofl__arena_free_segments(&p->arena, segs);
@@ -126,7 +153,7 @@ static size_t release_cached(ofl_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   ofl__segment_t *segs = ofl__arena_take_idle(&p->arena, &seg_bytes);
   pthread_mutex_unlock(&p->mu);
-  free_segments(p, segs);
+  ofl__pool_free_segments(p, segs);
   return own + seg_bytes;
 }
 
@@ -252,7 +279,7 @@ static void describe_arena(ofl_pool_t *p, char *buf, size_t cap) {
 /* A new segment of seg_bytes (merged: the one that replaces the others,
  * else grown for a request); the memory is freed again when its records
  * cannot be made. */
-static ofl_status_t grow(ofl_pool_t *p, size_t seg_bytes, bool merged) {
+ofl_status_t ofl__pool_grow(ofl_pool_t *p, size_t seg_bytes, bool merged) {
   char before[192] = "";
   if (!merged && ofl__log_enabled(OFL_LOG_INFO, OFL_SUBSYS_POOL))
     describe_arena(p, before, sizeof before);
@@ -376,7 +403,7 @@ static pool_block_t *reuse_pending(ofl_pool_t *p, size_t bytes,
  * rule 2: a range goes back only once its block's last use completed; a
  * block whose use did not complete in time stays cached. Returns whether
  * any range went back. Lock not held. */
-static bool settle_pending(ofl_pool_t *p) {
+bool ofl__pool_settle_pending(ofl_pool_t *p) {
   pool_block_t *queued = NULL;
   pthread_mutex_lock(&p->mu);
   for (pool_key_t *k = p->keys; k != NULL; k = k->lnext) {
@@ -444,7 +471,7 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
       *reuse = b;
       return OFL_SUCCESS;
     }
-    if (settle_pending(p) && (r = take_range(p, bytes)) != NULL) {
+    if (ofl__pool_settle_pending(p) && (r = take_range(p, bytes)) != NULL) {
       *range = r;
       return OFL_SUCCESS;
     }
@@ -474,9 +501,9 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
       return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_POOL,
                         "pool %s: %zu bytes cannot be rounded to a segment",
                         p->name, bytes);
-    ofl_status_t s = grow(p, want, false);
+    ofl_status_t s = ofl__pool_grow(p, want, false);
     if (s == OFL_ERR_NO_MEMORY && want > least)
-      s = grow(p, least, false); /* a smaller segment may still fit */
+      s = ofl__pool_grow(p, least, false); /* a smaller segment may still fit */
     if (s == OFL_ERR_NO_MEMORY) {
       released = release_device(p);
       pthread_mutex_lock(&p->mu);
@@ -491,7 +518,7 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
         *range = r;
         return OFL_SUCCESS;
       }
-      s = grow(p, least, false);
+      s = ofl__pool_grow(p, least, false);
       if (s == OFL_ERR_NO_MEMORY)
         return out_of_memory(p, bytes, released);
     }
@@ -500,332 +527,6 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
     /* Another thread may take the new segment first: try again. */
   }
   return out_of_memory(p, bytes, released);
-}
-
-/* ---- merging segments ---------------------------------------------------- */
-
-/* The constants (RESIZE_DIV, LEARN_CYCLES, MANY_SIZES, MERGE_CYCLES,
- * ROOM_DIV) are in pool/tuning.h; why these values, in docs/design/memory.md
- * ("Tuning constants"). */
-
-/* Lock held: whether the pool is in its learning iterations, under a
- * manager (cycles > 0) only. */
-static bool learning(const ofl_pool_t *p) {
-  return p->cycles > 0 && p->learned_cycle == 0;
-}
-
-/* Lock held: the most in use a pool sizes its segments for. A pinned pool
- * under a manager, once an iteration after the warmup ended: the most of
- * those iterations (the one under way included), not the warmup's, which
- * offloads every group before the plan keeps some on the device and is
- * higher by up to a half (a pool sized for it held 2.7 times the steady
- * peak). Else the most it ever had in use: a device pool's peaks move with
- * the sizes drawn (MoE), and the warmup's is one of those draws. */
-static size_t most_of(const ofl_pool_t *p) {
-  if (p->cycles < 2 || p->kind != OFL_POOL_PINNED)
-    return p->most_in_use_bytes;
-  return p->cycle_most_bytes > p->steady_most_bytes ? p->cycle_most_bytes
-                                                    : p->steady_most_bytes;
-}
-
-/* Lock held, at an iteration's end: learning ends after an iteration that
- * made no new key and no backend call (a pool that has seen every size it
- * will see has nothing left to learn, and a resize for a peak a little
- * higher would be an allocation and a free inside the steady iterations:
- * fixed shapes, 1F1B pp 4, made 10 of each in the 20 after the warmup),
- * and at the latest after OFL__LEARN_CYCLES iterations. */
-static void learning_check(ofl_pool_t *p) {
-  uint64_t calls = p->stats.backend_allocs + p->stats.backend_frees;
-  bool changed = p->keys_made != p->cycle_keys || calls != p->cycle_calls;
-  p->cycle_keys = p->keys_made;
-  p->cycle_calls = calls;
-  if (p->learned_cycle != 0 || (changed && p->cycles < OFL__LEARN_CYCLES))
-    return;
-  p->learned_cycle = p->cycles;
-  OFL_INFO(OFL_SUBSYS_POOL,
-           "pool %s: learning ended after iteration %llu: %zu held, most in "
-           "use %zu",
-           p->name, (unsigned long long)p->cycles, ofl__pool_held(p),
-           most_of(p));
-}
-
-/* Replaces the segments by one of bytes sized for most in use (0: by none)
- * (ofl__pool_merge; shrink: a resize at an iteration's end, which also
- * replaces a single segment a minimum segment larger than bytes). */
-static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
-
-/* Lock held, at an iteration's end (cycles counts it already): whether a
- * learning pool with nothing in use resizes its segments to one of *bytes
- * for its most in use (most_of; a pinned pool's: of the iterations after
- * the warmup, whose peak may be higher). Not after the warmup alone. Due:
- * - when the iterations after the warmup used none of it (a reload pool
- *   the plan stopped using): everything goes back, *bytes 0;
- * - when its segments came from growth alone (no merge sized them) and it
- *   holds less than its most in use and three quarters of a merged
- *   segment's margin: a pool of changing sizes fragments, and with a
- *   twelfth free (a pinned pool's room) or a first 2 MiB segment for
- *   1.6 MB (an application's pool under a tight pinned budget, whose peak
- *   moves with what stays on the device) grew after learning; the segment
- *   it resizes to keeps at least OFL__MERGE_SLACK_MIN free;
- * - a pinned pool (it never merges at idle points), when it holds more
- *   than that segment and more than the waste bound (OFL__WASTE_NUM /
- *   OFL__WASTE_DEN times its most).
- * Under a budget (the manager's pinned pool, whose segments count against
- * it) only the first and the last, within the budget: a pinned pool that
- * the plan leaves unused (the last stage keeps its one microbatch on the
- * device) held 4 MiB for a steady peak of 0.
- * A pool within the bound and the margin (a fixed-shape workload's) makes
- * no call. */
-static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
-                       size_t *bytes) {
-  if (!learn || p->arena.nsegs == 0 || p->cycles < 2 ||
-      p->stats.blocks_in_use != 0 || p->merging)
-    return false;
-  size_t budget = p->stats.budget_bytes; /* 0: none */
-  size_t held = p->arena.held_bytes;
-  *bytes = 0;
-  *most_out = 0;
-  if (p->steady_most_bytes == 0)
-    return true;
-  size_t most = most_of(p);
-  size_t want = ofl__arena_merge_bytes(&p->arena, most);
-  /* A resize for the steady iterations keeps at least the slack: a small
-   * pool's gaps are a larger share of it. */
-  size_t step = OFL__ARENA_MERGE_ROUND;
-  if (want == 0 || most > SIZE_MAX - OFL__MERGE_SLACK_MIN - step)
-    return false;
-  size_t least = (most + OFL__MERGE_SLACK_MIN + step - 1) / step * step;
-  if (want < least)
-    want = least;
-  if (want < p->merge_floor_bytes)
-    want = p->merge_floor_bytes;
-  *bytes = want;
-  *most_out = most;
-  /* Past the waste bound, and more than the resized segment. */
-  size_t bound = most / OFL__WASTE_DEN * OFL__WASTE_NUM;
-  if (p->kind == OFL_POOL_PINNED && held > want + OFL__ARENA_MERGE_ROUND &&
-      held > bound && (budget == 0 || want <= budget))
-    return true;
-  if (budget != 0)
-    return false; /* it grows only for a request, within the budget */
-  /* Short of margin: only a pool whose segments came from growth alone
-   * (never sized by a merge or a resize; a merged one resizes for higher
-   * peaks by its own rules). */
-  return p->merged_bytes == 0 && held < most + (want - most) / 4 * 3;
-}
-
-static void cycle_end(ofl_pool_t *p) {
-  pthread_mutex_lock(&p->mu);
-  bool learn = p->cycles == 0 || learning(p);
-  if (p->cycles >= 1 && p->cycle_most_bytes > p->steady_most_bytes)
-    p->steady_most_bytes = p->cycle_most_bytes; /* not the warmup's */
-  p->cycle_most_bytes = p->stats.in_use_bytes;
-  p->cycles++;
-  size_t resize = 0, most = 0;
-  if (resize_due(p, learn, &most, &resize)) {
-    pthread_mutex_unlock(&p->mu);
-    /* Between iterations: the cached blocks' last uses (the reloads'
-     * copies) are waited for, so that every range can go back. */
-    (void)settle_pending(p);
-    merge_into(p, most, resize, true);
-    pthread_mutex_lock(&p->mu);
-    learning_check(p); /* the resize counts as a change */
-    pthread_mutex_unlock(&p->mu);
-    return;
-  }
-  most = most_of(p);
-  size_t held = p->arena.held_bytes;
-  bool room = p->kind == OFL_POOL_PINNED && p->arena.nsegs > 0 &&
-              p->stats.budget_bytes == 0 && learn &&
-              held < most + most / OFL__ROOM_DIV;
-  /* Just the room missing, in whole minimum segments (an eighth of what
-   * it holds, the growth of a request, took the stand-in's pinned pool to
-   * 1.27 times its peak in use on one draw). */
-  size_t want = 0;
-  if (room) {
-    size_t step = OFL__ARENA_SEGMENT_MIN;
-    want = (most + most / OFL__ROOM_DIV - held + step - 1) / step * step;
-  }
-  pthread_mutex_unlock(&p->mu);
-  if (want != 0 && grow(p, want, false) != OFL_SUCCESS)
-    OFL_INFO(OFL_SUBSYS_POOL,
-             "pool %s: no room made ahead of the next iteration (%s)", p->name,
-             ofl_last_error());
-  /* A device pool of a few sizes that grew in this iteration merges now,
-   * between iterations, rather than at an idle point of the next one:
-   * there the merge (a free per segment and an allocation) falls inside
-   * the iterations that follow the warmup, which a pool of fixed sizes
-   * must pass without a call. */
-  pthread_mutex_lock(&p->mu);
-  bool merge = p->kind == OFL_POOL_DEVICE && p->grew && !p->merging &&
-               p->byte_keys_made >= 2 && p->byte_keys_made <= OFL__MANY_SIZES &&
-               p->stats.budget_bytes == 0 && p->stats.blocks_in_use == 0;
-  pthread_mutex_unlock(&p->mu);
-  if (merge)
-    ofl__pool_merge(p);
-  pthread_mutex_lock(&p->mu);
-  learning_check(p); /* a room made or a merge counts as a change */
-  pthread_mutex_unlock(&p->mu);
-}
-
-/* The device pools of p's device that no manager reports to (an
- * application's pool whose tensors a manager offloads while it reloads
- * into a pool of its own) end an iteration with p: without it such a pool
- * never learned, its merges came at idle points two iterations after a
- * growth, inside the steady iterations. At most FOLLOW_MAX of them. */
-#define FOLLOW_MAX 16
-static void follow_cycle(ofl_pool_t *p) {
-  ofl_pool_t *q[FOLLOW_MAX];
-  int n = 0;
-  pthread_mutex_lock(&registry_mu);
-  for (ofl_pool_t *o = registry; o != NULL && n < FOLLOW_MAX; o = o->reg_next)
-    if (o != p && o->dev == p->dev && o->kind == OFL_POOL_DEVICE &&
-        !atomic_load(&o->reported)) {
-      o->pins++;
-      q[n++] = o;
-    }
-  pthread_mutex_unlock(&registry_mu);
-  for (int i = 0; i < n; i++)
-    cycle_end(q[i]);
-  if (n == 0)
-    return;
-  pthread_mutex_lock(&registry_mu);
-  for (int i = 0; i < n; i++)
-    q[i]->pins--;
-  pthread_cond_broadcast(&registry_cv);
-  pthread_mutex_unlock(&registry_mu);
-}
-
-void ofl__pool_cycle_end(ofl_pool_t *p) {
-  if (p == NULL)
-    return;
-  atomic_store(&p->reported, true);
-  cycle_end(p);
-  if (p->kind == OFL_POOL_DEVICE)
-    follow_cycle(p);
-}
-
-bool ofl__pool_idle_point(ofl_pool_t *p) {
-  p->idle_points++;
-  /* Not in a pool of fixed sizes, whose cached blocks would all miss once
-   * after it, nor with a budget (blocks of their own). Nor in a pinned
-   * pool: each new segment is an eighth of what it holds, so its ends
-   * waste little where it holds much (the MoE benchmark's pinned pool
-   * holds tens of MB in 8 MiB segments, 1.04 to 1.21 times its peak in
-   * use), and a registration costs far more than a device allocation. */
-  if (p->merging || p->kind != OFL_POOL_DEVICE || p->byte_keys_made < 2 ||
-      p->stats.budget_bytes != 0)
-    return false;
-  /* After a growth, once a whole cycle went without one: a merge costs a
-   * free per segment and an allocation, not to be paid every cycle while
-   * the pool still grows. */
-  if (p->grew) {
-    /* A pool of many sizes under a manager merges only while it learns
-     * (learning_check). Later its segments stay as they are: a merge then
-     * would cost an allocation and a free per segment inside the steady
-     * iterations to save a grown segment's slack (MoE bench, seed 22, host
-     * backend: a growth in iteration 13 with 15% of the merged segment free
-     * in pieces, its merge in iteration 16). A pool of a few sizes merges
-     * after any growth, at least to the size the growth proved missing
-     * (note_merge_too_small). */
-    if (p->cycles > 0 && p->byte_keys_made > OFL__MANY_SIZES)
-      return learning(p) && p->cycles >= p->grown_cycle + OFL__MERGE_CYCLES;
-    return p->idle_points >= p->grown_at + 2;
-  }
-  /* Within a few idle points of a merge (under a manager: while it learns,
-   * learning_check), a peak in use that rose past the one it was sized for
-   * merges again: the cycles that follow the last growth often climb a
-   * little further. */
-  bool resize = p->cycles > 0
-                    ? learning(p)
-                    : p->idle_points <= p->merged_at + OFL__RESIZE_IDLE;
-  return p->merged_at != 0 && resize &&
-         most_of(p) >
-             p->merged_most_bytes + p->merged_most_bytes / OFL__RESIZE_DIV;
-}
-
-/* Lock held: whether every free block outside the reserve has its last
- * use complete (event queries only: no wait). */
-static bool cache_quiet(ofl_pool_t *p) {
-  for (pool_key_t *k = p->keys; k != NULL; k = k->lnext)
-    for (pool_block_t *b = k->free_head; b != NULL; b = b->next)
-      if (!b->carved && !ofl__block_idle(b))
-        return false;
-  return true;
-}
-
-void ofl__pool_merge(ofl_pool_t *p) {
-  pthread_mutex_lock(&p->mu);
-  size_t most = most_of(p);
-  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
-  if (bytes != 0 && bytes < p->merge_floor_bytes)
-    bytes = p->merge_floor_bytes; /* a segment that proved too small */
-  pthread_mutex_unlock(&p->mu);
-  merge_into(p, most, bytes, false);
-}
-
-static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink) {
-  pool_block_t *victims = NULL;
-  pthread_mutex_lock(&p->mu);
-  if (p->merging || p->stats.blocks_in_use != 0 || !cache_quiet(p)) {
-    pthread_mutex_unlock(&p->mu); /* a later idle point tries again */
-    return;
-  }
-  p->grew = false;
-  if (p->arena.nsegs == 1 && p->arena.held_bytes >= bytes && bytes != 0 &&
-      (!shrink || p->arena.held_bytes < bytes + OFL__ARENA_SEGMENT_MIN)) {
-    /* One segment already as large (and, for a resize, not a minimum
-     * segment larger): a merge would free it and make it again (two
-     * backend calls) for nothing. */
-    p->merged_most_bytes = most;
-    p->merged_at = p->idle_points;
-    p->merged_bytes = p->arena.held_bytes;
-    pthread_mutex_unlock(&p->mu);
-    return;
-  }
-  p->merging = true;
-  (void)ofl__pool_take_idle(p, false, &victims);
-  pthread_mutex_unlock(&p->mu);
-  ofl__pool_destroy_victims(p, victims);
-  size_t old = 0;
-  pthread_mutex_lock(&p->mu);
-  /* Segments a concurrent request carved from meanwhile stay. */
-  ofl__segment_t *segs = ofl__arena_take_idle(&p->arena, &old);
-  p->merged_most_bytes = most;
-  p->merged_at = p->idle_points;
-  if (segs == NULL)
-    p->merging = false;
-  pthread_mutex_unlock(&p->mu);
-  if (segs == NULL)
-    return;
-  free_segments(p, segs);
-  if (bytes == 0) { /* nothing in use to make room for */
-    pthread_mutex_lock(&p->mu);
-    p->merging = false;
-    p->merged_bytes = 0;
-    pthread_mutex_unlock(&p->mu);
-    OFL_INFO(OFL_SUBSYS_POOL,
-             "pool %s: segments of %zu bytes given back: the iterations "
-             "after the warmup used none of them",
-             p->name, old);
-    return;
-  }
-  ofl_status_t s = grow(p, bytes, true);
-  pthread_mutex_lock(&p->mu);
-  p->merging = false;
-  p->merged_bytes = s == OFL_SUCCESS ? bytes : 0;
-  pthread_mutex_unlock(&p->mu);
-  if (s != OFL_SUCCESS)
-    OFL_INFO(OFL_SUBSYS_POOL,
-             "pool %s: %zu bytes of segments freed to merge them, and the "
-             "merged segment of %zu refused; the pool grows again when it "
-             "needs to",
-             p->name, old, bytes);
-  else
-    OFL_INFO(OFL_SUBSYS_POOL,
-             "pool %s: segments of %zu bytes merged into one of %zu (most "
-             "in use %zu)",
-             p->name, old, bytes, most);
 }
 
 ofl_status_t ofl__pool_memory(ofl_pool_t *p, size_t bytes, bool seg,
