@@ -17,6 +17,7 @@
 
 #include <ofl/ofl.h>
 #include "tests/support/devmem.h"
+#include "tests/support/fixture.h"
 
 #define KIB ((size_t)1024)
 #define MIB ((size_t)1 << 20)
@@ -297,16 +298,7 @@ Test(pool_allocator, refusal_takes_the_out_of_memory_retry) {
  * device block from the allocator, none from the backend. */
 Test(pool_allocator, manager_reloads_into_the_allocators_blocks) {
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, "app");
-  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
-  mp.device = dev;
-  mp.device_pool = pool;
-  mp.offload = 1;
-  mp.groups = "";
-  mp.min_offload_bytes = 1;
-  mp.fraction = 1.0;
-  mp.rank_delta_bytes = 0;
-  mp.max_inflight = 0;
-  mp.host_budget_bytes = 0;
+  ofl_manager_params_t mp = t_env_manager_params(dev, pool);
   ofl_manager_t *m = NULL;
   cr_assert(eq(int, ofl_manager_create(&mp, &m), OFL_SUCCESS), "%s",
             ofl_last_error());

@@ -17,6 +17,7 @@
 #include "tests/support/devmem.h"
 #include "pool/pool_internal.h"
 #include "tests/support/driver.h"
+#include "tests/support/fixture.h"
 
 #define KIB ((size_t)1024)
 #define MIB ((size_t)1 << 20)
@@ -190,16 +191,7 @@ Test(pool_memory, out_of_memory_message_gives_request_and_pool_figures) {
  * of another size that fill the device; the pop still gets its bytes. */
 Test(pool_memory, reload_succeeds_after_releasing_cached_blocks) {
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_OFF, "app");
-  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
-  mp.device = dev;
-  mp.device_pool = pool;
-  mp.offload = 1;
-  mp.groups = "";
-  mp.min_offload_bytes = 1;
-  mp.fraction = 1.0;
-  mp.rank_delta_bytes = 0;
-  mp.max_inflight = 0;
-  mp.host_budget_bytes = 0;
+  ofl_manager_params_t mp = t_env_manager_params(dev, pool);
   ofl_manager_t *m = NULL;
   cr_assert(eq(int, ofl_manager_create(&mp, &m), OFL_SUCCESS), "%s",
             ofl_last_error());
@@ -540,8 +532,8 @@ static void pinned_new_size(ofl_pool_t *pool, int i) {
   size_t n = (20 + (size_t)i) * 4 * KIB;
   ofl_tensor_t *t = alloc_bytes(pool, n, 1);
   t_pattern(ofl_tensor_data(t), n, 500 + (uint64_t)i);
-  cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(t), n, 500 + (uint64_t)i),
-               0));
+  cr_assert(
+      eq(sz, t_pattern_wrong(ofl_tensor_data(t), n, 500 + (uint64_t)i), 0));
   cr_assert(eq(int, ofl_pool_free(pool, t), OFL_SUCCESS));
 }
 

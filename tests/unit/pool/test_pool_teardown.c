@@ -9,14 +9,13 @@
 
 #include <ofl/ofl.h>
 #include "tests/support/devmem.h"
+#include "tests/support/fixture.h"
 
 TestSuite(pool_teardown);
 
-typedef struct {
-  ofl_device_t *dev;
-  ofl_pool_t *pool; /* the application's reload pool */
-  ofl_manager_t *m;
-} env_t;
+/* The fixture's device, pool (here the application's reload pool) and
+ * manager. */
+typedef t_env_t env_t;
 
 /* A device, an application pool given to a manager as its reload pool, and
  * one iteration that offloads and reloads a group, so that streams, events
@@ -32,16 +31,7 @@ static void open_env(env_t *e, int own_pool) {
     pp.name = "app";
     cr_assert(eq(int, ofl_pool_create(e->dev, &pp, &e->pool), OFL_SUCCESS));
   }
-  ofl_manager_params_t mp = OFL_MANAGER_PARAMS_INIT;
-  mp.device = e->dev;
-  mp.device_pool = e->pool;
-  mp.offload = 1;
-  mp.groups = "";
-  mp.min_offload_bytes = 1;
-  mp.fraction = 1.0;
-  mp.rank_delta_bytes = 0;
-  mp.max_inflight = 0;
-  mp.host_budget_bytes = 0;
+  ofl_manager_params_t mp = t_env_manager_params(e->dev, e->pool);
   cr_assert(eq(int, ofl_manager_create(&mp, &e->m), OFL_SUCCESS), "%s",
             ofl_last_error());
   ofl_pool_t *src = e->pool != NULL ? e->pool : ofl_manager_device_pool(e->m);
