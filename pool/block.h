@@ -103,7 +103,7 @@ struct ofl_pool {
   /* The least bytes a merge may make: after a merged segment proved too
    * small (the pool grew while it had one), its size and the request it
    * could not place, so that the next merge does not make the same
-   * segment again (pool/reclaim.c). 0: none. */
+   * segment again (pool/reclaim.c, pool/resize.c). 0: none. */
   size_t merge_floor_bytes;
   size_t merged_bytes; /* the last merged segment's (0: none) */
   /* Learning (under a manager): the iteration whose end ended it (0: still

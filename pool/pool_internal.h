@@ -97,7 +97,7 @@ void ofl__pool_destroy_when_idle(ofl_pool_t *pool, void (*then)(void *),
 /* The offload manager ended a training iteration whose tensors came from
  * pool: through its first iterations a device pool resizes its merged
  * segment for higher peaks, and a pinned pool short of room grows between
- * iterations (pool/reclaim.c). NULL: nothing. */
+ * iterations (pool/resize.c). NULL: nothing. */
 void ofl__pool_cycle_end(ofl_pool_t *pool);
 
 #endif /* OFL_POOL_INTERNAL_H */

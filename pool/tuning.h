@@ -35,7 +35,7 @@
  * small pool's gaps are a larger share of it. */
 #define OFL__MERGE_SLACK_MIN (OFL__ARENA_SEGMENT_MIN / 2)
 
-/* ---- learning and merging (pool/reclaim.c) ------------------------------- */
+/* ---- learning and merging (pool/resize.c) -------------------------------- */
 
 /* A merge resizes for a peak more than 1/RESIZE_DIV above its own... */
 #define OFL__RESIZE_DIV 32u
