@@ -7,6 +7,7 @@
 #include "pool/block.h"
 #include "runtime/device_internal.h"
 #include "runtime/internal.h"
+#include "runtime/queue.h"
 
 /* ---- keys ---------------------------------------------------------------- */
 
@@ -98,23 +99,12 @@ void ofl__keys_prune(ofl_pool_t *p) {
 }
 
 void ofl__free_push(pool_key_t *k, pool_block_t *b) {
-  b->next = NULL;
-  if (k->free_tail != NULL)
-    k->free_tail->next = b;
-  else
-    k->free_head = b;
-  k->free_tail = b;
+  OFL_FIFO_PUSH(k->free_head, k->free_tail, b, next);
   k->nfree++;
 }
 
 void ofl__free_unlink(pool_key_t *k, pool_block_t *prev, pool_block_t *b) {
-  if (prev != NULL)
-    prev->next = b->next;
-  else
-    k->free_head = b->next;
-  if (k->free_tail == b)
-    k->free_tail = prev;
-  b->next = NULL;
+  OFL_FIFO_REMOVE(k->free_head, k->free_tail, prev, b, next);
   k->nfree--;
 }
 
@@ -123,13 +113,7 @@ void ofl__key_forget(ofl_pool_t *p, pool_block_t *b) {
   pool_block_t *prev = NULL;
   for (pool_block_t *x = k->all_head; x != b; prev = x, x = x->key_next) {
   }
-  if (prev != NULL)
-    prev->key_next = b->key_next;
-  else
-    k->all_head = b->key_next;
-  if (k->all_tail == b)
-    k->all_tail = prev;
-  b->key_next = NULL;
+  OFL_FIFO_REMOVE(k->all_head, k->all_tail, prev, b, key_next);
   k->total--;
   p->stats.blocks_total--;
   p->stats.total_bytes -= b->st.bytes;
@@ -215,11 +199,7 @@ void ofl__block_destroy(ofl_pool_t *p, pool_block_t *b) {
 void ofl__block_relink(ofl_pool_t *p, pool_block_t *b) {
   pthread_mutex_lock(&p->mu);
   pool_key_t *k = b->key;
-  if (k->all_tail != NULL)
-    k->all_tail->key_next = b;
-  else
-    k->all_head = b;
-  k->all_tail = b;
+  OFL_FIFO_PUSH(k->all_head, k->all_tail, b, key_next);
   k->total++;
   p->stats.blocks_total++;
   p->stats.total_bytes += b->st.bytes;

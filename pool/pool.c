@@ -13,6 +13,7 @@
 #include "pool/block.h"
 #include "runtime/device_internal.h"
 #include "runtime/internal.h"
+#include "runtime/queue.h"
 
 /* ---- create / destroy ---------------------------------------------------- */
 
@@ -264,12 +265,7 @@ void ofl__handle_cache_push(ofl_pool_t *p, ofl_tensor_t *t) {
   t->data = NULL;
   t->owner = NULL;
   t->loc = OFL_LOC_NONE;
-  t->cache_next = NULL;
-  if (p->handle_cache_tail != NULL)
-    p->handle_cache_tail->cache_next = t;
-  else
-    p->handle_cache = t;
-  p->handle_cache_tail = t;
+  OFL_FIFO_PUSH(p->handle_cache, p->handle_cache_tail, t, cache_next);
   p->handle_cache_n++;
 }
 
@@ -535,11 +531,7 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
   b->held = true;
   if (own)
     p->own_bytes += bytes;
-  if (k->all_tail != NULL)
-    k->all_tail->key_next = b;
-  else
-    k->all_head = b;
-  k->all_tail = b;
+  OFL_FIFO_PUSH(k->all_head, k->all_tail, b, key_next);
   k->total++;
   k->allocated++;
   p->stats.misses++;
@@ -608,10 +600,7 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
   }
   ofl_tensor_t *t = into;
   if (t == NULL && p->handle_cache_n > OFL__HANDLE_QUARANTINE) {
-    t = p->handle_cache;
-    p->handle_cache = t->cache_next;
-    if (p->handle_cache == NULL)
-      p->handle_cache_tail = NULL;
+    OFL_FIFO_POP(p->handle_cache, p->handle_cache_tail, t, cache_next);
     p->handle_cache_n--;
   }
   void *carved = NULL;

@@ -4,12 +4,13 @@
  * is run by the device's ofl thread once that event completed, or by the
  * thread that synchronises the stream, whichever comes first. Host functions
  * may not call CUDA and must not run user code (they can deadlock the
- * driver, or take a lock the training thread holds: docs/DESIGN.md section 3.1),
- * so nothing user-visible runs inside one. */
+ * driver, or take a lock the training thread holds: docs/DESIGN.md
+ * section 3.1), so nothing user-visible runs inside one. */
 #include <stdlib.h>
 #include <time.h>
 
 #include "runtime/backend.h"
+#include "runtime/queue.h"
 
 typedef struct entry {
   ofl_event_t *ev; /* kept with the entry: steady state creates no event */
@@ -47,13 +48,7 @@ ofl_status_t ofl__defer_init(ofl_device_t *dev) {
 }
 
 static void unlink_entry(struct ofl__defer *d, entry_t *prev, entry_t *e) {
-  if (prev == NULL)
-    d->head = e->next;
-  else
-    prev->next = e->next;
-  if (d->tail == e)
-    d->tail = prev;
-  e->next = NULL;
+  OFL_FIFO_REMOVE(d->head, d->tail, prev, e, next);
 }
 
 /* The first pending entry whose event completed (of one stream when uid is
@@ -205,12 +200,7 @@ ofl_status_t ofl__device_defer(ofl_stream_t *stream, void (*fn)(void *),
   e->stream_uid = stream->uid;
   e->fn = fn;
   e->arg = arg;
-  e->next = NULL;
-  if (d->tail != NULL)
-    d->tail->next = e;
-  else
-    d->head = e;
-  d->tail = e;
+  OFL_FIFO_PUSH(d->head, d->tail, e, next);
   pthread_cond_signal(&d->work_cv);
   pthread_mutex_unlock(&d->lock);
   return OFL_SUCCESS;

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "runtime/host.h"
+#include "runtime/queue.h"
 
 #define LINK_SLICE (1u << 20)
 #define DOZE_WINDOW_NS 20000000ull /* worker_main: dozes this long at most */
@@ -229,9 +230,7 @@ static void run_head(host_stream_t *hs, op_t *op, uint64_t jitter_ns,
  * wakes whoever waits for it (synchronize: for an empty queue). */
 static void finish_head_locked(host_stream_t *hs, op_t *op,
                                host_event_t *reached, uint64_t target) {
-  hs->head = op->next;
-  if (hs->head == NULL)
-    hs->tail = NULL;
+  OFL_FIFO_POP(hs->head, hs->tail, op, next); /* op is the head */
   op->next = hs->free_ops;
   hs->free_ops = op;
   hs->completed++;

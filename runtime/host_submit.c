@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "runtime/host.h"
+#include "runtime/queue.h"
 
 /* A queue entry from the stream's free list, or a new one until the list
  * covers the queue depth (mu held); NULL when out of memory. */
@@ -20,12 +21,7 @@ static op_t *slot_locked(host_stream_t *hs) {
 /* Appends q (mu held), waking the worker if it sleeps unless the caller
  * runs q itself (enqueue_locked). */
 static void link_quiet_locked(host_stream_t *hs, op_t *q, bool wake) {
-  q->next = NULL;
-  if (hs->tail != NULL)
-    hs->tail->next = q;
-  else
-    hs->head = q;
-  hs->tail = q;
+  OFL_FIFO_PUSH(hs->head, hs->tail, q, next);
   hs->enqueued++;
   atomic_store_explicit(&hs->enqueued_seen, hs->enqueued, memory_order_release);
   if (wake)
