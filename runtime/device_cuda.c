@@ -6,7 +6,6 @@
 
 #if OFL_HAVE_CUDA
 
-#include <dlfcn.h>
 #include <nvtx3/nvToolsExt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,95 +117,9 @@ static ofl_status_t cuda_probe(int *device_index, char *why, size_t cap) {
 }
 
 /* ---- the caller's device stays the caller's ------------------------------
- * cudaSetDevice is per host thread, and memory, streams, events and
- * registrations go to the calling thread's current device; any runtime call
- * on a thread that never chose one initialises device 0's primary context.
- * So every call selects ofl's device when the thread sits elsewhere, and
- * gives the caller's device back afterwards (docs/DESIGN.md section 3.1). It is
- * not given back on ofl's own threads, nor to a device whose primary context
- * does not exist (the thread had never used it: cudaGetDevice answers 0 for
- * a thread that chose nothing, and selecting device 0 would create a
- * context there, hundreds of MiB on a GPU the process does not use). */
+ * Every call selects ofl's device and gives the caller's back afterwards
+ * (ofl__cuda_enter / ofl__cuda_leave, runtime/cuda_guard.c). */
 typedef ofl__cuda_guard_t dev_guard_t;
-
-typedef int (*cu_device_get_fn)(int *dev, int ordinal);
-typedef int (*cu_ctx_state_fn)(int dev, unsigned *flags, int *active);
-
-/* Whether device `ordinal` has an active primary context, through the
- * driver API (libcuda, which the runtime has loaded already when a device
- * works); when it cannot be asked, true (restoring is the safe answer for
- * the caller). */
-static bool primary_ctx_active(int ordinal) {
-  static cu_device_get_fn get;
-  static cu_ctx_state_fn state;
-  static atomic_int looked;
-  if (atomic_load(&looked) == 0) {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW); /* kept for the process */
-    if (h != NULL) {
-      *(void **)&get = dlsym(h, "cuDeviceGet");
-      *(void **)&state = dlsym(h, "cuDevicePrimaryCtxGetState");
-    }
-    atomic_store(&looked, 1);
-  }
-  if (get == NULL || state == NULL)
-    return true;
-  int d = 0, active = 1;
-  unsigned flags = 0;
-  if (get(&d, ordinal) != 0 || state(d, &flags, &active) != 0)
-    return true;
-  return active != 0;
-}
-
-/* Every call also runs in relaxed capture mode: an allocation, a
- * registration or a query that ofl makes while the application captures a
- * graph on another stream (global mode forbids those from any thread) must
- * not invalidate the application's capture (docs/DESIGN.md section 3.1). Work
- * ofl queues on a capturing stream is still captured. */
-static void relax_capture(ofl__cuda_guard_t *g) {
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  if (cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess)
-    g->capture_mode = (int)mode;
-  else {
-    (void)cudaGetLastError();
-    g->capture_mode = -1;
-  }
-}
-
-static void restore_capture(const ofl__cuda_guard_t *g) {
-  if (g->capture_mode < 0 || g->capture_mode == cudaStreamCaptureModeRelaxed)
-    return;
-  enum cudaStreamCaptureMode mode = (enum cudaStreamCaptureMode)g->capture_mode;
-  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
-    (void)cudaGetLastError();
-}
-
-ofl_status_t ofl__cuda_enter(int device, ofl__cuda_guard_t *g) {
-  g->restore = false;
-  relax_capture(g);
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess) {
-    (void)cudaGetLastError();
-    cur = -1;
-  }
-  if (cur == device)
-    return OFL_SUCCESS;
-  cudaError_t ce = cudaSetDevice(device);
-  if (ce != cudaSuccess) {
-    restore_capture(g);
-    CUDA_TRY(ce, "cannot select the device");
-  }
-  if (cur >= 0 && !ofl__thread_is_owned() && primary_ctx_active(cur)) {
-    g->prev = cur;
-    g->restore = true;
-  }
-  return OFL_SUCCESS;
-}
-
-void ofl__cuda_leave(const ofl__cuda_guard_t *g) {
-  if (g->restore && cudaSetDevice(g->prev) != cudaSuccess)
-    (void)cudaGetLastError();
-  restore_capture(g);
-}
 
 static ofl_status_t enter(const ofl_device_t *dev, dev_guard_t *g) {
   return ofl__cuda_enter(dev->cfg.device_index, g);
@@ -244,7 +157,7 @@ typedef struct size_node {
   void *ptr;
   size_t bytes;
   const ofl_device_t *dev;
-  bool pinned; /* pinned host memory (ptr is the registered range) */
+  bool pinned;      /* pinned host memory (ptr is the registered range) */
   size_t reg_bytes; /* pinned: bytes registered (whole pages) */
   struct size_node *next;
 } size_node_t;
@@ -713,8 +626,7 @@ static ofl_status_t cuda_event_synchronize(ofl_event_t *e, int64_t timeout_ms) {
 
 static ofl_status_t cuda_stream_wait_event(ofl_stream_t *s, ofl_event_t *e) {
   ON_DEVICE(s->dev,
-            cudaStreamWaitEvent((cudaStream_t)s->impl, (cudaEvent_t)e->impl,
-                                0),
+            cudaStreamWaitEvent((cudaStream_t)s->impl, (cudaEvent_t)e->impl, 0),
             "stream wait event");
   return OFL_SUCCESS;
 }
@@ -735,8 +647,7 @@ static ofl_status_t cuda_memcpy_async(void *dst, const void *src, size_t bytes,
 
 static ofl_status_t cuda_memset_async(void *dst, int value, size_t bytes,
                                       ofl_stream_t *s) {
-  ON_DEVICE(s->dev,
-            cudaMemsetAsync(dst, value, bytes, (cudaStream_t)s->impl),
+  ON_DEVICE(s->dev, cudaMemsetAsync(dst, value, bytes, (cudaStream_t)s->impl),
             "async memset");
   return OFL_SUCCESS;
 }
@@ -761,8 +672,7 @@ static void cuda_range_pop(ofl_device_t *dev) {
 /* Both ends of the range: an allocation is contiguous, so a range that
  * starts and ends in device memory of dev lies in it (two allocations
  * side by side aside, which a tensor cannot tell apart anyway). */
-static bool cuda_device_owns(ofl_device_t *dev, const void *ptr,
-                             size_t bytes) {
+static bool cuda_device_owns(ofl_device_t *dev, const void *ptr, size_t bytes) {
   const char *ends[2] = {ptr, (const char *)ptr + (bytes ? bytes - 1 : 0)};
   dev_guard_t g;
   if (enter(dev, &g) != OFL_SUCCESS)

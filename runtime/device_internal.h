@@ -94,7 +94,7 @@ bool ofl__thread_is_owned(void);
 #if OFL_HAVE_CUDA
 /* Selects cuda device `device` on the calling thread when it sits on
  * another, remembering whether leave must give the caller's back (see
- * runtime/device_cuda.c: never to a device without a primary context, never
+ * runtime/cuda_guard.c: never to a device without a primary context, never
  * on ofl's own threads). */
 typedef struct {
   int prev;
