@@ -18,6 +18,7 @@
 #include <ofl/ofl.h>
 
 #include "tests/support/devmem.h"
+#include "tests/support/fixture.h"
 
 #define OK(call)                                                               \
   cr_assert(eq(int, (call), OFL_SUCCESS), "%s: %s", #call, ofl_last_error())
@@ -251,11 +252,8 @@ Test(cuda_interop, release_callback_runs_after_the_copy_outside_host_fns) {
 
 /* ---- 3 and 5: the application's stream; commit never waits --------------- */
 
-typedef struct {
-  ofl_device_t *dev;
-  ofl_pool_t *pool;
-  ofl_manager_t *m;
-} env_t;
+/* The fixture's device, activation pool and manager. */
+typedef t_env_t env_t;
 
 static void env_open(env_t *e, int index) {
   e->dev = open_cuda(index);
@@ -271,12 +269,6 @@ static void env_open(env_t *e, int index) {
   mp.min_offload_elems = 0;
   mp.fraction = 1.0;
   OK(ofl_manager_create(&mp, &e->m));
-}
-
-static void env_close(env_t *e) {
-  ofl_manager_destroy(e->m);
-  ofl_pool_destroy(e->pool);
-  ofl_device_close(e->dev);
 }
 
 static void gate_cuda_fn(void *arg) { gate_fn(arg); }
@@ -328,7 +320,7 @@ Test(cuda_interop, compute_on_the_applications_nonblocking_stream_is_ordered) {
   CUDA_OK(cudaStreamSynchronize(app));
   CUDA_OK(cudaStreamDestroy(app));
   CUDA_OK(cudaFreeHost(src));
-  env_close(&e);
+  t_env_close(&e);
 }
 
 Test(cuda_interop, wrapping_a_stream_of_another_gpu_is_refused) {
@@ -388,7 +380,7 @@ Test(cuda_interop, commit_of_shared_external_storage_never_waits_for_d2h) {
   OK(ofl_stream_synchronize(ofl_manager_d2h_stream(e.m), -1));
   cr_assert(eq(int, atomic_load(&released), 1));
   cr_assert(eq(int, atomic_load(&release_free_failed), 0));
-  env_close(&e);
+  t_env_close(&e);
   unsetenv("OFL_WAIT_TIMEOUT_MS");
 }
 
@@ -454,7 +446,7 @@ Test(cuda_interop, steady_state_makes_no_allocation_free_or_registration) {
   cr_assert(eq(u64, s.host_allocs, 0));
   cr_assert(eq(u64, s.host_frees, 0));
   cr_assert(gt(u64, s.copies, 0));
-  env_close(&e);
+  t_env_close(&e);
 }
 
 /* ---- 6: NCCL gathers are bounded; a timeout aborts the communicator only
@@ -901,7 +893,7 @@ Test(cuda_interop, a_reload_that_holds_compute_is_a_stall_timed_on_the_device) {
   cr_assert(ge(u64, after.stall_ns - before.stall_ns, 10000000ull),
             "stall_ns %llu",
             (unsigned long long)(after.stall_ns - before.stall_ns));
-  env_close(&e);
+  t_env_close(&e);
 }
 
 static uint64_t reloaded_after_first_backward(int depth) {
@@ -962,7 +954,7 @@ static uint64_t reloaded_after_first_backward(int depth) {
     }
   }
   cr_assert(eq(sz, wrong, 0));
-  env_close(&e);
+  t_env_close(&e);
   return issued;
 }
 
@@ -1061,7 +1053,7 @@ Test(cuda_interop, offloading_refuses_inside_a_capture_and_held_passes_work) {
   ofl_device_set_compute_stream(e.dev, NULL);
   OK(ofl_stream_destroy(ws));
   CUDA_OK(cudaStreamDestroy(app));
-  env_close(&e);
+  t_env_close(&e);
 }
 
 /* The default compute stream is the legacy one: a capture of a blocking
@@ -1080,7 +1072,7 @@ Test(cuda_interop, a_blocking_streams_capture_makes_legacy_compute_refuse) {
   CUDA_OK(cudaStreamEndCapture(blocking, &graph)); /* not invalidated */
   CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(blocking));
-  env_close(&e);
+  t_env_close(&e);
 }
 
 /* An ordered release on a stream being captured is refused before anything
