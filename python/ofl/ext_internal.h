@@ -1,7 +1,9 @@
 /* ofl._ext's private header: what the files of the extension share.
  *
- *   _ext.c         the module: setup, the interned names, the api table, the
- *                  small helpers, the Hooks type and its methods, init;
+ *   _ext.c         the module: setup, library(), the Hooks type and its
+ *                  methods, init (the top: calls the files below);
+ *   ext_util.c     what setup provides, the interned names, the small
+ *                  helpers (the bottom: calls no other file);
  *   ext_records.c  Saved, Kept and Mark, and the records of saved tensors;
  *   ext_pack.c     eligibility, the group bases, pack and pack_offload;
  *   ext_unpack.c   Block, the DLPack wrap, pop_record, the version check,
@@ -27,8 +29,9 @@
 /* Copies at least this large run without the GIL. */
 #define COPY_NOGIL_BYTES ((size_t)1 << 16)
 
-/* ---- what setup() provides (_ext.c) -------------------------------------- */
+/* ---- what setup() provides (ext_util.c; _ext.c sets them) ---------------- */
 
+extern PyObject *ext__error_factory;
 extern PyObject *ext__torch_frombuffer, *ext__torch_uint8, *ext__torch_strided,
     *ext__torch_tensor;
 extern PyObject *ext__kw_dtype;
@@ -112,8 +115,9 @@ typedef struct handback {
   void *ptr;     /* else: a block freed by one of ofl's pools */
 } handback_t;
 
-/* ---- the small helpers and Hooks (_ext.c) -------------------------------- */
+/* ---- the interned names and the small helpers (ext_util.c) --------------- */
 
+int ext__intern_names(void);
 PyObject *ext__keep(PyObject *o);
 PyObject *ext__raise_ofl(ofl_status_t st, const char *where);
 PyObject *ext__optional_attr(PyObject *o, PyObject *name, int *found);
@@ -122,10 +126,10 @@ int ext__call_ll(PyObject *o, PyObject *name, long long *out);
 int ext__call_ptr(PyObject *o, PyObject *name, uintptr_t *out);
 int ext__attr_true(PyObject *o, PyObject *name, int call);
 void *ext__as_ptr(PyObject *o);
-void ext__saved_forget_core(SavedObject *s);
 
 /* ---- records (ext_records.c) --------------------------------------------- */
 
+void ext__saved_forget_core(SavedObject *s);
 int ext__tensor_version(PyObject *t, long long *out);
 PyObject *ext__make_kept(PyObject *t);
 SavedObject *ext__new_record(PyObject *t, PyObject *root, int whole);

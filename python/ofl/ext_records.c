@@ -2,6 +2,14 @@
  * describes a tensor handed to the manager. */
 #include "ext_internal.h"
 
+/* The record leaves its manager's count of records not popped. */
+void ext__saved_forget_core(SavedObject *s) {
+  if (s->core != NULL) {
+    ((HooksObject *)s->core)->unpopped--;
+    Py_CLEAR(s->core);
+  }
+}
+
 /* ---- Saved: what autograd stores for a tensor handed to the manager ------ */
 
 static int saved_traverse(PyObject *op, visitproc visit, void *arg) {
