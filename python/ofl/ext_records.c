@@ -194,8 +194,10 @@ SavedObject *ext__new_record(PyObject *t, PyObject *root, int whole) {
   rec->tag = rec->h = rec->ptr = 0;
   rec->nbytes = rec->offset = 0;
   rec->version = version;
+  /* every object field set before the record is tracked: the weak
+   * reference made next can start a collection, which visits it */
   rec->tensor = rec->dtype = rec->size = rec->stride = rec->group = NULL;
-  rec->cached = rec->core = rec->weakreflist = NULL;
+  rec->vref = rec->cached = rec->core = rec->weakreflist = NULL;
   rec->whole = 0;
   PyObject_GC_Track((PyObject *)rec);
   rec->vref = PyWeakref_NewRef(root, NULL);

@@ -337,6 +337,43 @@ class Lifetime(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertIn("survived", out)
 
+    def test_a_collection_inside_a_records_making_sees_it_whole(self):
+        """A record is tracked by the GC before its weak reference to the
+        tensor's root is made, and making that weak reference can start a
+        collection, which visits the record: its weak-reference field must
+        already be set (it was left as malloc returned it, so the GC read
+        garbage as an object; under load a crash inside a module's forward,
+        in its pack hook). A collection at every allocation
+        (gc.set_threshold(1)) makes each record's weak reference start
+        one."""
+        prog = (
+            "import gc, torch\n"
+            "from ofl.torch import _core\n"
+            "torch.set_num_threads(1)\n"
+            "core = _core.ManagerCore(groups=b'', fraction=1.0, rank_delta_bytes=0,\n"
+            "    summary=False)\n"
+            "core.min_bytes = 1\n"
+            "ts = [torch.randn(16, 16) for _ in range(64)]\n"
+            "want = [t.clone() for t in ts]\n"
+            "gc.set_threshold(1)\n"
+            "for it in range(3):\n"
+            "    core.chunk_begin(1, 0)\n"
+            "    core.group_start(b'g')\n"
+            "    rs = [core.pack(t) for t in ts]\n"
+            "    core.commit(b'g')\n"
+            "    core.backward_begin(b'g')\n"
+            "    out = [core.unpack(r) for r in reversed(rs)][::-1]\n"
+            "    core.backward_end(b'g')\n"
+            "    assert all(torch.equal(a, b) for a, b in zip(out, want))\n"
+            "    del rs, out\n"
+            "    core.reset()\n"
+            "gc.set_threshold(700)\n"
+            "core.close()\n"
+            "print('survived')\n")
+        rc, out = self._run_child(prog)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("survived", out)
+
     def test_last_block_freed_inside_a_pop_of_a_closing_manager(self):
         """close() with a reloaded tensor alive leaves the destroy to its
         last block. When that block is freed by Python run inside a pop on
