@@ -177,6 +177,8 @@ static ofl_status_t open_resources(ofl_manager_t *m,
   hp.budget_bytes = p->host_budget_bytes < 0 ? OFL_POOL_BUDGET_FROM_ENV
                                              : (size_t)p->host_budget_bytes;
   OFL_CHECK(ofl_pool_create(m->dev, &hp, &m->host_pool));
+  m->pin_limit = m->pin_cluster_max = UINT64_MAX;
+  ofl__tier_end_iteration(m);
   if (p->device_pool != NULL) {
     m->dev_pool = p->device_pool;
   } else {
@@ -384,6 +386,7 @@ static void end_iteration(ofl_manager_t *m) {
   m->st.iterations++;
   ofl__pool_cycle_end(m->dev_pool);
   ofl__pool_cycle_end(m->host_pool);
+  ofl__tier_end_iteration(m);
 }
 
 ofl_status_t ofl_manager_reset(ofl_manager_t *m) {

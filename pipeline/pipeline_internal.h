@@ -32,6 +32,8 @@ typedef struct entry {
   const void *sid;        /* storage identity at commit */
   size_t off;             /* offset in the storage at commit */
   size_t lo, span;        /* leader: byte range of the storage it copies */
+  size_t pin_charge;      /* leader: bytes charged to the pinned admission
+                             while its copy is in pinned memory (tier.c) */
   uint32_t leader;   /* index of the cluster leader (itself for a leader) */
   uint32_t nmembers; /* leader: entries in the cluster */
   uint8_t flag;      /* leader: 1 a tensor is big enough, 2 one is marked
@@ -107,6 +109,7 @@ typedef struct name_info {
   bool selected; /* offloaded at all (params.groups) */
   bool dynamic;  /* byte-keyed pool blocks */
   uint64_t summary_bytes;
+  uint64_t pin_span_max; /* dynamic: the largest cluster seen (tier.c) */
   ofl_manager_group_stats_t st;
   /* max_inflight throttle: offload events of this name, oldest first. */
   group_t **ring;
@@ -199,6 +202,15 @@ struct ofl_manager {
   bool off_trained; /* offload off: a training chunk began (not forward-only,
                        not disabled), so this reset ends the warmup */
   ofl_disk_t *disk; /* the tier below pinned memory, or NULL */
+
+  /* Pinned admission (tier.c): under a host budget a steady iteration
+   * offloads a cluster to pinned memory only while the clusters in it,
+   * charged in call order, stay within pin_limit; the same clusters go
+   * there in every iteration, whatever the copies' timing. */
+  uint64_t pin_charged;     /* bytes charged to the clusters in pinned memory */
+  uint64_t pin_limit;       /* admission limit; UINT64_MAX: none */
+  uint64_t pin_cluster_max; /* the largest charge admitted; UINT64_MAX */
+  size_t pin_budget;        /* the pool's budget the limits were set for */
 
   /* State. */
   bool warmup, enabled, forward_only;
@@ -360,6 +372,9 @@ typedef enum {
 /* Lets l's tier storage go after the group's copies, without a reload. */
 void ofl__tier_drop(ofl_manager_t *m, group_t *g, entry_t *l,
                     ofl__tier_drop_t how);
+/* At an iteration's end and at the manager's creation: the pinned
+ * admission's limits start from the host pool's budget when it changed. */
+void ofl__tier_end_iteration(ofl_manager_t *m);
 /* Starts reading back the bytes of the groups next in c's reload order
  * where the tier is slow to give them (the disk tier's prefetch groups). */
 void ofl__tier_read_ahead(ofl_manager_t *m, const chunk_t *c);

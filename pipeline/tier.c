@@ -45,10 +45,83 @@ static ofl_status_t offload_to_disk(ofl_manager_t *m, entry_t *l,
   return OFL_SUCCESS;
 }
 
+/* ---- pinned admission ------------------------------------------------------
+ *
+ * Under a host budget whether the pinned pool has room for a cluster at
+ * its commit depends on timing: a block let go after a reload's H2D is
+ * free again, merged with its neighbours, only once that copy ended, and
+ * copies in flight move with the copy threads and the stream jitter. A
+ * placement taken from the pool's room changed from one iteration to the
+ * next, and the pools met sizes their learning never saw. So after the
+ * warmup the manager admits a cluster to pinned memory by its own count:
+ * the bytes of the clusters in pinned memory, charged at their offload and
+ * given back at their reload (both in call order, the same in every
+ * iteration), within a limit. The limit starts at the budget; a refusal of
+ * the pool for an admitted cluster lowers it to the bytes charged then (or,
+ * with nothing charged, caps the size of one cluster), so that the next
+ * iteration stops before that point, at the same cluster in every
+ * iteration. A dynamic name's clusters, whose sizes change in every
+ * iteration, are charged the largest of the name seen. */
+
+/* The bytes cluster l of g is charged: its pinned block, whole pages. */
+static uint64_t pin_charge(ofl_manager_t *m, const group_t *g,
+                           const entry_t *l) {
+  name_info_t *ni = &m->names[g->nid];
+  uint64_t bytes = l->span;
+  if (ni->dynamic) {
+    if (bytes > ni->pin_span_max)
+      ni->pin_span_max = bytes;
+    bytes = ni->pin_span_max;
+  }
+  uint64_t page = OFL_POOL_PAGE_BYTES;
+  return (bytes + page - 1) / page * page;
+}
+
+static bool pin_admits(const ofl_manager_t *m, uint64_t charge) {
+  if (m->warmup)
+    return true; /* the warmup offloads what the pool takes */
+  return charge <= m->pin_cluster_max && m->pin_charged <= m->pin_limit &&
+         charge <= m->pin_limit - m->pin_charged;
+}
+
+/* The pool refused an admitted cluster of charge bytes: the limits go
+ * down so that the same point is not admitted again. */
+static void pin_refused(ofl_manager_t *m, group_t *g, uint64_t charge) {
+  if (m->warmup || m->pin_budget == 0)
+    return;
+  if (m->pin_charged > 0)
+    m->pin_limit = m->pin_charged;
+  else if (charge > 0)
+    m->pin_cluster_max = charge - 1;
+  OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
+            "pinned pool refused %llu bytes with %llu charged: admission "
+            "limit %llu bytes, clusters up to %llu",
+            (unsigned long long)charge, (unsigned long long)m->pin_charged,
+            (unsigned long long)m->pin_limit,
+            (unsigned long long)m->pin_cluster_max);
+}
+
+static void pin_release(ofl_manager_t *m, entry_t *l) {
+  m->pin_charged -= l->pin_charge;
+  l->pin_charge = 0;
+}
+
+void ofl__tier_end_iteration(ofl_manager_t *m) {
+  ofl_pool_stats_t s;
+  ofl_pool_get_stats(m->host_pool, &s);
+  if (s.budget_bytes == m->pin_budget)
+    return;
+  /* A new budget (or the first): the limits start again from it. */
+  m->pin_budget = s.budget_bytes;
+  m->pin_limit = s.budget_bytes == 0 ? UINT64_MAX : s.budget_bytes;
+  m->pin_cluster_max = UINT64_MAX;
+}
+
 /* Copies one eligible cluster to pinned memory on the D2H stream, or to the
- * disk tier for the groups it selects. When the host budget is full the
- * cluster falls to the disk tier, and stays on the device when there is
- * none or it refuses too (*done false, counted; nothing is dropped). */
+ * disk tier for the groups it selects. When the host budget is full (after
+ * the warmup: when the admission says so) the cluster falls to the disk
+ * tier, and stays on the device when there is none or it refuses too
+ * (*done false, counted; nothing is dropped). */
 ofl_status_t ofl__tier_offload(ofl_manager_t *m, group_t *g, entry_t *l,
                                bool *done) {
   const char *src = (const char *)l->t->st->base + l->lo;
@@ -66,8 +139,12 @@ ofl_status_t ofl__tier_offload(ofl_manager_t *m, group_t *g, entry_t *l,
     }
   }
   ofl_tensor_t *h = NULL;
-  ofl_status_t s = host_alloc(m, g, l, &h);
+  uint64_t charge = pin_charge(m, g, l);
+  bool admitted = pin_admits(m, charge);
+  ofl_status_t s = admitted ? host_alloc(m, g, l, &h) : OFL_ERR_NO_MEMORY;
   if (s == OFL_ERR_NO_MEMORY) {
+    if (admitted)
+      pin_refused(m, g, charge);
     if (m->disk != NULL && !disk_first) {
       OFL_CHECK(offload_to_disk(m, l, src, done));
       if (*done) {
@@ -91,6 +168,8 @@ ofl_status_t ofl__tier_offload(ofl_manager_t *m, group_t *g, entry_t *l,
     return s;
   }
   l->host = h;
+  l->pin_charge = charge;
+  m->pin_charged += charge;
   *done = true;
   return OFL_SUCCESS;
 }
@@ -119,6 +198,8 @@ ofl_status_t ofl__tier_reload(ofl_manager_t *m, entry_t *l, void *dst,
     *released = ofl_pool_free(m->host_pool, l->host);
   else
     *released = ofl_pool_free_after(m->host_pool, l->host, stream);
+  if (l->host != NULL)
+    pin_release(m, l);
   l->host = NULL;
   l->ext = NULL;
   return OFL_SUCCESS;
@@ -152,6 +233,7 @@ void ofl__tier_drop(ofl_manager_t *m, group_t *g, entry_t *l,
       (void)ofl_stream_synchronize(m->d2h, OFL_TIMEOUT_DEFAULT);
       ofl_pool_free(m->host_pool, l->host);
     }
+    pin_release(m, l);
     l->host = NULL;
   }
 }
