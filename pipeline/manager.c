@@ -384,8 +384,11 @@ static void end_iteration(ofl_manager_t *m) {
   m->fwd_cursor = m->bwd_cursor = 0;
   m->gen++;
   m->st.iterations++;
-  ofl__pool_cycle_end(m->dev_pool);
-  ofl__pool_cycle_end(m->host_pool);
+  /* An iteration whose pinned admission moved is not one the pools learn
+   * to repeat (tier.c). */
+  ofl__pool_cycle_end_moved(m->dev_pool, m->pin_moved);
+  ofl__pool_cycle_end_moved(m->host_pool, m->pin_moved);
+  m->pin_moved = false;
   ofl__tier_end_iteration(m);
 }
 

@@ -211,6 +211,8 @@ struct ofl_manager {
   uint64_t pin_limit;       /* admission limit; UINT64_MAX: none */
   uint64_t pin_cluster_max; /* the largest charge admitted; UINT64_MAX */
   size_t pin_budget;        /* the pool's budget the limits were set for */
+  bool pin_moved; /* a limit dropped in this iteration: the placement of the
+                     next one differs (the pools learn on) */
 
   /* State. */
   bool warmup, enabled, forward_only;

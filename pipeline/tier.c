@@ -50,18 +50,24 @@ static ofl_status_t offload_to_disk(ofl_manager_t *m, entry_t *l,
  * Under a host budget whether the pinned pool has room for a cluster at
  * its commit depends on timing: a block let go after a reload's H2D is
  * free again, merged with its neighbours, only once that copy ended, and
- * copies in flight move with the copy threads and the stream jitter. A
- * placement taken from the pool's room changed from one iteration to the
- * next, and the pools met sizes their learning never saw. So after the
- * warmup the manager admits a cluster to pinned memory by its own count:
- * the bytes of the clusters in pinned memory, charged at their offload and
- * given back at their reload (both in call order, the same in every
- * iteration), within a limit. The limit starts at the budget; a refusal of
- * the pool for an admitted cluster lowers it to the bytes charged then (or,
- * with nothing charged, caps the size of one cluster), so that the next
- * iteration stops before that point, at the same cluster in every
- * iteration. A dynamic name's clusters, whose sizes change in every
- * iteration, are charged the largest of the name seen. */
+ * which cached blocks go back to the segments, where the next blocks are
+ * carved, follows from that too. A placement taken from the pool's room
+ * changed from one iteration to the next, and the pools met sizes their
+ * learning never saw. So after the warmup the manager admits a cluster to
+ * pinned memory by its own count: the bytes of the clusters in pinned
+ * memory, charged at their offload and given back at their reload or drop
+ * (both in call order, the same in every iteration), within a limit. The
+ * limit starts an eighth under the budget (PIN_MARGIN_DIV: room for the
+ * segments' fragmentation); a refusal of the pool for an admitted cluster
+ * (after the reloads in flight ended) lowers it to the bytes charged then
+ * (with nothing charged, caps the size of one cluster instead), so that
+ * the next iterations stop before that point, at the same cluster in every
+ * iteration, and that iteration does not end the pools' learning
+ * (pin_moved). A dynamic name's clusters, whose sizes change in every
+ * iteration, are charged the largest of the name seen. The segments'
+ * fragmentation moves with the timing too, so a refusal can still come
+ * late; the margin makes it rare. */
+#define PIN_MARGIN_DIV 8
 
 /* The bytes cluster l of g is charged: its pinned block, whole pages. */
 static uint64_t pin_charge(ofl_manager_t *m, const group_t *g,
@@ -93,10 +99,12 @@ static void pin_refused(ofl_manager_t *m, group_t *g, uint64_t charge) {
     m->pin_limit = m->pin_charged;
   else if (charge > 0)
     m->pin_cluster_max = charge - 1;
+  m->pin_moved = true;
   OFL__PLOG(OFL_LOG_INFO, m, g->chunk, ofl__gname(m, g),
-            "pinned pool refused %llu bytes with %llu charged: admission "
-            "limit %llu bytes, clusters up to %llu",
-            (unsigned long long)charge, (unsigned long long)m->pin_charged,
+            "iteration %llu: pinned pool refused %llu bytes with %llu "
+            "charged: admission limit %llu bytes, clusters up to %llu",
+            (unsigned long long)m->st.iterations, (unsigned long long)charge,
+            (unsigned long long)m->pin_charged,
             (unsigned long long)m->pin_limit,
             (unsigned long long)m->pin_cluster_max);
 }
@@ -113,7 +121,9 @@ void ofl__tier_end_iteration(ofl_manager_t *m) {
     return;
   /* A new budget (or the first): the limits start again from it. */
   m->pin_budget = s.budget_bytes;
-  m->pin_limit = s.budget_bytes == 0 ? UINT64_MAX : s.budget_bytes;
+  m->pin_limit = s.budget_bytes == 0
+                     ? UINT64_MAX
+                     : s.budget_bytes - s.budget_bytes / PIN_MARGIN_DIV;
   m->pin_cluster_max = UINT64_MAX;
 }
 
@@ -142,6 +152,13 @@ ofl_status_t ofl__tier_offload(ofl_manager_t *m, group_t *g, entry_t *l,
   uint64_t charge = pin_charge(m, g, l);
   bool admitted = pin_admits(m, charge);
   ofl_status_t s = admitted ? host_alloc(m, g, l, &h) : OFL_ERR_NO_MEMORY;
+  if (s == OFL_ERR_NO_MEMORY && admitted && !m->warmup) {
+    /* The blocks the reloads let go are free once their H2D copies ended:
+     * with none in flight the pool's answer depends less on the copies'
+     * timing. */
+    OFL_CHECK(ofl_stream_synchronize(m->h2d, OFL_TIMEOUT_DEFAULT));
+    s = host_alloc(m, g, l, &h);
+  }
   if (s == OFL_ERR_NO_MEMORY) {
     if (admitted)
       pin_refused(m, g, charge);

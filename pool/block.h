@@ -111,6 +111,9 @@ struct ofl_pool {
    * iteration's end, to see whether an iteration changed anything. */
   uint64_t learned_cycle;
   uint64_t cycle_keys, cycle_calls;
+  /* The manager's placement moved in the iteration that ends (its pinned
+   * admission limit dropped): the next one differs, nothing is learned. */
+  bool cycle_moved;
   /* Ended handles, reused first in, first out and only once more than
    * OFL__HANDLE_QUARANTINE wait: a handle freed twice with allocations
    * between is still found ended rather than taken for its next owner's. */

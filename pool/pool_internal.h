@@ -99,5 +99,9 @@ void ofl__pool_destroy_when_idle(ofl_pool_t *pool, void (*then)(void *),
  * segment for higher peaks, and a pinned pool short of room grows between
  * iterations (pool/resize.c). NULL: nothing. */
 void ofl__pool_cycle_end(ofl_pool_t *pool);
+/* The same, and moved: the manager's placement of tensors moved in that
+ * iteration (tensors it kept on the device, or pinned memory it used, will
+ * differ in the next one), so that it does not end the pool's learning. */
+void ofl__pool_cycle_end_moved(ofl_pool_t *pool, bool moved);
 
 #endif /* OFL_POOL_INTERNAL_H */

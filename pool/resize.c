@@ -44,10 +44,13 @@ static size_t most_of(const ofl_pool_t *p) {
  * will see has nothing left to learn, and a resize for a peak a little
  * higher would be an allocation and a free inside the steady iterations:
  * fixed shapes, 1F1B pp 4, made 10 of each in the 20 after the warmup),
- * and at the latest after OFL__LEARN_CYCLES iterations. */
+ * nor in which the manager's placement moved (the next iteration's
+ * differs: pipeline/tier.c's pinned admission), and at the latest after
+ * OFL__LEARN_CYCLES iterations. */
 static void learning_check(ofl_pool_t *p) {
   uint64_t calls = p->stats.backend_allocs + p->stats.backend_frees;
-  bool changed = p->keys_made != p->cycle_keys || calls != p->cycle_calls;
+  bool changed = p->keys_made != p->cycle_keys || calls != p->cycle_calls ||
+                 p->cycle_moved;
   p->cycle_keys = p->keys_made;
   p->cycle_calls = calls;
   if (p->learned_cycle != 0 || (changed && p->cycles < OFL__LEARN_CYCLES))
@@ -125,8 +128,9 @@ static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
   return p->merged_bytes == 0 && held < most + (want - most) / 4 * 3;
 }
 
-static void cycle_end(ofl_pool_t *p) {
+static void cycle_end(ofl_pool_t *p, bool moved) {
   pthread_mutex_lock(&p->mu);
+  p->cycle_moved = moved;
   bool learn = p->cycles == 0 || learning(p);
   if (p->cycles >= 1 && p->cycle_most_bytes > p->steady_most_bytes)
     p->steady_most_bytes = p->cycle_most_bytes; /* not the warmup's */
@@ -185,22 +189,24 @@ static void cycle_end(ofl_pool_t *p) {
  * never learned, its merges came at idle points two iterations after a
  * growth, inside the steady iterations. At most FOLLOW_MAX of them. */
 #define FOLLOW_MAX 16
-static void follow_cycle(ofl_pool_t *p) {
+static void follow_cycle(ofl_pool_t *p, bool moved) {
   ofl_pool_t *q[FOLLOW_MAX];
   int n = ofl__pool_pin_followers(p, q, FOLLOW_MAX);
   for (int i = 0; i < n; i++)
-    cycle_end(q[i]);
+    cycle_end(q[i], moved);
   ofl__pool_unpin(q, n);
 }
 
-void ofl__pool_cycle_end(ofl_pool_t *p) {
+void ofl__pool_cycle_end_moved(ofl_pool_t *p, bool moved) {
   if (p == NULL)
     return;
   atomic_store(&p->reported, true);
-  cycle_end(p);
+  cycle_end(p, moved);
   if (p->kind == OFL_POOL_DEVICE)
-    follow_cycle(p);
+    follow_cycle(p, moved);
 }
+
+void ofl__pool_cycle_end(ofl_pool_t *p) { ofl__pool_cycle_end_moved(p, false); }
 
 bool ofl__pool_idle_point(ofl_pool_t *p) {
   p->idle_points++;

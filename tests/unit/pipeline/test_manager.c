@@ -301,14 +301,16 @@ static uint64_t pool_calls(ofl_pool_t *p) {
 }
 
 /* Under a tight pinned budget the clusters that go to pinned memory are the
- * same in every steady iteration, whatever the copies' timing (stream
- * jitter on): the pinned pool's room at a commit depends on which reloads
- * have landed, and a placement taken from it changed from one iteration to
- * the next (50 to 69 of some 150 clusters kept), so that the pools met
- * sizes their learning never saw. Interleaved, pp 4, 8 microbatches, shape
- * keys of their own per microbatch and fixed sizes (the bytes of an
- * iteration repeat), the manager's own reload pool, a budget of about two
- * chunks' pushes. Every popped byte is checked against its push. */
+ * same from one steady iteration to the next, whatever the copies' timing
+ * (stream jitter on): the pinned pool's room at a commit depends on which
+ * reloads have landed, and a placement taken from it changed in every
+ * iteration (50 to 69 of some 150 clusters kept), so that the pools met
+ * sizes their learning never saw. The placement may move only in an
+ * iteration where the pool refused an admitted cluster and the admission
+ * limit dropped (pipeline/tier.c), rarely. Interleaved, pp 4, 8
+ * microbatches, shape keys of their own per microbatch and fixed sizes (the
+ * bytes of an iteration repeat), the manager's own reload pool, a budget of
+ * about two chunks' pushes. Every popped byte is checked against its push. */
 Test(pipeline_manager,
      tight_host_budget_keeps_the_same_clusters_every_iteration) {
   drv_cfg_t cfg = {0};
@@ -340,9 +342,13 @@ Test(pipeline_manager,
   for (int i = 0; i < 3; i++)
     calls0[i] = pool_calls(pools[i]);
   ofl_manager_stats_t prev = stats(&(h_env_t){d.dev, d.pool, d.m});
-  uint64_t kept[12], kept_bytes[12], off_bytes[12];
-  for (int it = 0; it < 12; it++) {
+  enum { N = 12 };
+  uint64_t kept[N], kept_bytes[N], off_bytes[N];
+  bool moved[N];
+  for (int it = 0; it < N; it++) {
+    uint64_t limit = d.m->pin_limit;
     cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "%s", d.msg);
+    moved[it] = d.m->pin_limit != limit;
     ofl_manager_stats_t s = stats(&(h_env_t){d.dev, d.pool, d.m});
     kept[it] = s.budget_kept_tensors - prev.budget_kept_tensors;
     kept_bytes[it] = s.budget_kept_bytes - prev.budget_kept_bytes;
@@ -352,23 +358,32 @@ Test(pipeline_manager,
   cr_assert(eq(sz, d.wrong_bytes, 0));
   cr_assert(eq(int, d.order_errors, 0));
   /* The budget binds (some clusters stay on the device) and pinned memory
-   * still takes some. */
+   * still takes some, never more than the budget. */
   cr_assert(gt(u64, kept[0], 0));
   cr_assert(gt(u64, off_bytes[0], 0));
-  for (int it = 1; it < 12; it++) {
-    cr_assert(eq(u64, kept[it], kept[0]), "iteration %d of the steady ones",
-              it);
-    cr_assert(eq(u64, kept_bytes[it], kept_bytes[0]),
-              "iteration %d of the steady ones", it);
-    cr_assert(eq(u64, off_bytes[it], off_bytes[0]),
-              "iteration %d of the steady ones", it);
-  }
-  for (int i = 0; i < 3; i++)
-    cr_assert(eq(u64, pool_calls(pools[i]), calls0[i]), "pool %s",
-              ofl_pool_name(pools[i]));
   ofl_pool_stats_t hs;
   ofl_pool_get_stats(pools[2], &hs);
   cr_assert(le(sz, hs.held_bytes, 384 * KIB));
+  /* An iteration repeats the one before unless the limit moved in either. */
+  int compared = 0, nmoved = moved[0];
+  for (int it = 1; it < N; it++) {
+    nmoved += moved[it];
+    if (moved[it] || moved[it - 1])
+      continue;
+    compared++;
+    cr_assert(eq(u64, kept[it], kept[it - 1]), "steady iteration %d", it);
+    cr_assert(eq(u64, kept_bytes[it], kept_bytes[it - 1]),
+              "steady iteration %d", it);
+    cr_assert(eq(u64, off_bytes[it], off_bytes[it - 1]), "steady iteration %d",
+              it);
+  }
+  cr_assert(le(int, nmoved, 2), "the admission limit moved in %d of %d", nmoved,
+            N);
+  cr_assert(ge(int, compared, N - 1 - 2 * nmoved));
+  /* And where it never moved, no pool called its backend. */
+  for (int i = 0; i < 3 && nmoved == 0; i++)
+    cr_assert(eq(u64, pool_calls(pools[i]), calls0[i]), "pool %s",
+              ofl_pool_name(pools[i]));
   drv_close(&d);
 }
 
