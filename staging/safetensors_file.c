@@ -136,14 +136,23 @@ static ofl_status_t create_error(int err, const char *dir, const char *path) {
                     dir, path, strerror(err));
 }
 
+/* A buffer for a temporary name next to base in dir ("DIR/.BASE" cut to
+ * *keep characters, the suffix and TMP_RANDOM characters): *cap bytes;
+ * NULL when out of memory. */
+static char *tmp_name_buffer(const char *dir, const char *base, size_t *keep,
+                             size_t *cap) {
+  *keep = tmp_keep(dir, base);
+  *cap = strlen(dir) + 1 + 1 + *keep + strlen(TMP_SUFFIX) + TMP_RANDOM + 1;
+  return malloc(*cap);
+}
+
 /* Creates a named temporary file next to path, locked: its name fits the
  * directory's NAME_MAX whatever the length of the final name. */
 ofl_status_t ofl__st_create_temp(const char *dir, const char *base,
                                  const char *path, char **tmp_out,
                                  int *fd_out) {
-  size_t keep = tmp_keep(dir, base);
-  size_t cap = strlen(dir) + 1 + 1 + keep + strlen(TMP_SUFFIX) + TMP_RANDOM + 1;
-  char *tmp = malloc(cap);
+  size_t keep, cap;
+  char *tmp = tmp_name_buffer(dir, base, &keep, &cap);
   if (tmp == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
                       "safetensors write: out of host memory");
@@ -158,8 +167,8 @@ ofl_status_t ofl__st_create_temp(const char *dir, const char *base,
     /* A sweeper may have taken the file between mkostemp and flock: keep it
      * only if the name is still this file once it is locked. */
     struct stat a, b;
-    if (flock(fd, LOCK_EX) == 0 && fstat(fd, &a) == 0 &&
-        stat(tmp, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    if (flock(fd, LOCK_EX) == 0 && fstat(fd, &a) == 0 && stat(tmp, &b) == 0 &&
+        a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
       fchmod(fd, 0644); /* mkostemp makes 0600; a checkpoint is to be read */
       *tmp_out = tmp;
       *fd_out = fd;
@@ -213,8 +222,8 @@ static int link_unnamed(int fd, const char *target) {
  * through fd, like a named temporary) and renamed. OFL_ERR_NOT_SUPPORTED
  * when the file cannot be linked at all (the caller writes again through a
  * named temporary). */
-ofl_status_t ofl__st_publish_unnamed(int fd, const char *dir,
-                                     const char *base, const char *path) {
+ofl_status_t ofl__st_publish_unnamed(int fd, const char *dir, const char *base,
+                                     const char *path) {
   int err = link_unnamed(fd, path);
   if (err == 0)
     return OFL_SUCCESS;
@@ -223,9 +232,8 @@ ofl_status_t ofl__st_publish_unnamed(int fd, const char *dir,
                             "safetensors write: cannot link the unnamed "
                             "file to '%s': %s",
                             path, strerror(err));
-  size_t keep = tmp_keep(dir, base);
-  size_t cap = strlen(dir) + 1 + 1 + keep + strlen(TMP_SUFFIX) + TMP_RANDOM + 1;
-  char *tmp = malloc(cap);
+  size_t keep, cap;
+  char *tmp = tmp_name_buffer(dir, base, &keep, &cap);
   if (tmp == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_STAGING,
                       "safetensors write: out of host memory");
