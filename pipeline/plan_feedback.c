@@ -238,16 +238,9 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
       raise_aim(m, under_err);
     }
     p->ever_over |= over;
-    if (o->replans + o->lead_changes != p->changes_seen) {
-      /* the plan changed at this iteration's end: this iteration ran under
-       * the plan it replaced, so the settled figures start again with the
-       * next one (read now: no settled iteration yet) */
-      p->changes_seen = o->replans + o->lead_changes;
-      o->settled_iterations = 0;
-      o->measured_peak_settled_bytes = 0;
-    } else if (o->settled_iterations == SETTLE_AFTER) {
+    if (o->settled_iterations == SETTLE_AFTER &&
+        o->replans + o->lead_changes == p->changes_seen)
       settled(m);
-    }
   }
   p->stall_ns_start = m->st.stall_ns;
   p->live = p->peak = 0;

@@ -622,9 +622,8 @@ typedef struct ofl_manager_plan {
   uint64_t measured_peak_max_bytes; /* over every steady iteration */
   double measured_stall_ms;      /* reload stalls of the iteration */
   uint64_t lead_changes;         /* prefetch leads moved, all iterations */
-  uint64_t settled_iterations;   /* steady iterations run under the plan
-                                    since it last changed (a replan or a
-                                    lead moved; 0 right after a change) */
+  uint64_t settled_iterations;   /* steady iterations since the plan last
+                                    changed (a replan or a lead moved) */
   uint64_t measured_peak_settled_bytes; /* the largest measured peak of
                                     those: the figure to hold against the
                                     target once the feedback settled */

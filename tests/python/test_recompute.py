@@ -290,16 +290,23 @@ class OffloadActivationsRecompute(unittest.TestCase):
 
     def run_ctx(self, steps=5, inplace=False, target=TARGET, settle=0):
         """steps steps; then, with settle > 0, more (at most 16 in all) until
-        the plan ran settle iterations unchanged: the feedback (measured
-        peaks, recompute times) may still change it in the first steps."""
+        the plan ran settle iterations unchanged and the last step changed
+        nothing: the feedback (measured peaks, recompute times) may still
+        change it in the first steps, and a change at an iteration's end
+        shows in settled_iterations only at the next one's."""
         d = data(16 if settle else steps)
         base, model = fresh(inplace), fresh(inplace)
         ctx = ot.offload_activations(model, min_offload_size=64, offload_modules="auto",
                                      memory_target=target, recompute=True,
                                      warn_if_no_head=False)
+        changes = None
         for i, mbs in enumerate(d):
-            if i >= steps and (ctx.stats()["plan"] or {}).get("settled_iterations", 0) >= settle:
+            plan = ctx.stats()["plan"] if i else None
+            now = (plan["replans"], plan["lead_changes"]) if plan else None
+            if (i >= steps and plan and now == changes
+                    and plan["settled_iterations"] >= settle):
                 break
+            changes = now
             want = step(base, mbs, False)
             model.zero_grad(set_to_none=True)
             for tok, tgt in mbs:
