@@ -5,7 +5,6 @@ on PYTHONPATH: exits 77 (skip) without torch, or without the extension unless
 OFL_EXPECT_EXT=1 (the build made it: then its absence is a failure)."""
 import gc
 import os
-import re
 import sys
 import tracemalloc
 import unittest
@@ -16,7 +15,7 @@ import harness  # noqa: E402,F401  torch or skip; the host backend; which hooks
 import torch  # noqa: E402
 import ofl  # noqa: E402
 import ofl.torch as ot  # noqa: E402
-from ofl.torch import _core, megatron  # noqa: E402
+from ofl.torch import _core  # noqa: E402
 from model import TinyTransformer, make_data, one_f_one_b, train  # noqa: E402
 
 if _core.hooks_backend != "c":
