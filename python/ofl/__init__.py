@@ -4,7 +4,8 @@
 the package (``ofl/_libs``), with ``ofl-info`` and the C extension
 ``ofl._ext``; :mod:`ofl._lib` loads it through ctypes (``OFL_LIBRARY``
 first, see there for the order). The saved-tensor hooks of :mod:`ofl.torch`
-run in ``ofl._ext`` when it was built, else over ctypes. :mod:`ofl.torch`
+are ``ofl._ext``'s, which links the same libofl; without the extension
+:mod:`ofl.torch`'s offloading refuses to start and says why. :mod:`ofl.torch`
 needs PyTorch (``pip install "./python[torch]"``); ``python -m ofl.info``
 prints what ``ofl-info`` prints.
 """

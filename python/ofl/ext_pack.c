@@ -23,7 +23,7 @@ static int flagged(PyObject *t) {
   return 0;
 }
 
-/* Whether t may go to the manager (the checks of _PyHooks.pack): 1 yes,
+/* Whether t may go to the manager: 1 yes,
  * 0 keep it where it is, -1 error. *root: new reference to the tensor whose
  * version counter t shares (its _base, else t). Parameters and other
  * subclasses, views of them, buffers, lazy conjugates and negations (bits
@@ -100,8 +100,8 @@ static PyObject *group_base(HooksObject *self, PyObject *bases, uintptr_t sptr,
   int64_t shape[1] = {snb};
   ofl_status_t st;
   if (self->copy_in) {
-    st = ofl_pool_alloc(ext__as_ptr(self->dev_pool), shape, 1,
-                                 OFL_DTYPE_U8, NULL, &h);
+    st = ofl_pool_alloc(ext__as_ptr(self->dev_pool), shape, 1, OFL_DTYPE_U8,
+                        NULL, &h);
     if (st != OFL_SUCCESS) {
       Py_DECREF(key);
       return ext__raise_ofl(st, "ofl_pool_alloc");
@@ -114,8 +114,8 @@ static PyObject *group_base(HooksObject *self, PyObject *bases, uintptr_t sptr,
       memcpy(dst, (const void *)sptr, (size_t)snb);
     }
   } else {
-    st = ofl_tensor_wrap((void *)sptr, shape, 1, OFL_DTYPE_U8,
-                                  OFL_LOC_DEVICE, NULL, NULL, &h);
+    st = ofl_tensor_wrap((void *)sptr, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE,
+                         NULL, NULL, &h);
     if (st != OFL_SUCCESS) {
       Py_DECREF(key);
       return ext__raise_ofl(st, "ofl_tensor_wrap");
@@ -255,8 +255,7 @@ static PyObject *pack_eligible(HooksObject *self, PyObject *t, long long nb,
     }
   } else {
     int64_t shape[1] = {nb};
-    s = ofl_tensor_view(base_h, (size_t)off, shape, 1, OFL_DTYPE_U8,
-                                 &handle);
+    s = ofl_tensor_view(base_h, (size_t)off, shape, 1, OFL_DTYPE_U8, &handle);
     if (s != OFL_SUCCESS) {
       ext__raise_ofl(s, "ofl_tensor_view");
       goto done;
@@ -383,9 +382,9 @@ PyObject *ext__hooks_pack_offload(PyObject *op, PyObject *const *args,
   int64_t shape[1] = {nb};
   /* ext_release only links hold into a lock-free list: it may run as a
    * host function of the D2H stream, right after the copy. */
-  ofl_status_t s = ofl_tensor_wrap_flags(
-      (void *)src, shape, 1, OFL_DTYPE_U8, OFL_LOC_DEVICE, ext__release, hold,
-      OFL_WRAP_RELEASE_IN_HOST_FN, &h);
+  ofl_status_t s = ofl_tensor_wrap_flags((void *)src, shape, 1, OFL_DTYPE_U8,
+                                         OFL_LOC_DEVICE, ext__release, hold,
+                                         OFL_WRAP_RELEASE_IN_HOST_FN, &h);
   if (s != OFL_SUCCESS) {
     Py_DECREF(hold->obj);
     PyMem_RawFree(hold);
@@ -394,8 +393,7 @@ PyObject *ext__hooks_pack_offload(PyObject *op, PyObject *const *args,
   }
   s = ofl_manager_group_start(m, name);
   if (s != OFL_SUCCESS) {
-    ofl_tensor_destroy(
-        h); /* releases the wrap: hold goes to the list */
+    ofl_tensor_destroy(h); /* releases the wrap: hold goes to the list */
     ext__raise_ofl(s, "ofl_manager_group_start");
     goto fail;
   }

@@ -1,5 +1,5 @@
 """An interrupt anywhere in a step leaves the process usable (host backend,
-the hooks in C or over ctypes as the environment selects): KeyboardInterrupt,
+the hooks of ofl._ext): KeyboardInterrupt,
 and separately an ordinary exception, raised at every line event of
 ofl.torch's own Python code that one step reaches (sweep.py), for a step of
 offload_activations and one of the Megatron-named markers, in the warmup
