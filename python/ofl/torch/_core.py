@@ -445,7 +445,6 @@ class _CoreMethods:
         self.live_blocks = 0
         self.blocks = {}  # weakref of a _Block -> (its handle's c_void_p, stream)
         self.unpopped = 0  # records pushed, not popped, alive
-        self.epoch = 0  # iterations ended (the ctypes records count in theirs)
         self.closing = False
         # libofl calls on the manager in progress: Python can run inside one
         # (the allocator's torch.empty, a GC it starts) and free the last
@@ -479,9 +478,8 @@ class _CoreMethods:
         self.reap_blocks()
         self.closing = True
         self.release_pending(wait=True)
-        if _ext is not None:
-            L.ofl_manager_synchronize(self.m, _lib.TIMEOUT_DEFAULT)
-            _ext.drain()
+        L.ofl_manager_synchronize(self.m, _lib.TIMEOUT_DEFAULT)
+        _ext.drain()
         for g in self.open:
             self._drop_bases(g)
         self.open = []
@@ -773,20 +771,14 @@ class _CoreMethods:
                 self._drop_bases(g)
             self.open = []
             self.delayed = []
-            self._iteration_ended()
         self.release_pending(wait=True)
-        if _ext is not None:
-            _ext.drain()  # torch tensors whose memory ofl released
+        _ext.drain()  # torch tensors whose memory ofl released
         if st == 0 and was_warmup and not L.ofl_manager_is_warmup(self.m) and self.summary:
             self.summary_text = self.render_summary()
             if self.summary_text and _rank() == 0:
                 print(self.summary_text, end="" if self.summary_text.endswith("\n") else "\n",
                       flush=True)
         self._check(st, "ofl_manager_reset")
-
-    def _iteration_ended(self):
-        """The manager ended its iteration."""
-        self.epoch += 1
 
     def commit_open_groups(self):
         """Commits every group still open in the manager (a step abandoned
