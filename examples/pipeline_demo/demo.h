@@ -53,7 +53,13 @@ typedef struct {
    * before the kernels that write the tensors ran), so that a test can
    * check the stand-in makes the comparison fail. */
   int no_compute_stream;
-  int recompute; /* --recompute: groups "auto" may recompute core_attn */
+  int recompute; /* --recompute: groups "auto" may also recompute */
+  /* --recompute-modules: the demo itself recomputes these groups in every
+   * iteration of the offload run (bit i: demo_group_names[i]), as a fixed
+   * selective recompute would; recompute_full: the whole layer is rerun
+   * from its input in backward (full recompute). */
+  unsigned recompute_fixed;
+  int recompute_full;
 } opts_t;
 
 /* 1 when this build compiled examples/pipeline_demo/kernels_cuda.cu (the
@@ -86,10 +92,28 @@ typedef struct {
   size_t n[NW];
 } layer_t;
 
+/* What one layer of one microbatch left for its backward: the tags of the
+ * tensors handed to the manager (0: none), and the tensors the demo holds
+ * itself. A recomputed group pushes nothing (rc, bit i for
+ * demo_group_names[i]); its backward reruns its forward from an input:
+ *   attn_norm, mlp_norm: the residual they save is their input, kept
+ *     (hx, hx2): nothing to rerun, nothing freed;
+ *   qkv_linear, expert_fc1: the norm's output (y1, y2) rerun from the
+ *     residual held by attn_norm, mlp_norm;
+ *   core_attn: the probabilities rerun from the qkv it keeps (hqkv);
+ *   attn_proj: the attention's output (a) rerun from core_attn's qkv;
+ *   moe_act: the MLP's first product (u) rerun from expert_fc1's y2.
+ * An input held by another group is popped from it once, by the first
+ * backward that needs it (the next group's, in backward order), and held
+ * (hx, hqkv, hx2, hy2) until that group's own backward. With --recompute-
+ * modules full, the layer keeps only its input (hx) and its backward first
+ * reruns the whole forward, each saved tensor held in loc[] (at its tag
+ * field's index, the tag 0) instead of handed to the manager. */
 typedef struct {
   uint64_t x, y1, qkv, probs, a, x2, y2, u;
-  ofl_tensor_t *rc_qkv; /* core_attn recomputed: its input, kept by the
-                           demo (probs is rerun from it in backward) */
+  unsigned rc;
+  ofl_tensor_t *hx, *hqkv, *hx2, *hy2;
+  ofl_tensor_t *loc[8];
 } saved_t;
 
 typedef struct {
@@ -125,6 +149,9 @@ typedef struct {
                       (with --offload auto: since the plan last changed, as
                       its measured_peak_settled_bytes) */
   uint64_t plan_changes; /* --offload auto: replans + lead changes seen */
+  int offload; /* the offload run (not the baseline) */
+  int rerun;   /* full recompute: a layer's forward rerun in its backward
+                  (no groups; saved tensors held in saved_t.loc) */
 } run_t;
 
 /* The auto plan as a run ends (ofl_manager_plan_get), and the demo's own

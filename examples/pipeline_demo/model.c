@@ -27,7 +27,6 @@ const kc_api_t *g_kc;
 void *g_kc_module;
 ofl_stream_t *g_ocs; /* the running run's compute stream (cuda) */
 
-
 /* Host buffer i (0 or 1) of at least n floats. */
 static float *hbuf(run_t *r, int i, size_t n) {
   if (r->hcap[i] < n) {
@@ -62,14 +61,14 @@ void dev_commit(run_t *r, float *dst, const float *staged, size_t n) {
 }
 
 void x_fill(run_t *r, float *dst, size_t n, unsigned long long seed,
-                   float scale) {
+            float scale) {
   float *h = dev_stage(r, dst, n, 0);
   k_fill(h, n, seed, scale);
   dev_commit(r, dst, h, n);
 }
 
-static void x_matmul(run_t *r, float *c, const float *a, const float *b,
-                     int m, int k, int n, int acc) {
+static void x_matmul(run_t *r, float *c, const float *a, const float *b, int m,
+                     int k, int n, int acc) {
   if (g_kc != NULL)
     KC(r, g_kc->matmul(c, a, b, m, k, n, acc, r->cs));
   else
@@ -235,10 +234,24 @@ void drop(ofl_tensor_t *t) {
   ofl_tensor_destroy(t);
 }
 
-/* Hands t to the manager: from here on it is the manager's handle. */
-static int save(glue_t *g, ofl_tensor_t *t, uint64_t *tag) {
+/* A handle of the demo's that is from here on a saved activation (held for
+ * a backward: kept inputs, recomputed tensors), counted as one. */
+static ofl_tensor_t *as_activation(ofl_tensor_t *t) {
   live_remove(t);
-  return glue_save(g, t, tag);
+  return live_add_as(t, 1);
+}
+
+/* Hands t, saved under *tag (a field of sv), to the manager: from here on
+ * it is the manager's handle. In full recompute's rerun it is held in
+ * sv->loc instead. */
+static void save(run_t *r, saved_t *sv, ofl_tensor_t *t, uint64_t *tag) {
+  if (r->rerun) {
+    sv->loc[tag - &sv->x] = as_activation(t);
+    *tag = 0;
+    return;
+  }
+  live_remove(t);
+  OK(r, glue_save(r->glue, t, tag));
 }
 
 void sample_memory(run_t *r) {
@@ -325,94 +338,165 @@ static void x_attention_backward(run_t *r, float *dqkv, const float *dout,
     return;
   }
   ofl_tensor_t *scratch = act(r, s, s); /* dS */
-  KC(r, g_kc->attention_backward(dqkv, dout, qkv, probs, F(scratch), s, h,
-                                 r->cs));
+  KC(r,
+     g_kc->attention_backward(dqkv, dout, qkv, probs, F(scratch), s, h, r->cs));
   drop(scratch);
+}
+
+enum { G_ATTN_NORM, G_QKV, G_CORE_ATTN, G_ATTN_PROJ, G_MLP_NORM, G_FC1, G_ACT };
+
+/* Starts group gi of the forward; 1 when this iteration recomputes it (the
+ * caller then pushes nothing and keeps what its backward reruns from):
+ * --recompute-modules in the offload run, else the plan's choice with
+ * --recompute (kept: the device bytes of the input the group keeps itself;
+ * input: the group whose tensor the rerun starts from, or NULL). No group
+ * in full recompute's rerun. */
+static int group_begin(run_t *r, saved_t *sv, int gi, size_t kept,
+                       const char *input) {
+  if (r->rerun)
+    return 0;
+  const char *name = demo_group_names[gi];
+  const opts_t *o = r->o;
+  int rc = 0;
+  if (r->offload && (o->recompute_full || (o->recompute_fixed >> gi & 1u))) {
+    OK(r, glue_group_start(r->glue, name));
+    rc = 1;
+  } else if (o->recompute) {
+    OK(r, glue_group_start_recomputable(r->glue, name, kept, input, &rc));
+  } else {
+    OK(r, glue_group_start(r->glue, name));
+  }
+  if (rc)
+    sv->rc |= 1u << gi;
+  return rc;
+}
+
+static void group_end(run_t *r, int gi) {
+  if (!r->rerun)
+    OK(r, glue_group_commit(r->glue, demo_group_names[gi]));
+  sample_memory(r);
 }
 
 /* Forward of one layer; x is consumed (the caller's handle ends here). */
 ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
-                                   ofl_tensor_t *x) {
+                            ofl_tensor_t *x) {
   dims_t d = r->d;
-  glue_t *g = r->glue;
-  size_t sh = (size_t)d.s * d.h;
+  size_t sh = (size_t)d.s * d.h, act_b = sh * sizeof(float);
+  int full = r->offload && r->o->recompute_full && !r->rerun;
+  if (!r->rerun)
+    sv->rc = 0;
 
-  OK(r, glue_group_start(g, "attn_norm"));
+  if (group_begin(r, sv, G_ATTN_NORM, act_b, NULL))
+    sv->hx = as_activation(alias(r, x)); /* the layer's input, kept */
+  else
+    save(r, sv, alias(r, x), &sv->x);
   ofl_tensor_t *y1 = act(r, d.s, d.h);
   x_rmsnorm(r, F(y1), F(x), L->w[W_G1], d.s, d.h);
-  OK(r, save(g, alias(r, x), &sv->x));
-  OK(r, glue_group_commit(g, "attn_norm"));
-  sample_memory(r);
+  group_end(r, G_ATTN_NORM);
 
-  OK(r, glue_group_start(g, "qkv_linear"));
+  int rc = group_begin(r, sv, G_QKV, 0, "attn_norm");
   ofl_tensor_t *qkv = act(r, d.s, 3 * d.h);
   x_matmul(r, F(qkv), F(y1), L->w[W_QKV], d.s, d.h, 3 * d.h, 0);
-  OK(r, save(g, y1, &sv->y1));
-  OK(r, glue_group_commit(g, "qkv_linear"));
-  sample_memory(r);
-
-  int rc = 0;
-  if (r->o->recompute)
-    OK(r, glue_group_start_recomputable(
-              g, "core_attn", (size_t)d.s * 3 * d.h * sizeof(float),
-              "qkv_linear", &rc));
+  if (rc) /* rerun from attn_norm's input */
+    drop(y1);
   else
-    OK(r, glue_group_start(g, "core_attn"));
+    save(r, sv, y1, &sv->y1);
+  group_end(r, G_QKV);
+
+  rc = group_begin(r, sv, G_CORE_ATTN, 3 * act_b, NULL);
   ofl_tensor_t *a = act(r, d.s, d.h);
   ofl_tensor_t *probs = act(r, d.s, d.s);
   x_attention(r, F(a), F(probs), F(qkv), d.s, d.h);
-  if (rc) { /* recomputed: keep the input, rerun the rest in backward */
-    live_remove(qkv);
-    sv->rc_qkv = live_add_as(qkv, 1);
+  if (rc) { /* the probabilities rerun from qkv, kept (full: rerun too) */
+    if (full)
+      drop(qkv);
+    else
+      sv->hqkv = as_activation(qkv);
     drop(probs);
   } else {
-    OK(r, save(g, qkv, &sv->qkv));
-    OK(r, save(g, probs, &sv->probs));
+    save(r, sv, qkv, &sv->qkv);
+    save(r, sv, probs, &sv->probs);
   }
-  OK(r, glue_group_commit(g, "core_attn"));
-  sample_memory(r);
+  group_end(r, G_CORE_ATTN);
 
-  OK(r, glue_group_start(g, "attn_proj"));
+  rc = group_begin(r, sv, G_ATTN_PROJ, 0, "core_attn");
   ofl_tensor_t *x2 = act(r, d.s, d.h);
   x_matmul(r, F(x2), F(a), L->w[W_O], d.s, d.h, d.h, 0);
   x_add(r, F(x2), F(x), sh);
-  OK(r, save(g, a, &sv->a));
-  OK(r, glue_group_commit(g, "attn_proj"));
-  sample_memory(r);
+  if (rc) /* the attention's output, rerun from core_attn's qkv */
+    drop(a);
+  else
+    save(r, sv, a, &sv->a);
+  group_end(r, G_ATTN_PROJ);
   drop(x);
 
-  OK(r, glue_group_start(g, "mlp_norm"));
+  rc = group_begin(r, sv, G_MLP_NORM, act_b, NULL);
+  if (rc && !full)
+    sv->hx2 = as_activation(alias(r, x2)); /* the residual, kept */
+  else if (!rc)
+    save(r, sv, alias(r, x2), &sv->x2);
   ofl_tensor_t *y2 = act(r, d.s, d.h);
   x_rmsnorm(r, F(y2), F(x2), L->w[W_G2], d.s, d.h);
-  OK(r, save(g, alias(r, x2), &sv->x2));
-  OK(r, glue_group_commit(g, "mlp_norm"));
-  sample_memory(r);
+  group_end(r, G_MLP_NORM);
 
-  OK(r, glue_group_start(g, "expert_fc1"));
+  rc = group_begin(r, sv, G_FC1, 0, "mlp_norm");
   ofl_tensor_t *u = act(r, d.s, d.f);
   x_matmul(r, F(u), F(y2), L->w[W_1], d.s, d.h, d.f, 0);
-  OK(r, save(g, y2, &sv->y2));
-  OK(r, glue_group_commit(g, "expert_fc1"));
-  sample_memory(r);
+  if (rc) /* rerun from mlp_norm's residual */
+    drop(y2);
+  else
+    save(r, sv, y2, &sv->y2);
+  group_end(r, G_FC1);
 
-  OK(r, glue_group_start(g, "moe_act"));
+  rc = group_begin(r, sv, G_ACT, 0, "expert_fc1");
   ofl_tensor_t *av = act(r, d.s, d.f);
   ofl_tensor_t *out = act(r, d.s, d.h);
   x_silu(r, F(av), F(u), (size_t)d.s * d.f);
   x_matmul(r, F(out), F(av), L->w[W_2], d.s, d.f, d.h, 0);
   x_add(r, F(out), F(x2), sh);
-  OK(r, save(g, u, &sv->u));
-  OK(r, glue_group_commit(g, "moe_act"));
-  sample_memory(r);
+  if (rc) /* the first product, rerun from expert_fc1's input */
+    drop(u);
+  else
+    save(r, sv, u, &sv->u);
+  group_end(r, G_ACT);
   drop(av);
   drop(x2);
   return out;
 }
 
-static ofl_tensor_t *load(run_t *r, uint64_t tag) {
-  ofl_tensor_t *t = NULL;
-  OK(r, glue_load(r->glue, tag, &t));
-  return live_add_as(t, 1);
+/* The tensor saved under *tag (its field of sv): popped from the manager,
+ * or taken from sv->loc after full recompute's rerun. The tag is spent. */
+static ofl_tensor_t *load(run_t *r, saved_t *sv, uint64_t *tag) {
+  ofl_tensor_t *t = sv->loc[tag - &sv->x];
+  if (t != NULL) {
+    sv->loc[tag - &sv->x] = NULL;
+  } else {
+    OK(r, glue_load(r->glue, *tag, &t));
+    t = live_add_as(t, 1);
+  }
+  *tag = 0;
+  return t;
+}
+
+/* An input a recompute reruns from, held in *held until its own group's
+ * backward takes it (take): kept there by the forward, or popped now
+ * from the group that saved it under *tag. */
+static ofl_tensor_t *input(run_t *r, saved_t *sv, ofl_tensor_t **held,
+                           uint64_t *tag) {
+  if (*held == NULL)
+    *held = load(r, sv, tag);
+  return *held;
+}
+
+static ofl_tensor_t *take(run_t *r, saved_t *sv, ofl_tensor_t **held,
+                          uint64_t *tag) {
+  ofl_tensor_t *t = input(r, sv, held, tag);
+  *held = NULL;
+  return t;
+}
+
+static void backward_begin(run_t *r, const char *name) {
+  OK(r, glue_backward_begin(r->glue, name));
 }
 
 static void backward_end(run_t *r, const char *name) {
@@ -420,30 +504,56 @@ static void backward_end(run_t *r, const char *name) {
   sample_memory(r);
 }
 
-/* Backward of the group `name` that computed y[rows,out] = x[rows,in] @ w:
- * dw += x^T dy; returns dx = dy w^T (x is the tensor saved under tag). */
-static ofl_tensor_t *linear_backward(run_t *r, const char *name, uint64_t tag,
-                                     const float *w, float *dw,
-                                     const ofl_tensor_t *dy, int rows, int in,
-                                     int out) {
-  OK(r, glue_backward_begin(r->glue, name));
-  ofl_tensor_t *x = load(r, tag);
+/* Backward of y[rows,out] = x[rows,in] @ w: dw += x^T dy; returns
+ * dx = dy w^T; x (a saved activation) ends here. */
+static ofl_tensor_t *linear_backward(run_t *r, ofl_tensor_t *x, const float *w,
+                                     float *dw, const ofl_tensor_t *dy,
+                                     int rows, int in, int out) {
   x_matmul_tn(r, dw, F(x), F(dy), in, rows, out, 1);
   ofl_tensor_t *dx = act(r, rows, in);
   x_matmul_nt(r, F(dx), F(dy), w, rows, out, in, 0);
   drop(x);
-  backward_end(r, name);
   return dx;
+}
+
+/* A norm's output rerun from its input (a recomputed activation). */
+static ofl_tensor_t *norm_again(run_t *r, const ofl_tensor_t *x,
+                                const float *g) {
+  ofl_tensor_t *y = as_activation(act(r, r->d.s, r->d.h));
+  x_rmsnorm(r, F(y), F(x), g, r->d.s, r->d.h);
+  return y;
 }
 
 /* Backward of one layer; dout is consumed; returns d(input). */
 ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
-                                    ofl_tensor_t *dout) {
+                             ofl_tensor_t *dout) {
   dims_t d = r->d;
-  glue_t *g = r->glue;
+  unsigned rc = sv->rc;
+  if (r->offload && r->o->recompute_full) {
+    /* full recompute: the whole forward again from the kept input, its
+     * saved tensors held in sv->loc (by the field of
+     * its tag), then the backward as usual */
+    r->rerun = 1;
+    drop(layer_forward(r, L, sv, sv->hx));
+    r->rerun = 0;
+    sv->hx = NULL;
+    rc = sv->rc = 0;
+  }
 
-  OK(r, glue_backward_begin(g, "moe_act"));
-  ofl_tensor_t *u = load(r, sv->u);
+  backward_begin(r, "moe_act");
+  ofl_tensor_t *u;
+  if (rc >> G_ACT & 1u) { /* u = y2 W1 again; y2 itself rerun when fc1 is */
+    if (rc >> G_FC1 & 1u) {
+      if (sv->hy2 == NULL)
+        sv->hy2 = norm_again(r, input(r, sv, &sv->hx2, &sv->x2), L->w[W_G2]);
+    } else {
+      (void)input(r, sv, &sv->hy2, &sv->y2);
+    }
+    u = as_activation(act(r, d.s, d.f));
+    x_matmul(r, F(u), F(sv->hy2), L->w[W_1], d.s, d.h, d.f, 0);
+  } else {
+    u = load(r, sv, &sv->u);
+  }
   ofl_tensor_t *av = act(r, d.s, d.f), *dact = act(r, d.s, d.f);
   x_silu(r, F(av), F(u), (size_t)d.s * d.f);
   x_matmul_tn(r, L->dw[W_2], F(av), F(dout), d.f, d.s, d.h, 1);
@@ -456,33 +566,53 @@ ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   backward_end(r, "moe_act");
   ofl_tensor_t *dx2 = dout; /* the residual passes the gradient through */
 
-  ofl_tensor_t *dy2 = linear_backward(r, "expert_fc1", sv->y2, L->w[W_1],
-                                      L->dw[W_1], du, d.s, d.h, d.f);
+  backward_begin(r, "expert_fc1");
+  ofl_tensor_t *y2;
+  if (sv->hy2 != NULL)
+    y2 = take(r, sv, &sv->hy2, &sv->y2);
+  else if (rc >> G_FC1 & 1u)
+    y2 = norm_again(r, input(r, sv, &sv->hx2, &sv->x2), L->w[W_G2]);
+  else
+    y2 = load(r, sv, &sv->y2);
+  ofl_tensor_t *dy2 =
+      linear_backward(r, y2, L->w[W_1], L->dw[W_1], du, d.s, d.h, d.f);
   drop(du);
+  backward_end(r, "expert_fc1");
 
-  OK(r, glue_backward_begin(g, "mlp_norm"));
-  ofl_tensor_t *x2 = load(r, sv->x2);
-  x_rmsnorm_backward(r, F(dx2), L->dw[W_G2], F(x2), L->w[W_G2], F(dy2), d.s, d.h);
+  backward_begin(r, "mlp_norm");
+  ofl_tensor_t *x2 = take(r, sv, &sv->hx2, &sv->x2);
+  x_rmsnorm_backward(r, F(dx2), L->dw[W_G2], F(x2), L->w[W_G2], F(dy2), d.s,
+                     d.h);
   drop(x2);
   drop(dy2);
   backward_end(r, "mlp_norm");
 
-  ofl_tensor_t *da = linear_backward(r, "attn_proj", sv->a, L->w[W_O],
-                                     L->dw[W_O], dx2, d.s, d.h, d.h);
+  backward_begin(r, "attn_proj");
+  ofl_tensor_t *a;
+  if (rc >> G_ATTN_PROJ & 1u) { /* the attention again, from qkv */
+    ofl_tensor_t *qkv = input(r, sv, &sv->hqkv, &sv->qkv);
+    a = as_activation(act(r, d.s, d.h));
+    ofl_tensor_t *p = as_activation(act(r, d.s, d.s));
+    x_attention(r, F(a), F(p), F(qkv), d.s, d.h);
+    drop(p);
+  } else {
+    a = load(r, sv, &sv->a);
+  }
+  ofl_tensor_t *da =
+      linear_backward(r, a, L->w[W_O], L->dw[W_O], dx2, d.s, d.h, d.h);
+  backward_end(r, "attn_proj");
   ofl_tensor_t *dx = dx2;
 
-  OK(r, glue_backward_begin(g, "core_attn"));
-  ofl_tensor_t *probs, *qkv;
-  if (sv->rc_qkv != NULL) { /* recompute: the forward again, from its input */
-    qkv = sv->rc_qkv;
-    sv->rc_qkv = NULL;
-    probs = act(r, d.s, d.s);
+  backward_begin(r, "core_attn");
+  ofl_tensor_t *probs;
+  ofl_tensor_t *qkv = take(r, sv, &sv->hqkv, &sv->qkv);
+  if (rc >> G_CORE_ATTN & 1u) { /* the forward again, from its input */
+    probs = as_activation(act(r, d.s, d.s));
     ofl_tensor_t *again = act(r, d.s, d.h);
     x_attention(r, F(again), F(probs), F(qkv), d.s, d.h);
     drop(again);
   } else {
-    probs = load(r, sv->probs);
-    qkv = load(r, sv->qkv);
+    probs = load(r, sv, &sv->probs);
   }
   ofl_tensor_t *dqkv = act(r, d.s, 3 * d.h);
   x_attention_backward(r, F(dqkv), F(da), F(qkv), F(probs), d.s, d.h);
@@ -491,12 +621,18 @@ ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   drop(da);
   backward_end(r, "core_attn");
 
-  ofl_tensor_t *dy1 = linear_backward(r, "qkv_linear", sv->y1, L->w[W_QKV],
-                                      L->dw[W_QKV], dqkv, d.s, d.h, 3 * d.h);
+  backward_begin(r, "qkv_linear");
+  ofl_tensor_t *y1 =
+      rc >> G_QKV & 1u
+          ? norm_again(r, input(r, sv, &sv->hx, &sv->x), L->w[W_G1])
+          : load(r, sv, &sv->y1);
+  ofl_tensor_t *dy1 = linear_backward(r, y1, L->w[W_QKV], L->dw[W_QKV], dqkv,
+                                      d.s, d.h, 3 * d.h);
   drop(dqkv);
+  backward_end(r, "qkv_linear");
 
-  OK(r, glue_backward_begin(g, "attn_norm"));
-  ofl_tensor_t *x = load(r, sv->x);
+  backward_begin(r, "attn_norm");
+  ofl_tensor_t *x = take(r, sv, &sv->hx, &sv->x);
   x_rmsnorm_backward(r, F(dx), L->dw[W_G1], F(x), L->w[W_G1], F(dy1), d.s, d.h);
   drop(x);
   drop(dy1);

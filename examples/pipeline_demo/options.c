@@ -94,9 +94,17 @@ static const char *const usage_text[2] = {
     "                      the offload run must fit; it is compared bit for\n"
     "                      bit with a baseline run without the capacity\n"
     "  --recompute         with --offload auto: the plan may also recompute\n"
-    "                      core_attn (its backward reruns the attention from\n"
-    "                      the qkv it keeps) where that costs less than an\n"
-    "                      offload\n"
+    "                      any group (its backward reruns the group's forward\n"
+    "                      from an input that stays on the device: the\n"
+    "                      norms' outputs from the residual, the attention\n"
+    "                      from qkv, the MLP's first product from its input)\n"
+    "                      where that costs less than an offload\n"
+    "  --recompute-modules LIST  the offload run recomputes these groups in\n"
+    "                      every iteration, whatever the plan (a fixed\n"
+    "                      selective recompute, as Megatron's\n"
+    "                      --recompute-modules); 'full': every layer keeps\n"
+    "                      only its input and reruns its whole forward in\n"
+    "                      backward (full recompute) [none]\n"
     "  --quiet             no progress lines\n"
     "  --help              this text\n"};
 
@@ -149,6 +157,21 @@ static int check_groups(const char *what, const char *list, int rank) {
     p = *p == ',' ? p + 1 : p;
   }
   return 0;
+}
+
+/* The bits of the names in a checked comma-separated list
+ * (demo_group_names order). */
+static unsigned group_mask(const char *list) {
+  unsigned m = 0;
+  for (const char *p = list; *p != '\0';) {
+    size_t len = strcspn(p, ",");
+    for (int g = 0; g < 7; g++)
+      if (strlen(demo_group_names[g]) == len &&
+          strncmp(p, demo_group_names[g], len) == 0)
+        m |= 1u << g;
+    p += len + (p[len] == ',');
+  }
+  return m;
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
@@ -272,6 +295,14 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
       o->no_compute_stream = 1;
     } else if (strcmp(a, "--recompute") == 0) {
       o->recompute = 1;
+    } else if (strcmp(a, "--recompute-modules") == 0 && v) {
+      if (strcmp(v, "full") == 0)
+        o->recompute_full = 1;
+      else if (check_groups("--recompute-modules", v, rank) != 0)
+        return -1;
+      else
+        o->recompute_fixed = group_mask(v);
+      i++;
     } else if (strcmp(a, "--quiet") == 0) {
       o->quiet = 1;
     } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -292,6 +323,13 @@ int parse_opts(int argc, char **argv, opts_t *o, int rank) {
     }
   }
   o->offload_auto = strcmp(o->offload_groups, "auto") == 0;
+  if ((o->recompute_fixed || o->recompute_full) && o->recompute) {
+    if (rank == 0)
+      fprintf(stderr, DEMO_NAME ": --recompute-modules fixes what is "
+                      "recomputed; --recompute lets the plan choose: one or "
+                      "the other\n");
+    return -1;
+  }
   if (o->device_memory_target_mib >= 0 && !o->offload_auto) {
     if (rank == 0)
       fprintf(stderr, DEMO_NAME ": --device-memory-target needs --offload auto "

@@ -178,7 +178,7 @@ static int run_iterations(run_t *r, const sched_step_t *steps, int nsteps,
 void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
                 int expect_oom, result_t *res) {
   run_t r = {.o = o, .rank = rank, .pp = pp, .iter = 0,
-             .pool_total_seen = SIZE_MAX};
+             .pool_total_seen = SIZE_MAX, .offload = offload};
   r.d = (dims_t){o->seq, o->hidden, 2 * o->hidden};
   ofl_device_params_t dp = OFL_DEVICE_PARAMS_INIT;
   dp.backend = o->backend;
