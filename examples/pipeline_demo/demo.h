@@ -99,20 +99,20 @@ typedef struct {
  *   attn_norm, mlp_norm: the residual they save is their input, kept
  *     (hx, hx2): nothing to rerun, nothing freed;
  *   qkv_linear, expert_fc1: the norm's output (y1, y2) rerun from the
- *     residual held by attn_norm, mlp_norm;
- *   core_attn: the probabilities rerun from the qkv it keeps (hqkv);
- *   attn_proj: the attention's output (a) rerun from core_attn's qkv;
+ *     residual attn_norm, mlp_norm hold;
+ *   core_attn: qkv and the probabilities rerun from qkv_linear's y1;
+ *   attn_proj: the attention's output rerun from core_attn's qkv;
  *   moe_act: the MLP's first product (u) rerun from expert_fc1's y2.
- * An input held by another group is popped from it once, by the first
- * backward that needs it (the next group's, in backward order), and held
- * (hx, hqkv, hx2, hy2) until that group's own backward. With --recompute-
- * modules full, the layer keeps only its input (hx) and its backward first
- * reruns the whole forward, each saved tensor held in loc[] (at its tag
- * field's index, the tag 0) instead of handed to the manager. */
+ * An input is obtained once, by the first backward that needs it (popped
+ * from its group, or itself rerun when that group is recomputed too), and
+ * held (hx, hy1, hqkv, hx2, hy2) until its own group's backward. With
+ * --recompute-modules full, the layer keeps only its input (hx) and its
+ * backward first reruns the whole forward, each saved tensor held in loc[]
+ * (at its tag field's index, the tag 0) instead of handed to the manager. */
 typedef struct {
   uint64_t x, y1, qkv, probs, a, x2, y2, u;
   unsigned rc;
-  ofl_tensor_t *hx, *hqkv, *hx2, *hy2;
+  ofl_tensor_t *hx, *hy1, *hqkv, *hx2, *hy2;
   ofl_tensor_t *loc[8];
 } saved_t;
 

@@ -190,3 +190,23 @@ void glue_get_stats(glue_t *g, glue_stats_t *out) {
 int glue_plan(glue_t *g, ofl_manager_plan_t *out) {
   return ofl_manager_plan_get(g->m, out);
 }
+
+void glue_plan_actions(glue_t *g, char *buf, size_t n) {
+  static const char *const what[] = {"keep", "offload", "recompute"};
+  ofl_manager_plan_t pl;
+  size_t used = 0;
+  buf[0] = '\0';
+  if (ofl_manager_plan_get(g->m, &pl) != OFL_SUCCESS)
+    return;
+  for (size_t i = 0; i < pl.nnames && used < n; i++) {
+    ofl_plan_action_t a;
+    if (ofl_manager_plan_action(g->m, i, &a) != OFL_SUCCESS)
+      continue;
+    int k = snprintf(buf + used, n - used, "%s%s=%s (%.2f/%.2f ms)",
+                     used ? ", " : "", a.name, what[a.action], a.predicted_ms,
+                     a.measured_ms);
+    if (k < 0)
+      break;
+    used += (size_t)k;
+  }
+}

@@ -403,15 +403,12 @@ ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
     save(r, sv, y1, &sv->y1);
   group_end(r, G_QKV);
 
-  rc = group_begin(r, sv, G_CORE_ATTN, 3 * act_b, NULL);
+  rc = group_begin(r, sv, G_CORE_ATTN, 0, "qkv_linear");
   ofl_tensor_t *a = act(r, d.s, d.h);
   ofl_tensor_t *probs = act(r, d.s, d.s);
   x_attention(r, F(a), F(probs), F(qkv), d.s, d.h);
-  if (rc) { /* the probabilities rerun from qkv, kept (full: rerun too) */
-    if (full)
-      drop(qkv);
-    else
-      sv->hqkv = as_activation(qkv);
+  if (rc) { /* qkv and the probabilities rerun from qkv_linear's input */
+    drop(qkv);
     drop(probs);
   } else {
     save(r, sv, qkv, &sv->qkv);
@@ -478,9 +475,9 @@ static ofl_tensor_t *load(run_t *r, saved_t *sv, uint64_t *tag) {
   return t;
 }
 
-/* An input a recompute reruns from, held in *held until its own group's
- * backward takes it (take): kept there by the forward, or popped now
- * from the group that saved it under *tag. */
+/* A tensor the backward of this layer reads, held in *held from its first
+ * use to its own group's backward: kept there by the forward, or popped now
+ * from the manager (or sv->loc) by its tag. */
 static ofl_tensor_t *input(run_t *r, saved_t *sv, ofl_tensor_t **held,
                            uint64_t *tag) {
   if (*held == NULL)
@@ -488,15 +485,11 @@ static ofl_tensor_t *input(run_t *r, saved_t *sv, ofl_tensor_t **held,
   return *held;
 }
 
-static ofl_tensor_t *take(run_t *r, saved_t *sv, ofl_tensor_t **held,
-                          uint64_t *tag) {
-  ofl_tensor_t *t = input(r, sv, held, tag);
+/* The held tensor, now the caller's (its own group's backward). */
+static ofl_tensor_t *take(ofl_tensor_t **held) {
+  ofl_tensor_t *t = *held;
   *held = NULL;
   return t;
-}
-
-static void backward_begin(run_t *r, const char *name) {
-  OK(r, glue_backward_begin(r->glue, name));
 }
 
 static void backward_end(run_t *r, const char *name) {
@@ -524,33 +517,78 @@ static ofl_tensor_t *norm_again(run_t *r, const ofl_tensor_t *x,
   return y;
 }
 
+/* The inputs a recompute reruns from, each obtained once by the first
+ * backward that needs it and held (sv->h*) until its own group's: the
+ * residuals as kept or saved; the norms' outputs rerun from them when
+ * their group is recomputed, else popped; qkv rerun from y1 when
+ * core_attn is recomputed, else popped. A chain (core_attn rerun from a
+ * rerun y1) reruns each link once. */
+static ofl_tensor_t *get_x(run_t *r, saved_t *sv) {
+  return input(r, sv, &sv->hx, &sv->x);
+}
+
+static ofl_tensor_t *get_x2(run_t *r, saved_t *sv) {
+  return input(r, sv, &sv->hx2, &sv->x2);
+}
+
+static ofl_tensor_t *get_y1(run_t *r, layer_t *L, saved_t *sv) {
+  if (sv->hy1 == NULL && (sv->rc >> G_QKV & 1u))
+    sv->hy1 = norm_again(r, get_x(r, sv), L->w[W_G1]);
+  return input(r, sv, &sv->hy1, &sv->y1);
+}
+
+static ofl_tensor_t *get_y2(run_t *r, layer_t *L, saved_t *sv) {
+  if (sv->hy2 == NULL && (sv->rc >> G_FC1 & 1u))
+    sv->hy2 = norm_again(r, get_x2(r, sv), L->w[W_G2]);
+  return input(r, sv, &sv->hy2, &sv->y2);
+}
+
+static ofl_tensor_t *get_qkv(run_t *r, layer_t *L, saved_t *sv) {
+  if (sv->hqkv == NULL && (sv->rc >> G_CORE_ATTN & 1u)) {
+    ofl_tensor_t *y1 = get_y1(r, L, sv);
+    ofl_tensor_t *qkv = as_activation(act(r, r->d.s, 3 * r->d.h));
+    x_matmul(r, F(qkv), F(y1), L->w[W_QKV], r->d.s, r->d.h, 3 * r->d.h, 0);
+    sv->hqkv = qkv;
+  }
+  return input(r, sv, &sv->hqkv, &sv->qkv);
+}
+
+/* The attention's output and probabilities rerun from qkv. */
+static void attention_again(run_t *r, const ofl_tensor_t *qkv, ofl_tensor_t **a,
+                            ofl_tensor_t **probs) {
+  ofl_tensor_t *out = as_activation(act(r, r->d.s, r->d.h));
+  ofl_tensor_t *p = as_activation(act(r, r->d.s, r->d.s));
+  x_attention(r, F(out), F(p), F(qkv), r->d.s, r->d.h);
+  if (a != NULL)
+    *a = out;
+  else
+    drop(out);
+  if (probs != NULL)
+    *probs = p;
+  else
+    drop(p);
+}
+
 /* Backward of one layer; dout is consumed; returns d(input). */
 ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
                              ofl_tensor_t *dout) {
   dims_t d = r->d;
-  unsigned rc = sv->rc;
   if (r->offload && r->o->recompute_full) {
     /* full recompute: the whole forward again from the kept input, its
-     * saved tensors held in sv->loc (by the field of
-     * its tag), then the backward as usual */
+     * saved tensors held in sv->loc (by the field of their tag), then the
+     * backward as usual */
     r->rerun = 1;
-    drop(layer_forward(r, L, sv, sv->hx));
+    drop(layer_forward(r, L, sv, take(&sv->hx)));
     r->rerun = 0;
-    sv->hx = NULL;
-    rc = sv->rc = 0;
+    sv->rc = 0;
   }
+  unsigned rc = sv->rc;
 
-  backward_begin(r, "moe_act");
+  OK(r, glue_backward_begin(r->glue, "moe_act"));
   ofl_tensor_t *u;
-  if (rc >> G_ACT & 1u) { /* u = y2 W1 again; y2 itself rerun when fc1 is */
-    if (rc >> G_FC1 & 1u) {
-      if (sv->hy2 == NULL)
-        sv->hy2 = norm_again(r, input(r, sv, &sv->hx2, &sv->x2), L->w[W_G2]);
-    } else {
-      (void)input(r, sv, &sv->hy2, &sv->y2);
-    }
+  if (rc >> G_ACT & 1u) { /* u = y2 W1 again */
     u = as_activation(act(r, d.s, d.f));
-    x_matmul(r, F(u), F(sv->hy2), L->w[W_1], d.s, d.h, d.f, 0);
+    x_matmul(r, F(u), F(get_y2(r, L, sv)), L->w[W_1], d.s, d.h, d.f, 0);
   } else {
     u = load(r, sv, &sv->u);
   }
@@ -566,54 +604,40 @@ ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   backward_end(r, "moe_act");
   ofl_tensor_t *dx2 = dout; /* the residual passes the gradient through */
 
-  backward_begin(r, "expert_fc1");
-  ofl_tensor_t *y2;
-  if (sv->hy2 != NULL)
-    y2 = take(r, sv, &sv->hy2, &sv->y2);
-  else if (rc >> G_FC1 & 1u)
-    y2 = norm_again(r, input(r, sv, &sv->hx2, &sv->x2), L->w[W_G2]);
-  else
-    y2 = load(r, sv, &sv->y2);
-  ofl_tensor_t *dy2 =
-      linear_backward(r, y2, L->w[W_1], L->dw[W_1], du, d.s, d.h, d.f);
+  OK(r, glue_backward_begin(r->glue, "expert_fc1"));
+  (void)get_y2(r, L, sv);
+  ofl_tensor_t *dy2 = linear_backward(r, take(&sv->hy2), L->w[W_1], L->dw[W_1],
+                                      du, d.s, d.h, d.f);
   drop(du);
   backward_end(r, "expert_fc1");
 
-  backward_begin(r, "mlp_norm");
-  ofl_tensor_t *x2 = take(r, sv, &sv->hx2, &sv->x2);
+  OK(r, glue_backward_begin(r->glue, "mlp_norm"));
+  (void)get_x2(r, sv);
+  ofl_tensor_t *x2 = take(&sv->hx2);
   x_rmsnorm_backward(r, F(dx2), L->dw[W_G2], F(x2), L->w[W_G2], F(dy2), d.s,
                      d.h);
   drop(x2);
   drop(dy2);
   backward_end(r, "mlp_norm");
 
-  backward_begin(r, "attn_proj");
+  OK(r, glue_backward_begin(r->glue, "attn_proj"));
   ofl_tensor_t *a;
-  if (rc >> G_ATTN_PROJ & 1u) { /* the attention again, from qkv */
-    ofl_tensor_t *qkv = input(r, sv, &sv->hqkv, &sv->qkv);
-    a = as_activation(act(r, d.s, d.h));
-    ofl_tensor_t *p = as_activation(act(r, d.s, d.s));
-    x_attention(r, F(a), F(p), F(qkv), d.s, d.h);
-    drop(p);
-  } else {
+  if (rc >> G_ATTN_PROJ & 1u) /* the attention again, from qkv */
+    attention_again(r, get_qkv(r, L, sv), &a, NULL);
+  else
     a = load(r, sv, &sv->a);
-  }
   ofl_tensor_t *da =
       linear_backward(r, a, L->w[W_O], L->dw[W_O], dx2, d.s, d.h, d.h);
   backward_end(r, "attn_proj");
   ofl_tensor_t *dx = dx2;
 
-  backward_begin(r, "core_attn");
-  ofl_tensor_t *probs;
-  ofl_tensor_t *qkv = take(r, sv, &sv->hqkv, &sv->qkv);
-  if (rc >> G_CORE_ATTN & 1u) { /* the forward again, from its input */
-    probs = as_activation(act(r, d.s, d.s));
-    ofl_tensor_t *again = act(r, d.s, d.h);
-    x_attention(r, F(again), F(probs), F(qkv), d.s, d.h);
-    drop(again);
-  } else {
+  OK(r, glue_backward_begin(r->glue, "core_attn"));
+  (void)get_qkv(r, L, sv);
+  ofl_tensor_t *qkv = take(&sv->hqkv), *probs;
+  if (rc >> G_CORE_ATTN & 1u) /* the probabilities again, from qkv */
+    attention_again(r, qkv, NULL, &probs);
+  else
     probs = load(r, sv, &sv->probs);
-  }
   ofl_tensor_t *dqkv = act(r, d.s, 3 * d.h);
   x_attention_backward(r, F(dqkv), F(da), F(qkv), F(probs), d.s, d.h);
   drop(qkv);
@@ -621,18 +645,16 @@ ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   drop(da);
   backward_end(r, "core_attn");
 
-  backward_begin(r, "qkv_linear");
-  ofl_tensor_t *y1 =
-      rc >> G_QKV & 1u
-          ? norm_again(r, input(r, sv, &sv->hx, &sv->x), L->w[W_G1])
-          : load(r, sv, &sv->y1);
-  ofl_tensor_t *dy1 = linear_backward(r, y1, L->w[W_QKV], L->dw[W_QKV], dqkv,
-                                      d.s, d.h, 3 * d.h);
+  OK(r, glue_backward_begin(r->glue, "qkv_linear"));
+  (void)get_y1(r, L, sv);
+  ofl_tensor_t *dy1 = linear_backward(r, take(&sv->hy1), L->w[W_QKV],
+                                      L->dw[W_QKV], dqkv, d.s, d.h, 3 * d.h);
   drop(dqkv);
   backward_end(r, "qkv_linear");
 
-  backward_begin(r, "attn_norm");
-  ofl_tensor_t *x = take(r, sv, &sv->hx, &sv->x);
+  OK(r, glue_backward_begin(r->glue, "attn_norm"));
+  (void)get_x(r, sv);
+  ofl_tensor_t *x = take(&sv->hx);
   x_rmsnorm_backward(r, F(dx), L->dw[W_G1], F(x), L->w[W_G1], F(dy1), d.s, d.h);
   drop(x);
   drop(dy1);

@@ -316,6 +316,14 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
         .predicted_exposed_ms = plan.predicted_exposed_ms,
         .measured_stall_ms = plan.measured_stall_ms,
         .predicted_stall_ms = plan.predicted_stall_ms};
+  if (have_plan && o->offload_auto && plan.automatic) {
+    /* what the plan does at the end (replans may have changed the one
+     * printed after the warmup), each name's predicted and measured cost */
+    char acts[1024];
+    glue_plan_actions(r.glue, acts, sizeof acts);
+    printf("auto plan as the run ended, rank %d: %s\n", rank, acts);
+    fflush(stdout);
+  }
   if (offload && !o->offload_auto) {
 #ifdef OFL_DEMO_NO_MPI
     /* The summary of this process's self comm has one row, "Rank 0": it is
