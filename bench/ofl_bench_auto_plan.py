@@ -420,12 +420,13 @@ RC_NAMES = ("qkv_linear", "core_attn", "attn_proj", "expert_fc1", "moe_act")
 
 def parse_actions(out):
     """The demo's 'auto plan as the run ended' line: {name: (action,
-    predicted ms, measured ms)}."""
+    predicted ms, measured ms, MiB a recompute frees, its predicted ms)}."""
     m = re.search(r"^auto plan as the run ended, rank \d+: (.*)$", out, re.M)
     acts = {}
-    for n, a, p, q in re.findall(r"(\w+)=(\w+) \(([\d.]+)/([\d.]+) ms\)",
-                                 m.group(1) if m else ""):
-        acts[n] = (a, float(p), float(q))
+    for n, a, p, q, rb, rm in re.findall(
+            r"(\w+)=(\w+) \(([\d.]+)/([\d.]+) ms; recompute ([\d.]+) MiB ([\d.]+) ms\)",
+            m.group(1) if m else ""):
+        acts[n] = (a, float(p), float(q), float(rb), float(rm))
     return acts
 
 
@@ -433,25 +434,25 @@ def recompute_strategies(args):
     """--recompute: keep, offload or recompute on the demo (issue 42). For
     two link rates (copies a quarter of the compute: they hide; copies four
     times the compute: they cannot) and targets from keep-all's activation
-    peak down to full recompute's: the three-way auto plan (--recompute),
-    the offload-only auto plan, everything offloaded, the best fixed
-    selective recompute (every subset of the five names whose recompute
-    frees memory, --recompute-modules; the fastest that meets the target:
-    Megatron's --recompute-modules, chosen with hindsight) and full
-    recompute (--recompute-modules full). Every strategy's peak is the
-    higher of two steady-state figures, each the highest of the repeats:
-    the demo's own (pool bytes in use less its tensors that are not saved
-    activations: kept inputs and recomputed tensors count, but a block
-    offloaded from drops out as its free is queued, before its copy ends)
-    and the manager's ledger (device bytes of pushed tensors until their
-    copies are seen done, and the plan's recompute inputs, but not what a
-    fixed recompute keeps outside it). Its overhead: the median step with
-    it against the median of every run's step without (pooled) or its own
-    (paired)."""
+    peak down to the lowest any fixed recompute reaches: the three-way auto
+    plan (--recompute), the offload-only auto plan, everything offloaded,
+    recompute-only as Megatron's selective recompute is used (the names
+    that free the most bytes per ms of recompute first, by the warmup's
+    figures of a roomy three-way run; the shortest prefix of that order
+    that meets the target, --recompute-modules, nothing offloaded in steady
+    state) and full recompute (--recompute-modules full). Every strategy's
+    peak is the higher of two steady-state figures, each the highest of the
+    repeats: the demo's own (pool bytes in use less its tensors that are
+    not saved activations: kept inputs and recomputed tensors count, but a
+    block offloaded from drops out as its free is queued, before its copy
+    ends) and the manager's ledger (device bytes of pushed tensors until
+    their copies are seen done, and the plan's recompute inputs, but not
+    what a fixed recompute keeps outside it). Its overhead: the median step
+    with it against the median of every run's step without (pooled) or its
+    own (paired), the median of the repeats."""
 
     def peak(r):
         return max(r.get("demo_peak", float("nan")), r.get("ledger_peak", 0.0))
-    import itertools
     shape = ["--stages", "4", "--stage", "0", "--microbatches", "6", "--layers", "1",
              "--hidden", "64", "--seq", "128"]
     b = Bench(args.demo, args.iters, shape, max(1, args.repeat), args.jobs)
@@ -468,8 +469,18 @@ def recompute_strategies(args):
               probe["step_base"], probe["offl_mib"] / b.iters, rates[0], rates[1], b.iters,
               b.repeat))
     noff = ["--offload", "all", "--offload-fraction", "0"]  # the warmup offloads, then nothing
-    subsets = [c for k in range(1, len(RC_NAMES) + 1)
-               for c in itertools.combinations(RC_NAMES, k)]
+    # Megatron-style selective recompute: the most bytes freed per ms first
+    roomy = run_demo(b.demo, b.args(0, ["--offload", "auto", "--recompute",
+                                        "--memory-target", "1000000"]))
+    figs = parse_actions(roomy["out"])
+    order = sorted((n for n in RC_NAMES if n in figs),
+                   key=lambda n: -figs[n][3] / max(figs[n][4], 1e-3))
+    if len(order) != len(RC_NAMES):
+        print(roomy["out"][-3000:])
+        return 1
+    print("recompute-only order (MiB freed per ms of recompute, the warmup's figures): " +
+          ", ".join("%s %.3f/%.2f" % (n, figs[n][3], figs[n][4]) for n in order))
+    subsets = [tuple(order[:k]) for k in range(1, len(order) + 1)]
     sub_f = {c: b.fixed(0, noff + ["--recompute-modules", ",".join(c)]) for c in subsets}
     full_f = b.fixed(0, noff + ["--recompute-modules", "full"])
     keep_f = b.fixed(0, noff)
@@ -497,7 +508,7 @@ def recompute_strategies(args):
               "yes" if all(r["identical"] for r in everything) else "NO"))
     # the recompute-only subsets, each once: their overhead and peak
     print("\nfixed selective recompute (--recompute-modules), no offload: peak MiB, overhead")
-    for c in sorted(subsets, key=lambda c: peak(sub[c])):
+    for c in subsets:
         print("  %-52s %7.3f %7.1f%%" % (",".join(c), peak(sub[c]),
                                         100 * overhead(sub[c])))
     print("  %-52s %7.3f %7.1f%%" % ("full", peak(full), 100 * overhead(full)))
@@ -508,13 +519,13 @@ def recompute_strategies(args):
     nan = float("nan")
     print("\n%-8s %7s | %7s %7s %-30s | %7s %7s | %7s %7s | %7s %-28s | %7s | %7s %7s %7s %7s" % (
         "link", "target", "3w_peak", "3w_ovh", "3w_plan (k/o/r per name)", "off_pk", "off_ovh",
-        "all_pk", "all_ovh", "rc_ovh", "rc_best", "full", "pred_pk", "ledger", "pred_ms",
+        "all_pk", "all_ovh", "rc_ovh", "rc_names", "full", "pred_pk", "ledger", "pred_ms",
         "meas_ms"))
     for link in rates:
         allr, res = per_link[link]
         for t, off, mix in res:
-            ok_rc = [(overhead(sub[c]), c) for c in subsets if meets(sub[c], t)]
-            rc = min(ok_rc) if ok_rc else (nan, None)
+            ok_rc = [c for c in subsets if meets(sub[c], t)]  # shortest first
+            rc = (overhead(sub[ok_rc[0]]), ok_rc[0]) if ok_rc else (nan, None)
             acts = parse_actions(mix["out"])
             plan = "".join(a[0][0] for n, a in sorted(
                 acts.items(), key=lambda kv: list(demo_order()).index(kv[0])
@@ -541,8 +552,8 @@ def recompute_strategies(args):
           "the demo's own figure and the manager's ledger); !: over the target. 3w: three-way auto plan (its actions per name at the "
           "end of the run, in layer order attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, "
           "expert_fc1, moe_act: k keep, o offload, r recompute); off: offload-only auto plan; "
-          "all: every group offloaded; rc: the fastest fixed selective recompute meeting the "
-          "target (of all %d subsets); full: full recompute (peak %.3f MiB). pred_pk, ledger: "
+          "all: every group offloaded; rc: the shortest prefix of the recompute-only order "
+          "meeting the target (of %d); full: full recompute (peak %.3f MiB). pred_pk, ledger: "
           "the three-way plan's predicted and ledger-measured peak; pred_ms: its predicted cost "
           "per step (exposed copies + recompute), meas_ms: its measured step overhead in ms "
           "(its overhead x the median step without). Overheads: %s" % (len(subsets), peak(full), "median step / the median step "

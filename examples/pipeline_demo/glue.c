@@ -202,9 +202,11 @@ void glue_plan_actions(glue_t *g, char *buf, size_t n) {
     ofl_plan_action_t a;
     if (ofl_manager_plan_action(g->m, i, &a) != OFL_SUCCESS)
       continue;
-    int k = snprintf(buf + used, n - used, "%s%s=%s (%.2f/%.2f ms)",
+    int k = snprintf(buf + used, n - used,
+                     "%s%s=%s (%.2f/%.2f ms; recompute %.3f MiB %.2f ms)",
                      used ? ", " : "", a.name, what[a.action], a.predicted_ms,
-                     a.measured_ms);
+                     a.measured_ms, (double)a.recompute_bytes / 1048576.0,
+                     a.recompute_ms);
     if (k < 0)
       break;
     used += (size_t)k;

@@ -75,7 +75,8 @@ void glue_get_stats(glue_t *g, glue_stats_t *out);
 /* The auto plan (ofl_manager_plan_get): 0, or OFL_ERR_NOT_READY without one. */
 int glue_plan(glue_t *g, ofl_manager_plan_t *out);
 /* The auto plan's action per name as it stands, with its predicted and
- * measured cost ("name=action (pred/meas ms), ..."; "" without a plan). */
+ * measured cost, and what recomputing it would free and cost ("name=action
+ * (pred/meas ms; recompute B MiB T ms), ..."; "" without a plan). */
 void glue_plan_actions(glue_t *g, char *buf, size_t n);
 
 #endif

@@ -319,7 +319,7 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
   if (have_plan && o->offload_auto && plan.automatic) {
     /* what the plan does at the end (replans may have changed the one
      * printed after the warmup), each name's predicted and measured cost */
-    char acts[1024];
+    char acts[2048];
     glue_plan_actions(r.glue, acts, sizeof acts);
     printf("auto plan as the run ended, rank %d: %s\n", rank, acts);
     fflush(stdout);
