@@ -105,14 +105,16 @@ typedef struct {
  *   moe_act: the MLP's first product (u) rerun from expert_fc1's y2.
  * An input is obtained once, by the first backward that needs it (popped
  * from its group, or itself rerun when that group is recomputed too), and
- * held (hx, hy1, hqkv, hx2, hy2) until its own group's backward. With
+ * held (hx, hy1, hqkv, hx2, hy2) until its own group's backward; when
+ * attn_proj and core_attn are both recomputed, attn_proj's rerun of the
+ * attention keeps its probabilities (hprobs) for core_attn's. With
  * --recompute-modules full, the layer keeps only its input (hx) and its
  * backward first reruns the whole forward, each saved tensor held in loc[]
  * (at its tag field's index, the tag 0) instead of handed to the manager. */
 typedef struct {
   uint64_t x, y1, qkv, probs, a, x2, y2, u;
   unsigned rc;
-  ofl_tensor_t *hx, *hy1, *hqkv, *hx2, *hy2;
+  ofl_tensor_t *hx, *hy1, *hqkv, *hx2, *hy2, *hprobs;
   ofl_tensor_t *loc[8];
 } saved_t;
 

@@ -623,7 +623,8 @@ ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   OK(r, glue_backward_begin(r->glue, "attn_proj"));
   ofl_tensor_t *a;
   if (rc >> G_ATTN_PROJ & 1u) /* the attention again, from qkv */
-    attention_again(r, get_qkv(r, L, sv), &a, NULL);
+    attention_again(r, get_qkv(r, L, sv), &a,
+                    rc >> G_CORE_ATTN & 1u ? &sv->hprobs : NULL);
   else
     a = load(r, sv, &sv->a);
   ofl_tensor_t *da =
@@ -634,10 +635,12 @@ ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   OK(r, glue_backward_begin(r->glue, "core_attn"));
   (void)get_qkv(r, L, sv);
   ofl_tensor_t *qkv = take(&sv->hqkv), *probs;
-  if (rc >> G_CORE_ATTN & 1u) /* the probabilities again, from qkv */
-    attention_again(r, qkv, NULL, &probs);
-  else
+  if (!(rc >> G_CORE_ATTN & 1u))
     probs = load(r, sv, &sv->probs);
+  else if (sv->hprobs != NULL) /* rerun with attn_proj's output */
+    probs = take(&sv->hprobs);
+  else /* the probabilities again, from qkv */
+    attention_again(r, qkv, NULL, &probs);
   ofl_tensor_t *dqkv = act(r, d.s, 3 * d.h);
   x_attention_backward(r, F(dqkv), F(da), F(qkv), F(probs), d.s, d.h);
   drop(qkv);
