@@ -56,11 +56,6 @@ typedef struct meas {
   group_t *input;         /* the group that holds the input a recompute
                              keeps (ofl_manager_group_start_recompute;
                              NULL: none): the instance's input_of */
-  uint64_t warm_pop_ns;   /* the warmup: time inside tensor_pop for its
-                             tensors (waits for their reload, inline
-                             reloads), within its backward's window */
-  uint64_t warm_wait_ns;  /* its warmup backward's wait for its reload
-                             (plan_measure.c, at the warmup's end) */
   uint64_t warm_stall_ns; /* how long its backward waited for its reload in
                              the warmup (taken out of the warmup's
                              timeline) */
@@ -72,17 +67,6 @@ typedef struct meas {
   bool stalled;       /* its reload stalled compute in this iteration */
   uint64_t dev_bytes; /* bytes on the device at its commit (ledger) */
 } meas_t;
-
-/* What a recompute of x's group costs, measured: its steady backward with
- * the rerun (rc_bwd_ns) less the warmup's backward of it without its wait
- * for the warmup's reload (bwd_cpu_ns - warm_wait_ns: waiting for or doing
- * the warmup's reload is not compute a recompute adds to); 0 when not
- * above it. */
-static inline double ofl__plan_rc_measured_ns(const meas_t *x) {
-  uint64_t base =
-      x->bwd_cpu_ns > x->warm_wait_ns ? x->bwd_cpu_ns - x->warm_wait_ns : 0;
-  return x->rc_bwd_ns > base ? (double)(x->rc_bwd_ns - base) : 0;
-}
 
 struct ofl__plan {
   bool timed;       /* stamps carry timing events */

@@ -155,12 +155,6 @@ void ofl__plan_warm_backward(ofl_manager_t *m, group_t *g, int end) {
     x->bwd_cpu_ns = x->bwd_end.cpu - x->bwd_begin.cpu;
 }
 
-void ofl__plan_warm_pop(ofl_manager_t *m, group_t *g, uint64_t ns) {
-  meas_t *x = warm_meas(m, g);
-  if (x != NULL && x->bwd_begin.set && !x->bwd_end.set)
-    x->warm_pop_ns += ns;
-}
-
 void ofl__plan_on_stall(ofl_manager_t *m, group_t *g, uint64_t ns, bool warm) {
   ofl__plan_t *p = m->ap;
   if (p == NULL || g == NULL || g->pidx >= p->nms || p->ms[g->pidx].g != g)
@@ -195,17 +189,6 @@ int64_t ofl__plan_at_ns(const ofl__plan_t *p, const stamp_t *s) {
     t -= (int64_t)p->stalled_before[k];
   }
   return t;
-}
-
-/* How long x's backward in the warmup waited for its reload: the wait its
- * begin put on the compute stream (warm_stall_ns; the compute stream takes
- * it after the begin's stamp where it runs apart from the calling thread,
- * as on a GPU, before it where the calling thread waits) and the time its
- * pops took. A recompute's measured cost leaves it out of the warmup's
- * backward (ofl__plan_rc_measured_ns); where the wait came before the
- * stamp that errs towards a higher cost. */
-static uint64_t warm_wait_ns(const meas_t *x) {
-  return x->warm_stall_ns + x->warm_pop_ns;
 }
 
 static bool span_ns(const ofl__plan_t *p, const stamp_t *a, const stamp_t *b,
@@ -302,8 +285,6 @@ ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames) {
                       "no memory for the auto plan");
   link_rates(m);
   double d2h_bps = p->out.d2h_gbps * 1e9, h2d_bps = p->out.h2d_gbps * 1e9;
-  for (uint32_t i = 0; i < n; i++)
-    p->ms[i].warm_wait_ns = warm_wait_ns(&p->ms[i]);
   p->nbwd = 0;
   for (uint32_t i = 0; i < n; i++)
     if (p->ms[i].bwd_seq > 0)

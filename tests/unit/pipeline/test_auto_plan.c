@@ -355,65 +355,6 @@ Test(auto_plan, a_measured_recompute_cost_changes_the_plan) {
   close_run(&r);
 }
 
-/* A recompute's measured cost is its backward with the rerun less the
- * warmup's backward of the same group without the warmup's wait for its
- * reload: over a slow link the warmup's backward of core_attn waits about
- * 10 ms for its 512 KiB, which is not compute, and a measure that kept it
- * in (the warmup's backward as it was) put a 3 ms rerun at 0. The bound is
- * loose (half): the warmup's backward holds other waits of the copy
- * workers under load, which the measure does not know. */
-Test(auto_plan, a_measured_recompute_cost_leaves_out_the_warmups_reload_wait) {
-  if (t_on_cuda())
-    cr_skip_test("the link model is the host backend's");
-  run_t r;
-  open_run(&r, WORKLOAD, 1, 0.05); /* a target nothing meets: the lowest peak */
-  r.rc_mask = 3;                   /* core_attn and mlp */
-  r.rc_fwd_us = 50;
-  H_OK(ofl_manager_set_plan_recompute(r.e.m, 1));
-  iteration(&r); /* warmup: every group offloaded */
-  const ofl__plan_t *ap = r.e.m->ap;
-  cr_assert_not_null(ap);
-  ofl_plan_action_t a;
-  bool any = false;
-  for (int k = 0; k < 2; k++) {
-    H_OK(ofl_manager_plan_action(r.e.m, (size_t)k, &a));
-    r.rc_bwd_us[k] = a.action == OFL_ACTION_RECOMPUTE ? 3000 : 0;
-    any = any || a.action == OFL_ACTION_RECOMPUTE;
-  }
-  if (!any) {
-    close_run(&r);
-    cr_skip_test("this run's plan recomputes neither name");
-  }
-  iteration(&r);
-  for (int k = 0; k < 2; k++) {
-    H_OK(ofl_manager_plan_action(r.e.m, (size_t)k, &a));
-    if (r.rc_bwd_us[k] == 0 || a.action != OFL_ACTION_RECOMPUTE)
-      continue;
-    uint64_t stall = 0;
-    int groups = 0;
-    for (uint32_t i = 0; i < ap->nms; i++)
-      if (strcmp(ofl__gname(r.e.m, ap->ms[i].g), WORKLOAD[k].name) == 0) {
-        stall += ap->ms[i].warm_stall_ns;
-        groups++;
-      }
-    cr_log_info("%s: %d groups, warmup reload waits %.1f ms, measured "
-                "recompute %.1f ms (reruns of %d x 3 ms)",
-                WORKLOAD[k].name, groups, (double)stall / 1e6, a.measured_ms,
-                groups);
-    cr_assert(eq(int, groups, MBS * LAYERS));
-    /* the warmup waited, so the old measure would have been low */
-    if (k == 0)
-      cr_assert(gt(dbl, (double)stall / 1e6, groups * 3.0),
-                "core_attn's warmup waited %.1f ms", (double)stall / 1e6);
-    cr_assert(ge(dbl, a.measured_ms, 0.5 * groups * 3.0),
-              "%s measured %.2f ms for reruns of %d x 3 ms", WORKLOAD[k].name,
-              a.measured_ms, groups);
-    cr_assert(le(dbl, a.measured_ms, 3.0 * groups * 3.0));
-  }
-  cr_assert(eq(sz, r.wrong, 0));
-  close_run(&r);
-}
-
 /* The recompute's input held by another group: mlp reruns from
  * core_attn's output (ofl_manager_group_start_recompute(m, "mlp", 0,
  * "core_attn")). The warmup links each mlp group to the core_attn group
