@@ -391,6 +391,9 @@ static ofl_status_t pop_held(ofl_manager_t *m, ofl_tag_t tag,
   return OFL_SUCCESS;
 }
 
+static ofl_status_t pop_entry(ofl_manager_t *m, group_t *g, uint32_t k,
+                              ofl_tag_t tag, ofl_tensor_t **out);
+
 ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
                                     ofl_tensor_t **out) {
   if (m == NULL || out == NULL)
@@ -411,6 +414,18 @@ ofl_status_t ofl_manager_tensor_pop(ofl_manager_t *m, ofl_tag_t tag,
                       "iteration)",
                       m->rank, ci, gi, (unsigned long long)tag);
   group_t *g = m->fwd[ci]->groups[gi];
+  /* the auto plan's warmup: the time a pop takes (a wait for the reload, or
+   * the reload itself, inline) is not the backward's compute */
+  uint64_t t0 = m->warmup && m->auto_plan ? ofl__now_ns() : 0;
+  ofl_status_t st = pop_entry(m, g, k, tag, out);
+  if (t0 != 0)
+    ofl__plan_warm_pop(m, g, ofl__now_ns() - t0);
+  return st;
+}
+
+/* ofl_manager_tensor_pop of tensor k (1-based) of g, its tag checked. */
+static ofl_status_t pop_entry(ofl_manager_t *m, group_t *g, uint32_t k,
+                              ofl_tag_t tag, ofl_tensor_t **out) {
   entry_t *e = &g->entries[k - 1];
   if (e->state == E_POPPED)
     return OFL__PERR(OFL_ERR_INVALID_USAGE, m, g->chunk, ofl__gname(m, g),

@@ -326,6 +326,9 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end);
 /* g's reload held compute ns (warm: at its backward's begin in the
  * warmup, taken out of the warmup's timeline). */
 void ofl__plan_on_stall(ofl_manager_t *m, group_t *g, uint64_t ns, bool warm);
+/* The auto plan's warmup: a tensor_pop of g's took ns (a recompute's measured
+ * cost leaves that time out of the warmup's backward). */
+void ofl__plan_warm_pop(ofl_manager_t *m, group_t *g, uint64_t ns);
 /* Reloads to keep issued ahead, from the leads of the groups next in
  * reload order (stack tops of c, then of next), given the ahead reloads
  * already issued and not yet begun. */

@@ -56,6 +56,9 @@ typedef struct meas {
   group_t *input;         /* the group that holds the input a recompute
                              keeps (ofl_manager_group_start_recompute;
                              NULL: none): the instance's input_of */
+  uint64_t warm_pop_ns;   /* the warmup: time inside tensor_pop for its
+                             tensors within its backward (waits for their
+                             reload, inline reloads on the calling thread) */
   uint64_t warm_stall_ns; /* how long its backward waited for its reload in
                              the warmup (taken out of the warmup's
                              timeline) */
@@ -67,6 +70,18 @@ typedef struct meas {
   bool stalled;       /* its reload stalled compute in this iteration */
   uint64_t dev_bytes; /* bytes on the device at its commit (ledger) */
 } meas_t;
+
+/* What a recompute of x's group costs, measured: its steady backward with
+ * the rerun (rc_bwd_ns) less the warmup's backward of it without the time
+ * its pops took there (bwd_cpu_ns - warm_pop_ns: waiting for or doing the
+ * warmup's reload is not compute a recompute adds to; the wait at the
+ * backward's begin comes before its stamp); 0 when not above it. CPU
+ * clock: on a GPU both hold only what the thread waited for. */
+static inline double ofl__plan_rc_measured_ns(const meas_t *x) {
+  uint64_t base =
+      x->bwd_cpu_ns > x->warm_pop_ns ? x->bwd_cpu_ns - x->warm_pop_ns : 0;
+  return x->rc_bwd_ns > base ? (double)(x->rc_bwd_ns - base) : 0;
+}
 
 struct ofl__plan {
   bool timed;       /* stamps carry timing events */

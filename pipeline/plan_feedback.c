@@ -98,7 +98,8 @@ static void settled(ofl_manager_t *m) {
 /* The measured recompute cost feeds back (a three-way plan): each group
  * recomputed in this iteration moves its estimate (recompute_ns, the
  * warmup's forward time at first) RC_EMA of the way towards its measured
- * cost, its backward less the warmup's backward of it (CPU clock), and the
+ * cost, its backward less the warmup's backward of it without the time its
+ * pops took there (CPU clock; ofl__plan_rc_measured_ns), and the
  * names' predicted costs follow. An estimate that moved by more than RC_MOVE
  * of the one the plan was solved with solves again for the same aim
  * (may_solve: not while another step of the feedback changes the plan);
@@ -117,9 +118,7 @@ static bool recompute_feedback(ofl_manager_t *m, bool may_solve) {
       continue;
     x->rc_fresh = false;
     ofl__plan_group_t *q = &p->inst[i];
-    double meas = x->rc_bwd_ns > x->bwd_cpu_ns
-                      ? (double)(x->rc_bwd_ns - x->bwd_cpu_ns)
-                      : 0;
+    double meas = ofl__plan_rc_measured_ns(x);
     q->recompute_ns += RC_EMA * (meas - q->recompute_ns);
     seen = true;
     if (fabs(q->recompute_ns - x->rc_solved_ns) >

@@ -155,6 +155,12 @@ void ofl__plan_warm_backward(ofl_manager_t *m, group_t *g, int end) {
     x->bwd_cpu_ns = x->bwd_end.cpu - x->bwd_begin.cpu;
 }
 
+void ofl__plan_warm_pop(ofl_manager_t *m, group_t *g, uint64_t ns) {
+  meas_t *x = warm_meas(m, g);
+  if (x != NULL && x->bwd_begin.set && !x->bwd_end.set)
+    x->warm_pop_ns += ns;
+}
+
 void ofl__plan_on_stall(ofl_manager_t *m, group_t *g, uint64_t ns, bool warm) {
   ofl__plan_t *p = m->ap;
   if (p == NULL || g == NULL || g->pidx >= p->nms || p->ms[g->pidx].g != g)

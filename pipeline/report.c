@@ -376,16 +376,15 @@ ofl_status_t ofl_manager_plan_action(const ofl_manager_t *m, size_t i,
                       p->out.nnames);
   ofl_plan_action_t a = p->acts[i];
   /* Measured: a recompute's backward less the warmup's backward of the same
-   * groups (the last iteration, CPU clock); an offload's reload stalls, per
+   * groups without the time their pops took (the last iteration, CPU
+   * clock); an offload's reload stalls, per
    * steady iteration. */
   for (uint32_t k = 0; k < p->nms; k++) {
     const meas_t *x = &p->ms[k];
     if (p->inst[k].name != (int)i || x->g->action != OFL_ACTION_RECOMPUTE ||
         x->rc_bwd_ns == 0)
       continue;
-    a.measured_ms += x->rc_bwd_ns > x->bwd_cpu_ns
-                         ? (double)(x->rc_bwd_ns - x->bwd_cpu_ns) / 1e6
-                         : 0;
+    a.measured_ms += ofl__plan_rc_measured_ns(x) / 1e6;
   }
   if (a.action == OFL_ACTION_OFFLOAD && p->out.iterations > 0)
     a.measured_ms = (double)(m->names[i].st.stall_ns - p->stall0[i]) / 1e6 /
