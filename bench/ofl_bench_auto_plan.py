@@ -415,6 +415,23 @@ def torch_strategies(link_gbps, steps, targets_n=4):
     return 0
 
 
+SHAPE = ["--stages", "4", "--stage", "0", "--microbatches", "6", "--layers", "1",
+         "--hidden", "64", "--seq", "128"]
+
+
+def probe_link(b):
+    """A run with every group offloaded and no link model: the link rate
+    R1 at which offloading everything costs as much copy time as the step's
+    compute (offl_MiB counts every iteration of the run, the warmup too;
+    one step moves it both ways). (None, 0) when the run failed."""
+    probe = run_demo(b.demo, b.args(0, ["--offload", "all"]))
+    if probe["rc"] != 0 or "step_base" not in probe:
+        print(probe["out"][-3000:])
+        return None, 0.0
+    moved = 2 * probe["offl_mib"] / b.iters * MIB
+    return probe, moved / (probe["step_base"] / 1e3) / 1e9
+
+
 RC_NAMES = ("qkv_linear", "core_attn", "attn_proj", "expert_fc1", "moe_act")
 
 
@@ -453,15 +470,10 @@ def recompute_strategies(args):
 
     def peak(r):
         return max(r.get("demo_peak", float("nan")), r.get("ledger_peak", 0.0))
-    shape = ["--stages", "4", "--stage", "0", "--microbatches", "6", "--layers", "1",
-             "--hidden", "64", "--seq", "128"]
-    b = Bench(args.demo, args.iters, shape, max(1, args.repeat), args.jobs)
-    probe = run_demo(b.demo, b.args(0, ["--offload", "all"]))
-    if probe["rc"] != 0 or "step_base" not in probe:
-        print(probe["out"][-3000:])
+    b = Bench(args.demo, args.iters, SHAPE, max(1, args.repeat), args.jobs)
+    probe, r_equal = probe_link(b)
+    if probe is None:
         return 1
-    moved = 2 * probe["offl_mib"] / b.iters * MIB
-    r_equal = moved / (probe["step_base"] / 1e3) / 1e9
     rates = [4 * r_equal, r_equal / 4]
     print("ofl_bench_auto_plan --recompute: compute step %.1f ms, %.2f MiB offloaded per step "
           "(all groups); link rates %.4f GB/s (copies a quarter of compute) and %.4f GB/s "
@@ -624,17 +636,10 @@ def main():
     BASELINE[0] = args.baseline
     if args.recompute:
         return recompute_strategies(args)
-    shape = ["--stages", "4", "--stage", "0", "--microbatches", "6", "--layers", "1",
-             "--hidden", "64", "--seq", "128"]
-    b = Bench(args.demo, args.iters, shape, max(1, args.repeat), args.jobs)
-    # R1: the whole offload's copy time ~ the step's compute
-    probe = run_demo(b.demo, b.args(0, ["--offload", "all"]))
-    if probe["rc"] != 0 or "step_base" not in probe:
-        print(probe["out"][-3000:])
+    b = Bench(args.demo, args.iters, SHAPE, max(1, args.repeat), args.jobs)
+    probe, r_equal = probe_link(b)
+    if probe is None:
         return 1
-    # offl_MiB counts every iteration of the run (the warmup too)
-    moved = 2 * probe["offl_mib"] / b.iters * MIB  # one step, both directions
-    r_equal = moved / (probe["step_base"] / 1e3) / 1e9
     rates = [4 * r_equal, r_equal]
     print("ofl_bench_auto_plan: compute step %.1f ms, %.2f MiB offloaded per step (all "
           "groups); link rates %.4f GB/s (copies a quarter of compute) and %.4f GB/s "

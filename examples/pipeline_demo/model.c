@@ -254,6 +254,16 @@ static void save(run_t *r, saved_t *sv, ofl_tensor_t *t, uint64_t *tag) {
   OK(r, glue_save(r->glue, t, tag));
 }
 
+/* A tensor saved under *tag, or dropped where its group is recomputed
+ * (rc: its backward reruns it). */
+static void save_unless(run_t *r, saved_t *sv, int rc, ofl_tensor_t *t,
+                        uint64_t *tag) {
+  if (rc)
+    drop(t);
+  else
+    save(r, sv, t, tag);
+}
+
 void sample_memory(run_t *r) {
   if (r->nmem == r->capmem) {
     r->capmem = r->capmem ? r->capmem * 2 : 1024;
@@ -397,33 +407,24 @@ ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   int rc = group_begin(r, sv, G_QKV, 0, "attn_norm");
   ofl_tensor_t *qkv = act(r, d.s, 3 * d.h);
   x_matmul(r, F(qkv), F(y1), L->w[W_QKV], d.s, d.h, 3 * d.h, 0);
-  if (rc) /* rerun from attn_norm's input */
-    drop(y1);
-  else
-    save(r, sv, y1, &sv->y1);
+  save_unless(r, sv, rc, y1, &sv->y1); /* rerun from attn_norm's input */
   group_end(r, G_QKV);
 
   rc = group_begin(r, sv, G_CORE_ATTN, 0, "qkv_linear");
   ofl_tensor_t *a = act(r, d.s, d.h);
   ofl_tensor_t *probs = act(r, d.s, d.s);
   x_attention(r, F(a), F(probs), F(qkv), d.s, d.h);
-  if (rc) { /* qkv and the probabilities rerun from qkv_linear's input */
-    drop(qkv);
-    drop(probs);
-  } else {
-    save(r, sv, qkv, &sv->qkv);
-    save(r, sv, probs, &sv->probs);
-  }
+  /* recomputed: qkv and the probabilities rerun from qkv_linear's input */
+  save_unless(r, sv, rc, qkv, &sv->qkv);
+  save_unless(r, sv, rc, probs, &sv->probs);
   group_end(r, G_CORE_ATTN);
 
   rc = group_begin(r, sv, G_ATTN_PROJ, 0, "core_attn");
   ofl_tensor_t *x2 = act(r, d.s, d.h);
   x_matmul(r, F(x2), F(a), L->w[W_O], d.s, d.h, d.h, 0);
   x_add(r, F(x2), F(x), sh);
-  if (rc) /* the attention's output, rerun from core_attn's qkv */
-    drop(a);
-  else
-    save(r, sv, a, &sv->a);
+  /* the attention's output, rerun from core_attn's qkv */
+  save_unless(r, sv, rc, a, &sv->a);
   group_end(r, G_ATTN_PROJ);
   drop(x);
 
@@ -439,10 +440,7 @@ ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   rc = group_begin(r, sv, G_FC1, 0, "mlp_norm");
   ofl_tensor_t *u = act(r, d.s, d.f);
   x_matmul(r, F(u), F(y2), L->w[W_1], d.s, d.h, d.f, 0);
-  if (rc) /* rerun from mlp_norm's residual */
-    drop(y2);
-  else
-    save(r, sv, y2, &sv->y2);
+  save_unless(r, sv, rc, y2, &sv->y2); /* rerun from mlp_norm's residual */
   group_end(r, G_FC1);
 
   rc = group_begin(r, sv, G_ACT, 0, "expert_fc1");
@@ -451,10 +449,8 @@ ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
   x_silu(r, F(av), F(u), (size_t)d.s * d.f);
   x_matmul(r, F(out), F(av), L->w[W_2], d.s, d.f, d.h, 0);
   x_add(r, F(out), F(x2), sh);
-  if (rc) /* the first product, rerun from expert_fc1's input */
-    drop(u);
-  else
-    save(r, sv, u, &sv->u);
+  /* the first product, rerun from expert_fc1's input */
+  save_unless(r, sv, rc, u, &sv->u);
   group_end(r, G_ACT);
   drop(av);
   drop(x2);
