@@ -1,6 +1,7 @@
 /* ofl: the arena of a pool (pool/arena.h): segments from the backend, best
- * fit over the free ranges, coalescing on the way back. Free ranges are few
- * (their neighbours are merged), so one list scanned whole is the index. */
+ * fit over the free ranges (small requests from the top), coalescing on the way
+ * back. Free ranges are few (their neighbours are merged), so one list scanned
+ * whole is the index. */
 #include <stdlib.h>
 
 #include "pool/arena.h"
@@ -51,35 +52,77 @@ static void free_unlink(ofl__arena_t *a, ofl__range_t *r) {
   a->free_bytes -= r->bytes;
 }
 
-ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes) {
-  size_t need = (bytes + a->granule - 1) / a->granule * a->granule;
-  if (need < bytes || need == 0)
-    need = a->granule;
+/* Whether a request is small beside the blocks the arena hands out: a
+ * quarter of the largest range or less. */
+static bool small_request(const ofl__arena_t *a, size_t need) {
+  return need <= a->largest / OFL__ARENA_SMALL_DIV;
+}
+
+/* Lock held: the free range a request of need takes. A large one: best
+ * fit. A small one: the fitting range highest in memory, carved from its
+ * top, so that small blocks stack at the segment's top end and the large
+ * ones' gaps stay whole below them (best fit put a 4 KB block into the
+ * hole a 256 KB block left, and the next 256 KB block found two holes of
+ * 241 and 244 KB). */
+static ofl__range_t *range_pick(ofl__arena_t *a, size_t need, bool small) {
   ofl__range_t *best = NULL;
-  for (ofl__range_t *r = a->free_ranges; r != NULL; r = r->fnext)
-    if (r->bytes >= need && (best == NULL || r->bytes < best->bytes)) {
+  for (ofl__range_t *r = a->free_ranges; r != NULL; r = r->fnext) {
+    if (r->bytes < need)
+      continue;
+    if (small) {
+      if (best == NULL || (uintptr_t)r->base > (uintptr_t)best->base)
+        best = r;
+    } else if (best == NULL || r->bytes < best->bytes) {
       best = r;
       if (r->bytes == need)
         break;
     }
+  }
+  return best;
+}
+
+/* Lock held: splits need bytes off free range r, from its top (top) or its
+ * bottom; the rest stays free in r's place; returns the range handed out,
+ * or NULL when no record could be made. */
+static ofl__range_t *range_split(ofl__arena_t *a, ofl__range_t *r, size_t need,
+                                 bool top) {
+  ofl__range_t *n = record_get(a);
+  if (n == NULL)
+    return NULL;
+  free_unlink(a, r);
+  *n = (ofl__range_t){.seg = r->seg, .prev = r, .next = r->next};
+  if (r->next != NULL)
+    r->next->prev = n;
+  r->next = n;
+  ofl__range_t *out = r, *rest = n;
+  if (top) {
+    out = n;
+    rest = r;
+  }
+  size_t all = r->bytes;
+  out->bytes = need;
+  rest->bytes = all - need;
+  if (top) {
+    n->base = r->base + rest->bytes;
+  } else {
+    n->base = r->base + need;
+  }
+  free_link(a, rest);
+  return out;
+}
+
+ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes) {
+  size_t need = (bytes + a->granule - 1) / a->granule * a->granule;
+  if (need < bytes || need == 0)
+    need = a->granule;
+  bool small = small_request(a, need);
+  ofl__range_t *best = range_pick(a, need, small);
   if (best == NULL)
     return NULL;
   if (best->bytes > need) {
-    /* The tail stays free; best keeps its place in the address order. */
-    ofl__range_t *tail = record_get(a);
-    if (tail == NULL)
+    best = range_split(a, best, need, small);
+    if (best == NULL)
       return NULL;
-    free_unlink(a, best);
-    *tail = (ofl__range_t){.base = best->base + need,
-                           .bytes = best->bytes - need,
-                           .seg = best->seg,
-                           .prev = best,
-                           .next = best->next};
-    if (best->next != NULL)
-      best->next->prev = tail;
-    best->next = tail;
-    best->bytes = need;
-    free_link(a, tail);
   } else {
     free_unlink(a, best);
   }

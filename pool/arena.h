@@ -1,6 +1,7 @@
 /* ofl: the arena of a pool: segments of device or pinned memory, each one
  * backend call (one registration for pinned memory), sub-allocated best fit
- * in ranges that coalesce with their free neighbours when they come back
+ * (a small request from the top of the highest free range that fits) in
+ * ranges that coalesce with their free neighbours when they come back
  * (docs/DESIGN.md section 4). The arena knows nothing of keys or streams:
  * the pool hands a range back only once its block's last use completed.
  *
@@ -53,7 +54,8 @@ typedef struct ofl__arena {
 } ofl__arena_t;
 
 void ofl__arena_init(ofl__arena_t *a, ofl_device_t *dev, ofl_pool_kind_t kind);
-/* A range of at least bytes (rounded to the granule), best fit; NULL when no
+/* A range of at least bytes (rounded to the granule), best fit (a small
+ * request: the top of the highest free range that fits); NULL when no
  * free range is large enough (or no record could be made). */
 ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes);
 /* Gives r back; it merges with free neighbours. */

@@ -25,6 +25,9 @@
 #define OFL__GRANULE_DEVICE ((size_t)256)
 /* Pinned ranges are whole pages: O_DIRECT bounce buffers need them. */
 #define OFL__GRANULE_PINNED ((size_t)4096)
+/* A request of at most 1/SMALL_DIV of the largest range handed out is
+ * small: it is carved from the top of the highest free range that fits. */
+#define OFL__ARENA_SMALL_DIV ((size_t)4)
 /* A new segment is at least 1/GROWTH_DIV of what is held: few calls, little
  * tail. */
 #define OFL__GROWTH_DIV 8u
