@@ -39,18 +39,21 @@ static size_t most_of(const ofl_pool_t *p) {
                                                     : p->steady_most_bytes;
 }
 
+static bool remerge_due(const ofl_pool_t *p);
+
 /* Lock held, at an iteration's end: learning ends after an iteration that
  * made no new key and no backend call (a pool that has seen every size it
  * will see has nothing left to learn, and a resize for a peak a little
  * higher would be an allocation and a free inside the steady iterations:
  * fixed shapes, 1F1B pp 4, made 10 of each in the 20 after the warmup),
  * nor in which the manager's placement moved (the next iteration's
- * differs: pipeline/tier.c's pinned admission), and at the latest after
+ * differs: pipeline/tier.c's pinned admission), nor in which the peak in
+ * use outgrew the merged segment (remerge_due), and at the latest after
  * OFL__LEARN_CYCLES iterations. */
 static void learning_check(ofl_pool_t *p) {
   uint64_t calls = p->stats.backend_allocs + p->stats.backend_frees;
   bool changed = p->keys_made != p->cycle_keys || calls != p->cycle_calls ||
-                 p->cycle_moved;
+                 p->cycle_moved || remerge_due(p);
   p->cycle_keys = p->keys_made;
   p->cycle_calls = calls;
   if (p->learned_cycle != 0 || (changed && p->cycles < OFL__LEARN_CYCLES))
@@ -242,7 +245,18 @@ bool ofl__pool_idle_point(ofl_pool_t *p) {
   bool resize = p->cycles > 0
                     ? learning(p)
                     : p->idle_points <= p->merged_at + OFL__RESIZE_IDLE;
-  return p->merged_at != 0 && resize &&
+  return resize && remerge_due(p);
+}
+
+/* Lock held: whether the most in use rose past the peak the last merge
+ * sized the segment for (a device pool of changing sizes, no budget). Under
+ * a manager such a pool has not learned yet: its next idle point merges
+ * again (ofl__pool_idle_point). Learning that ended in the iteration whose
+ * peak rose left the segment's margin below a block (2.2 MB in use in a
+ * 2.6 MB segment of blocks up to 337 KB), and the pool grew after it. */
+static bool remerge_due(const ofl_pool_t *p) {
+  return p->kind == OFL_POOL_DEVICE && p->merged_at != 0 &&
+         p->byte_keys_made >= 2 && p->stats.budget_bytes == 0 &&
          most_of(p) >
              p->merged_most_bytes + p->merged_most_bytes / OFL__RESIZE_DIV;
 }

@@ -477,6 +477,67 @@ Test(pool_memory, pool_under_a_manager_stops_learning_after_a_quiet_iteration) {
   ofl_pool_destroy(pool);
 }
 
+/* Learning does not end in an iteration whose peak rose more than a 32nd
+ * past the one the merged segment was sized for, though it made no key and
+ * no backend call: the merge's margin is that much smaller, and the pool
+ * learns on and resizes at the next idle point. After the warmup (1536 and
+ * 1540 KiB held, merged at its end), the second iteration holds them and a
+ * 128 KiB block of a size seen before (4% more); the third's first request
+ * resizes (one free, one allocation) for it; the fourth, the same as the
+ * second, makes no call and ends learning. Before, learning ended after the
+ * second, and the pool kept a segment whose margin no longer held a block
+ * (a byte-keyed workload grew after learning). */
+static void hold_three(ofl_pool_t *pool, uint64_t seed) {
+  static const size_t n[3] = {1536 * KIB, 1540 * KIB, 128 * KIB};
+  ofl_tensor_t *t[3];
+  for (int i = 0; i < 3; i++) {
+    t[i] = alloc_bytes(pool, n[i], 1);
+    cr_assert(eq(int,
+                 t_fill(dev, ofl_tensor_data(t[i]), n[i], seed + (uint64_t)i),
+                 OFL_SUCCESS));
+  }
+  for (int i = 0; i < 3; i++) {
+    cr_assert(eq(
+        sz, t_wrong(dev, ofl_tensor_data(t[i]), n[i], seed + (uint64_t)i), 0));
+    cr_assert(eq(int, ofl_pool_free(pool, t[i]), OFL_SUCCESS));
+  }
+}
+
+Test(pool_memory,
+     pool_under_a_manager_learns_on_while_its_peak_outgrows_the_merge) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
+  cycle_of(pool, 128 * KIB, 5); /* a size the second iteration reuses */
+  ofl_tensor_t *a, *b;
+  grow_two_segments(pool, &a, &b);
+  size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  ofl__pool_cycle_end(pool); /* the warmup: merged at its end */
+  ofl_pool_stats_t s1 = stats_of(pool);
+  cr_assert(eq(u64, s1.segments, 1));
+  cr_assert(lt(sz, s1.segment_bytes, most + most / 4));
+  hold_three(pool, 10); /* iteration 2: no new key, no call, a higher peak */
+  ofl__pool_cycle_end(pool);
+  ofl_pool_stats_t s2 = stats_of(pool);
+  assert_no_call(&s1, &s2);
+  cr_assert(eq(u64, s2.learned_iteration, 0),
+            "learning ended after an iteration whose peak outgrew the merge");
+  cycle_of(pool, 128 * KIB, 20); /* iteration 3: resized at its first */
+  ofl_pool_stats_t s3 = stats_of(pool);
+  cr_assert(eq(u64, s3.backend_allocs - s2.backend_allocs, 1));
+  cr_assert(eq(u64, s3.backend_frees - s2.backend_frees, 1));
+  cr_assert(eq(u64, s3.segments, 1));
+  size_t peak = most + 128 * KIB;
+  cr_assert(ge(sz, s3.segment_bytes, peak + peak / 16 * 3));
+  ofl__pool_cycle_end(pool);
+  hold_three(pool, 30); /* iteration 4: as the second */
+  ofl__pool_cycle_end(pool);
+  ofl_pool_stats_t s4 = stats_of(pool);
+  assert_no_call(&s3, &s4);
+  cr_assert(eq(u64, s4.learned_iteration, 4));
+  ofl_pool_destroy(pool);
+}
+
 /* A device pool under a manager whose sizes keep changing: 70 byte sizes
  * allocated and freed one at a time (more than the 64 of a pool of many
  * sizes). */
