@@ -119,23 +119,41 @@ Test(pool_memory, freed_ranges_coalesce_for_a_larger_size) {
   ofl_pool_destroy(pool);
 }
 
+/* Writes the pattern of seed into t: by the CPU in pinned memory. */
+static void fill_any(ofl_tensor_t *t, uint64_t seed) {
+  if (ofl_tensor_location(t) == OFL_LOC_PINNED)
+    t_pattern(ofl_tensor_data(t), ofl_tensor_bytes(t), seed);
+  else
+    cr_assert(eq(int,
+                 t_fill(dev, ofl_tensor_data(t), ofl_tensor_bytes(t), seed),
+                 OFL_SUCCESS));
+}
+
+/* The bytes of t that differ from the pattern of seed. */
+static size_t wrong_any(const ofl_tensor_t *t, uint64_t seed) {
+  if (ofl_tensor_location(t) == OFL_LOC_PINNED)
+    return t_pattern_wrong(ofl_tensor_data(t), ofl_tensor_bytes(t), seed);
+  return t_wrong(dev, ofl_tensor_data(t), ofl_tensor_bytes(t), seed);
+}
+
 /* A small block keeps out of the large ones' way: it is carved from the
  * top of the highest free range, so the ranges two freed neighbours leave
  * merge into one. Five blocks fill a 2 MiB segment (512 KiB, 16 KiB,
  * 512 KiB, 512 KiB, 496 KiB, in that order); the first and third freed,
  * a 1 MiB block fits without a backend call, and every block holds its
  * bytes. Best fit put the 16 KiB block between the first two, whose
- * ranges then stayed apart (two of 512 KiB), and the pool grew. */
-Test(pool_memory, small_blocks_leave_the_large_ones_room_whole) {
-  ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
+ * ranges then stayed apart (two of 512 KiB), and the pool grew: an
+ * application's device pool, and the manager's pinned pool (16 KB blocks
+ * between blocks of 264-300 KB, none of six holes of 216-276 KB fitting
+ * 280 KB), after learning. */
+static void small_blocks_leave_room(ofl_pool_kind_t kind) {
+  ofl_pool_t *pool = make_pool(kind, OFL_POOL_SEGMENTS_ALL, "small");
   static const size_t n[5] = {512 * KIB, 16 * KIB, 512 * KIB, 512 * KIB,
                               496 * KIB};
   ofl_tensor_t *t[5];
   for (int i = 0; i < 5; i++) {
     t[i] = alloc_bytes(pool, n[i], 1);
-    cr_assert(eq(int,
-                 t_fill(dev, ofl_tensor_data(t[i]), n[i], 50 + (uint64_t)i),
-                 OFL_SUCCESS));
+    fill_any(t[i], 50 + (uint64_t)i);
   }
   ofl_pool_stats_t s0 = stats_of(pool);
   cr_assert(eq(u64, s0.segments, 1));
@@ -143,21 +161,28 @@ Test(pool_memory, small_blocks_leave_the_large_ones_room_whole) {
   cr_assert(eq(int, ofl_pool_free(pool, t[0]), OFL_SUCCESS));
   cr_assert(eq(int, ofl_pool_free(pool, t[2]), OFL_SUCCESS));
   ofl_tensor_t *e = alloc_bytes(pool, MIB, 1);
-  cr_assert(eq(int, t_fill(dev, ofl_tensor_data(e), MIB, 60), OFL_SUCCESS));
+  fill_any(e, 60);
   ofl_pool_stats_t s1 = stats_of(pool);
   cr_assert(eq(u64, s1.backend_allocs, s0.backend_allocs),
             "the pool grew for a 1 MiB block with 1 MiB free");
   cr_assert(eq(u64, s1.segments, 1));
-  cr_assert(eq(sz, t_wrong(dev, ofl_tensor_data(e), MIB, 60), 0));
+  cr_assert(eq(sz, wrong_any(e, 60), 0));
   static const int kept[3] = {1, 3, 4};
   for (int j = 0; j < 3; j++) {
     int i = kept[j];
-    cr_assert(
-        eq(sz, t_wrong(dev, ofl_tensor_data(t[i]), n[i], 50 + (uint64_t)i), 0));
+    cr_assert(eq(sz, wrong_any(t[i], 50 + (uint64_t)i), 0));
     cr_assert(eq(int, ofl_pool_free(pool, t[i]), OFL_SUCCESS));
   }
   cr_assert(eq(int, ofl_pool_free(pool, e), OFL_SUCCESS));
   ofl_pool_destroy(pool);
+}
+
+Test(pool_memory, small_blocks_leave_the_large_ones_room_whole) {
+  small_blocks_leave_room(OFL_POOL_DEVICE);
+}
+
+Test(pool_memory, small_pinned_blocks_leave_the_large_ones_room_whole) {
+  small_blocks_leave_room(OFL_POOL_PINNED);
 }
 
 /* The device runs out while the pool caches blocks of another size: the
