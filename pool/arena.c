@@ -52,8 +52,8 @@ static void free_unlink(ofl__arena_t *a, ofl__range_t *r) {
   a->free_bytes -= r->bytes;
 }
 
-/* Whether a request is small beside the blocks the arena hands out: a
- * quarter of the largest range or less. */
+/* Whether a request is small beside the blocks the arena hands out: an
+ * eighth of the largest range or less (OFL__ARENA_SMALL_DIV). */
 static bool small_request(const ofl__arena_t *a, size_t need) {
   return need <= a->largest / OFL__ARENA_SMALL_DIV;
 }
