@@ -373,6 +373,17 @@ static void grow_two_segments(ofl_pool_t *pool, ofl_tensor_t **a,
   cr_assert(eq(u64, stats_of(pool).segments, 2));
 }
 
+/* grow_two_segments, then both blocks freed; returns their bytes (the most
+ * in use). */
+static size_t grow_two_and_free(ofl_pool_t *pool) {
+  ofl_tensor_t *a, *b;
+  grow_two_segments(pool, &a, &b);
+  size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
+  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
+  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  return most;
+}
+
 /* A block of n bytes allocated, written, read back and freed: one idle
  * point, no growth. */
 static void cycle_of(ofl_pool_t *pool, size_t n, uint64_t seed) {
@@ -474,11 +485,7 @@ static ofl_pool_stats_t fits_then_resizes(ofl_pool_t *pool, size_t bytes,
  * learning ended, after the twelfth, a peak that fits changes nothing. */
 Test(pool_memory, pool_under_a_manager_resizes_through_its_first_iterations) {
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
-  ofl_tensor_t *a, *b;
-  grow_two_segments(pool, &a, &b);
-  size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
-  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  size_t most = grow_two_and_free(pool);
   ofl_pool_stats_t s1 = stats_of(pool);
   cr_assert(eq(u64, s1.segments, 2));
   ofl__pool_cycle_end(pool); /* the warmup: it grew, merged at its end */
@@ -534,11 +541,7 @@ Test(pool_memory, pool_under_a_manager_resizes_through_its_first_iterations) {
  * free inside the steady iterations), in this iteration or any later. */
 Test(pool_memory, pool_under_a_manager_stops_learning_after_a_quiet_iteration) {
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
-  ofl_tensor_t *a, *b;
-  grow_two_segments(pool, &a, &b);
-  size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
-  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  size_t most = grow_two_and_free(pool);
   ofl__pool_cycle_end(pool); /* the warmup: merged at its end */
   cr_assert(eq(u64, stats_of(pool).learned_iteration, 0));
   cycle_of(pool, 1536 * KIB, 10); /* iteration 2: sizes seen before */
@@ -592,11 +595,7 @@ Test(pool_memory,
      pool_under_a_manager_learns_on_while_its_peak_outgrows_the_merge) {
   ofl_pool_t *pool = make_pool(OFL_POOL_DEVICE, OFL_POOL_SEGMENTS_ALL, "dev");
   cycle_of(pool, 128 * KIB, 5); /* a size the second iteration reuses */
-  ofl_tensor_t *a, *b;
-  grow_two_segments(pool, &a, &b);
-  size_t most = ofl_tensor_bytes(a) + ofl_tensor_bytes(b);
-  cr_assert(eq(int, ofl_pool_free(pool, a), OFL_SUCCESS));
-  cr_assert(eq(int, ofl_pool_free(pool, b), OFL_SUCCESS));
+  size_t most = grow_two_and_free(pool);
   ofl__pool_cycle_end(pool); /* the warmup: merged at its end */
   ofl_pool_stats_t s1 = stats_of(pool);
   cr_assert(eq(u64, s1.segments, 1));
