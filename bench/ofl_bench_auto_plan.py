@@ -130,9 +130,9 @@ class Bench:
         return self.shape + ["--iters", str(self.iters), "--quiet", "--link-gbps",
                              "%g" % link] + extra
 
-    def auto(self, link, target):
+    def auto(self, link, target, extra=()):
         return self.submit(self.args(link, ["--offload", "auto", "--memory-target",
-                                            "%.4f" % target]))
+                                            "%.4f" % target] + list(extra)))
 
     def fixed(self, link, extra):
         return self.submit(self.args(link, extra))
@@ -432,7 +432,10 @@ def probe_link(b):
     return probe, moved / (probe["step_base"] / 1e3) / 1e9
 
 
-RC_NAMES = ("qkv_linear", "core_attn", "attn_proj", "expert_fc1", "moe_act")
+# The demo's groups in layer order, and those whose recompute frees memory.
+DEMO_GROUPS = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
+               "moe_act")
+RC_NAMES = tuple(n for n in DEMO_GROUPS if not n.endswith("_norm"))
 
 
 def parse_actions(out):
@@ -506,9 +509,7 @@ def recompute_strategies(args):
     per_link = {}
     for link in rates:
         allr = b.result(b.fixed(link, ["--offload", "all"]))
-        futs = [(t, b.auto(link, t), b.submit(b.args(link, [
-            "--offload", "auto", "--recompute", "--memory-target", "%.4f" % t])))
-            for t in targets]
+        futs = [(t, b.auto(link, t), b.auto(link, t, ["--recompute"])) for t in targets]
         res = [(t, b.result(o), b.result(m)) for t, o, m in futs]
         per_link[link] = (allr, res)
         everything += [allr] + [x for _, o, m in res for x in (o, m)]
@@ -539,9 +540,7 @@ def recompute_strategies(args):
             ok_rc = [c for c in subsets if meets(sub[c], t)]  # shortest first
             rc = (overhead(sub[ok_rc[0]]), ok_rc[0]) if ok_rc else (nan, None)
             acts = parse_actions(mix["out"])
-            plan = "".join(a[0][0] for n, a in sorted(
-                acts.items(), key=lambda kv: list(demo_order()).index(kv[0])
-                if kv[0] in demo_order() else 9))
+            plan = "".join(acts[n][0][0] for n in DEMO_GROUPS if n in acts)
             pred_ms = mix.get("pred_exp_ms", nan) + sum(
                 a[1] for a in acts.values() if a[0] == "recompute")
             meas_ms = overhead(mix) * base
@@ -561,16 +560,18 @@ def recompute_strategies(args):
                       100 * overhead(full), "" if row["m_full"] else "!",
                       mix.get("pred_peak", nan), mix.get("meas_peak", nan), pred_ms, meas_ms))
     print("# MiB of activations at the steady-state peak (for every strategy the higher of "
-          "the demo's own figure and the manager's ledger); !: over the target. 3w: three-way auto plan (its actions per name at the "
-          "end of the run, in layer order attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, "
-          "expert_fc1, moe_act: k keep, o offload, r recompute); off: offload-only auto plan; "
+          "the demo's own figure and the manager's ledger); !: over the target. 3w: three-way "
+          "auto plan (its actions per name at the end of the run, in layer order %s: k keep, "
+          "o offload, r recompute); off: offload-only auto plan; "
           "all: every group offloaded; rc: the shortest prefix of the recompute-only order "
           "meeting the target (of %d); full: full recompute (peak %.3f MiB). pred_pk, ledger: "
           "the three-way plan's predicted and ledger-measured peak; pred_ms: its predicted cost "
           "per step (exposed copies + recompute), meas_ms: its measured step overhead in ms "
-          "(its overhead x the median step without). Overheads: %s" % (len(subsets), peak(full), "median step / the median step "
-                                       "without over every run - 1" if BASELINE[0] == "pooled"
-                                       else "median over the runs of each run's own ratio - 1"))
+          "(its overhead x the median step without). Overheads: %s" % (
+              ", ".join(DEMO_GROUPS), len(subsets), peak(full),
+              "median step / the median step without over every run - 1"
+              if BASELINE[0] == "pooled" else
+              "median over the runs of each run's own ratio - 1"))
     # the goals
     any_meets = [r for r in rows if r["m_off"] or r["m_all"] or r["m_rc"] or r["m_full"]]
     g1 = sum(1 for r in any_meets if r["m_mix"])
@@ -600,11 +601,6 @@ def recompute_strategies(args):
               100 * slack, len(g3), len(hard)))
     b.pool.shutdown()
     return 0
-
-
-def demo_order():
-    return ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
-            "moe_act")
 
 
 def main():
