@@ -90,25 +90,19 @@ static ofl__range_t *range_split(ofl__arena_t *a, ofl__range_t *r, size_t need,
   if (n == NULL)
     return NULL;
   free_unlink(a, r);
-  *n = (ofl__range_t){.seg = r->seg, .prev = r, .next = r->next};
+  /* n follows r in address order: the top part of r's bytes */
+  size_t low = top ? r->bytes - need : need;
+  *n = (ofl__range_t){.base = r->base + low,
+                      .bytes = r->bytes - low,
+                      .seg = r->seg,
+                      .prev = r,
+                      .next = r->next};
   if (r->next != NULL)
     r->next->prev = n;
   r->next = n;
-  ofl__range_t *out = r, *rest = n;
-  if (top) {
-    out = n;
-    rest = r;
-  }
-  size_t all = r->bytes;
-  out->bytes = need;
-  rest->bytes = all - need;
-  if (top) {
-    n->base = r->base + rest->bytes;
-  } else {
-    n->base = r->base + need;
-  }
-  free_link(a, rest);
-  return out;
+  r->bytes = low;
+  free_link(a, top ? r : n);
+  return top ? n : r;
 }
 
 ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes) {
