@@ -300,6 +300,8 @@ static double apply(ofl__plan_t *p) {
   return ofl__plan_predict(p);
 }
 
+static void took_actions(ofl_manager_t *m, const ofl__plan_result_t *r);
+
 /* Solves for aim into p->chosen and p->action: keep, offload or recompute
  * where the manager may recompute, else offload-only. */
 ofl_status_t ofl__plan_choose(ofl_manager_t *m, uint64_t aim,
@@ -312,6 +314,14 @@ ofl_status_t ofl__plan_choose(ofl_manager_t *m, uint64_t aim,
                       "no memory for the auto plan's actions");
   OFL_CHECK(ofl__plan_solve_actions(p->inst, p->nms, m->nnames, aim,
                                     m->plan_recompute, p->action, r));
+  took_actions(m, r);
+  return OFL_SUCCESS;
+}
+
+/* p->action (and r) became the choice: p->chosen and the estimates the
+ * choice was solved with follow. */
+static void took_actions(ofl_manager_t *m, const ofl__plan_result_t *r) {
+  ofl__plan_t *p = m->ap;
   for (uint32_t i = 0; i < p->nms; i++) {
     p->chosen[i] = p->action[i] == OFL__PLAN_OFFLOAD;
     p->ms[i].rc_solved_ns = p->inst[i].recompute_ns;
@@ -323,7 +333,6 @@ ofl_status_t ofl__plan_choose(ofl_manager_t *m, uint64_t aim,
              "evaluations (OFL__PLAN_LOWEST_BUDGET): the lowest peak it "
              "found, %.2f MiB, may not be the lowest",
              m->rank, r->lowest_nodes, ofl__mib(r->predicted_peak));
-  return OFL_SUCCESS;
 }
 
 /* The ledger's arrays, one entry per group of the record. */
@@ -558,8 +567,21 @@ bool ofl__plan_replan(ofl_manager_t *m) {
       ofl__plan_replan_aim(o->target_bytes, p->solve_target,
                            o->measured_peak_bytes, o->predicted_peak_bytes);
   ofl__plan_result_t r;
-  if (ofl__plan_choose(m, aim, &r) != OFL_SUCCESS)
+  if (m->plan_recompute && p->action != NULL) {
+    /* three-way: a choice that carries less of the error may aim higher */
+    uint64_t moved = 0;
+    for (uint32_t i = 0; i < p->nms; i++)
+      if (p->chosen[i])
+        moved += p->inst[i].bytes;
+    if (ofl__plan_replan_actions(p->inst, p->nms, m->nnames, o->target_bytes,
+                                 p->solve_target, o->measured_peak_bytes,
+                                 o->predicted_peak_bytes, moved, p->action, &r,
+                                 &aim) != OFL_SUCCESS)
+      return false;
+    took_actions(m, &r);
+  } else if (ofl__plan_choose(m, aim, &r) != OFL_SUCCESS) {
     return false;
+  }
   o->replans++;
   ofl__plan_adopt(m, aim, r.predicted_peak);
   OFL_INFO(OFL_SUBSYS_PIPELINE,

@@ -448,6 +448,7 @@ ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames) {
     q->bwd_window_ns = (double)(begin - q->t_reload);
     q->d2h_ns = d2h_bps > 0 ? (double)q->bytes * 1e9 / d2h_bps : 0;
     q->release_ns = latency;
+    q->d2h_free = m->plan_recompute; /* a three-way plan: the step time */
     q->h2d_ns = h2d_bps > 0 ? (double)q->bytes * 1e9 / h2d_bps : 0;
     /* Recompute: the forward again (commit less start, on compute), and
      * the group's bytes less the input the application keeps. */

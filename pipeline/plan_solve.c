@@ -255,7 +255,7 @@ static uint64_t peak_eval(const plan_order_t *o, const bool *chosen,
 
 double ofl__plan_group_exposed(const ofl__plan_group_t *g) {
   double window = g->lead > 0 ? g->bwd_window_max_ns : g->bwd_window_ns;
-  return fmax(0.0, g->d2h_ns - g->fwd_window_ns) +
+  return ofl__plan_d2h_part(g) +
          fmax(0.0, g->h2d_ns - window);
 }
 
@@ -425,7 +425,7 @@ static double d2h_exposed(const ofl__plan_group_t *g, size_t n,
   double x = 0;
   for (size_t i = 0; i < n; i++)
     if (is_chosen(g, chosen, i))
-      x += fmax(0.0, g[i].d2h_ns - g[i].fwd_window_ns);
+      x += ofl__plan_d2h_part(&g[i]);
   return x;
 }
 
@@ -440,7 +440,7 @@ double ofl__plan_exposure(const ofl__plan_group_t *g, size_t n,
   plan_order_fini(&o);
   for (size_t i = 0; part != NULL && i < n; i++)
     if (is_chosen(g, chosen, i))
-      part[i] += fmax(0.0, g[i].d2h_ns - g[i].fwd_window_ns);
+      part[i] += ofl__plan_d2h_part(&g[i]);
   if (waits != NULL)
     *waits = x;
   return d2h_exposed(g, n, chosen) + x; /* the search's order (cand_exposed) */
@@ -635,6 +635,11 @@ static ofl_status_t names_build(plan_names_t *s, const ofl__plan_group_t *g,
                         "plan solve: group %zu release_ns %g differs from "
                         "the instance's %g (one latency for every group)",
                         i, g[i].release_ns, first->release_ns);
+    else if (g[i].d2h_free != first->d2h_free)
+      return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                        "plan solve: group %zu d2h_free %d differs from the "
+                        "instance's %d (one measure of time for every group)",
+                        i, (int)g[i].d2h_free, (int)first->d2h_free);
   }
   for (int m = 1; m < s->nnames; m++)
     s->off[m] = s->off[m - 1] + s->count[m - 1];
@@ -1352,6 +1357,67 @@ uint64_t ofl__plan_replan_aim(uint64_t target, uint64_t last_aim,
       aim = fit;
   }
   return aim;
+}
+
+ofl_status_t ofl__plan_replan_actions(const ofl__plan_group_t *g, size_t n,
+                                     int nnames, uint64_t target,
+                                     uint64_t last_aim, uint64_t measured,
+                                     uint64_t predicted, uint64_t moved_before,
+                                     uint8_t *action, ofl__plan_result_t *out,
+                                     uint64_t *aim_out) {
+  if (aim_out == NULL)
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "plan replan: aim_out must not be NULL");
+  uint64_t aim = ofl__plan_replan_aim(target, last_aim, measured, predicted);
+  OFL_CHECK(
+      ofl__plan_solve_actions(g, n, nnames, aim, true, action, out));
+  *aim_out = aim;
+  uint64_t err = measured > predicted ? measured - predicted : 0;
+  if (err == 0 || moved_before == 0 || n == 0)
+    return OFL_SUCCESS; /* an error no offload carries: the aim alone */
+  uint8_t *cand = malloc(n);
+  ofl__plan_group_t *kept = malloc(n * sizeof *kept);
+  if (cand == NULL || kept == NULL) {
+    free(cand);
+    free(kept);
+    return OFL_SUCCESS; /* the aim's plan stands */
+  }
+  /* The recompute-only space: every group kept or recomputed (its bytes
+   * stay as kept bytes), which carries none of the error. */
+  memcpy(kept, g, n * sizeof *kept);
+  for (size_t i = 0; i < n; i++)
+    if (kept[i].offloadable) {
+      kept[i].kept_bytes += kept[i].bytes;
+      kept[i].bytes = 0;
+      kept[i].offloadable = false;
+    }
+  /* the target less 0, 1/4, 1/2, 3/4 of the error: aims above the first;
+   * then the recompute-only choice for the target */
+  for (unsigned k = 0; k <= OFL__PLAN_REPLAN_SHARES; k++) {
+    bool only = k == OFL__PLAN_REPLAN_SHARES;
+    uint64_t part = only ? 0 : err / OFL__PLAN_REPLAN_SHARES * k;
+    if (part >= target || (!only && target - part <= aim))
+      continue;
+    uint64_t a = target - part;
+    ofl__plan_result_t r;
+    if (ofl__plan_solve_actions(only ? kept : g, n, nnames, a, true, cand,
+                                &r) != OFL_SUCCESS ||
+        !r.met)
+      continue;
+    double share = (double)r.moved_bytes / (double)moved_before;
+    uint64_t carried = (uint64_t)((double)err * (share < 1 ? share : 1));
+    if (r.predicted_peak > UINT64_MAX - carried ||
+        r.predicted_peak + carried > target)
+      continue;
+    if (out->met && r.cost_ns >= out->cost_ns)
+      continue;
+    memcpy(action, cand, n);
+    *out = r;
+    *aim_out = a;
+  }
+  free(cand);
+  free(kept);
+  return OFL_SUCCESS;
 }
 
 uint64_t ofl__plan_under_note(ofl__plan_under_t *u, bool fresh,

@@ -42,6 +42,13 @@ typedef struct ofl__plan_group {
                         (latency the copy queue does not model: a copy
                         worker that woke late); the same for every
                         offloadable group of an instance */
+  bool d2h_free;     /* the D2H part (d2h_ns past fwd_window_ns) is left out
+                        of the exposed time: a three-way plan minimises the
+                        step time, and a D2H copy past its window delays no
+                        compute by itself (it shows through the reloads that
+                        wait for it, and through the peak). Offload-only
+                        plans count it (their order among choices). The
+                        same for every group of an instance */
   /* Where the reload is issued under a choice (the reload queue of the
    * exposed time). The runtime issues reloads at the end of a backward, in
    * backward order, as deep as the deepest lead asks (a group at depth d
@@ -85,6 +92,14 @@ typedef struct ofl__plan_group {
   bool has_input;
   uint32_t input_of;
 } ofl__plan_group_t;
+
+/* The D2H part of a group's exposed time: d2h_ns past fwd_window_ns, or 0
+ * where the instance leaves it out (d2h_free). */
+static inline double ofl__plan_d2h_part(const ofl__plan_group_t *g) {
+  if (g->d2h_free || !(g->d2h_ns > g->fwd_window_ns))
+    return 0.0;
+  return g->d2h_ns - g->fwd_window_ns;
+}
 
 /* A group's action under a plan (ofl__plan_solve_actions). */
 enum { OFL__PLAN_KEEP = 0, OFL__PLAN_OFFLOAD = 1, OFL__PLAN_RECOMPUTE = 2 };
@@ -248,6 +263,29 @@ double ofl__plan_cost(const ofl__plan_group_t *g, size_t n,
  * at least 1. */
 uint64_t ofl__plan_replan_aim(uint64_t target, uint64_t last_aim,
                               uint64_t measured, uint64_t predicted);
+
+/* A three-way plan's replan after an iteration over the target (the
+ * arguments of ofl__plan_replan_aim; moved_before: the bytes the plan that
+ * went over offloaded). The model's error (measured - predicted) is in the
+ * copies' timing (a release later than the warmup's, a reload earlier),
+ * so a choice carries it in proportion to the bytes it offloads, as a
+ * raise's does: a recompute frees its bytes at no copy's time. The choice
+ * for ofl__plan_replan_aim's aim, unless one solved for a higher aim (the
+ * target less 0, 1/4, 1/2 or 3/4 of the error; or the recompute-only
+ * choice for the target, which carries none) meets that aim, fits the
+ * target with its share of the error added, and costs less (or the first
+ * choice met nothing): without it the aim fell past a choice that met the
+ * target (the demo's lowest target: every name recomputed, predicted at
+ * the target, was passed over for mixes that offloaded). Where nothing was
+ * offloaded, or the measured peak was not above the prediction, the aim's
+ * choice alone. *aim_out: the aim of the choice taken. */
+#define OFL__PLAN_REPLAN_SHARES 4u
+ofl_status_t ofl__plan_replan_actions(const ofl__plan_group_t *g, size_t n,
+                                     int nnames, uint64_t target,
+                                     uint64_t last_aim, uint64_t measured,
+                                     uint64_t predicted, uint64_t moved_before,
+                                     uint8_t *action, ofl__plan_result_t *out,
+                                     uint64_t *aim_out);
 
 /* The evidence for raising the aim (a plan that measures under its
  * prediction). One iteration under the prediction says little: the first

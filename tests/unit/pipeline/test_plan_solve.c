@@ -62,6 +62,53 @@ Test(pipeline_plan_solve, exposed_is_the_uncovered_part_of_each_direction) {
   cr_assert(eq(dbl, ofl__plan_group_exposed(&g), 30.0));
 }
 
+/* g0 (1000 bytes, committed at 0) copies out for 150 ns against a 50 ns
+ * forward window, and its reload (issued at 250, 50 ns) hides in its 50 ns
+ * backward window; g1 stays with 500 bytes from 200 to 240. A target of
+ * 1000 takes g0 off the device: offloaded, or recomputed for 40 ns. Counted
+ * whole, the exposed time of the offload is the D2H part, 100 ns, and the
+ * recompute is cheaper; as a step time (d2h_free, the three-way plan's) the
+ * copy past its window delays nothing: its reload starts after it ended and
+ * waits for nothing, so the offload costs 0. */
+Test(pipeline_plan_solve, a_d2h_copy_past_its_window_is_no_step_time) {
+  ofl__plan_group_t g[2];
+  g[0] = grp(0, 0, 1000, 0, 0, 250, 350, 150);
+  g[0].fwd_window_ns = 50;
+  g[0].h2d_ns = 50;
+  g[0].bwd_window_ns = 50;
+  g[0].recomputable = true;
+  g[0].recompute_bytes = 1000;
+  g[0].recompute_ns = 40;
+  g[1] = stay(1, 500, 200, 240);
+  cr_assert(eq(dbl, ofl__plan_group_exposed(&g[0]), 100.0));
+  uint8_t a[2];
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 2, 2, 1000, true, a, &r),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_RECOMPUTE));
+  cr_assert(eq(dbl, r.cost_ns, 40.0));
+  cr_assert(eq(u64, r.predicted_peak, 1000));
+  g[0].d2h_free = g[1].d2h_free = true;
+  cr_assert(eq(dbl, ofl__plan_group_exposed(&g[0]), 0.0));
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 2, 2, 1000, true, a, &r),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(dbl, r.cost_ns, 0.0));
+  cr_assert(eq(dbl, r.exposed_ns, 0.0));
+  cr_assert(eq(u64, r.predicted_peak, 1000));
+  /* a reload that cannot hide still counts, D2H part or not: 80 ns of
+   * copy in a 50 ns window waits 30 ns, under the recompute's 40 */
+  g[0].h2d_ns = 80;
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 2, 2, 1000, true, a, &r),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(dbl, r.cost_ns, 30.0));
+  g[0].h2d_ns = 100; /* 50 ns of wait: the recompute's 40 is less */
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 2, 2, 1000, true, a, &r),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_RECOMPUTE));
+}
+
 Test(pipeline_plan_solve, one_group_offloaded_leaves_only_its_kept_bytes) {
   /* g0: 100 + 10 kept, committed at 0, copy ends at 20, back at 50, gone
    * at 60; g1 stays, 50 bytes over [30, 40]. */
@@ -459,7 +506,7 @@ static double naive_exposed(const inst_t *in, const bool *c) {
   naive_d2h(in, c, end);
   naive_issues(in, c, issue);
   for (size_t i = 0; i < in->n; i++)
-    if (c[i] && in->g[i].offloadable)
+    if (c[i] && in->g[i].offloadable && !in->g[i].d2h_free)
       x += fmax(0.0, in->g[i].d2h_ns - in->g[i].fwd_window_ns);
   double shift = 0, link = -1e300;
   for (;;) {
@@ -950,6 +997,7 @@ Test(pipeline_plan_solve, malformed_instances_are_invalid_arguments) {
   BAD(g[0].h2d_ns, -1, "negative copy time");
   BAD(g[1].fwd_window_ns, INFINITY, "infinite window");
   BAD(g[0].bytes, UINT64_MAX / 2, "byte totals past 64 bits");
+  BAD(g[1].d2h_free, true, "one group's D2H part left out, not the other's");
 #undef BAD
   expect_invalid(ok, 3, -1, "negative nnames");
   expect_invalid(NULL, 3, 2, "no groups");
@@ -1089,6 +1137,90 @@ Test(pipeline_plan_solve, a_replan_aims_below_the_model_error) {
  * prediction, and raises by the smallest of their errors: one iteration
  * under it (the H200's first steady iteration, 7.75 MiB against 9.50,
  * where every later one measured 9.50) raises nothing. */
+/* g0 (1000 bytes, copies hidden, recomputable for 50 ns) and g3 (150
+ * bytes from 350, its reload waits 30 ns, not recomputable); stays: 200
+ * bytes at [0, 20], 500 at [50, 250]. Offloading g0 peaks at 1200 (its
+ * commit), recomputing it at 1150 (its backward, with g3), recomputing it
+ * and offloading g3 at 1000 for 80 ns. For a target of 1200 the plan
+ * offloads g0 (0 ns); measured at 1300, the aim falls by the error to
+ * 1100, which only the mix meets (80 ns, and it offloads). The three-way
+ * replan takes recomputing g0 alone instead: 1150 with none of the
+ * copies' error carried, for 50 ns. */
+static void replan_case(ofl__plan_group_t *g) {
+  g[0] = grp(0, 0, 1000, 0, 0, 300, 450, 10);
+  g[0].fwd_window_ns = 100;
+  g[0].h2d_ns = 10;
+  g[0].bwd_window_ns = 100;
+  g[0].recomputable = true;
+  g[0].recompute_bytes = 1000;
+  g[0].recompute_ns = 50;
+  g[1] = stay(1, 200, 0, 20);
+  g[2] = stay(1, 500, 50, 250);
+  g[3] = grp(2, 0, 150, 0, 350, 500, 520, 10);
+  g[3].fwd_window_ns = 10;
+  g[3].h2d_ns = 30;
+  for (int i = 0; i < 4; i++)
+    g[i].d2h_free = true;
+}
+
+Test(pipeline_plan_solve, a_three_way_replan_carries_the_error_by_offloaded_bytes) {
+  ofl__plan_group_t g[4];
+  replan_case(g);
+  uint8_t a[4];
+  ofl__plan_result_t r;
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 4, 3, 1200, true, a, &r),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(int, a[3], OFL__PLAN_KEEP));
+  cr_assert(eq(u64, r.predicted_peak, 1200));
+  cr_assert(eq(dbl, r.cost_ns, 0.0));
+  /* the aim alone: 1100, the mix */
+  uint64_t aim = ofl__plan_replan_aim(1200, 1200, 1300, 1200);
+  cr_assert(eq(u64, aim, 1100));
+  cr_assert(eq(int, ofl__plan_solve_actions(g, 4, 3, aim, true, a, &r),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_RECOMPUTE));
+  cr_assert(eq(int, a[3], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(u64, r.predicted_peak, 1000));
+  cr_assert(eq(dbl, r.cost_ns, 80.0));
+  /* the replan: g0 recomputed alone */
+  uint64_t took = 0;
+  cr_assert(eq(int,
+               ofl__plan_replan_actions(g, 4, 3, 1200, 1200, 1300, 1200, 1000,
+                                        a, &r, &took),
+               OFL_SUCCESS));
+  cr_assert(eq(int, a[0], OFL__PLAN_RECOMPUTE));
+  cr_assert(eq(int, a[3], OFL__PLAN_KEEP));
+  cr_assert(eq(u64, r.predicted_peak, 1150));
+  cr_assert(eq(dbl, r.cost_ns, 50.0));
+  cr_assert(eq(u64, r.moved_bytes, 0));
+  cr_assert(gt(u64, took, 1100));
+  cr_assert(le(u64, took, 1200));
+  /* nothing offloaded before: the error is not the copies', the aim's
+   * choice stands */
+  cr_assert(eq(int,
+               ofl__plan_replan_actions(g, 4, 3, 1200, 1200, 1300, 1200, 0, a,
+                                        &r, &took),
+               OFL_SUCCESS));
+  cr_assert(eq(u64, took, 1100));
+  cr_assert(eq(int, a[3], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(dbl, r.cost_ns, 80.0));
+  /* a g3 whose reload hides behind 40 ns of backward: the mix costs 50,
+   * as the recompute alone; the aim's choice is not replaced by one that
+   * costs as much */
+  g[3].bwd_window_ns = 40;
+  cr_assert(eq(int,
+               ofl__plan_replan_actions(g, 4, 3, 1200, 1200, 1300, 1200, 1000,
+                                        a, &r, &took),
+               OFL_SUCCESS));
+  cr_assert(eq(dbl, r.cost_ns, 50.0));
+  cr_assert(eq(u64, took, 1100));
+  cr_assert(eq(int, a[3], OFL__PLAN_OFFLOAD));
+  cr_assert(eq(int, ofl__plan_replan_actions(g, 4, 3, 1200, 1200, 1300, 1200,
+                                             1000, a, &r, NULL),
+               OFL_ERR_INVALID_ARG));
+}
+
 Test(pipeline_plan_solve, a_raise_needs_three_iterations_under_the_prediction) {
   const uint64_t M = 1024 * 1024;
   ofl__plan_under_t u = {0};
@@ -1187,8 +1319,12 @@ static unsigned make_recomputable(inst_t *in, uint64_t *s) {
   for (int m = 0; m < in->nnames; m++)
     if (rnd(s, 0, 2) > 0)
       mask |= 1u << m;
+  /* half the instances: the step time (the D2H part left out, as the
+   * manager's three-way plan has it), the others: every part */
+  bool d2h_free = rnd(s, 0, 1) == 1;
   for (size_t i = 0; i < in->n; i++) {
     ofl__plan_group_t *x = &in->g[i];
+    x->d2h_free = d2h_free;
     x->recomputable = (mask >> x->name) & 1u;
     x->recompute_bytes = rnd(s, 0, x->bytes + x->kept_bytes);
     x->recompute_ns = 10.0 * (double)rnd(s, 0, 40);
@@ -1636,4 +1772,55 @@ Test(pipeline_plan_solve, the_lowest_peak_search_stops_at_its_budget) {
                                        a, &r),
                OFL_SUCCESS));
   cr_assert(not(r.cut));
+}
+
+/* On random instances and errors: the replan's choice is the aim's, or one
+ * that met its own (higher) aim, fits the target with its share of the
+ * error, and costs less than the aim's (any cost where the aim's met
+ * nothing); never dearer than the aim's choice where that met its aim. */
+Test(pipeline_plan_solve, a_three_way_replan_is_never_dearer_than_the_aims) {
+  uint64_t s = 5150;
+  uint32_t higher = 0, runs = 0;
+  for (int it = 0; it < 300; it++) {
+    inst_t in;
+    random_inst(&in, &s);
+    make_recomputable(&in, &s);
+    uint64_t none = ofl__plan_peak(in.g, in.n, NULL);
+    if (none < 4)
+      continue;
+    uint64_t target = rnd(&s, none / 2, none);
+    uint64_t err = rnd(&s, 1, none / 4 + 1);
+    uint64_t moved = rnd(&s, 1, 2000);
+    uint8_t a[MAXG], b[MAXG];
+    ofl__plan_result_t r, o;
+    uint64_t took = 0;
+    cr_assert(eq(int,
+                 ofl__plan_replan_actions(in.g, in.n, in.nnames, target,
+                                          target, target + err, target, moved,
+                                          a, &r, &took),
+                 OFL_SUCCESS));
+    uint64_t aim = ofl__plan_replan_aim(target, target, target + err, target);
+    cr_assert(eq(int,
+                 ofl__plan_solve_actions(in.g, in.n, in.nnames, aim, true, b,
+                                         &o),
+                 OFL_SUCCESS));
+    runs++;
+    /* the result's figures are those of its actions */
+    cr_assert(eq(u64, r.predicted_peak,
+                 ofl__plan_peak_actions(in.g, in.n, a)));
+    if (took == aim) {
+      cr_assert(eq(int, memcmp(a, b, in.n), 0));
+      continue;
+    }
+    higher++;
+    cr_assert(gt(u64, took, aim));
+    cr_assert(r.met);
+    double share = (double)r.moved_bytes / (double)moved;
+    uint64_t carried = (uint64_t)((double)err * (share < 1 ? share : 1));
+    cr_assert(le(u64, r.predicted_peak + carried, target));
+    if (o.met)
+      cr_assert(lt(dbl, r.cost_ns, o.cost_ns));
+  }
+  cr_log_info("three-way replans: %u of %u aimed higher", higher, runs);
+  cr_assert(gt(u32, higher, 10), "aimed higher in %u of %u", higher, runs);
 }
