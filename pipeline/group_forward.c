@@ -91,13 +91,24 @@ static group_t *input_producer(const ofl_manager_t *m, const group_t *g,
 
 static ofl_status_t start_with(ofl_manager_t *m, const char *name,
                                unsigned flags, size_t kept_input_bytes,
-                               const char *input_group) {
+                               const char *input_group, unsigned reruns) {
   if (m != NULL && (flags & ~OFL_GROUP_RECOMPUTABLE) != 0)
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "rank %d: group_start_flags %s: unknown flags 0x%x "
                       "(OFL_GROUP_RECOMPUTABLE is 0x%x)",
                       m->rank, name ? name : "(null)", flags,
                       OFL_GROUP_RECOMPUTABLE);
+  bool has_input = input_group != NULL && input_group[0] != '\0';
+  if (m != NULL &&
+      (reruns == 0 || (reruns & ~(OFL_RERUN_OWN | OFL_RERUN_INPUT)) != 0 ||
+       ((reruns & OFL_RERUN_INPUT) != 0 && !has_input)))
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "rank %d: group_start_rerun %s: reruns 0x%x must be a "
+                      "non-zero mask of OFL_RERUN_OWN (0x%x) and "
+                      "OFL_RERUN_INPUT (0x%x), and OFL_RERUN_INPUT needs an "
+                      "input_group (%s)",
+                      m->rank, name ? name : "(null)", reruns, OFL_RERUN_OWN,
+                      OFL_RERUN_INPUT, has_input ? input_group : "none given");
   OFL_CHECK(ofl_manager_group_start(m, name));
   if (!ofl__manager_active(m))
     return OFL_SUCCESS;
@@ -110,8 +121,10 @@ static ofl_status_t start_with(ofl_manager_t *m, const char *name,
     g->recomputable = rc;
     g->rc_seen = true;
     g->rc_input_bytes = rc ? kept_input_bytes : 0;
-    if (rc)
-      ofl__plan_on_start(m, g, input_producer(m, g, input_group));
+    g->rc_reruns = (uint8_t)reruns;
+    /* every start with flags is stamped: its forward time may be a
+     * recompute's of another group (OFL_RERUN_INPUT) */
+    ofl__plan_on_start(m, g, rc ? input_producer(m, g, input_group) : NULL);
   } else if (g->action == OFL_ACTION_RECOMPUTE) {
     g->rc_input_bytes = kept_input_bytes; /* the ledger counts what it is */
   }
@@ -121,7 +134,7 @@ static ofl_status_t start_with(ofl_manager_t *m, const char *name,
 ofl_status_t ofl_manager_group_start_flags(ofl_manager_t *m, const char *name,
                                            unsigned flags,
                                            size_t kept_input_bytes) {
-  return start_with(m, name, flags, kept_input_bytes, NULL);
+  return start_with(m, name, flags, kept_input_bytes, NULL, OFL_RERUN_OWN);
 }
 
 ofl_status_t ofl_manager_group_start_recompute(ofl_manager_t *m,
@@ -129,7 +142,15 @@ ofl_status_t ofl_manager_group_start_recompute(ofl_manager_t *m,
                                                size_t kept_input_bytes,
                                                const char *input_group) {
   return start_with(m, name, OFL_GROUP_RECOMPUTABLE, kept_input_bytes,
-                    input_group);
+                    input_group, OFL_RERUN_OWN);
+}
+
+ofl_status_t ofl_manager_group_start_rerun(ofl_manager_t *m, const char *name,
+                                           size_t kept_input_bytes,
+                                           const char *input_group,
+                                           unsigned reruns) {
+  return start_with(m, name, OFL_GROUP_RECOMPUTABLE, kept_input_bytes,
+                    input_group, reruns);
 }
 
 ofl_status_t ofl_manager_group_action(const ofl_manager_t *m, const char *name,

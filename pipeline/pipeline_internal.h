@@ -75,6 +75,7 @@ typedef struct group {
   bool rc_seen;            /* a start of the warmup gave flags */
   uint8_t action;          /* ofl_group_action_t of the steady plan */
   uint64_t rc_input_bytes; /* the input the application keeps for it */
+  uint8_t rc_reruns;       /* OFL_RERUN_OWN | OFL_RERUN_INPUT (warmup) */
   /* Per iteration. */
   bool open, delayed, committed, offloaded, reload_issued, reload_joined;
   bool inline_reload;

@@ -456,7 +456,9 @@ ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames) {
     if (q->recomputable) {
       int64_t fwd = q->t_alloc - ofl__plan_at_ns(p, &x->start);
       uint64_t all = q->bytes + q->kept_bytes;
-      q->recompute_ns = fwd > 0 ? (double)fwd : 0;
+      q->recompute_ns = (g->rc_reruns & OFL_RERUN_OWN) && fwd > 0
+                            ? (double)fwd
+                            : 0;
       q->recompute_bytes =
           all > g->rc_input_bytes ? all - g->rc_input_bytes : 0;
       /* the group that holds the input, where the record has it */
@@ -465,6 +467,15 @@ ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames) {
           in->pidx != i) {
         q->has_input = true;
         q->input_of = in->pidx;
+        /* OFL_RERUN_INPUT: that group's forward again (its commit less
+         * its start, where its start was stamped) */
+        const meas_t *y = &p->ms[in->pidx];
+        if ((g->rc_reruns & OFL_RERUN_INPUT) && y->start.set &&
+            y->commit.set) {
+          int64_t f =
+              ofl__plan_at_ns(p, &y->commit) - ofl__plan_at_ns(p, &y->start);
+          q->recompute_ns += f > 0 ? (double)f : 0;
+        }
       }
     }
   }

@@ -95,10 +95,10 @@ int glue_group_start(glue_t *g, const char *name) {
 
 int glue_group_start_recomputable(glue_t *g, const char *name,
                                   size_t input_bytes, const char *input_group,
-                                  int *recompute) {
+                                  unsigned reruns, int *recompute) {
   ofl_group_action_t a = OFL_ACTION_KEEP;
-  ofl_status_t st = ofl_manager_group_start_recompute(g->m, name, input_bytes,
-                                                      input_group);
+  ofl_status_t st = ofl_manager_group_start_rerun(g->m, name, input_bytes,
+                                                  input_group, reruns);
   if (st == OFL_SUCCESS)
     st = ofl_manager_group_action(g->m, name, &a);
   *recompute = st == OFL_SUCCESS && a == OFL_ACTION_RECOMPUTE;

@@ -37,12 +37,13 @@ int glue_chunk_begin(glue_t *g, int vpp, int vp_stage, int microbatch);
 int glue_group_start(glue_t *g, const char *name);
 /* A group the demo can rerun from an input of input_bytes it keeps, the
  * output of the group input_group (NULL: none; the plan charges that
- * group's reload to the rerun where it offloads it): *recompute 1 when the
- * plan recomputes it in this iteration (the demo then saves nothing and
- * reruns the forward in its backward). */
+ * group's reload to the rerun where it offloads it); reruns: what the
+ * rerun is (OFL_RERUN_OWN, OFL_RERUN_INPUT: input_group's forward): *recompute
+ * 1 when the plan recomputes it in this iteration (the demo then saves
+ * nothing and reruns the forward in its backward). */
 int glue_group_start_recomputable(glue_t *g, const char *name,
                                   size_t input_bytes, const char *input_group,
-                                  int *recompute);
+                                  unsigned reruns, int *recompute);
 /* Hands a saved activation to the manager; it owns the handle until pop. */
 int glue_save(glue_t *g, ofl_tensor_t *t, uint64_t *tag);
 int glue_group_commit(glue_t *g, const char *name);

@@ -353,7 +353,16 @@ static void x_attention_backward(run_t *r, float *dqkv, const float *dout,
   drop(scratch);
 }
 
-enum { G_ATTN_NORM, G_QKV, G_CORE_ATTN, G_ATTN_PROJ, G_MLP_NORM, G_FC1, G_ACT };
+enum {
+  G_ATTN_NORM,
+  G_QKV,
+  G_CORE_ATTN,
+  G_ATTN_PROJ,
+  G_MLP_NORM,
+  G_FC1,
+  G_ACT,
+  G_COUNT
+};
 
 /* Starts group gi of the forward; 1 when this iteration recomputes it (the
  * caller then pushes nothing and keeps what its backward reruns from):
@@ -361,6 +370,22 @@ enum { G_ATTN_NORM, G_QKV, G_CORE_ATTN, G_ATTN_PROJ, G_MLP_NORM, G_FC1, G_ACT };
  * --recompute (kept: the device bytes of the input the group keeps itself;
  * input: the group whose tensor the rerun starts from, or NULL). No group
  * in full recompute's rerun. */
+/* What each group's recompute reruns: the group saved its input group's
+ * output, which the rerun makes again (qkv_linear: the norm; attn_proj:
+ * the attention; expert_fc1: the norm; moe_act: the first product), and
+ * core_attn's own forward too (the probabilities); the norms save their
+ * own input. The plan's first estimate of a recompute is those forward
+ * times. */
+static const unsigned demo_reruns[G_COUNT] = {
+    [G_ATTN_NORM] = OFL_RERUN_OWN,
+    [G_QKV] = OFL_RERUN_INPUT,
+    [G_CORE_ATTN] = OFL_RERUN_OWN | OFL_RERUN_INPUT,
+    [G_ATTN_PROJ] = OFL_RERUN_INPUT,
+    [G_MLP_NORM] = OFL_RERUN_OWN,
+    [G_FC1] = OFL_RERUN_INPUT,
+    [G_ACT] = OFL_RERUN_INPUT,
+};
+
 static int group_begin(run_t *r, saved_t *sv, int gi, size_t kept,
                        const char *input) {
   if (r->rerun)
@@ -372,7 +397,8 @@ static int group_begin(run_t *r, saved_t *sv, int gi, size_t kept,
     OK(r, glue_group_start(r->glue, name));
     rc = 1;
   } else if (o->recompute) {
-    OK(r, glue_group_start_recomputable(r->glue, name, kept, input, &rc));
+    OK(r, glue_group_start_recomputable(r->glue, name, kept, input,
+                                        demo_reruns[gi], &rc));
   } else {
     OK(r, glue_group_start(r->glue, name));
   }

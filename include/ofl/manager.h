@@ -327,6 +327,28 @@ OFL_API ofl_status_t ofl_manager_group_start_recompute(ofl_manager_t *m,
                                                        const char *name,
                                                        size_t kept_input_bytes,
                                                        const char *input_group);
+/* What a recompute reruns (ofl_manager_group_start_rerun), a mask:
+ * OFL_RERUN_OWN, the group's own forward (its commit less its start); and
+ * OFL_RERUN_INPUT, input_group's forward: the group saved that group's
+ * output and a recompute makes it again from what input_group keeps (a
+ * linear's saved input, the norm before it: Megatron's "layernorm"
+ * recompute). The plan's first estimate of the recompute is the sum of the
+ * forward times the mask names, measured in the warmup (input_group's
+ * where it was started with ofl_manager_group_start_flags, _recompute or
+ * _rerun, any flags: else that part is 0 until the reruns measure it);
+ * the reruns' measured times correct it as for any recompute. */
+#define OFL_RERUN_OWN 1u
+#define OFL_RERUN_INPUT 2u
+/* ofl_manager_group_start_recompute(m, name, kept_input_bytes,
+ * input_group) with the rerun's cost named by reruns (a non-zero mask of
+ * OFL_RERUN_OWN and OFL_RERUN_INPUT; OFL_RERUN_INPUT needs an
+ * input_group). ofl_manager_group_start_recompute is reruns
+ * OFL_RERUN_OWN. */
+OFL_API ofl_status_t ofl_manager_group_start_rerun(ofl_manager_t *m,
+                                                   const char *name,
+                                                   size_t kept_input_bytes,
+                                                   const char *input_group,
+                                                   unsigned reruns);
 /* The plan's action for the open group name (the most recent start of it
  * not yet committed): OFL_ACTION_OFFLOAD in the warmup, OFL_ACTION_RECOMPUTE
  * only for a recomputable group the steady plan recomputes, else KEEP or
