@@ -53,6 +53,10 @@ typedef struct {
   /* The group whose output a recompute of group k reruns from (NULL:
    * none): ofl_manager_group_start_recompute's input_group. */
   const char *rc_input[NG];
+  /* Per group k: its own forward between start and commit (0: rc_fwd_us),
+   * and what its recompute reruns (0: ofl_manager_group_start_recompute's
+   * own forward; else ofl_manager_group_start_rerun's mask). */
+  unsigned rc_fwd_k_us[NG], rc_reruns[NG];
   ofl_group_action_t act[MBS][LAYERS][NG];
   /* 1: backward pops without reading back (a read-back over a slow link
    * is the test's own time inside the backward); the popped tensors are
@@ -79,7 +83,12 @@ static void forward(run_t *r, int mb) {
       grec_t *gr = &r->rec[mb][l][k];
       ofl_group_action_t *act = &r->act[mb][l][k];
       *act = OFL_ACTION_OFFLOAD;
-      if (((r->rc_mask >> k) & 1u) && r->rc_input[k] != NULL) {
+      if (((r->rc_mask >> k) & 1u) && r->rc_reruns[k] != 0) {
+        H_OK(ofl_manager_group_start_rerun(m, d->name, 0, r->rc_input[k],
+                                           r->rc_reruns[k]));
+        H_OK(ofl_manager_group_action(m, d->name, act));
+        spin_us(r->rc_fwd_k_us[k]);
+      } else if (((r->rc_mask >> k) & 1u) && r->rc_input[k] != NULL) {
         H_OK(ofl_manager_group_start_recompute(m, d->name, 0, r->rc_input[k]));
         H_OK(ofl_manager_group_action(m, d->name, act));
         spin_us(r->rc_fwd_us);
@@ -571,6 +580,104 @@ Test(auto_plan, a_recompute_input_is_the_latest_earlier_group_of_that_name) {
   cr_assert(eq(sz, linked, (size_t)(MBS * (LAYERS - 1))));
   iteration(&r);
   cr_assert(eq(sz, r.wrong, 0));
+  close_run(&r);
+}
+
+/* What a recompute reruns (ofl_manager_group_start_rerun): mlp saved
+ * core_attn's output and reruns core_attn's forward (OFL_RERUN_INPUT, 3
+ * ms) to make it again, not its own (0.3 ms); moe_act reruns both its own
+ * forward (1 ms) and mlp's (OFL_RERUN_OWN | OFL_RERUN_INPUT). The warmup's
+ * estimate of each is exactly the sum of those forwards' commit less
+ * start; core_attn (no input) its own. Then a steady iteration with its
+ * bytes checked. */
+Test(auto_plan, a_rerun_of_the_input_group_costs_its_forward) {
+  cr_assert(eq(int,
+               ofl_manager_group_start_rerun(NULL, "mlp", 0, "core_attn",
+                                             OFL_RERUN_INPUT),
+               OFL_ERR_INVALID_ARG));
+  run_t r;
+  open_run(&r, WORKLOAD, 1, 0);
+  r.rc_mask = 7;
+  r.rc_fwd_k_us[0] = 3000;
+  r.rc_fwd_k_us[1] = 300;
+  r.rc_fwd_k_us[2] = 1000;
+  r.rc_reruns[0] = OFL_RERUN_OWN;
+  r.rc_reruns[1] = OFL_RERUN_INPUT;
+  r.rc_reruns[2] = OFL_RERUN_OWN | OFL_RERUN_INPUT;
+  r.rc_input[1] = "core_attn";
+  r.rc_input[2] = "mlp";
+  H_OK(ofl_manager_set_plan_recompute(r.e.m, 1));
+  /* the stamps on the CPU clock: the forwards here are the test's sleeps,
+   * not work on the compute stream, which a timing event would see */
+  H_OK(ofl__plan_alloc(r.e.m));
+  r.e.m->ap->timed = false;
+  iteration(&r); /* warmup */
+  const ofl__plan_t *ap = r.e.m->ap;
+  int seen[NG] = {0};
+  for (uint32_t i = 0; i < ap->nms; i++) {
+    const ofl__plan_group_t *q = &ap->inst[i];
+    const meas_t *x = &ap->ms[i];
+    int k = q->name; /* names in WORKLOAD order */
+    cr_assert(q->recomputable);
+    cr_assert(eq(str, (char *)r.e.m->names[k].name, (char *)WORKLOAD[k].name));
+    double own =
+        (double)(ofl__plan_at_ns(ap, &x->commit) - ofl__plan_at_ns(ap, &x->start));
+    cr_assert(ge(dbl, own, 1e3 * r.rc_fwd_k_us[k]));
+    double want = k == 1 ? 0 : own;
+    if (k > 0) {
+      cr_assert(q->has_input);
+      const meas_t *y = &ap->ms[q->input_of];
+      cr_assert(eq(int, y->g->nid, k - 1));
+      double in = (double)(ofl__plan_at_ns(ap, &y->commit) -
+                           ofl__plan_at_ns(ap, &y->start));
+      cr_assert(ge(dbl, in, 1e3 * r.rc_fwd_k_us[k - 1]));
+      want += in;
+    }
+    /* within 1 us: the axis begins at a stamp taken right after the
+     * first commit's, which the instance takes as 0 */
+    cr_assert(le(dbl, fabs(q->recompute_ns - want), 1e3),
+              "%s group %u: %f against %f", WORKLOAD[k].name, i,
+              q->recompute_ns, want);
+    seen[k]++;
+  }
+  for (int k = 0; k < NG; k++)
+    cr_assert(eq(int, seen[k], MBS * LAYERS));
+  /* mlp's estimate is core_attn's forward: ten times its own */
+  ofl_plan_action_t a;
+  H_OK(ofl_manager_plan_action(r.e.m, 1, &a));
+  cr_assert(ge(dbl, a.recompute_ms, MBS * LAYERS * 3.0 * 0.99));
+  r.late_check = 0;
+  iteration(&r);
+  cr_assert(eq(sz, r.wrong, 0));
+  close_run(&r);
+}
+
+/* The reruns mask is checked: zero, an unknown bit, or OFL_RERUN_INPUT
+ * without an input group are invalid arguments that say which. */
+Test(auto_plan, a_rerun_mask_without_its_input_is_refused) {
+  run_t r;
+  open_run(&r, WORKLOAD, 1, 0);
+  ofl_manager_t *m = r.e.m;
+  H_OK(ofl_manager_chunk_begin(m, 1, 0));
+  cr_assert(eq(int, ofl_manager_group_start_rerun(m, "mlp", 0, "core_attn", 0),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(strstr(ofl_last_error(), "non-zero mask") != NULL, "%s",
+            ofl_last_error());
+  cr_assert(eq(int, ofl_manager_group_start_rerun(m, "mlp", 0, "core_attn", 4),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(eq(int,
+               ofl_manager_group_start_rerun(m, "mlp", 0, NULL,
+                                             OFL_RERUN_INPUT),
+               OFL_ERR_INVALID_ARG));
+  cr_assert(strstr(ofl_last_error(), "none given") != NULL, "%s",
+            ofl_last_error());
+  cr_assert(eq(int,
+               ofl_manager_group_start_rerun(m, "mlp", 0, "",
+                                             OFL_RERUN_OWN | OFL_RERUN_INPUT),
+               OFL_ERR_INVALID_ARG));
+  /* refused calls open nothing: a good one opens and commits */
+  H_OK(ofl_manager_group_start_rerun(m, "mlp", 0, NULL, OFL_RERUN_OWN));
+  H_OK(ofl_manager_group_commit(m, "mlp", NULL, 0, 0));
   close_run(&r);
 }
 
