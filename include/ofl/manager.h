@@ -620,7 +620,11 @@ typedef struct ofl_manager_plan {
   double predicted_exposed_ms;   /* per iteration: D2H copy time past its
                                     forward window, and the waits of the
                                     backward for reloads queued on the H2D
-                                    stream behind each other */
+                                    stream behind each other (a three-way
+                                    plan, OFL_PLAN_RECOMPUTE: the waits
+                                    alone, the step time it adds; a D2H
+                                    copy past its window delays no compute
+                                    by itself) */
   double predicted_stall_ms;     /* the second part alone: the backward's
                                     waits for reloads, what a run measures
                                     as measured_stall_ms */
