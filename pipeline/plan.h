@@ -122,6 +122,8 @@ struct ofl__plan {
    * aim, to expose less copy time): the plan before
    * it, kept to go back to when the raised one goes over the target. */
   bool *chosen_safe;
+  uint8_t *action_safe; /* a three-way plan's actions before the raise */
+  bool safe_lowest;
   uint64_t safe_aim, safe_pred;
   bool raised;             /* the raised plan runs; not yet under the target */
   bool raise_done;         /* no more raises */
@@ -182,5 +184,9 @@ bool ofl__plan_learn(ofl_manager_t *m, bool over);
 /* Solves again for a lower aim after a peak over the target; whether it
  * solved. */
 bool ofl__plan_replan(ofl_manager_t *m);
+/* p->action, solved as r says, becomes the choice: p->chosen, p->lowest
+ * and the estimates it was solved with follow (ofl__plan_adopt then makes
+ * it the plan). */
+void ofl__plan_take_actions(ofl_manager_t *m, const ofl__plan_result_t *r);
 
 #endif /* OFL_PIPELINE_PLAN_H */

@@ -232,8 +232,9 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
     } else if (p->raised) {
       p->raised = false; /* the raised plan holds */
     } else if (!p->raise_done && !p->ever_over && o->target_bytes > 0 &&
-               o->predicted_exposed_ms > 0 && o->replans < REPLAN_MAX &&
-               under_err > 0 && !learnt) {
+               (o->predicted_exposed_ms > 0 ||
+                (m->plan_recompute && p->recompute_ms > 0)) &&
+               o->replans < REPLAN_MAX && under_err > 0 && !learnt) {
       raise_aim(m, under_err);
     }
     p->ever_over |= over;
@@ -255,12 +256,16 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
  * smallest of those errors (err), keeping fewer groups offloaded; the plan
  * before is kept, and comes back if the raised one goes over the target
  * (raise_back). Only before any iteration went over the target, once. */
+static void raise_three_way(ofl_manager_t *m, uint64_t err);
+
 static void raise_aim(ofl_manager_t *m, uint64_t err) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
   p->raise_done = true;
-  if (m->plan_recompute)
-    return; /* a three-way plan is not raised (its actions stay) */
+  if (m->plan_recompute) {
+    raise_three_way(m, err);
+    return;
+  }
   if (p->chosen_safe == NULL)
     p->chosen_safe = calloc(p->nms ? p->nms : 1, sizeof *p->chosen_safe);
   if (p->chosen_safe == NULL)
@@ -315,11 +320,87 @@ static void raise_aim(ofl_manager_t *m, uint64_t err) {
   memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
 }
 
+/* raise_aim for a three-way plan: the same tries (the whole error, then
+ * halves), each solved over keep, offload and recompute; the error is the
+ * offloaded bytes' (a recompute frees its bytes at no copy's time), so a
+ * choice carries it in proportion to the bytes it offloads, and a plan
+ * that offloaded nothing is not raised (its error is no copy's). A try is
+ * taken where it costs less (reload waits and recompute time) than the
+ * plan before and is predicted within the target less its share; the
+ * plan before it, its actions included, is kept for raise_back. Without
+ * it a warmup's late copy (a release latency of 1.3 to 5 ms where others
+ * measured 0.1) made every offload look too slow to free its bytes for the
+ * whole run, and the plan recomputed instead. */
+static void raise_three_way(ofl_manager_t *m, uint64_t err) {
+  ofl__plan_t *p = m->ap;
+  ofl_manager_plan_t *o = &p->out;
+  uint64_t moved = 0;
+  for (uint32_t i = 0; i < p->nms; i++)
+    if (p->chosen[i])
+      moved += p->inst[i].bytes;
+  if (moved == 0 || p->action == NULL)
+    return;
+  if (p->chosen_safe == NULL)
+    p->chosen_safe = calloc(p->nms ? p->nms : 1, sizeof *p->chosen_safe);
+  if (p->action_safe == NULL)
+    p->action_safe = malloc(p->nms ? p->nms : 1);
+  uint8_t *cand = malloc(p->nms ? p->nms : 1);
+  if (p->chosen_safe == NULL || p->action_safe == NULL || cand == NULL) {
+    free(cand);
+    return;
+  }
+  double before = o->predicted_exposed_ms + p->recompute_ms;
+  for (int k = 0; k < RAISE_TRIES; k++) {
+    uint64_t credit = err >> k;
+    if (credit == 0)
+      break;
+    uint64_t aim = p->solve_target + credit;
+    ofl__plan_result_t r;
+    if (ofl__plan_solve_actions(p->inst, p->nms, m->nnames, aim, true, cand,
+                                &r) != OFL_SUCCESS)
+      break;
+    double after = r.cost_ns / 1e6;
+    if (!isfinite(after) || after >= before)
+      break; /* nothing to gain (and less at lower aims) */
+    double share = (double)r.moved_bytes / (double)moved;
+    uint64_t carried = (uint64_t)((double)err * (share < 1 ? share : 1));
+    uint64_t pred = r.predicted_peak > carried ? r.predicted_peak - carried : 0;
+    if (!r.met || pred > o->target_bytes)
+      continue;
+    memcpy(p->chosen_safe, p->chosen, p->nms * sizeof *p->chosen);
+    memcpy(p->action_safe, p->action, p->nms);
+    p->safe_lowest = p->lowest;
+    p->safe_aim = p->solve_target;
+    p->safe_pred = o->predicted_peak_bytes;
+    memcpy(p->action, cand, p->nms);
+    ofl__plan_take_actions(m, &r);
+    p->raised = true;
+    o->replans++;
+    ofl__plan_adopt(m, aim, pred);
+    OFL_INFO(OFL_SUBSYS_PIPELINE,
+             "rank %d: auto plan %llu: measured peak %.2f MiB, at least %.2f "
+             "MiB under the predicted %.2f in %d iterations in a row; solved "
+             "again for %.2f MiB: predicted %.2f MiB less %.2f of that error "
+             "(its share of the offloaded bytes), cost %.3f ms (was %.3f)",
+             m->rank, (unsigned long long)o->replans,
+             ofl__mib(o->measured_peak_bytes), ofl__mib(err),
+             ofl__mib(p->safe_pred), OFL__PLAN_RAISE_AFTER, ofl__mib(aim),
+             ofl__mib(r.predicted_peak), ofl__mib(carried), after, before);
+    free(cand);
+    return;
+  }
+  free(cand);
+}
+
 /* The raised plan went over the target: the plan before it comes back. */
 static void raise_back(ofl_manager_t *m) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
   p->raised = false;
+  if (m->plan_recompute && p->action_safe != NULL && p->action != NULL) {
+    memcpy(p->action, p->action_safe, p->nms);
+    p->lowest = p->safe_lowest;
+  }
   memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
   o->replans++;
   ofl__plan_adopt(m, p->safe_aim, p->safe_pred);

@@ -300,8 +300,6 @@ static double apply(ofl__plan_t *p) {
   return ofl__plan_predict(p);
 }
 
-static void took_actions(ofl_manager_t *m, const ofl__plan_result_t *r);
-
 /* Solves for aim into p->chosen and p->action: keep, offload or recompute
  * where the manager may recompute, else offload-only. */
 ofl_status_t ofl__plan_choose(ofl_manager_t *m, uint64_t aim,
@@ -314,13 +312,11 @@ ofl_status_t ofl__plan_choose(ofl_manager_t *m, uint64_t aim,
                       "no memory for the auto plan's actions");
   OFL_CHECK(ofl__plan_solve_actions(p->inst, p->nms, m->nnames, aim,
                                     m->plan_recompute, p->action, r));
-  took_actions(m, r);
+  ofl__plan_take_actions(m, r);
   return OFL_SUCCESS;
 }
 
-/* p->action (and r) became the choice: p->chosen and the estimates the
- * choice was solved with follow. */
-static void took_actions(ofl_manager_t *m, const ofl__plan_result_t *r) {
+void ofl__plan_take_actions(ofl_manager_t *m, const ofl__plan_result_t *r) {
   ofl__plan_t *p = m->ap;
   for (uint32_t i = 0; i < p->nms; i++) {
     p->chosen[i] = p->action[i] == OFL__PLAN_OFFLOAD;
@@ -578,7 +574,7 @@ bool ofl__plan_replan(ofl_manager_t *m) {
                                  o->predicted_peak_bytes, moved, p->action, &r,
                                  &aim) != OFL_SUCCESS)
       return false;
-    took_actions(m, &r);
+    ofl__plan_take_actions(m, &r);
   } else if (ofl__plan_choose(m, aim, &r) != OFL_SUCCESS) {
     return false;
   }

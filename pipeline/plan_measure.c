@@ -549,6 +549,7 @@ void ofl__plan_free(ofl_manager_t *m) {
   free(p->inst);
   free(p->chosen);
   free(p->chosen_safe);
+  free(p->action_safe);
   free(p->bwd_order);
   free(p->stalled_before);
   free(p->t_bwd_end);
