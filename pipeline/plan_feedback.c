@@ -252,55 +252,82 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
 /* The plan predicted its peak above what it measured in
  * OFL__PLAN_RAISE_AFTER iterations in a row (the model erred on the safe
  * side: a release latency that one late copy of the warmup set for every
- * group) and exposes copy time: solve once for the aim raised by the
+ * group) and costs step time: solve once for the aim raised by the
  * smallest of those errors (err), keeping fewer groups offloaded; the plan
  * before is kept, and comes back if the raised one goes over the target
- * (raise_back). Only before any iteration went over the target, once. */
-static void raise_three_way(ofl_manager_t *m, uint64_t err);
+ * (raise_back). Only before any iteration went over the target, once.
+ *
+ * The error is in the offloaded groups' bytes (a release latency, copies
+ * that end sooner than the warmup's), so a plan that moves less carries a
+ * share of it in proportion to its moved bytes. The aim takes the whole
+ * error, then half, a quarter, an eighth: the first whose plan costs less,
+ * and less its share is predicted within the target, is taken. With the
+ * whole error carried a raise from "everything offloaded" went 30-60% over
+ * the target for an iteration (the unit test's late warmup).
+ *
+ * A three-way plan (recompute on) solves each try over keep, offload and
+ * recompute, its cost the reload waits and the recompute time; a recompute
+ * frees its bytes at no copy's time, so a plan that offloaded nothing is not
+ * raised. Without it a warmup's late copy (a release latency of 1.3 to 5 ms
+ * in demo runs where others measured 0.1) made every offload look too slow
+ * to free its bytes for the whole run, and the plan recomputed instead. */
+static uint64_t less_carried(uint64_t peak, uint64_t carried) {
+  return peak > carried ? peak - carried : 0;
+}
 
 static void raise_aim(ofl_manager_t *m, uint64_t err) {
   ofl__plan_t *p = m->ap;
   ofl_manager_plan_t *o = &p->out;
+  bool three = m->plan_recompute;
   p->raise_done = true;
-  if (m->plan_recompute) {
-    raise_three_way(m, err);
-    return;
-  }
-  if (p->chosen_safe == NULL)
-    p->chosen_safe = calloc(p->nms ? p->nms : 1, sizeof *p->chosen_safe);
-  if (p->chosen_safe == NULL)
-    return;
-  memcpy(p->chosen_safe, p->chosen, p->nms * sizeof *p->chosen);
   uint64_t moved = 0; /* by the plan that measured under its prediction */
   for (uint32_t i = 0; i < p->nms; i++)
     if (p->chosen[i])
       moved += p->inst[i].bytes;
-  double before = o->predicted_exposed_ms;
-  /* The error is that plan's: the model's excess is in its offloaded
-   * groups' bytes (a release latency, copies that end sooner than the
-   * warmup's), so a plan that moves less carries a share of it in
-   * proportion to its moved bytes. The aim takes the whole error, then
-   * half, a quarter, an eighth: the first whose plan, less its share,
-   * is predicted within the target is taken. With the whole error carried
-   * a raise from "everything offloaded" went 30-60% over the target for an
-   * iteration (the unit test's late warmup). */
+  if (three && (moved == 0 || p->action == NULL))
+    return;
+  size_t n = p->nms ? p->nms : 1;
+  if (p->chosen_safe == NULL)
+    p->chosen_safe = calloc(n, sizeof *p->chosen_safe);
+  if (three && p->action_safe == NULL)
+    p->action_safe = malloc(n);
+  uint8_t *cand = three ? malloc(n) : NULL;
+  if (p->chosen_safe == NULL || (three && (p->action_safe == NULL || !cand))) {
+    free(cand);
+    return;
+  }
+  memcpy(p->chosen_safe, p->chosen, p->nms * sizeof *p->chosen);
+  if (three) {
+    memcpy(p->action_safe, p->action, p->nms);
+    p->safe_lowest = p->lowest;
+  }
+  double before = o->predicted_exposed_ms + (three ? p->recompute_ms : 0);
   for (int k = 0; k < RAISE_TRIES; k++) {
     uint64_t credit = err >> k;
     if (credit == 0)
       break;
     uint64_t aim = p->solve_target + credit;
     ofl__plan_result_t r;
-    if (ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen, &r) !=
-        OFL_SUCCESS)
+    ofl_status_t st =
+        three ? ofl__plan_solve_actions(p->inst, p->nms, m->nnames, aim, true,
+                                        cand, &r)
+              : ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen,
+                                &r);
+    if (st != OFL_SUCCESS)
       break;
-    double after = ofl__plan_exposed(p->inst, p->nms, p->chosen) / 1e6;
+    double after = three ? r.cost_ns / 1e6
+                         : ofl__plan_exposed(p->inst, p->nms, p->chosen) / 1e6;
     if (!isfinite(after) || after >= before)
       break; /* nothing to gain (and less at lower aims), or no memory */
     double share = moved > 0 ? (double)r.moved_bytes / (double)moved : 0;
     uint64_t carried = (uint64_t)((double)err * (share < 1 ? share : 1));
-    uint64_t pred = r.predicted_peak > carried ? r.predicted_peak - carried : 0;
-    if (pred > o->target_bytes)
+    uint64_t pred = less_carried(r.predicted_peak, carried);
+    if ((three && !r.met) || pred > o->target_bytes)
       continue;
+    if (three) {
+      memcpy(p->action, cand, p->nms);
+      ofl__plan_take_actions(m, &r);
+    }
     p->safe_aim = p->solve_target;
     p->safe_pred = o->predicted_peak_bytes;
     p->raised = true;
@@ -310,85 +337,16 @@ static void raise_aim(ofl_manager_t *m, uint64_t err) {
              "rank %d: auto plan %llu: measured peak %.2f MiB, at least %.2f "
              "MiB under the predicted %.2f in %d iterations in a row; solved "
              "again for %.2f MiB: predicted %.2f MiB less %.2f of that error "
-             "(its share of the moved bytes), exposed %.3f ms (was %.3f)",
+             "(its share of the moved bytes), %s %.3f ms (was %.3f)",
              m->rank, (unsigned long long)o->replans,
              ofl__mib(o->measured_peak_bytes), ofl__mib(err),
              ofl__mib(p->safe_pred), OFL__PLAN_RAISE_AFTER, ofl__mib(aim),
-             ofl__mib(r.predicted_peak), ofl__mib(carried), after, before);
+             ofl__mib(r.predicted_peak), ofl__mib(carried),
+             three ? "cost" : "exposed", after, before);
+    free(cand);
     return;
   }
   memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
-}
-
-/* raise_aim for a three-way plan: the same tries (the whole error, then
- * halves), each solved over keep, offload and recompute; the error is the
- * offloaded bytes' (a recompute frees its bytes at no copy's time), so a
- * choice carries it in proportion to the bytes it offloads, and a plan
- * that offloaded nothing is not raised (its error is no copy's). A try is
- * taken where it costs less (reload waits and recompute time) than the
- * plan before and is predicted within the target less its share; the
- * plan before it, its actions included, is kept for raise_back. Without
- * it a warmup's late copy (a release latency of 1.3 to 5 ms where others
- * measured 0.1) made every offload look too slow to free its bytes for the
- * whole run, and the plan recomputed instead. */
-static void raise_three_way(ofl_manager_t *m, uint64_t err) {
-  ofl__plan_t *p = m->ap;
-  ofl_manager_plan_t *o = &p->out;
-  uint64_t moved = 0;
-  for (uint32_t i = 0; i < p->nms; i++)
-    if (p->chosen[i])
-      moved += p->inst[i].bytes;
-  if (moved == 0 || p->action == NULL)
-    return;
-  if (p->chosen_safe == NULL)
-    p->chosen_safe = calloc(p->nms ? p->nms : 1, sizeof *p->chosen_safe);
-  if (p->action_safe == NULL)
-    p->action_safe = malloc(p->nms ? p->nms : 1);
-  uint8_t *cand = malloc(p->nms ? p->nms : 1);
-  if (p->chosen_safe == NULL || p->action_safe == NULL || cand == NULL) {
-    free(cand);
-    return;
-  }
-  double before = o->predicted_exposed_ms + p->recompute_ms;
-  for (int k = 0; k < RAISE_TRIES; k++) {
-    uint64_t credit = err >> k;
-    if (credit == 0)
-      break;
-    uint64_t aim = p->solve_target + credit;
-    ofl__plan_result_t r;
-    if (ofl__plan_solve_actions(p->inst, p->nms, m->nnames, aim, true, cand,
-                                &r) != OFL_SUCCESS)
-      break;
-    double after = r.cost_ns / 1e6;
-    if (!isfinite(after) || after >= before)
-      break; /* nothing to gain (and less at lower aims) */
-    double share = (double)r.moved_bytes / (double)moved;
-    uint64_t carried = (uint64_t)((double)err * (share < 1 ? share : 1));
-    uint64_t pred = r.predicted_peak > carried ? r.predicted_peak - carried : 0;
-    if (!r.met || pred > o->target_bytes)
-      continue;
-    memcpy(p->chosen_safe, p->chosen, p->nms * sizeof *p->chosen);
-    memcpy(p->action_safe, p->action, p->nms);
-    p->safe_lowest = p->lowest;
-    p->safe_aim = p->solve_target;
-    p->safe_pred = o->predicted_peak_bytes;
-    memcpy(p->action, cand, p->nms);
-    ofl__plan_take_actions(m, &r);
-    p->raised = true;
-    o->replans++;
-    ofl__plan_adopt(m, aim, pred);
-    OFL_INFO(OFL_SUBSYS_PIPELINE,
-             "rank %d: auto plan %llu: measured peak %.2f MiB, at least %.2f "
-             "MiB under the predicted %.2f in %d iterations in a row; solved "
-             "again for %.2f MiB: predicted %.2f MiB less %.2f of that error "
-             "(its share of the offloaded bytes), cost %.3f ms (was %.3f)",
-             m->rank, (unsigned long long)o->replans,
-             ofl__mib(o->measured_peak_bytes), ofl__mib(err),
-             ofl__mib(p->safe_pred), OFL__PLAN_RAISE_AFTER, ofl__mib(aim),
-             ofl__mib(r.predicted_peak), ofl__mib(carried), after, before);
-    free(cand);
-    return;
-  }
   free(cand);
 }
 
