@@ -322,7 +322,7 @@ static void raise_aim(ofl_manager_t *m, uint64_t err) {
     double share = moved > 0 ? (double)r.moved_bytes / (double)moved : 0;
     uint64_t carried = (uint64_t)((double)err * (share < 1 ? share : 1));
     uint64_t pred = less_carried(r.predicted_peak, carried);
-    if ((three && !r.met) || pred > o->target_bytes)
+    if (pred > o->target_bytes)
       continue;
     if (three) {
       memcpy(p->action, cand, p->nms);

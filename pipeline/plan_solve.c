@@ -1359,6 +1359,35 @@ uint64_t ofl__plan_replan_aim(uint64_t target, uint64_t last_aim,
   return aim;
 }
 
+/* A replan whose aim nothing meets (the lowest-peak choice, out): the plan
+ * before it went over the target although the model put every choice at
+ * or above this peak, so the model's peaks cannot rank the choices that tie
+ * at it; bytes off the device can. The offload-only fallback (every group
+ * offloaded) replaces out where its predicted peak is no higher and it
+ * takes more bytes off the device (offloaded and recomputed), its cost
+ * whatever it is. The lowest-peak choice of the first solve breaks ties to
+ * the least cost; in the demo's test of a late warmup that choice, every
+ * choice predicted at 2.75 MiB, kept a third of the bytes offloading all
+ * would move, measured 2.00 MiB against a 1.84 target, and the replans
+ * chose it again and again until they ran out. */
+static void more_off_at_the_lowest(const ofl__plan_group_t *g, size_t n,
+                                   int nnames, uint64_t aim, uint8_t *action,
+                                   ofl__plan_result_t *out) {
+  uint8_t *cand = malloc(n);
+  ofl__plan_result_t r;
+  if (cand != NULL &&
+      ofl__plan_solve_actions(g, n, nnames, aim, false, cand, &r) ==
+          OFL_SUCCESS &&
+      r.predicted_peak <= out->predicted_peak &&
+      r.moved_bytes + r.recomputed_bytes >
+          out->moved_bytes + out->recomputed_bytes) {
+    memcpy(action, cand, n);
+    r.lowest = true; /* no choice meets the aim */
+    *out = r;
+  }
+  free(cand);
+}
+
 ofl_status_t ofl__plan_replan_actions(const ofl__plan_group_t *g, size_t n,
                                      int nnames, uint64_t target,
                                      uint64_t last_aim, uint64_t measured,
@@ -1372,6 +1401,8 @@ ofl_status_t ofl__plan_replan_actions(const ofl__plan_group_t *g, size_t n,
   OFL_CHECK(
       ofl__plan_solve_actions(g, n, nnames, aim, true, action, out));
   *aim_out = aim;
+  if (!out->met && n > 0)
+    more_off_at_the_lowest(g, n, nnames, aim, action, out);
   uint64_t err = measured > predicted ? measured - predicted : 0;
   if (err == 0 || moved_before == 0 || n == 0)
     return OFL_SUCCESS; /* an error no offload carries: the aim alone */

@@ -278,7 +278,12 @@ uint64_t ofl__plan_replan_aim(uint64_t target, uint64_t last_aim,
  * target (the demo's lowest target: every name recomputed, predicted at
  * the target, was passed over for mixes that offloaded). Where nothing was
  * offloaded, or the measured peak was not above the prediction, the aim's
- * choice alone. *aim_out: the aim of the choice taken. */
+ * choice alone. Where nothing meets the aim (the lowest-peak choice), the
+ * offload-only fallback (everything offloaded) takes its place when it is
+ * predicted no higher and takes more bytes off the device: the plan before
+ * went over although the model put it at the lowest peak, so the model's
+ * peaks cannot rank the choices that tie there, and bytes off the device
+ * can. *aim_out: the aim of the choice taken. */
 #define OFL__PLAN_REPLAN_SHARES 4u
 ofl_status_t ofl__plan_replan_actions(const ofl__plan_group_t *g, size_t n,
                                      int nnames, uint64_t target,

@@ -908,7 +908,10 @@ static int raise_try(double gbps, bool three_way) {
       over++;
       over_kept += p.replans == replans; /* an over that changed nothing */
     }
-    if (p.replans != replans && raised_at == 0) {
+    /* a replan at the end of an iteration within the target: the raise
+     * (one over the target solves for a lower aim instead) */
+    if (p.replans != replans && raised_at == 0 &&
+        p.measured_peak_bytes <= target) {
       raised_at = i;
       cr_assert(getenv("OFLTEST_SLOW") != NULL ||
                     p.predicted_exposed_ms < exposed0,
