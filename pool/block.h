@@ -90,6 +90,12 @@ struct ofl_pool {
    * iterations repeat; the warmup's may be higher (its reloads are not
    * planned yet) and is not what a pinned pool keeps room for. */
   size_t cycle_most_bytes, steady_most_bytes;
+  /* The learning iterations' peaks in use after the warmup (each one's
+   * cycle_most_bytes): how many, their mean and their sum of squared
+   * deviations from it (Welford), for the spread a merged segment keeps
+   * room for (pool/resize.c, planned_most). */
+  uint64_t peaks_n;
+  double peaks_mean, peaks_m2;
   uint64_t idle_points, grown_at;
   bool grew, merging;
   /* Training iterations the offload manager reported ended

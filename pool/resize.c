@@ -6,6 +6,7 @@
  * points a device pool of changing sizes merges its segments
  * (ofl__pool_idle_point, ofl__pool_merge). Where the memory comes from and
  * how it goes back on a release or out of memory: pool/reclaim.c. */
+#include <math.h>
 #include <stdint.h>
 
 #include "pool/block.h"
@@ -39,6 +40,53 @@ static size_t most_of(const ofl_pool_t *p) {
                                                     : p->steady_most_bytes;
 }
 
+/* Lock held, at the end of a learning iteration after the warmup: its
+ * peak in use joins the ones spread_of reads (Welford's update). An
+ * iteration that used nothing says nothing of the spread. */
+static void note_peak(ofl_pool_t *p, size_t peak) {
+  if (peak == 0)
+    return;
+  p->peaks_n++;
+  double d = (double)peak - p->peaks_mean;
+  p->peaks_mean += d / (double)p->peaks_n;
+  p->peaks_m2 += d * ((double)peak - p->peaks_mean);
+}
+
+/* Lock held: the room a device pool keeps for its peaks to spread,
+ * OFL__SPREAD_K standard deviations of its learning iterations' peaks once
+ * OFL__SPREAD_MIN_N of them ended (0 before, and for a pinned pool, whose
+ * room is OFL__ROOM_DIV's). */
+static size_t spread_of(const ofl_pool_t *p) {
+  if (p->kind != OFL_POOL_DEVICE || p->peaks_n < OFL__SPREAD_MIN_N)
+    return 0;
+  double sd = sqrt(p->peaks_m2 / (double)(p->peaks_n - 1));
+  double room = sd * OFL__SPREAD_K;
+  return room < (double)(SIZE_MAX / 4) ? (size_t)room : SIZE_MAX / 4;
+}
+
+/* Lock held: the bytes of the merged segment for most bytes in use
+ * (ofl__arena_merge_bytes: most, a margin of 3/16, a minimum segment) and
+ * the room for the spread of the learning iterations' peaks (spread_of),
+ * added to the margin up to OFL__MERGE_SLACK_MIN, never past it: a small
+ * pool of few large blocks whose peaks varied widely keeps room for the
+ * next iterations' (2.52 MB most in use in a 3.01 MB segment, 3.21 MB
+ * later, blocks up to 1.37 MB); a large one's margin is already wider
+ * (the MoE benchmark's, at 1.28 times its peak in use, had no room for
+ * more), and a pool of fixed shapes has no spread. 0 on overflow. */
+static size_t merge_size(const ofl_pool_t *p, size_t most) {
+  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
+  size_t spread = spread_of(p);
+  size_t step = OFL__ARENA_MERGE_ROUND;
+  if (bytes == 0 || spread == 0 ||
+      most > SIZE_MAX - OFL__MERGE_SLACK_MIN - step)
+    return bytes;
+  size_t cap = most + OFL__MERGE_SLACK_MIN;
+  if (bytes >= cap)
+    return bytes;
+  size_t want = spread < cap - bytes ? bytes + spread : cap;
+  return (want + step - 1) / step * step;
+}
+
 static bool remerge_due(const ofl_pool_t *p);
 
 /* Lock held, at an iteration's end: learning ends after an iteration that
@@ -61,9 +109,10 @@ static void learning_check(ofl_pool_t *p) {
   p->learned_cycle = p->cycles;
   OFL_INFO(OFL_SUBSYS_POOL,
            "pool %s: learning ended after iteration %llu: %zu held, most in "
-           "use %zu",
+           "use %zu, spread %zu (%llu peaks, mean %.0f)",
            p->name, (unsigned long long)p->cycles, ofl__pool_held(p),
-           most_of(p));
+           most_of(p), spread_of(p), (unsigned long long)p->peaks_n,
+           p->peaks_mean);
 }
 
 /* Replaces the segments by one of bytes sized for most in use (0: by none)
@@ -105,7 +154,7 @@ static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
   if (p->steady_most_bytes == 0)
     return true;
   size_t most = most_of(p);
-  size_t want = ofl__arena_merge_bytes(&p->arena, most);
+  size_t want = merge_size(p, most);
   /* A resize for the steady iterations keeps at least the slack: a small
    * pool's gaps are a larger share of it. */
   size_t step = OFL__ARENA_MERGE_ROUND;
@@ -131,12 +180,34 @@ static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
   return p->merged_bytes == 0 && held < most + (want - most) / 4 * 3;
 }
 
+/* Lock held, at the iteration's end that ended learning: whether a device
+ * pool that merges (changing sizes, no budget), with nothing in use, holds
+ * less than the merged segment its learning asks for, the spread of its
+ * peaks included (merge_size): the merges while it learned were sized
+ * from the iterations before them, and a resize now, between iterations
+ * and before the steady ones, is the last call it makes (not for a 32nd
+ * more or less, OFL__RESIZE_DIV). *bytes: that segment's, *most_out:
+ * most_of. */
+static bool widen_due(const ofl_pool_t *p, size_t *most_out, size_t *bytes) {
+  if (p->learned_cycle == 0 || p->learned_cycle != p->cycles ||
+      p->kind != OFL_POOL_DEVICE || p->byte_keys_made < 2 ||
+      p->stats.budget_bytes != 0 || p->stats.blocks_in_use != 0 ||
+      p->merging || p->arena.nsegs == 0 || spread_of(p) == 0)
+    return false;
+  *most_out = most_of(p);
+  *bytes = merge_size(p, *most_out);
+  return *bytes != 0 &&
+         p->arena.held_bytes + *bytes / OFL__RESIZE_DIV < *bytes;
+}
+
 static void cycle_end(ofl_pool_t *p, bool moved) {
   pthread_mutex_lock(&p->mu);
   p->cycle_moved = moved;
   bool learn = p->cycles == 0 || learning(p);
   if (p->cycles >= 1 && p->cycle_most_bytes > p->steady_most_bytes)
     p->steady_most_bytes = p->cycle_most_bytes; /* not the warmup's */
+  if (p->cycles >= 1 && learn)
+    note_peak(p, p->cycle_most_bytes);
   p->cycle_most_bytes = p->stats.in_use_bytes;
   p->cycles++;
   size_t resize = 0, most = 0;
@@ -183,7 +254,12 @@ static void cycle_end(ofl_pool_t *p, bool moved) {
     ofl__pool_merge(p);
   pthread_mutex_lock(&p->mu);
   learning_check(p); /* a room made or a merge counts as a change */
+  bool widen = widen_due(p, &most, &resize);
   pthread_mutex_unlock(&p->mu);
+  if (widen) {
+    (void)ofl__pool_settle_pending(p);
+    merge_into(p, most, resize, false);
+  }
 }
 
 /* The device pools of p's device that no manager reports to (an
@@ -274,7 +350,7 @@ static bool cache_quiet(ofl_pool_t *p) {
 void ofl__pool_merge(ofl_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   size_t most = most_of(p);
-  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
+  size_t bytes = merge_size(p, most);
   if (bytes != 0 && bytes < p->merge_floor_bytes)
     bytes = p->merge_floor_bytes; /* a segment that proved too small */
   pthread_mutex_unlock(&p->mu);
