@@ -105,6 +105,20 @@ static ofl__range_t *range_split(ofl__arena_t *a, ofl__range_t *r, size_t need,
   return top ? n : r;
 }
 
+/* Lock held, after a take while the arena is watched: how far the gaps
+ * left the largest free range short of the largest range handed out, when
+ * the free ranges hold that much in all. */
+static void note_short(ofl__arena_t *a) {
+  if (a->free_bytes < a->largest)
+    return;
+  size_t most = 0;
+  for (ofl__range_t *r = a->free_ranges; r != NULL; r = r->fnext)
+    if (r->bytes > most && (most = r->bytes) >= a->largest)
+      return;
+  if (a->largest - most > a->short_bytes)
+    a->short_bytes = a->largest - most;
+}
+
 ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes) {
   size_t need = (bytes + a->granule - 1) / a->granule * a->granule;
   if (need < bytes || need == 0)
@@ -123,6 +137,8 @@ ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes) {
   best->seg->used++;
   if (need > a->largest)
     a->largest = need;
+  if (a->watch)
+    note_short(a);
   return best;
 }
 

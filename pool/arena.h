@@ -51,6 +51,11 @@ typedef struct ofl__arena {
   size_t free_bytes;   /* bytes of free ranges */
   uint64_t nsegs;
   size_t largest; /* the largest range handed out */
+  /* While watch (a device pool that learns, pool/resize.c): the most a take
+   * left the largest free range short of largest while the free ranges held
+   * that much in all, gaps rather than a lack of room. */
+  bool watch;
+  size_t short_bytes;
 } ofl__arena_t;
 
 void ofl__arena_init(ofl__arena_t *a, ofl_device_t *dev, ofl_pool_kind_t kind);

@@ -66,24 +66,32 @@ static size_t spread_of(const ofl_pool_t *p) {
 
 /* Lock held: the bytes of the merged segment for most bytes in use
  * (ofl__arena_merge_bytes: most, a margin of 3/16, a minimum segment) and
- * the room for the spread of the learning iterations' peaks (spread_of),
- * added to the margin up to OFL__MERGE_SLACK_MIN, never past it: a small
- * pool of few large blocks whose peaks varied widely keeps room for the
- * next iterations' (2.52 MB most in use in a 3.01 MB segment, 3.21 MB
- * later, blocks up to 1.37 MB); a large one's margin is already wider
- * (the MoE benchmark's, at 1.28 times its peak in use, had no room for
- * more), and a pool of fixed shapes has no spread. 0 on overflow. */
+ * room for the variation the pool's learning showed, added to the margin
+ * up to OFL__MERGE_SLACK_MIN, never past it:
+ * - the spread of its learning iterations' peaks (spread_of): a small pool
+ *   of few large blocks whose peaks varied widely (2.52 MB most in use in a
+ *   3.01 MB segment, 3.21 MB later, blocks up to 1.37 MB);
+ * - gaps: a take while it learned left no free range whole for its largest
+ *   block though the free ranges held that much in all (the arena's
+ *   short_bytes): all of OFL__MERGE_SLACK_MIN, the least a resize keeps
+ *   free, since the shortfall seen is one layout's and the next
+ *   iterations' differ (123 KB short seen while learning; 770 KB free in
+ *   pieces of at most 324 KB for a 336 KB block later).
+ * A large pool's 3/16 is already wider (the MoE benchmark's, at 1.28 times
+ * its peak in use, had no room for more), and a pool of fixed shapes shows
+ * neither. 0 on overflow. */
 static size_t merge_size(const ofl_pool_t *p, size_t most) {
   size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
   size_t spread = spread_of(p);
+  bool gaps = p->arena.short_bytes != 0;
   size_t step = OFL__ARENA_MERGE_ROUND;
-  if (bytes == 0 || spread == 0 ||
+  if (bytes == 0 || (spread == 0 && !gaps) ||
       most > SIZE_MAX - OFL__MERGE_SLACK_MIN - step)
     return bytes;
   size_t cap = most + OFL__MERGE_SLACK_MIN;
   if (bytes >= cap)
     return bytes;
-  size_t want = spread < cap - bytes ? bytes + spread : cap;
+  size_t want = !gaps && spread < cap - bytes ? bytes + spread : cap;
   return (want + step - 1) / step * step;
 }
 
@@ -102,17 +110,21 @@ static void learning_check(ofl_pool_t *p) {
   uint64_t calls = p->stats.backend_allocs + p->stats.backend_frees;
   bool changed = p->keys_made != p->cycle_keys || calls != p->cycle_calls ||
                  p->cycle_moved || remerge_due(p);
+  /* The gaps are watched while a device pool that merges learns. */
+  p->arena.watch = p->learned_cycle == 0 && p->kind == OFL_POOL_DEVICE &&
+                   p->byte_keys_made >= 2 && p->stats.budget_bytes == 0;
   p->cycle_keys = p->keys_made;
   p->cycle_calls = calls;
   if (p->learned_cycle != 0 || (changed && p->cycles < OFL__LEARN_CYCLES))
     return;
   p->learned_cycle = p->cycles;
+  p->arena.watch = false;
   OFL_INFO(OFL_SUBSYS_POOL,
            "pool %s: learning ended after iteration %llu: %zu held, most in "
-           "use %zu, spread %zu (%llu peaks, mean %.0f)",
+           "use %zu, spread %zu (%llu peaks, mean %.0f), gaps %zu",
            p->name, (unsigned long long)p->cycles, ofl__pool_held(p),
            most_of(p), spread_of(p), (unsigned long long)p->peaks_n,
-           p->peaks_mean);
+           p->peaks_mean, p->arena.short_bytes);
 }
 
 /* Replaces the segments by one of bytes sized for most in use (0: by none)
@@ -192,7 +204,8 @@ static bool widen_due(const ofl_pool_t *p, size_t *most_out, size_t *bytes) {
   if (p->learned_cycle == 0 || p->learned_cycle != p->cycles ||
       p->kind != OFL_POOL_DEVICE || p->byte_keys_made < 2 ||
       p->stats.budget_bytes != 0 || p->stats.blocks_in_use != 0 ||
-      p->merging || p->arena.nsegs == 0 || spread_of(p) == 0)
+      p->merging || p->arena.nsegs == 0 ||
+      (spread_of(p) == 0 && p->arena.short_bytes == 0))
     return false;
   *most_out = most_of(p);
   *bytes = merge_size(p, *most_out);
