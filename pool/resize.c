@@ -192,16 +192,18 @@ static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
   return p->merged_bytes == 0 && held < most + (want - most) / 4 * 3;
 }
 
-/* Lock held, at the iteration's end that ended learning: whether a device
- * pool that merges (changing sizes, no budget), with nothing in use, holds
- * less than the merged segment its learning asks for, the spread of its
- * peaks included (merge_size): the merges while it learned were sized
- * from the iterations before them, and a resize now, between iterations
- * and before the steady ones, is the last call it makes (not for a 32nd
- * more or less, OFL__RESIZE_DIV). *bytes: that segment's, *most_out:
+/* Lock held, at the iteration's end that ended learning at its latest
+ * (OFL__LEARN_CYCLES: the pool still changed, its merges sized from the
+ * iterations before them): whether a device pool that merges (changing
+ * sizes, no budget), with nothing in use, holds less than the merged
+ * segment its learning asks for, the variation it showed included
+ * (merge_size), by more than a 32nd (OFL__RESIZE_DIV). A resize now,
+ * between iterations and before the steady ones, is its last call. A pool
+ * whose learning ended on a quiet iteration (fixed shapes) makes none: its
+ * last call stays where it was. *bytes: that segment's, *most_out:
  * most_of. */
 static bool widen_due(const ofl_pool_t *p, size_t *most_out, size_t *bytes) {
-  if (p->learned_cycle == 0 || p->learned_cycle != p->cycles ||
+  if (p->learned_cycle < OFL__LEARN_CYCLES || p->learned_cycle != p->cycles ||
       p->kind != OFL_POOL_DEVICE || p->byte_keys_made < 2 ||
       p->stats.budget_bytes != 0 || p->stats.blocks_in_use != 0 ||
       p->merging || p->arena.nsegs == 0 ||
