@@ -1,8 +1,9 @@
 /* ofl: a pool's learning and its resize (docs/DESIGN.md section 4,
  * docs/design/memory.md): at each iteration's end a manager reports
- * (ofl__pool_cycle_end) the pool learns its sizes, resizes its segments to
- * one sized for the most in use, gives back what the iterations after the
- * warmup did not use, or makes room ahead of the next iteration; at idle
+ * (ofl__pool_cycle_end) the pool learns its sizes and the variation of its
+ * peaks and gaps, resizes its segments to one sized for the most in use
+ * and that variation, gives back what the iterations after the warmup did
+ * not use, or makes room ahead of the next iteration; at idle
  * points a device pool of changing sizes merges its segments
  * (ofl__pool_idle_point, ofl__pool_merge). Where the memory comes from and
  * how it goes back on a release or out of memory: pool/reclaim.c. */
@@ -17,7 +18,7 @@
 /* ---- merging segments ---------------------------------------------------- */
 
 /* The constants (RESIZE_DIV, LEARN_CYCLES, MANY_SIZES, MERGE_CYCLES,
- * ROOM_DIV) are in pool/tuning.h; why these values, in docs/design/memory.md
+ * ROOM_DIV, SPREAD_K, SPREAD_MIN_N) are in pool/tuning.h; why these values, in docs/design/memory.md
  * ("Tuning constants"). */
 
 /* Lock held: whether the pool is in its learning iterations, under a
@@ -135,7 +136,8 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
 /* Lock held, at an iteration's end (cycles counts it already): whether a
  * learning pool with nothing in use resizes its segments to one of *bytes
  * for its most in use (most_of; a pinned pool's: of the iterations after
- * the warmup, whose peak may be higher). Not after the warmup alone. Due:
+ * the warmup, whose peak may be higher) and, a device pool's, the variation
+ * its learning showed (merge_size). Not after the warmup alone. Due:
  * - when the iterations after the warmup used none of it (a reload pool
  *   the plan stopped using): everything goes back, *bytes 0;
  * - when its segments came from growth alone (no merge sized them) and it

@@ -33,11 +33,16 @@
 /* A new segment is at least 1/GROWTH_DIV of what is held: few calls, little
  * tail. */
 #define OFL__GROWTH_DIV 8u
-/* A merged segment holds the most in use and 3/16 more, for the gaps. */
+/* A merged segment holds the most in use and 3/16 more, for the gaps (and,
+ * for a small device pool whose learning showed variation, more: up to
+ * OFL__MERGE_SLACK_MIN, pool/resize.c merge_size). */
 #define OFL__MERGE_MARGIN_NUM 3u
 #define OFL__MERGE_MARGIN_DEN 16u
 /* A segment resized at an iteration's end keeps at least this much free: a
- * small pool's gaps are a larger share of it. */
+ * small pool's gaps are a larger share of it. Also the most a merged
+ * segment's margin grows to for the variation a device pool's learning
+ * showed (its peaks' spread, gaps), and all of it where gaps were seen:
+ * within the bound of a segment above the peak that a small pool has. */
 #define OFL__MERGE_SLACK_MIN (OFL__ARENA_SEGMENT_MIN / 2)
 
 /* ---- learning and merging (pool/resize.c) -------------------------------- */
@@ -54,11 +59,12 @@
 #define OFL__MERGE_CYCLES 3u
 /* A learning pinned pool keeps 1/ROOM_DIV of its most in use free. */
 #define OFL__ROOM_DIV 12u
-/* A device pool's merged segment is sized for its most in use and this
- * many standard deviations of its learning iterations' peaks (after the
- * warmup; at least SPREAD_MIN_N of them): with few large blocks of sizes
- * drawn anew each iteration, the twelve iterations' highest peak is not the
- * next twenty's (2.52 MB learned, 3.21 MB counted, blocks up to 1.37 MB). */
+/* A device pool's merged segment keeps room for this many standard
+ * deviations of its learning iterations' peaks (after the warmup; from
+ * SPREAD_MIN_N of them: three say little of their spread), its margin at
+ * most OFL__MERGE_SLACK_MIN: with few large blocks of sizes drawn anew each
+ * iteration, the twelve iterations' highest peak is not the next twenty's
+ * (2.52 MB learned, 3.21 MB later, blocks up to 1.37 MB). */
 #define OFL__SPREAD_K 2u
 #define OFL__SPREAD_MIN_N 4u
 /* The waste bound: a learning pool holding more than 13/10 of its steady
