@@ -112,6 +112,9 @@ struct ofl_pool {
    * segment again (pool/reclaim.c, pool/resize.c). 0: none. */
   size_t merge_floor_bytes;
   size_t merged_bytes; /* the last merged segment's (0: none) */
+  /* The last merge made its segment (false: it kept the one segment the
+   * pool had, already as large). */
+  bool merge_made;
   /* Learning (under a manager): the iteration whose end ended it (0: still
    * learning), and the keys made and backend calls counted at the last
    * iteration's end, to see whether an iteration changed anything. */

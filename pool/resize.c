@@ -65,10 +65,11 @@ static size_t spread_of(const ofl_pool_t *p) {
   return room < (double)(SIZE_MAX / 4) ? (size_t)room : SIZE_MAX / 4;
 }
 
-/* Lock held: the bytes of the merged segment for most bytes in use
- * (ofl__arena_merge_bytes: most, a margin of 3/16, a minimum segment) and
- * room for the variation the pool's learning showed, added to the margin
- * up to OFL__MERGE_SLACK_MIN, never past it:
+/* Lock held: the bytes of the merged segment for most bytes in use, bytes
+ * as the merge rules size it (ofl__arena_merge_bytes: most, a margin of
+ * 3/16, a minimum segment; the floor a segment too small set), and room
+ * for the variation the pool's learning showed, added to the margin up to
+ * OFL__MERGE_SLACK_MIN, never past it:
  * - the spread of its learning iterations' peaks (spread_of): a small pool
  *   of few large blocks whose peaks varied widely (2.52 MB most in use in a
  *   3.01 MB segment, 3.21 MB later, blocks up to 1.37 MB);
@@ -81,8 +82,7 @@ static size_t spread_of(const ofl_pool_t *p) {
  * A large pool's 3/16 is already wider (the MoE benchmark's, at 1.28 times
  * its peak in use, had no room for more), and a pool of fixed shapes shows
  * neither. 0 on overflow. */
-static size_t merge_size(const ofl_pool_t *p, size_t most) {
-  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
+static size_t merge_size(const ofl_pool_t *p, size_t most, size_t bytes) {
   size_t spread = spread_of(p);
   bool gaps = p->arena.short_bytes != 0;
   size_t step = OFL__ARENA_MERGE_ROUND;
@@ -136,8 +136,7 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
 /* Lock held, at an iteration's end (cycles counts it already): whether a
  * learning pool with nothing in use resizes its segments to one of *bytes
  * for its most in use (most_of; a pinned pool's: of the iterations after
- * the warmup, whose peak may be higher) and, a device pool's, the variation
- * its learning showed (merge_size). Not after the warmup alone. Due:
+ * the warmup, whose peak may be higher). Not after the warmup alone. Due:
  * - when the iterations after the warmup used none of it (a reload pool
  *   the plan stopped using): everything goes back, *bytes 0;
  * - when its segments came from growth alone (no merge sized them) and it
@@ -168,7 +167,7 @@ static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
   if (p->steady_most_bytes == 0)
     return true;
   size_t most = most_of(p);
-  size_t want = merge_size(p, most);
+  size_t want = ofl__arena_merge_bytes(&p->arena, most);
   /* A resize for the steady iterations keeps at least the slack: a small
    * pool's gaps are a larger share of it. */
   size_t step = OFL__ARENA_MERGE_ROUND;
@@ -197,9 +196,14 @@ static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
 /* Lock held, at the iteration's end that ended learning at its latest
  * (OFL__LEARN_CYCLES: the pool still changed, its merges sized from the
  * iterations before them): whether a device pool that merges (changing
- * sizes, no budget), with nothing in use, holds less than the merged
- * segment its learning asks for, the variation it showed included
- * (merge_size), by more than a 32nd (OFL__RESIZE_DIV). A resize now,
+ * sizes, no budget) and holds a merged segment, with nothing in use, holds
+ * less than the merged segment its learning asks for, the variation it
+ * showed included (merge_size), by more than a 32nd (OFL__RESIZE_DIV). Not
+ * a pool whose segments came from growth alone, nor one whose last merge
+ * kept the segment it grew: resize_due sizes those, and a larger segment
+ * is not a safer one (a 2 MiB segment held a 1.42 MB peak through the
+ * steady iterations; resized to 2.49 MB, its gaps left 1.81 MB free in
+ * pieces of at most 672 KB at 677 KB in use). A resize now,
  * between iterations and before the steady ones, is its last call. A pool
  * whose learning ended on a quiet iteration (fixed shapes) makes none: its
  * last call stays where it was. *bytes: that segment's, *most_out:
@@ -208,11 +212,12 @@ static bool widen_due(const ofl_pool_t *p, size_t *most_out, size_t *bytes) {
   if (p->learned_cycle < OFL__LEARN_CYCLES || p->learned_cycle != p->cycles ||
       p->kind != OFL_POOL_DEVICE || p->byte_keys_made < 2 ||
       p->stats.budget_bytes != 0 || p->stats.blocks_in_use != 0 ||
-      p->merging || p->arena.nsegs == 0 ||
+      p->merging || p->merged_bytes == 0 || !p->merge_made ||
       (spread_of(p) == 0 && p->arena.short_bytes == 0))
     return false;
   *most_out = most_of(p);
-  *bytes = merge_size(p, *most_out);
+  *bytes = merge_size(p, *most_out,
+                      ofl__arena_merge_bytes(&p->arena, *most_out));
   return *bytes != 0 &&
          p->arena.held_bytes + *bytes / OFL__RESIZE_DIV < *bytes;
 }
@@ -367,9 +372,13 @@ static bool cache_quiet(ofl_pool_t *p) {
 void ofl__pool_merge(ofl_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   size_t most = most_of(p);
-  size_t bytes = merge_size(p, most);
+  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
   if (bytes != 0 && bytes < p->merge_floor_bytes)
     bytes = p->merge_floor_bytes; /* a segment that proved too small */
+  /* The room for learning's variation only where the merge makes a
+   * segment anyway: one segment as large stays (widen_due). */
+  if (bytes != 0 && !(p->arena.nsegs == 1 && p->arena.held_bytes >= bytes))
+    bytes = merge_size(p, most, bytes);
   pthread_mutex_unlock(&p->mu);
   merge_into(p, most, bytes, false);
 }
@@ -390,6 +399,7 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink) {
     p->merged_most_bytes = most;
     p->merged_at = p->idle_points;
     p->merged_bytes = p->arena.held_bytes;
+    p->merge_made = false;
     pthread_mutex_unlock(&p->mu);
     return;
   }
@@ -424,6 +434,7 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink) {
   pthread_mutex_lock(&p->mu);
   p->merging = false;
   p->merged_bytes = s == OFL_SUCCESS ? bytes : 0;
+  p->merge_made = s == OFL_SUCCESS;
   pthread_mutex_unlock(&p->mu);
   if (s != OFL_SUCCESS)
     OFL_INFO(OFL_SUBSYS_POOL,
