@@ -112,9 +112,12 @@ static void note_short(ofl__arena_t *a) {
   if (a->free_bytes < a->largest)
     return;
   size_t most = 0;
-  for (ofl__range_t *r = a->free_ranges; r != NULL; r = r->fnext)
-    if (r->bytes > most && (most = r->bytes) >= a->largest)
-      return;
+  for (ofl__range_t *r = a->free_ranges; r != NULL; r = r->fnext) {
+    if (r->bytes >= a->largest)
+      return; /* the largest block still fits whole */
+    if (r->bytes > most)
+      most = r->bytes;
+  }
   if (a->largest - most > a->short_bytes)
     a->short_bytes = a->largest - most;
 }

@@ -93,7 +93,7 @@ struct ofl_pool {
   /* The learning iterations' peaks in use after the warmup (each one's
    * cycle_most_bytes): how many, their mean and their sum of squared
    * deviations from it (Welford), for the spread a merged segment keeps
-   * room for (pool/resize.c, planned_most). */
+   * room for (pool/resize.c, spread_of). */
   uint64_t peaks_n;
   double peaks_mean, peaks_m2;
   uint64_t idle_points, grown_at;

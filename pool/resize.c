@@ -18,8 +18,8 @@
 /* ---- merging segments ---------------------------------------------------- */
 
 /* The constants (RESIZE_DIV, LEARN_CYCLES, MANY_SIZES, MERGE_CYCLES,
- * ROOM_DIV, SPREAD_K, SPREAD_MIN_N) are in pool/tuning.h; why these values, in docs/design/memory.md
- * ("Tuning constants"). */
+ * ROOM_DIV, SPREAD_K, SPREAD_MIN_N) are in pool/tuning.h; why these values,
+ * in docs/design/memory.md ("Tuning constants"). */
 
 /* Lock held: whether the pool is in its learning iterations, under a
  * manager (cycles > 0) only. */
@@ -203,23 +203,21 @@ static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
  * kept the segment it grew: resize_due sizes those, and a larger segment
  * is not a safer one (a 2 MiB segment held a 1.42 MB peak through the
  * steady iterations; resized to 2.49 MB, its gaps left 1.81 MB free in
- * pieces of at most 672 KB at 677 KB in use). A resize now,
- * between iterations and before the steady ones, is its last call. A pool
- * whose learning ended on a quiet iteration (fixed shapes) makes none: its
- * last call stays where it was. *bytes: that segment's, *most_out:
- * most_of. */
+ * pieces of at most 672 KB at 677 KB in use). A resize now, between
+ * iterations and before the steady ones, is its last call. A pool whose
+ * learning ended on a quiet iteration (fixed shapes) makes none: its last
+ * call stays where it was. *bytes: that segment's, *most_out: most_of. */
 static bool widen_due(const ofl_pool_t *p, size_t *most_out, size_t *bytes) {
   if (p->learned_cycle < OFL__LEARN_CYCLES || p->learned_cycle != p->cycles ||
       p->kind != OFL_POOL_DEVICE || p->byte_keys_made < 2 ||
-      p->stats.budget_bytes != 0 || p->stats.blocks_in_use != 0 ||
-      p->merging || p->merged_bytes == 0 || !p->merge_made ||
+      p->stats.budget_bytes != 0 || p->stats.blocks_in_use != 0 || p->merging ||
+      p->merged_bytes == 0 || !p->merge_made ||
       (spread_of(p) == 0 && p->arena.short_bytes == 0))
     return false;
   *most_out = most_of(p);
-  *bytes = merge_size(p, *most_out,
-                      ofl__arena_merge_bytes(&p->arena, *most_out));
-  return *bytes != 0 &&
-         p->arena.held_bytes + *bytes / OFL__RESIZE_DIV < *bytes;
+  *bytes =
+      merge_size(p, *most_out, ofl__arena_merge_bytes(&p->arena, *most_out));
+  return *bytes != 0 && p->arena.held_bytes + *bytes / OFL__RESIZE_DIV < *bytes;
 }
 
 static void cycle_end(ofl_pool_t *p, bool moved) {
