@@ -51,6 +51,9 @@ typedef struct meas {
   uint64_t rc_bwd_cpu;    /* steady: its backward's begin (CPU clock) */
   uint64_t rc_bwd_ns;     /* steady: the last recomputed backward's time */
   bool rc_fresh;          /* rc_bwd_ns measured in this iteration */
+  bool rc_back;           /* steady, recomputed: its rerun's bytes are
+                             counted back (its backward began, or the
+                             rerun of a group whose input it holds) */
   double rc_solved_ns;    /* the recompute estimate the plan was last
                              solved with (inst's recompute_ns then) */
   group_t *input;         /* the group that holds the input a recompute

@@ -87,6 +87,7 @@ void ofl__plan_on_commit(ofl_manager_t *m, group_t *g, int phase) {
   ofl__plan_ledger_poll(m);
   uint64_t off;
   x->dev_bytes = ofl__plan_group_bytes(g, &off);
+  x->rc_back = false;
   if (g->action == OFL_ACTION_RECOMPUTE) /* the input the application keeps */
     x->dev_bytes += g->rc_input_bytes;
   ledger_add(p, (int64_t)x->dev_bytes);
@@ -116,6 +117,17 @@ void ofl__plan_on_reload(ofl_manager_t *m, group_t *g, int phase) {
     ledger_add(p, (int64_t)p->off_now[g->pidx]);
 }
 
+/* Recomputed group i's rerun bytes are back on the ledger, once per
+ * iteration (its own backward's begin, or a chain's rerun before it). */
+static void rerun_back(ofl__plan_t *p, uint32_t i) {
+  meas_t *x = &p->ms[i];
+  if (x->rc_back)
+    return;
+  x->rc_back = true;
+  x->dev_bytes += p->inst[i].recompute_bytes;
+  ledger_add(p, (int64_t)p->inst[i].recompute_bytes);
+}
+
 void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
   if (g == NULL)
     return;
@@ -133,8 +145,13 @@ void ofl__plan_on_backward(ofl_manager_t *m, group_t *g, int end) {
     if (g->inline_reload) /* reloaded at its pops, inside this backward */
       ofl__plan_on_reload(m, g, 1);
     if (rc) { /* the rerun forward's bytes are back */
-      x->dev_bytes += p->inst[g->pidx].recompute_bytes;
-      ledger_add(p, (int64_t)p->inst[g->pidx].recompute_bytes);
+      rerun_back(p, g->pidx);
+      /* a chain: its input's group, recomputed too, is rerun for it now
+       * and held until that group's backward ends */
+      const ofl__plan_group_t *q = &p->inst[g->pidx];
+      if (q->has_input && q->input_of < p->nms &&
+          p->ms[q->input_of].g->action == OFL_ACTION_RECOMPUTE)
+        rerun_back(p, q->input_of);
       x->rc_bwd_cpu = ofl__now_ns();
     }
     return;

@@ -205,6 +205,27 @@ static void come_back(const plan_order_t *o, size_t i, uint64_t *cur) {
   }
 }
 
+/* The producer of recomputed group c's input, where it is recomputed too
+ * (a chain: the rerun of c makes the producer's tensors again first, and
+ * they stay until the producer's backward ends), else SIZE_MAX. */
+static size_t recomputed_input(const ofl__plan_group_t *g, size_t n,
+                               const bool *rec, size_t c) {
+  if (rec == NULL || !g[c].has_input || g[c].input_of >= n ||
+      g[c].input_of == c)
+    return SIZE_MAX;
+  return rec[g[c].input_of] ? g[c].input_of : SIZE_MAX;
+}
+
+/* A recomputed group's rerun bytes come back (its own rerun, or the rerun
+ * of a group whose input they are, whichever is first): o->back[i] 3 once
+ * they are (a recomputed group is never offloaded, so its back[] is free). */
+static void rerun_back(const plan_order_t *o, size_t i, uint64_t *cur) {
+  if (o->back[i] != 3) {
+    *cur += o->g[i].recompute_bytes;
+    o->back[i] = 3;
+  }
+}
+
 /* instant: every copy takes no time. That peak is a lower bound of the
  * real one (each group's bytes leave no later) and, unlike it, never grows
  * when a group is added to the choice (no queue delays the others; an
@@ -228,10 +249,14 @@ static uint64_t peak_eval(const plan_order_t *o, const bool *chosen,
       if (ev->kind == PLAN_EV_ALLOC) {
         cur += x->bytes + x->kept_bytes - (r ? x->recompute_bytes : 0);
       } else if (ev->kind == PLAN_EV_RECOMP) {
-        cur += r ? x->recompute_bytes : 0; /* the rerun forward's bytes */
+        if (r) /* the rerun forward's bytes */
+          rerun_back(o, ev->group, &cur);
         size_t in = r ? offloaded_input(g, o->n, chosen, ev->group) : SIZE_MAX;
         if (in != SIZE_MAX) /* the rerun's input, reloaded for it */
           come_back(o, in, &cur);
+        in = r ? recomputed_input(g, o->n, rec, ev->group) : SIZE_MAX;
+        if (in != SIZE_MAX) /* the rerun's input, rerun for it (a chain) */
+          rerun_back(o, in, &cur);
       } else if (ev->kind == PLAN_EV_RELOAD) {
         /* Its bytes come back; when they never left (the copy still
          * running), they stay counted once. */

@@ -652,6 +652,56 @@ Test(auto_plan, a_rerun_of_the_input_group_costs_its_forward) {
   close_run(&r);
 }
 
+/* Chains on the ledger: every group recomputable, mlp reruns from
+ * core_attn's output and moe_act from mlp's; at a target nothing meets the
+ * plan recomputes all three (nothing is offloadable here, a tensor
+ * threshold above every tensor: no copy at all), so each
+ * rerun makes its input group's tensors again first and holds them until
+ * that group's backward. The ledger counts them from the rerun that made
+ * them, as the model does: with no copy to time, the measured peak of every
+ * steady iteration is the predicted one to the byte, and above what the
+ * same plan holds without the links. */
+Test(auto_plan, a_chain_of_recomputes_is_counted_from_its_first_rerun) {
+  run_t r;
+  open_run_dev(&r, WORKLOAD, 0);
+  ofl_manager_params_t mp = run_params(&r, "auto", 1);
+  mp.min_offload_bytes = (int64_t)1 << 30; /* keep or recompute: no copy */
+  H_OK(ofl_manager_create(&mp, &r.e.m));
+  r.rc_mask = 7;
+  r.rc_input[1] = "core_attn";
+  r.rc_input[2] = "mlp";
+  H_OK(ofl_manager_set_plan_recompute(r.e.m, 1));
+  iteration(&r); /* warmup */
+  for (int k = 0; k < NG; k++) {
+    ofl_plan_action_t a;
+    H_OK(ofl_manager_plan_action(r.e.m, (size_t)k, &a));
+    cr_assert(eq(int, a.action, OFL_ACTION_RECOMPUTE), "%s: %d", a.name,
+                 a.action);
+  }
+  const ofl__plan_t *ap = r.e.m->ap;
+  uint64_t linked = ofl__plan_peak_actions(ap->inst, ap->nms, ap->action);
+  ofl__plan_group_t *bare = malloc(ap->nms * sizeof *bare);
+  cr_assert_not_null(bare);
+  memcpy(bare, ap->inst, ap->nms * sizeof *bare);
+  for (uint32_t i = 0; i < ap->nms; i++)
+    bare[i].has_input = false;
+  uint64_t unlinked = ofl__plan_peak_actions(bare, ap->nms, ap->action);
+  free(bare);
+  cr_assert(gt(u64, linked, unlinked));
+  ofl_manager_plan_t p;
+  for (int i = 0; i < 20; i++) {
+    iteration(&r);
+    plan_of(&r, &p);
+    cr_assert(eq(u64, p.predicted_peak_bytes, linked));
+    cr_assert(eq(u64, p.measured_peak_bytes, linked),
+              "iteration %d: measured %llu, predicted %llu (unlinked %llu)",
+              i, (unsigned long long)p.measured_peak_bytes,
+              (unsigned long long)linked, (unsigned long long)unlinked);
+  }
+  cr_assert(eq(sz, r.wrong, 0));
+  close_run(&r);
+}
+
 /* The reruns mask is checked: zero, an unknown bit, or OFL_RERUN_INPUT
  * without an input group are invalid arguments that say which. */
 Test(auto_plan, a_rerun_mask_without_its_input_is_refused) {

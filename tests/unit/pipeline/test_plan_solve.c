@@ -1297,6 +1297,34 @@ Test(pipeline_plan_solve, a_recomputed_group_holds_its_input_until_backward) {
   cr_assert(eq(int, a[0], OFL__PLAN_OFFLOAD));
 }
 
+/* A chain: g1 reruns from g0's output and both are recomputed. g1's
+ * backward (at 200) comes first: its rerun makes g0's 400 bytes again for
+ * itself, and they stay until g0's backward ends (350), so at 200 the
+ * device holds both reruns (1400), not g1's alone; g0's own backward (300)
+ * adds nothing more. g0 recomputed alone: 1000 at 200 (g1 kept), then 400.
+ * Without the link, g0's bytes come back at its own backward: 1000. */
+Test(pipeline_plan_solve, a_chain_of_recomputes_holds_the_producers_rerun_early) {
+  ofl__plan_group_t g[2] = {grp(0, 0, 400, 0, 0, 250, 350, 0),
+                            grp(1, 0, 1000, 0, 10, 150, 250, 0)};
+  g[0].bwd_window_ns = 50; /* backward begins at 300 */
+  g[1].bwd_window_ns = 50; /* backward begins at 200 */
+  for (int i = 0; i < 2; i++) {
+    g[i].recomputable = true;
+    g[i].recompute_bytes = g[i].bytes;
+    g[i].recompute_ns = 10;
+  }
+  g[1].has_input = true;
+  g[1].input_of = 0;
+  uint8_t both[2] = {OFL__PLAN_RECOMPUTE, OFL__PLAN_RECOMPUTE};
+  uint8_t first[2] = {OFL__PLAN_RECOMPUTE, OFL__PLAN_KEEP};
+  uint8_t second[2] = {OFL__PLAN_KEEP, OFL__PLAN_RECOMPUTE};
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 2, both), 1400));
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 2, first), 1000));
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 2, second), 1400));
+  g[1].has_input = false;
+  cr_assert(eq(u64, ofl__plan_peak_actions(g, 2, both), 1000));
+}
+
 Test(pipeline_plan_solve, a_recompute_that_frees_more_than_the_group_is_invalid) {
   ofl__plan_group_t g[1] = {grp(0, 0, 1000, 10, 0, 50, 90, 0)};
   g[0].recomputable = true;
