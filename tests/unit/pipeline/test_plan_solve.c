@@ -42,6 +42,22 @@ static ofl__plan_group_t stay(int name, uint64_t kept, int64_t t_alloc,
   return g;
 }
 
+/* Group 0 of name 0: 1000 bytes committed at 0, reloaded at t_reload,
+ * gone at t_free, its copies (d2h, h2d) and windows (fwd, bwd) as given,
+ * recomputable whole for rc_ns. */
+static ofl__plan_group_t rc_first(int64_t t_reload, int64_t t_free,
+                                  double d2h, double fwd, double h2d,
+                                  double bwd, double rc_ns) {
+  ofl__plan_group_t g = grp(0, 0, 1000, 0, 0, t_reload, t_free, d2h);
+  g.fwd_window_ns = fwd;
+  g.h2d_ns = h2d;
+  g.bwd_window_ns = bwd;
+  g.recomputable = true;
+  g.recompute_bytes = 1000;
+  g.recompute_ns = rc_ns;
+  return g;
+}
+
 /* c[i] is want[i] == '1', for each character of want. */
 static void expect_choice(const bool *c, const char *want) {
   for (size_t i = 0; want[i] != '\0'; i++)
@@ -72,13 +88,7 @@ Test(pipeline_plan_solve, exposed_is_the_uncovered_part_of_each_direction) {
  * waits for nothing, so the offload costs 0. */
 Test(pipeline_plan_solve, a_d2h_copy_past_its_window_is_no_step_time) {
   ofl__plan_group_t g[2];
-  g[0] = grp(0, 0, 1000, 0, 0, 250, 350, 150);
-  g[0].fwd_window_ns = 50;
-  g[0].h2d_ns = 50;
-  g[0].bwd_window_ns = 50;
-  g[0].recomputable = true;
-  g[0].recompute_bytes = 1000;
-  g[0].recompute_ns = 40;
+  g[0] = rc_first(250, 350, 150, 50, 50, 50, 40);
   g[1] = stay(1, 500, 200, 240);
   cr_assert(eq(dbl, ofl__plan_group_exposed(&g[0]), 100.0));
   uint8_t a[2];
@@ -1147,13 +1157,7 @@ Test(pipeline_plan_solve, a_replan_aims_below_the_model_error) {
  * replan takes recomputing g0 alone instead: 1150 with none of the
  * copies' error carried, for 50 ns. */
 static void replan_case(ofl__plan_group_t *g) {
-  g[0] = grp(0, 0, 1000, 0, 0, 300, 450, 10);
-  g[0].fwd_window_ns = 100;
-  g[0].h2d_ns = 10;
-  g[0].bwd_window_ns = 100;
-  g[0].recomputable = true;
-  g[0].recompute_bytes = 1000;
-  g[0].recompute_ns = 50;
+  g[0] = rc_first(300, 450, 10, 100, 10, 100, 50);
   g[1] = stay(1, 200, 0, 20);
   g[2] = stay(1, 500, 50, 250);
   g[3] = grp(2, 0, 150, 0, 350, 500, 520, 10);
