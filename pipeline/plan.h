@@ -139,6 +139,15 @@ struct ofl__plan {
   bool over_warned;        /* an over-target WARN since the plan last settled */
 };
 
+/* The bytes the plan's choice offloads (p->chosen's groups). */
+static inline uint64_t ofl__plan_chosen_bytes(const ofl__plan_t *p) {
+  uint64_t moved = 0;
+  for (uint32_t i = 0; i < p->nms; i++)
+    if (p->chosen[i])
+      moved += p->inst[i].bytes;
+  return moved;
+}
+
 /* The steady ledger runs (after the warmup, with or without auto). */
 static inline bool ofl__plan_ledger_runs(const ofl_manager_t *m) {
   return m->ap != NULL && m->ap->ledger;

@@ -280,10 +280,8 @@ static void raise_aim(ofl_manager_t *m, uint64_t err) {
   ofl_manager_plan_t *o = &p->out;
   bool three = m->plan_recompute;
   p->raise_done = true;
-  uint64_t moved = 0; /* by the plan that measured under its prediction */
-  for (uint32_t i = 0; i < p->nms; i++)
-    if (p->chosen[i])
-      moved += p->inst[i].bytes;
+  /* by the plan that measured under its prediction */
+  uint64_t moved = ofl__plan_chosen_bytes(p);
   if (three && (moved == 0 || p->action == NULL))
     return;
   size_t n = p->nms ? p->nms : 1;
@@ -319,8 +317,7 @@ static void raise_aim(ofl_manager_t *m, uint64_t err) {
                          : ofl__plan_exposed(p->inst, p->nms, p->chosen) / 1e6;
     if (!isfinite(after) || after >= before)
       break; /* nothing to gain (and less at lower aims), or no memory */
-    double share = moved > 0 ? (double)r.moved_bytes / (double)moved : 0;
-    uint64_t carried = (uint64_t)((double)err * (share < 1 ? share : 1));
+    uint64_t carried = ofl__plan_carried(err, r.moved_bytes, moved);
     uint64_t pred = less_carried(r.predicted_peak, carried);
     if (pred > o->target_bytes)
       continue;

@@ -582,13 +582,10 @@ bool ofl__plan_replan(ofl_manager_t *m) {
   ofl__plan_result_t r;
   if (m->plan_recompute && p->action != NULL) {
     /* three-way: a choice that carries less of the error may aim higher */
-    uint64_t moved = 0;
-    for (uint32_t i = 0; i < p->nms; i++)
-      if (p->chosen[i])
-        moved += p->inst[i].bytes;
     if (ofl__plan_replan_actions(p->inst, p->nms, m->nnames, o->target_bytes,
                                  p->solve_target, o->measured_peak_bytes,
-                                 o->predicted_peak_bytes, moved, p->action, &r,
+                                 o->predicted_peak_bytes,
+                                 ofl__plan_chosen_bytes(p), p->action, &r,
                                  &aim) != OFL_SUCCESS)
       return false;
     ofl__plan_take_actions(m, &r);

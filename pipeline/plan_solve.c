@@ -183,13 +183,19 @@ static bool next_copy(const plan_order_t *o, const bool *chosen, bool instant,
   return false;
 }
 
-/* The producer of recomputed group c's input, where it is offloaded under
- * chosen (has_input), else SIZE_MAX. */
-static size_t offloaded_input(const ofl__plan_group_t *g, size_t n,
-                              const bool *chosen, size_t c) {
+/* The group that holds group c's input (has_input), else SIZE_MAX. */
+static size_t producer(const ofl__plan_group_t *g, size_t n, size_t c) {
   if (!g[c].has_input || g[c].input_of >= n || g[c].input_of == c)
     return SIZE_MAX;
-  return is_chosen(g, chosen, g[c].input_of) ? g[c].input_of : SIZE_MAX;
+  return g[c].input_of;
+}
+
+/* The producer of recomputed group c's input, where it is offloaded under
+ * chosen, else SIZE_MAX. */
+static size_t offloaded_input(const ofl__plan_group_t *g, size_t n,
+                              const bool *chosen, size_t c) {
+  size_t in = producer(g, n, c);
+  return in != SIZE_MAX && is_chosen(g, chosen, in) ? in : SIZE_MAX;
 }
 
 /* An offloaded group's bytes come back (its reload, or the rerun of a
@@ -210,10 +216,8 @@ static void come_back(const plan_order_t *o, size_t i, uint64_t *cur) {
  * they stay until the producer's backward ends), else SIZE_MAX. */
 static size_t recomputed_input(const ofl__plan_group_t *g, size_t n,
                                const bool *rec, size_t c) {
-  if (rec == NULL || !g[c].has_input || g[c].input_of >= n ||
-      g[c].input_of == c)
-    return SIZE_MAX;
-  return rec[g[c].input_of] ? g[c].input_of : SIZE_MAX;
+  size_t in = rec != NULL ? producer(g, n, c) : SIZE_MAX;
+  return in != SIZE_MAX && rec[in] ? in : SIZE_MAX;
 }
 
 /* A recomputed group's rerun bytes come back (its own rerun, or the rerun
@@ -1460,8 +1464,7 @@ ofl_status_t ofl__plan_replan_actions(const ofl__plan_group_t *g, size_t n,
                                 &r) != OFL_SUCCESS ||
         !r.met)
       continue;
-    double share = (double)r.moved_bytes / (double)moved_before;
-    uint64_t carried = (uint64_t)((double)err * (share < 1 ? share : 1));
+    uint64_t carried = ofl__plan_carried(err, r.moved_bytes, moved_before);
     if (r.predicted_peak > UINT64_MAX - carried ||
         r.predicted_peak + carried > target)
       continue;

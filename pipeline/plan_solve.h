@@ -285,6 +285,14 @@ uint64_t ofl__plan_replan_aim(uint64_t target, uint64_t last_aim,
  * peaks cannot rank the choices that tie there, and bytes off the device
  * can. *aim_out: the aim of the choice taken. */
 #define OFL__PLAN_REPLAN_SHARES 4u
+/* The share of the model's error err a choice that offloads moved bytes
+ * carries, against a plan that offloaded before: err * moved / before, at
+ * most err; 0 where before is 0 (a raise's and a three-way replan's). */
+static inline uint64_t ofl__plan_carried(uint64_t err, uint64_t moved,
+                                         uint64_t before) {
+  double share = before > 0 ? (double)moved / (double)before : 0;
+  return (uint64_t)((double)err * (share < 1 ? share : 1));
+}
 ofl_status_t ofl__plan_replan_actions(const ofl__plan_group_t *g, size_t n,
                                      int nnames, uint64_t target,
                                      uint64_t last_aim, uint64_t measured,
