@@ -150,4 +150,33 @@ static inline size_t t_wrong_value(ofl_device_t *dev, const void *dptr,
   return w;
 }
 
+/* The bytes of tensor t (n of them) set to the pattern of seed: through an
+ * H2D copy on the compute stream for device memory, by the CPU for pinned
+ * memory (ordered after the compute stream's queued work). */
+static inline ofl_status_t t_tensor_fill(ofl_device_t *dev, ofl_tensor_t *t,
+                                         size_t n, uint64_t seed) {
+  if (ofl_tensor_location(t) == OFL_LOC_PINNED) {
+    ofl_status_t s = ofl_stream_synchronize(ofl_device_compute_stream(dev),
+                                            OFL_TIMEOUT_DEFAULT);
+    if (s == OFL_SUCCESS)
+      t_pattern(ofl_tensor_data(t), n, seed);
+    return s;
+  }
+  return t_fill(dev, ofl_tensor_data(t), n, seed);
+}
+
+/* Wrong bytes of tensor t against the pattern of seed, read after the
+ * compute stream's queued work: through a D2H copy for device memory, by
+ * the CPU for pinned memory. SIZE_MAX when the bytes could not be read. */
+static inline size_t t_tensor_wrong(ofl_device_t *dev, const ofl_tensor_t *t,
+                                    size_t n, uint64_t seed) {
+  if (ofl_tensor_location(t) == OFL_LOC_PINNED) {
+    if (ofl_stream_synchronize(ofl_device_compute_stream(dev),
+                               OFL_TIMEOUT_DEFAULT) != OFL_SUCCESS)
+      return SIZE_MAX;
+    return t_pattern_wrong(ofl_tensor_data(t), n, seed);
+  }
+  return t_wrong(dev, ofl_tensor_data(t), n, seed);
+}
+
 #endif

@@ -36,43 +36,14 @@ static inline uint64_t drv_hash(uint64_t a, uint64_t b, uint64_t c,
 }
 
 /* drv_fill and drv_wrong touch memory with the CPU: only host buffers and
- * pinned memory. Device memory goes through drv_tensor_fill / drv_tensor_wrong
- * below. The pattern is tests/support/devmem.h's. */
+ * pinned memory. Device memory goes through t_tensor_fill / t_tensor_wrong;
+ * those and the pattern are tests/support/devmem.h's. */
 static inline void drv_fill(void *p, size_t n, uint64_t seed) {
   t_pattern(p, n, seed);
 }
 
 static inline size_t drv_wrong(const void *p, size_t n, uint64_t seed) {
   return t_pattern_wrong(p, n, seed);
-}
-
-/* The bytes of tensor t (n of them) set to the pattern of seed: through an
- * H2D copy on the compute stream for device memory, by the CPU for pinned
- * memory (ordered after the compute stream's queued work). */
-static inline ofl_status_t drv_tensor_fill(ofl_device_t *dev, ofl_tensor_t *t,
-                                           size_t n, uint64_t seed) {
-  if (ofl_tensor_location(t) == OFL_LOC_PINNED) {
-    ofl_status_t s = ofl_stream_synchronize(ofl_device_compute_stream(dev),
-                                            OFL_TIMEOUT_DEFAULT);
-    if (s == OFL_SUCCESS)
-      drv_fill(ofl_tensor_data(t), n, seed);
-    return s;
-  }
-  return t_fill(dev, ofl_tensor_data(t), n, seed);
-}
-
-/* Wrong bytes of tensor t against the pattern of seed, read after the
- * compute stream's queued work: through a D2H copy for device memory, by
- * the CPU for pinned memory. SIZE_MAX when the bytes could not be read. */
-static inline size_t drv_tensor_wrong(ofl_device_t *dev, const ofl_tensor_t *t,
-                                      size_t n, uint64_t seed) {
-  if (ofl_tensor_location(t) == OFL_LOC_PINNED) {
-    if (ofl_stream_synchronize(ofl_device_compute_stream(dev),
-                               OFL_TIMEOUT_DEFAULT) != OFL_SUCCESS)
-      return SIZE_MAX;
-    return drv_wrong(ofl_tensor_data(t), n, seed);
-  }
-  return t_wrong(dev, ofl_tensor_data(t), n, seed);
 }
 
 /* ---- driver -------------------------------------------------------------- */
@@ -200,7 +171,7 @@ static inline ofl_status_t drv_alloc(drv_t *d, size_t bytes, uint64_t seed,
     DRV_TRY(d, ofl_pool_alloc_dynamic(d->pool, shape, 1, OFL_DTYPE_U8, s, out));
   else
     DRV_TRY(d, ofl_pool_alloc(d->pool, shape, 1, OFL_DTYPE_U8, s, out));
-  DRV_TRY(d, drv_tensor_fill(d->dev, *out, bytes, seed));
+  DRV_TRY(d, t_tensor_fill(d->dev, *out, bytes, seed));
   return OFL_SUCCESS;
 }
 
@@ -286,7 +257,7 @@ static inline ofl_status_t drv_backward(drv_t *d, int c, int mb) {
         if (ofl_tensor_bytes(t) != r->bytes[k] || !ofl_tensor_has_storage(t)) {
           d->wrong_bytes += r->bytes[k];
         } else {
-          size_t w = drv_tensor_wrong(d->dev, t, r->bytes[k], r->seed[k]);
+          size_t w = t_tensor_wrong(d->dev, t, r->bytes[k], r->seed[k]);
           if (w == SIZE_MAX) { /* the read-back copy failed */
             d->wrong_bytes += r->bytes[k];
             if (d->err == OFL_SUCCESS) {

@@ -45,7 +45,7 @@ static inline ofl_tensor_t *h_tensor(h_env_t *e, size_t bytes, uint64_t seed) {
                               ofl_device_compute_stream(e->dev), &t),
                OFL_SUCCESS),
             "%s", ofl_last_error());
-  cr_assert(eq(int, drv_tensor_fill(e->dev, t, bytes, seed), OFL_SUCCESS), "%s",
+  cr_assert(eq(int, t_tensor_fill(e->dev, t, bytes, seed), OFL_SUCCESS), "%s",
             ofl_last_error());
   return t;
 }
@@ -54,7 +54,7 @@ static inline ofl_tensor_t *h_tensor(h_env_t *e, size_t bytes, uint64_t seed) {
  * read after the compute stream's queued work. */
 static inline size_t h_wrong(h_env_t *e, const ofl_tensor_t *t, size_t bytes,
                              uint64_t seed) {
-  size_t w = drv_tensor_wrong(e->dev, t, bytes, seed);
+  size_t w = t_tensor_wrong(e->dev, t, bytes, seed);
   cr_assert(not(eq(sz, w, SIZE_MAX)), "reading the tensor back: %s",
             ofl_last_error());
   return w;
@@ -115,7 +115,7 @@ static inline size_t h_pop_check(h_env_t *e, ofl_tag_t tag, size_t bytes,
   cr_assert(eq(sz, ofl_tensor_bytes(t), bytes));
   cr_assert(ofl_tensor_has_storage(t));
   H_OK(ofl_stream_synchronize(ofl_device_compute_stream(e->dev), -1));
-  size_t w = drv_tensor_wrong(e->dev, t, bytes, seed);
+  size_t w = t_tensor_wrong(e->dev, t, bytes, seed);
   cr_assert(not(eq(sz, w, SIZE_MAX)), "reading the tensor back: %s",
             ofl_last_error());
   H_OK(ofl_tensor_destroy(t));

@@ -154,7 +154,7 @@ static void iteration(run_t *r) {
     ofl_tensor_t *t = r->popped[i];
     cr_assert(eq(sz, ofl_tensor_bytes(t), r->popped_bytes[i]));
     size_t w =
-        drv_tensor_wrong(r->e.dev, t, r->popped_bytes[i], r->popped_seed[i]);
+        t_tensor_wrong(r->e.dev, t, r->popped_bytes[i], r->popped_seed[i]);
     cr_assert(not(eq(sz, w, SIZE_MAX)), "reading the tensor back: %s",
               ofl_last_error());
     r->wrong += w;

@@ -907,9 +907,9 @@ Test(pipeline_manager, tensors_not_on_the_device_and_small_ones_stay) {
   H_OK(ofl_pool_alloc(e.pool, s512, 1, OFL_DTYPE_F32, NULL, &small));
   H_OK(ofl_pool_alloc(e.pool, s2048, 1, OFL_DTYPE_F32, NULL, &big));
   H_OK(ofl_pool_alloc(e.pool, s2048, 1, OFL_DTYPE_F32, NULL, &marked));
-  H_OK(drv_tensor_fill(e.dev, small, 2048, 6));
-  H_OK(drv_tensor_fill(e.dev, big, 8192, 7));
-  H_OK(drv_tensor_fill(e.dev, marked, 8192, 8));
+  H_OK(t_tensor_fill(e.dev, small, 2048, 6));
+  H_OK(t_tensor_fill(e.dev, big, 8192, 7));
+  H_OK(t_tensor_fill(e.dev, marked, 8192, 8));
   ofl_manager_mark_not_offloadable(marked);
   ofl_tag_t th, ts, tb, tm;
   H_OK(ofl_manager_chunk_begin(e.m, 1, 0));

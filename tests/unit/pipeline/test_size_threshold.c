@@ -31,8 +31,8 @@ static uint64_t warmup(ofl_manager_params_t mp, h_env_t *e, int64_t n1,
   ofl_tensor_t *a = NULL, *b = NULL;
   H_OK(ofl_pool_alloc(e->pool, s1, 1, OFL_DTYPE_F32, NULL, &a));
   H_OK(ofl_pool_alloc(e->pool, s2, 1, OFL_DTYPE_F32, NULL, &b));
-  H_OK(drv_tensor_fill(e->dev, a, (size_t)n1 * 4, 1));
-  H_OK(drv_tensor_fill(e->dev, b, (size_t)n2 * 4, 2));
+  H_OK(t_tensor_fill(e->dev, a, (size_t)n1 * 4, 1));
+  H_OK(t_tensor_fill(e->dev, b, (size_t)n2 * 4, 2));
   ofl_tag_t ta, tb;
   H_OK(ofl_manager_chunk_begin(e->m, 1, 0));
   H_OK(ofl_manager_group_start(e->m, "core_attn"));

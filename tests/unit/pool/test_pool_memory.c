@@ -119,21 +119,16 @@ Test(pool_memory, freed_ranges_coalesce_for_a_larger_size) {
   ofl_pool_destroy(pool);
 }
 
-/* Writes the pattern of seed into t: by the CPU in pinned memory. */
+/* The pattern of seed written into all of t, and t's bytes that differ
+ * from it (tests/support/devmem.h: by the CPU in pinned memory, by copies
+ * in device memory). */
 static void fill_any(ofl_tensor_t *t, uint64_t seed) {
-  if (ofl_tensor_location(t) == OFL_LOC_PINNED)
-    t_pattern(ofl_tensor_data(t), ofl_tensor_bytes(t), seed);
-  else
-    cr_assert(eq(int,
-                 t_fill(dev, ofl_tensor_data(t), ofl_tensor_bytes(t), seed),
-                 OFL_SUCCESS));
+  cr_assert(eq(int, t_tensor_fill(dev, t, ofl_tensor_bytes(t), seed),
+               OFL_SUCCESS));
 }
 
-/* The bytes of t that differ from the pattern of seed. */
 static size_t wrong_any(const ofl_tensor_t *t, uint64_t seed) {
-  if (ofl_tensor_location(t) == OFL_LOC_PINNED)
-    return t_pattern_wrong(ofl_tensor_data(t), ofl_tensor_bytes(t), seed);
-  return t_wrong(dev, ofl_tensor_data(t), ofl_tensor_bytes(t), seed);
+  return t_tensor_wrong(dev, t, ofl_tensor_bytes(t), seed);
 }
 
 /* A small block keeps out of the large ones' way: it is carved from the
