@@ -132,7 +132,7 @@ class Bench:
 
     def auto(self, link, target, extra=()):
         return self.submit(self.args(link, ["--offload", "auto", "--memory-target",
-                                            "%.4f" % target] + list(extra)))
+                                            "%.9f" % target] + list(extra)))
 
     def fixed(self, link, extra):
         return self.submit(self.args(link, extra))

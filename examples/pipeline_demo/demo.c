@@ -173,7 +173,7 @@ int main(int argc, char **argv) {
 #endif
 
   /* Per-rank figures, printed by rank 0 in rank order. */
-  enum { NF = 33 };
+  enum { NF = 34 };
   const plan_result_t *pl = &off.plan;
   const glue_stats_t *os = &off.stats;
   double mine[NF] = {(double)base.peak_bytes,
@@ -209,7 +209,8 @@ int main(int argc, char **argv) {
                      (double)pl->met,
                      pl->peak_none,
                      off.ledger_peak,
-                     pl->predicted_stall_ms};
+                     pl->predicted_stall_ms,
+                     (double)off.recomputed};
   double *all = leader ? malloc(sizeof mine * (size_t)rep_n) : NULL;
 #ifdef OFL_DEMO_NO_MPI
   memcpy(all, mine, sizeof mine);

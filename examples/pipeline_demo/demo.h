@@ -151,6 +151,7 @@ typedef struct {
                       (with --offload auto: since the plan last changed, as
                       its measured_peak_settled_bytes) */
   uint64_t plan_changes; /* --offload auto: replans + lead changes seen */
+  uint64_t recomputed;   /* group starts recomputed (fixed or the plan's) */
   int offload; /* the offload run (not the baseline) */
   int rerun;   /* full recompute: a layer's forward rerun in its backward
                   (no groups; saved tensors held in saved_t.loc) */
@@ -183,6 +184,7 @@ typedef struct {
   int oom_iter;       /* the iteration it happened in */
   char oom_msg[512];  /* ofl's message */
   size_t act_peak;    /* run_t.act_peak */
+  uint64_t recomputed; /* run_t.recomputed */
   plan_result_t plan; /* offload run with --offload auto */
   double ledger_peak; /* offload run, any groups: the manager's measured
                          activation peak (ofl_manager_plan_get; since the

@@ -2,6 +2,8 @@
 #include "kernels.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void k_matmul(float *c, const float *a, const float *b, int m, int k, int n,
@@ -79,9 +81,16 @@ void k_rmsnorm_backward(float *dx, float *dg, const float *x, const float *g,
 void k_attention(float *out, float *probs, const float *qkv, int s, int h) {
   float scale = 1.0f / sqrtf((float)h);
   int w = 3 * h;
+  /* Without probs (a rerun that needs only out): one row of them at a time,
+   * the same arithmetic. */
+  float *row = probs == NULL ? malloc(sizeof(float) * (size_t)s) : NULL;
+  if (probs == NULL && row == NULL) {
+    fprintf(stderr, "k_attention: out of host memory\n");
+    exit(2);
+  }
   for (int i = 0; i < s; i++) {
     const float *q = qkv + (size_t)i * w;
-    float *pr = probs + (size_t)i * s;
+    float *pr = probs != NULL ? probs + (size_t)i * s : row;
     float mx = -INFINITY;
     for (int j = 0; j < s; j++) {
       const float *k = qkv + (size_t)j * w + h;
@@ -99,6 +108,8 @@ void k_attention(float *out, float *probs, const float *qkv, int s, int h) {
     }
     for (int j = 0; j < s; j++)
       pr[j] /= sum;
+    if (out == NULL)
+      continue;
     float *o = out + (size_t)i * h;
     memset(o, 0, sizeof(float) * (size_t)h);
     for (int j = 0; j < s; j++) {
@@ -107,6 +118,7 @@ void k_attention(float *out, float *probs, const float *qkv, int s, int h) {
         o[p] += pr[j] * v[p];
     }
   }
+  free(row);
 }
 
 void k_attention_backward(float *dqkv, const float *dout, const float *qkv,

@@ -23,7 +23,8 @@ void k_rmsnorm_backward(float *dx, float *dg, const float *x, const float *g,
                         const float *dy, int rows, int h);
 
 /* Single-head attention from qkv[s, 3h]: probs[s,s] = softmax(q k^T / sqrt h),
- * out[s,h] = probs v. */
+ * out[s,h] = probs v. Either output may be NULL: a rerun that needs only
+ * one of them allocates nothing for the other, and gets the same bits. */
 void k_attention(float *out, float *probs, const float *qkv, int s, int h);
 /* dqkv[s,3h] from dout[s,h], the saved qkv and probs. */
 void k_attention_backward(float *dqkv, const float *dout, const float *qkv,

@@ -87,38 +87,65 @@ KB_FN void kb_rmsnorm_backward_col(long long j, float *dg, const float *inv,
   dg[j] += s;
 }
 
+/* Query i's scaled score against key j. */
+KB_FN float kb_attention_score(const float *qkv, long long i, int j, int h) {
+  long long w = 3LL * h;
+  const float *q = qkv + i * w, *kr = qkv + j * w + h;
+  float d = 0.0f;
+  for (int p = 0; p < h; p++)
+    d = fmaf(q[p], kr[p], d);
+  return d * (1.0f / sqrtf((float)h));
+}
+
 /* Single-head attention from qkv[s,3h], one thread a query row: scores,
- * softmax into probs[i,:], then out[i,:] = probs[i,:] v. */
+ * softmax into probs[i,:], then out[i,:] = probs[i,:] v. Either output may
+ * be NULL (a rerun that needs only the other): without probs the row's
+ * scores are computed again in each pass, the same operations in the same
+ * order, so out is bitwise the same as with them. */
 KB_FN void kb_attention_row(long long i, float *out, float *probs,
                             const float *qkv, int s, int h) {
   if (i >= s)
     return;
   long long w = 3LL * h;
-  float scale = 1.0f / sqrtf((float)h);
-  const float *q = qkv + i * w;
-  float *pr = probs + i * s;
+  float *pr = probs != NULL ? probs + i * s : NULL;
   float mx = -INFINITY;
   for (int j = 0; j < s; j++) {
-    const float *kr = qkv + j * w + h;
-    float d = 0.0f;
-    for (int p = 0; p < h; p++)
-      d = fmaf(q[p], kr[p], d);
-    pr[j] = d * scale;
-    mx = fmaxf(mx, pr[j]);
+    float sc = kb_attention_score(qkv, i, j, h);
+    if (pr != NULL)
+      pr[j] = sc;
+    mx = fmaxf(mx, sc);
   }
   float sum = 0.0f;
   for (int j = 0; j < s; j++) {
-    pr[j] = expf(pr[j] - mx);
-    sum += pr[j];
+    float e = expf((pr != NULL ? pr[j] : kb_attention_score(qkv, i, j, h)) - mx);
+    if (pr != NULL)
+      pr[j] = e;
+    sum += e;
   }
-  for (int j = 0; j < s; j++)
-    pr[j] /= sum;
-  float *o = out + i * h;
-  for (int p = 0; p < h; p++) {
-    float acc = 0.0f;
+  if (pr != NULL)
     for (int j = 0; j < s; j++)
-      acc = fmaf(pr[j], qkv[j * w + 2 * h + p], acc);
-    o[p] = acc;
+      pr[j] /= sum;
+  if (out == NULL)
+    return;
+  float *o = out + i * h;
+  if (pr != NULL) {
+    for (int p = 0; p < h; p++) {
+      float acc = 0.0f;
+      for (int j = 0; j < s; j++)
+        acc = fmaf(pr[j], qkv[j * w + 2 * h + p], acc);
+      o[p] = acc;
+    }
+    return;
+  }
+  /* Each probability once, o[p] gathering over j in ascending order as
+   * above. */
+  for (int p = 0; p < h; p++)
+    o[p] = 0.0f;
+  for (int j = 0; j < s; j++) {
+    float pj = expf(kb_attention_score(qkv, i, j, h) - mx) / sum;
+    const float *v = qkv + j * w + 2 * h;
+    for (int p = 0; p < h; p++)
+      o[p] = fmaf(pj, v[p], o[p]);
   }
 }
 

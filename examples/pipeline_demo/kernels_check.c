@@ -170,6 +170,20 @@ static void check_attention(void) {
   CALL(kc->attention(dgo, dgp, dq, s, h, stream));
   close_to("attention out", dgo, out, no);
   close_to("attention probs", dgp, probs, np);
+  /* one output alone (a rerun's): the same bits as with both */
+  float *dgo1 = dmalloc(no), *dgp1 = dmalloc(np);
+  CALL(kc->attention(dgo1, NULL, dq, s, h, stream));
+  CALL(kc->attention(NULL, dgp1, dq, s, h, stream));
+  same_bits("attention out without probs", dgo, dgo1, no);
+  same_bits("attention probs without out", dgp, dgp1, np);
+  float *out1 = malloc(no * sizeof(float)), *probs1 = malloc(np * sizeof(float));
+  k_attention(out1, NULL, qkv, s, h);
+  k_attention(NULL, probs1, qkv, s, h);
+  ok(memcmp(out1, out, no * sizeof(float)) == 0,
+     "attention out without probs: the CPU's same bits");
+  ok(memcmp(probs1, probs, np * sizeof(float)) == 0,
+     "attention probs without out: the CPU's same bits");
+  free(out1), free(probs1);
   /* the backward from the CPU's probs, so that it is checked alone */
   float *dprobs = up(probs, np);
   k_attention_backward(dqkv, dout, qkv, probs, s, h);
@@ -178,7 +192,7 @@ static void check_attention(void) {
   CALL(kc->attention_backward(dgd2, ddout, dq, dprobs, scratch, s, h,
                               stream));
   same_bits("attention_backward", dgd, dgd2, nq);
-  float *ptrs[] = {dq, ddout, dgo, dgp, dgd, dgd2, scratch, dprobs};
+  float *ptrs[] = {dq, ddout, dgo, dgp, dgd, dgd2, scratch, dprobs, dgo1, dgp1};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
     ofl_device_free(dev, ptrs[i]);
   free(qkv), free(dout), free(out), free(probs), free(dqkv);

@@ -235,10 +235,16 @@ void drop(ofl_tensor_t *t) {
 }
 
 /* A handle of the demo's that is from here on a saved activation (held for
- * a backward: kept inputs, recomputed tensors), counted as one. */
-static ofl_tensor_t *as_activation(ofl_tensor_t *t) {
+ * a backward: kept inputs, recomputed tensors), counted as one. The
+ * activation bytes rise here, so memory is sampled: a backward that reruns
+ * a tensor drops it before the backward ends (moe_act's u), and the samples
+ * at group and backward ends alone missed that peak (1.031 MiB reported
+ * for a recompute whose ledger, right, said 1.094). */
+static ofl_tensor_t *as_activation(run_t *r, ofl_tensor_t *t) {
   live_remove(t);
-  return live_add_as(t, 1);
+  live_add_as(t, 1);
+  sample_memory(r);
+  return t;
 }
 
 /* Hands t, saved under *tag (a field of sv), to the manager: from here on
@@ -246,7 +252,7 @@ static ofl_tensor_t *as_activation(ofl_tensor_t *t) {
  * sv->loc instead. */
 static void save(run_t *r, saved_t *sv, ofl_tensor_t *t, uint64_t *tag) {
   if (r->rerun) {
-    sv->loc[tag - &sv->x] = as_activation(t);
+    sv->loc[tag - &sv->x] = as_activation(r, t);
     *tag = 0;
     return;
   }
@@ -402,8 +408,10 @@ static int group_begin(run_t *r, saved_t *sv, int gi, size_t kept,
   } else {
     OK(r, glue_group_start(r->glue, name));
   }
-  if (rc)
+  if (rc) {
     sv->rc |= 1u << gi;
+    r->recomputed++;
+  }
   return rc;
 }
 
@@ -423,7 +431,7 @@ ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
     sv->rc = 0;
 
   if (group_begin(r, sv, G_ATTN_NORM, act_b, NULL))
-    sv->hx = as_activation(alias(r, x)); /* the layer's input, kept */
+    sv->hx = as_activation(r, alias(r, x)); /* the layer's input, kept */
   else
     save(r, sv, alias(r, x), &sv->x);
   ofl_tensor_t *y1 = act(r, d.s, d.h);
@@ -456,7 +464,7 @@ ofl_tensor_t *layer_forward(run_t *r, layer_t *L, saved_t *sv,
 
   rc = group_begin(r, sv, G_MLP_NORM, act_b, NULL);
   if (rc && !full)
-    sv->hx2 = as_activation(alias(r, x2)); /* the residual, kept */
+    sv->hx2 = as_activation(r, alias(r, x2)); /* the residual, kept */
   else if (!rc)
     save(r, sv, alias(r, x2), &sv->x2);
   ofl_tensor_t *y2 = act(r, d.s, d.h);
@@ -492,6 +500,7 @@ static ofl_tensor_t *load(run_t *r, saved_t *sv, uint64_t *tag) {
   } else {
     OK(r, glue_load(r->glue, *tag, &t));
     t = live_add_as(t, 1);
+    sample_memory(r); /* a reload waited for now (as_activation) */
   }
   *tag = 0;
   return t;
@@ -534,7 +543,7 @@ static ofl_tensor_t *linear_backward(run_t *r, ofl_tensor_t *x, const float *w,
 /* A norm's output rerun from its input (a recomputed activation). */
 static ofl_tensor_t *norm_again(run_t *r, const ofl_tensor_t *x,
                                 const float *g) {
-  ofl_tensor_t *y = as_activation(act(r, r->d.s, r->d.h));
+  ofl_tensor_t *y = as_activation(r, act(r, r->d.s, r->d.h));
   x_rmsnorm(r, F(y), F(x), g, r->d.s, r->d.h);
   return y;
 }
@@ -568,27 +577,25 @@ static ofl_tensor_t *get_y2(run_t *r, layer_t *L, saved_t *sv) {
 static ofl_tensor_t *get_qkv(run_t *r, layer_t *L, saved_t *sv) {
   if (sv->hqkv == NULL && (sv->rc >> G_CORE_ATTN & 1u)) {
     ofl_tensor_t *y1 = get_y1(r, L, sv);
-    ofl_tensor_t *qkv = as_activation(act(r, r->d.s, 3 * r->d.h));
+    ofl_tensor_t *qkv = as_activation(r, act(r, r->d.s, 3 * r->d.h));
     x_matmul(r, F(qkv), F(y1), L->w[W_QKV], r->d.s, r->d.h, 3 * r->d.h, 0);
     sv->hqkv = qkv;
   }
   return input(r, sv, &sv->hqkv, &sv->qkv);
 }
 
-/* The attention's output and probabilities rerun from qkv. */
+/* The attention's output and/or probabilities rerun from qkv (a NULL
+ * destination: that one is not made, nor held meanwhile). */
 static void attention_again(run_t *r, const ofl_tensor_t *qkv, ofl_tensor_t **a,
                             ofl_tensor_t **probs) {
-  ofl_tensor_t *out = as_activation(act(r, r->d.s, r->d.h));
-  ofl_tensor_t *p = as_activation(act(r, r->d.s, r->d.s));
-  x_attention(r, F(out), F(p), F(qkv), r->d.s, r->d.h);
+  ofl_tensor_t *out = a != NULL ? act(r, r->d.s, r->d.h) : NULL;
+  ofl_tensor_t *p = probs != NULL ? act(r, r->d.s, r->d.s) : NULL;
+  x_attention(r, out != NULL ? F(out) : NULL, p != NULL ? F(p) : NULL, F(qkv),
+              r->d.s, r->d.h);
   if (a != NULL)
-    *a = out;
-  else
-    drop(out);
+    *a = as_activation(r, out);
   if (probs != NULL)
-    *probs = p;
-  else
-    drop(p);
+    *probs = as_activation(r, p);
 }
 
 /* Backward of one layer; dout is consumed; returns d(input). */
@@ -609,7 +616,7 @@ ofl_tensor_t *layer_backward(run_t *r, layer_t *L, saved_t *sv,
   OK(r, glue_backward_begin(r->glue, "moe_act"));
   ofl_tensor_t *u;
   if (rc >> G_ACT & 1u) { /* u = y2 W1 again */
-    u = as_activation(act(r, d.s, d.f));
+    u = as_activation(r, act(r, d.s, d.f));
     x_matmul(r, F(u), F(get_y2(r, L, sv)), L->w[W_1], d.s, d.h, d.f, 0);
   } else {
     u = load(r, sv, &sv->u);

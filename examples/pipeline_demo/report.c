@@ -285,10 +285,13 @@ void report_print(const opts_t *o, const double *all, int NF, int rep_first,
   double offloaded = 0;
   for (int i = 0; i < rep_n; i++)
     offloaded += all[NF * i + 3];
-  /* a fixed recompute changes the computation even where nothing is
-   * offloaded: the comparison then checks it */
+  /* a recompute (fixed, or the plan's) changes the computation even where
+   * nothing is offloaded: the comparison then checks it */
+  double recomputed = 0;
+  for (int i = 0; i < rep_n; i++)
+    recomputed += all[NF * i + 33];
   int recomputes = o->recompute_fixed != 0 || o->recompute_full;
-  int nothing = offloaded == 0 && !recomputes;
+  int nothing = offloaded == 0 && recomputed == 0;
   if (nothing)
     printf("\nNOTHING WAS OFFLOADED on any rank: groups %s, tensors >= %zu "
            "bytes (--offload, --min-offload-bytes); the comparison below "

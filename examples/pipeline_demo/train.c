@@ -294,6 +294,7 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
   res->summary_bytes = glue_summary_total_bytes(r.glue);
   glue_get_stats(r.glue, &res->stats);
   res->act_peak = r.act_peak;
+  res->recomputed = r.recomputed;
   ofl_manager_plan_t plan;
   int have_plan = offload && glue_plan(r.glue, &plan) == OFL_SUCCESS;
   if (have_plan)
