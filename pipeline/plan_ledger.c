@@ -244,6 +244,11 @@ void ofl__plan_fill_acts(ofl_manager_t *m) {
     a->recomputable = rc;
   }
   p->recompute_ms = 0;
+  /* the recomputed groups, for the forwards two of them share (each is
+   * paid once, by the first backward: ofl__plan_rerun_credit) */
+  bool *rec = calloc(p->nms ? p->nms : 1, sizeof *rec);
+  for (uint32_t i = 0; rec != NULL && p->action != NULL && i < p->nms; i++)
+    rec[i] = p->action[i] == OFL__PLAN_RECOMPUTE;
   for (uint32_t i = 0; i < p->nms; i++) {
     const ofl__plan_group_t *q = &p->inst[i];
     ofl_plan_action_t *a = &p->acts[q->name];
@@ -257,12 +262,15 @@ void ofl__plan_fill_acts(ofl_manager_t *m) {
         rc && q->has_input
             ? ofl__plan_input_wait(p->inst, i, p->chosen[q->input_of]) / 1e6
             : 0;
-    a->recompute_ms += q->recompute_ns / 1e6 + wait;
+    double shared =
+        rc && rec != NULL ? ofl__plan_rerun_credit(p->inst, p->nms, rec, i) : 0;
+    a->recompute_ms += (q->recompute_ns - shared) / 1e6 + wait;
     a->offloaded += p->chosen[i];
     a->recomputed += rc;
     if (rc)
-      p->recompute_ms += q->recompute_ns / 1e6 + wait;
+      p->recompute_ms += (q->recompute_ns - shared) / 1e6 + wait;
   }
+  free(rec);
   for (int k = 0; k < m->nnames; k++) {
     ofl_plan_action_t *a = &p->acts[k];
     if (a->groups == 0)

@@ -452,7 +452,16 @@ ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames) {
     q->h2d_ns = h2d_bps > 0 ? (double)q->bytes * 1e9 / h2d_bps : 0;
     /* Recompute: the forward again (commit less start, on compute), and
      * the group's bytes less the input the application keeps. */
+    /* its own forward (commit less start), where its start was stamped:
+     * what a recompute that reruns it costs once (ofl__plan_rerun_credit) */
+    q->fwd_ns = 0;
+    if (x->start.set && x->commit.set) {
+      int64_t f = ofl__plan_at_ns(p, &x->commit) - ofl__plan_at_ns(p, &x->start);
+      q->fwd_ns = f > 0 ? (double)f : 0;
+    }
     q->recomputable = g->recomputable && x->start.set && x->bwd_seq > 0;
+    q->rerun_own = q->recomputable && (g->rc_reruns & OFL_RERUN_OWN);
+    q->rerun_input = false;
     if (q->recomputable) {
       int64_t fwd = q->t_alloc - ofl__plan_at_ns(p, &x->start);
       uint64_t all = q->bytes + q->kept_bytes;
@@ -470,6 +479,7 @@ ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames) {
         /* OFL_RERUN_INPUT: that group's forward again (its commit less
          * its start, where its start was stamped) */
         const meas_t *y = &p->ms[in->pidx];
+        q->rerun_input = (g->rc_reruns & OFL_RERUN_INPUT) != 0;
         if ((g->rc_reruns & OFL_RERUN_INPUT) && y->start.set &&
             y->commit.set) {
           int64_t f =

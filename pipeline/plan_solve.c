@@ -500,15 +500,48 @@ static double input_waits(const ofl__plan_group_t *g, size_t n,
   return w;
 }
 
+/* Whether recomputed group k, other than i, reruns group j's forward as
+ * its input before i's backward (a lower bwd_pos). */
+static bool earlier_consumer(const ofl__plan_group_t *g, size_t n,
+                             const bool *rec, size_t i, size_t j) {
+  for (size_t k = 0; k < n; k++)
+    if (k != i && rec[k] && g[k].rerun_input && g[k].has_input &&
+        g[k].input_of == j && g[k].bwd_pos < g[i].bwd_pos)
+      return true;
+  return false;
+}
+
+double ofl__plan_rerun_credit(const ofl__plan_group_t *g, size_t n,
+                              const bool *rec, size_t i) {
+  if (!rec[i])
+    return 0;
+  double c = 0;
+  if (g[i].rerun_own && earlier_consumer(g, n, rec, i, i))
+    c += g[i].fwd_ns;
+  if (g[i].rerun_input && g[i].has_input) {
+    size_t j = g[i].input_of;
+    if ((rec[j] && g[j].rerun_own && g[j].bwd_pos < g[i].bwd_pos) ||
+        earlier_consumer(g, n, rec, i, j))
+      c += g[j].fwd_ns;
+  }
+  return c < g[i].recompute_ns ? c : g[i].recompute_ns;
+}
+
+double ofl__plan_rerun_ns(const ofl__plan_group_t *g, size_t n,
+                          const bool *rec) {
+  double r = 0;
+  for (size_t i = 0; i < n; i++)
+    if (rec[i])
+      r += g[i].recompute_ns - ofl__plan_rerun_credit(g, n, rec, i);
+  return r;
+}
+
 double ofl__plan_cost(const ofl__plan_group_t *g, size_t n,
                       const uint8_t *action, double *recompute_ns) {
   bool *chosen, *rec;
   if (!split_actions(action, n, &chosen, &rec))
     return INFINITY;
-  double r = input_waits(g, n, chosen, rec);
-  for (size_t i = 0; i < n; i++)
-    if (rec[i])
-      r += g[i].recompute_ns;
+  double r = input_waits(g, n, chosen, rec) + ofl__plan_rerun_ns(g, n, rec);
   double x = ofl__plan_exposed(g, n, chosen) + r;
   free(chosen);
   if (recompute_ns != NULL)
@@ -604,6 +637,11 @@ static ofl_status_t check_group(const ofl__plan_group_t *x, size_t i,
                       i, x->recompute_ns,
                       (unsigned long long)x->recompute_bytes,
                       (unsigned long long)(x->bytes + x->kept_bytes));
+  if (x->recomputable && bad_ns(x->fwd_ns))
+    return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
+                      "plan solve: group %zu fwd_ns %g must be finite and "
+                      ">= 0",
+                      i, x->fwd_ns);
   if (x->has_input && (x->input_of == i || x->input_of >= n))
     return ofl__error(OFL_ERR_INVALID_ARG, OFL_SUBSYS_PIPELINE,
                       "plan solve: group %zu input_of %u must be another "
@@ -972,10 +1010,10 @@ static void set_recompute(plan_search_t *p, const int *rname, int nr,
     for (size_t i = 0; i < p->n; i++)
       if (p->g[i].name == rname[r]) {
         p->rec[i] = true;
-        p->rcost += p->g[i].recompute_ns;
         p->rmoved += p->g[i].recompute_bytes;
       }
   }
+  p->rcost = ofl__plan_rerun_ns(p->g, p->n, p->rec); /* each forward once */
 }
 
 /* Whether some offload choice with p's recomputed names may meet the
@@ -1218,11 +1256,10 @@ static void fill_result(const plan_search_t *p, ofl__plan_result_t *r) {
   for (size_t i = 0; i < p->n; i++) {
     if (p->cand[i])
       r->moved_bytes += p->g[i].bytes;
-    if (p->rec[i]) {
-      r->recompute_ns += p->g[i].recompute_ns;
+    if (p->rec[i])
       r->recomputed_bytes += p->g[i].recompute_bytes;
-    }
   }
+  r->recompute_ns = ofl__plan_rerun_ns(p->g, p->n, p->rec);
   r->recompute_ns += cand_input_waits(p);
   r->cost_ns = r->exposed_ns + r->recompute_ns;
 }

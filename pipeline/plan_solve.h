@@ -91,6 +91,14 @@ typedef struct ofl__plan_group {
    * backward window does not cover (ofl__plan_input_wait). */
   bool has_input;
   uint32_t input_of;
+  /* The forwards recompute_ns counts (rerun_own: this group's own;
+   * rerun_input: input_of's, where has_input) and this group's own forward
+   * time (fwd_ns: commit less start). Where two recomputed groups count the
+   * same forward, the application runs it once, in the first backward that
+   * needs it (the lower bwd_pos), and holds what it made for the other,
+   * whose cost leaves it out (ofl__plan_rerun_credit). All 0: no sharing. */
+  bool rerun_own, rerun_input;
+  double fwd_ns;
 } ofl__plan_group_t;
 
 /* The D2H part of a group's exposed time: d2h_ns past fwd_window_ns, or 0
@@ -133,6 +141,18 @@ typedef struct ofl__plan_result {
  * offload subsets from every name down). 16 offloadable and 8 recomputable
  * names are 2^24 subsets before any split. */
 #define OFL__PLAN_LOWEST_BUDGET 100000u
+
+/* What recomputed group i's cost leaves out under the recomputed set rec
+ * (by group), ns: its own forward where a recomputed consumer of its
+ * output (rerun_input) has a lower bwd_pos, and its input group's forward
+ * where that group (rerun_own) or another of its consumers reruns it at a
+ * lower bwd_pos; never more than recompute_ns. 0 where !rec[i]. */
+double ofl__plan_rerun_credit(const ofl__plan_group_t *g, size_t n,
+                              const bool *rec, size_t i);
+/* The recomputed groups' forward times under rec, each forward once:
+ * their recompute_ns less their ofl__plan_rerun_credit. */
+double ofl__plan_rerun_ns(const ofl__plan_group_t *g, size_t n,
+                          const bool *rec);
 
 /* The wait of recomputed group i's rerun for its input's reload, ns: where
  * g[i].has_input and the producer g[g[i].input_of] is offloaded (offloaded

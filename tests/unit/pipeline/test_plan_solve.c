@@ -1391,6 +1391,26 @@ static double naive_input_waits(const inst_t *in, const uint8_t *a) {
   return w;
 }
 
+/* The recomputed groups' forward times, each forward once: a group's
+ * forward is counted by the group itself (rerun_own) and by each
+ * recomputed group whose input it made (rerun_input); every count past the
+ * first is one run fewer. Instances without those flags: the plain sum. */
+static double naive_rerun_ns(const inst_t *in, const uint8_t *a) {
+  double r = 0;
+  for (size_t i = 0; i < in->n; i++)
+    if (a[i] == OFL__PLAN_RECOMPUTE)
+      r += in->g[i].recompute_ns;
+  for (size_t j = 0; j < in->n; j++) {
+    int uses = a[j] == OFL__PLAN_RECOMPUTE && in->g[j].rerun_own;
+    for (size_t i = 0; i < in->n; i++)
+      uses += a[i] == OFL__PLAN_RECOMPUTE && in->g[i].rerun_input &&
+              in->g[i].has_input && in->g[i].input_of == j;
+    if (uses > 1)
+      r -= (uses - 1) * in->g[j].fwd_ns;
+  }
+  return r;
+}
+
 /* Every choice of the three-way decision space: a subset of the
  * recomputable names recomputed whole, and the offload choice of
  * ofl__plan_solve over the others. */
@@ -1401,15 +1421,14 @@ static void brute3_rec(const inst_t *in, int m, int *x, bool split,
     uint8_t a[MAXG];
     choice_of(in, x, c);
     uint64_t moved = 0;
-    double rns = 0;
     for (size_t i = 0; i < in->n; i++) {
       bool r = (rmask >> in->g[i].name) & 1u;
       a[i] = r ? OFL__PLAN_RECOMPUTE : c[i] ? OFL__PLAN_OFFLOAD : OFL__PLAN_KEEP;
       moved += r ? in->g[i].recompute_bytes : c[i] ? in->g[i].bytes : 0;
-      rns += r ? in->g[i].recompute_ns : 0;
     }
     uint64_t peak = ofl__plan_peak_actions(in->g, in->n, a);
-    double cost = naive_exposed(in, c) + rns + naive_input_waits(in, a);
+    double cost = naive_exposed(in, c) + naive_rerun_ns(in, a) +
+                  naive_input_waits(in, a);
     b->choices++;
     if (peak < b->min_peak || (peak == b->min_peak && cost < b->low_cost)) {
       b->min_peak = peak;
@@ -1748,6 +1767,96 @@ Test(pipeline_plan_solve, three_way_search_with_input_links_matches_a_brute_forc
   cr_assert(gt(u32, t.recomputed, 60), "recomputed %u", t.recomputed);
   cr_assert(gt(u32, changed, 20), "changed %u", changed);
   cr_assert(gt(u32, waited, 10), "waited %u", waited);
+}
+
+/* Random instances whose recomputes rerun forwards they share: every
+ * group's forward time, recomputable groups rerunning their own forward,
+ * their input's (make_links) or both, recompute_ns the sum of those; each
+ * group's backward place the reverse of its forward. The solver charges a
+ * shared forward once (to the first backward) and matches the brute force,
+ * which counts the forwards as a union. */
+Test(pipeline_plan_solve, three_way_search_charges_a_shared_forward_once) {
+  uint64_t s = 4242;
+  tally3_t t = {0};
+  uint32_t shared = 0;
+  for (int it = 0; it < 400; it++) {
+    inst_t in;
+    random_inst(&in, &s);
+    unsigned rm = make_recomputable(&in, &s);
+    if (make_links(&in, &s) == 0)
+      continue;
+    for (size_t i = 0; i < in.n; i++) {
+      ofl__plan_group_t *x = &in.g[i];
+      x->fwd_ns = 10.0 * (double)rnd(&s, 1, 40);
+      if (x->lead == 0)
+        x->bwd_pos = (int32_t)(in.n - 1 - i);
+    }
+    for (size_t i = 0; i < in.n; i++) {
+      ofl__plan_group_t *x = &in.g[i];
+      if (!x->recomputable)
+        continue;
+      int how = (int)rnd(&s, 0, 2); /* own, input, both */
+      x->rerun_own = !x->has_input || how != 1;
+      x->rerun_input = x->has_input && how != 0;
+      x->recompute_ns = (x->rerun_own ? x->fwd_ns : 0) +
+                        (x->rerun_input ? in.g[x->input_of].fwd_ns : 0);
+    }
+    brute3_t any = brute3(&in, rm, UINT64_MAX);
+    uint64_t none = ofl__plan_peak(in.g, in.n, NULL);
+    uint64_t targets[3] = {rnd(&s, any.min_peak, none),
+                           rnd(&s, any.min_peak, none), none};
+    for (int k = 0; k < 3; k++) {
+      solve3_and_compare(&in, rm, targets[k], &t);
+      uint8_t a[MAXG];
+      ofl__plan_result_t r;
+      cr_assert(eq(int,
+                   ofl__plan_solve_actions(in.g, in.n, in.nnames, targets[k],
+                                           true, a, &r),
+                   OFL_SUCCESS));
+      double plain = 0;
+      for (size_t i = 0; i < in.n; i++)
+        plain += a[i] == OFL__PLAN_RECOMPUTE ? in.g[i].recompute_ns : 0;
+      shared += naive_rerun_ns(&in, a) < plain - 1e-9;
+    }
+  }
+  cr_log_info("shared forwards: %u runs, %u recompute, %u plans run a "
+              "forward once for two groups",
+              t.runs, t.recomputed, shared);
+  cr_assert(gt(u32, t.runs, 300), "runs %u", t.runs);
+  cr_assert(gt(u32, shared, 20), "shared %u", shared);
+}
+
+/* The demo's attention: attn_proj (1) reruns core_attn's forward (its
+ * input), core_attn (2) its own and qkv_linear's (0). Both recomputed, the
+ * attention runs once, in attn_proj's backward (the earlier one). */
+Test(pipeline_plan_solve, a_forward_two_recomputes_rerun_runs_once) {
+  ofl__plan_group_t g[3];
+  for (int i = 0; i < 3; i++) {
+    g[i] = grp(i, 0, 1000, 0, 10 + i, 60 - i, 90 - i, 0);
+    g[i].recomputable = true;
+    g[i].recompute_bytes = 1000;
+  }
+  g[1].bwd_pos = 0, g[2].bwd_pos = 1, g[0].bwd_pos = 2; /* backward order */
+  g[0].fwd_ns = 5;  /* qkv_linear */
+  g[2].fwd_ns = 30; /* core_attn */
+  g[1].fwd_ns = 2;  /* attn_proj */
+  g[1].has_input = true, g[1].input_of = 2, g[1].rerun_input = true;
+  g[1].recompute_ns = 30;
+  g[2].has_input = true, g[2].input_of = 0;
+  g[2].rerun_own = g[2].rerun_input = true;
+  g[2].recompute_ns = 35;
+  g[0].recompute_ns = 1; /* its own input's forward, say */
+  uint8_t both[3] = {OFL__PLAN_KEEP, OFL__PLAN_RECOMPUTE, OFL__PLAN_RECOMPUTE};
+  uint8_t one[3] = {OFL__PLAN_KEEP, OFL__PLAN_KEEP, OFL__PLAN_RECOMPUTE};
+  double r = 0;
+  cr_assert(eq(dbl, ofl__plan_cost(g, 3, both, &r), 35.0));
+  cr_assert(eq(dbl, ofl__plan_cost(g, 3, one, &r), 35.0));
+  bool rec[3] = {false, true, true};
+  cr_assert(eq(dbl, ofl__plan_rerun_credit(g, 3, rec, 1), 0.0));
+  cr_assert(eq(dbl, ofl__plan_rerun_credit(g, 3, rec, 2), 30.0));
+  /* without the flags (an application that reruns it twice): the sum */
+  g[2].rerun_own = false;
+  cr_assert(eq(dbl, ofl__plan_cost(g, 3, both, &r), 65.0));
 }
 
 /* ---- the lowest-peak search's budget ------------------------------------ */
