@@ -336,7 +336,12 @@ OFL_API ofl_status_t ofl_manager_group_start_recompute(ofl_manager_t *m,
  * forward times the mask names, measured in the warmup (input_group's
  * where it was started with ofl_manager_group_start_flags, _recompute or
  * _rerun, any flags: else that part is 0 until the reruns measure it);
- * the reruns' measured times correct it as for any recompute. */
+ * the reruns' measured times correct it as for any recompute. A forward
+ * that two recomputed groups name (one's input group that is itself
+ * recomputed with OFL_RERUN_OWN, or the input group of two) is counted
+ * once, to the first of their backwards: the application runs it there
+ * once and holds what it made for the later backward (the demo's attention
+ * for attn_proj and core_attn). */
 #define OFL_RERUN_OWN 1u
 #define OFL_RERUN_INPUT 2u
 /* ofl_manager_group_start_recompute(m, name, kept_input_bytes,
