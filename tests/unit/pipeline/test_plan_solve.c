@@ -1721,15 +1721,22 @@ static uint32_t make_links(inst_t *in, uint64_t *s) {
   return links;
 }
 
+/* A random instance with recomputable names (*rm) and input links; false
+ * when the draw made no link. */
+static bool linked_inst(inst_t *in, uint64_t *s, unsigned *rm) {
+  random_inst(in, s);
+  *rm = make_recomputable(in, s);
+  return make_links(in, s) != 0;
+}
+
 Test(pipeline_plan_solve, three_way_search_with_input_links_matches_a_brute_force) {
   uint64_t s = 9191;
   tally3_t t = {0};
   uint32_t changed = 0, waited = 0;
   for (int it = 0; it < 400; it++) {
     inst_t in;
-    random_inst(&in, &s);
-    unsigned rm = make_recomputable(&in, &s);
-    if (make_links(&in, &s) == 0)
+    unsigned rm;
+    if (!linked_inst(&in, &s, &rm))
       continue;
     brute3_t any = brute3(&in, rm, UINT64_MAX);
     uint64_t none = ofl__plan_peak(in.g, in.n, NULL);
@@ -1781,9 +1788,8 @@ Test(pipeline_plan_solve, three_way_search_charges_a_shared_forward_once) {
   uint32_t shared = 0;
   for (int it = 0; it < 400; it++) {
     inst_t in;
-    random_inst(&in, &s);
-    unsigned rm = make_recomputable(&in, &s);
-    if (make_links(&in, &s) == 0)
+    unsigned rm;
+    if (!linked_inst(&in, &s, &rm))
       continue;
     for (size_t i = 0; i < in.n; i++) {
       ofl__plan_group_t *x = &in.g[i];
