@@ -109,6 +109,7 @@ struct ofl__plan {
   bool lowest;             /* the last solve met no target: the three-way
                               plan with the lowest predicted peak runs */
   uint8_t *action;         /* by pidx: OFL__PLAN_* of the plan */
+  bool *rec;               /* by pidx: scratch for ofl__plan_rec */
   ofl_manager_plan_t out;
   uint8_t base_lead;
 
@@ -181,6 +182,9 @@ ofl_status_t ofl__plan_device_target(ofl_manager_t *m);
 /* plan_ledger.c: the choice, for the feedback (plan_feedback.c). */
 /* Reads the copies seen complete since the last look into the ledger. */
 void ofl__plan_ledger_poll(ofl_manager_t *m);
+/* p->action's recomputed groups, by pidx (p->rec, filled now); NULL
+ * before the first solve. */
+const bool *ofl__plan_rec(ofl__plan_t *p);
 /* Each name's action and costs (ofl_manager_plan_action). */
 void ofl__plan_fill_acts(ofl_manager_t *m);
 /* The predicted exposed and waiting times of p->chosen; the exposed ns. */

@@ -115,28 +115,22 @@ static bool recompute_feedback(ofl_manager_t *m, bool may_solve) {
   /* The plan's recomputed groups: a forward an earlier backward reran for
    * this group too is not in its measured backward; its estimate is of the
    * group alone, so the credit the plan gave it is added back. */
-  bool *rec = calloc(p->nms ? p->nms : 1, sizeof *rec);
-  for (uint32_t i = 0; rec != NULL && p->action != NULL && i < p->nms; i++)
-    rec[i] = p->action[i] == OFL__PLAN_RECOMPUTE;
-  double *credit = calloc(p->nms ? p->nms : 1, sizeof *credit);
-  for (uint32_t i = 0; rec != NULL && credit != NULL && i < p->nms; i++)
-    credit[i] = ofl__plan_rerun_credit(p->inst, p->nms, rec, i);
+  const bool *rec = ofl__plan_rec(p);
   for (uint32_t i = 0; i < p->nms; i++) {
     meas_t *x = &p->ms[i];
     if (!x->rc_fresh)
       continue;
     x->rc_fresh = false;
     ofl__plan_group_t *q = &p->inst[i];
-    double meas =
-        ofl__plan_rc_measured_ns(x) + (credit != NULL ? credit[i] : 0);
+    double meas = ofl__plan_rc_measured_ns(x) +
+                  (rec != NULL ? ofl__plan_rerun_credit(p->inst, p->nms, rec, i)
+                               : 0);
     q->recompute_ns += RC_EMA * (meas - q->recompute_ns);
     seen = true;
     if (fabs(q->recompute_ns - x->rc_solved_ns) >
         RC_MOVE * fmax(x->rc_solved_ns, RC_FLOOR_NS))
       moved = true;
   }
-  free(rec);
-  free(credit);
   if (!seen)
     return false;
   ofl__plan_fill_acts(

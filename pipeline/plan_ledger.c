@@ -222,6 +222,14 @@ static void fill_names(ofl_manager_t *m) {
   p->out.names = p->names;
 }
 
+const bool *ofl__plan_rec(ofl__plan_t *p) {
+  if (p->action == NULL || p->rec == NULL)
+    return NULL;
+  for (uint32_t i = 0; i < p->nms; i++)
+    p->rec[i] = p->action[i] == OFL__PLAN_RECOMPUTE;
+  return p->rec;
+}
+
 /* Each name's action and costs (ofl_manager_plan_action), from the plan's
  * actions and the names' exposure (fill_names, ofl__plan_predict). */
 void ofl__plan_fill_acts(ofl_manager_t *m) {
@@ -246,9 +254,7 @@ void ofl__plan_fill_acts(ofl_manager_t *m) {
   p->recompute_ms = 0;
   /* the recomputed groups, for the forwards two of them share (each is
    * paid once, by the first backward: ofl__plan_rerun_credit) */
-  bool *rec = calloc(p->nms ? p->nms : 1, sizeof *rec);
-  for (uint32_t i = 0; rec != NULL && p->action != NULL && i < p->nms; i++)
-    rec[i] = p->action[i] == OFL__PLAN_RECOMPUTE;
+  const bool *rec = ofl__plan_rec(p);
   for (uint32_t i = 0; i < p->nms; i++) {
     const ofl__plan_group_t *q = &p->inst[i];
     ofl_plan_action_t *a = &p->acts[q->name];
@@ -270,7 +276,6 @@ void ofl__plan_fill_acts(ofl_manager_t *m) {
     if (rc)
       p->recompute_ms += (q->recompute_ns - shared) / 1e6 + wait;
   }
-  free(rec);
   for (int k = 0; k < m->nnames; k++) {
     ofl_plan_action_t *a = &p->acts[k];
     if (a->groups == 0)
@@ -332,7 +337,9 @@ ofl_status_t ofl__plan_choose(ofl_manager_t *m, uint64_t aim,
   ofl__plan_t *p = m->ap;
   if (p->action == NULL)
     p->action = calloc(p->nms ? p->nms : 1, sizeof *p->action);
-  if (p->action == NULL)
+  if (p->rec == NULL)
+    p->rec = calloc(p->nms ? p->nms : 1, sizeof *p->rec);
+  if (p->action == NULL || p->rec == NULL)
     return ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_PIPELINE,
                       "no memory for the auto plan's actions");
   OFL_CHECK(ofl__plan_solve_actions(p->inst, p->nms, m->nnames, aim,

@@ -570,6 +570,7 @@ void ofl__plan_free(ofl_manager_t *m) {
   free(p->acts);
   free(p->stall0);
   free(p->action);
+  free(p->rec);
   free(p);
   m->ap = NULL;
 }

@@ -702,6 +702,61 @@ Test(auto_plan, a_chain_of_recomputes_is_counted_from_its_first_rerun) {
   close_run(&r);
 }
 
+/* A forward two recomputes rerun: mlp reruns core_attn's forward (its
+ * input), core_attn its own. It runs once, in mlp's backward (the earlier
+ * one), so core_attn's backward measures next to nothing. The plan charges
+ * it once, and the feedback adds the credit back to core_attn's measured
+ * backward: its estimate stays its own forward (3 ms) instead of drifting
+ * to what its backward measures here, which would make it look free where
+ * it is recomputed alone. */
+Test(auto_plan, a_shared_forward_keeps_each_groups_own_estimate) {
+  run_t r;
+  open_run_dev(&r, WORKLOAD, 0);
+  ofl_manager_params_t mp = run_params(&r, "auto", 1);
+  mp.min_offload_bytes = (int64_t)1 << 30; /* keep or recompute: no copy */
+  H_OK(ofl_manager_create(&mp, &r.e.m));
+  r.rc_mask = 3; /* core_attn and mlp */
+  r.rc_fwd_k_us[0] = 3000;
+  r.rc_fwd_k_us[1] = 200;
+  r.rc_reruns[0] = OFL_RERUN_OWN;
+  r.rc_reruns[1] = OFL_RERUN_INPUT;
+  r.rc_input[1] = "core_attn";
+  H_OK(ofl_manager_set_plan_recompute(r.e.m, 1));
+  H_OK(ofl__plan_alloc(r.e.m));
+  r.e.m->ap->timed = false; /* the forwards are the test's sleeps */
+  iteration(&r);            /* warmup */
+  ofl_plan_action_t a[2];
+  for (int k = 0; k < 2; k++) {
+    H_OK(ofl_manager_plan_action(r.e.m, (size_t)k, &a[k]));
+    cr_assert(eq(int, a[k].action, OFL_ACTION_RECOMPUTE), "%s", a[k].name);
+  }
+  /* the attention's forward once: mlp pays it, core_attn nothing more */
+  const double groups = MBS * LAYERS;
+  cr_assert(ge(dbl, a[1].predicted_ms, 0.99 * groups * 3.0), "mlp %f",
+            a[1].predicted_ms);
+  cr_assert(le(dbl, a[0].predicted_ms, 0.1 * groups * 3.0), "core_attn %f",
+            a[0].predicted_ms);
+  r.rc_bwd_us[1] = 3000; /* mlp's backward reruns core_attn's forward */
+  r.rc_bwd_us[0] = 0;    /* core_attn's finds it made */
+  for (int i = 0; i < 12; i++)
+    iteration(&r);
+  const ofl__plan_t *ap = r.e.m->ap;
+  int seen = 0;
+  for (uint32_t i = 0; i < ap->nms; i++) {
+    if (ap->inst[i].name != 0)
+      continue;
+    cr_assert(ge(dbl, ap->inst[i].recompute_ns, 0.6 * 3e6),
+              "core_attn group %u: estimate %.0f ns, its forward 3 ms", i,
+              ap->inst[i].recompute_ns);
+    seen++;
+  }
+  cr_assert(eq(int, seen, MBS * LAYERS));
+  H_OK(ofl_manager_plan_action(r.e.m, 0, &a[0]));
+  cr_assert(eq(int, a[0].action, OFL_ACTION_RECOMPUTE));
+  cr_assert(eq(sz, r.wrong, 0));
+  close_run(&r);
+}
+
 /* The reruns mask is checked: zero, an unknown bit, or OFL_RERUN_INPUT
  * without an input group are invalid arguments that say which. */
 Test(auto_plan, a_rerun_mask_without_its_input_is_refused) {
