@@ -652,6 +652,15 @@ Test(auto_plan, a_rerun_of_the_input_group_costs_its_forward) {
   close_run(&r);
 }
 
+/* WORKLOAD under groups "auto" at a 1-byte target, with a tensor threshold
+ * above every tensor: the plan keeps or recomputes, no copy to time. */
+static void open_run_no_copy(run_t *r) {
+  open_run_dev(r, WORKLOAD, 0);
+  ofl_manager_params_t mp = run_params(r, "auto", 1);
+  mp.min_offload_bytes = (int64_t)1 << 30;
+  H_OK(ofl_manager_create(&mp, &r->e.m));
+}
+
 /* Chains on the ledger: every group recomputable, mlp reruns from
  * core_attn's output and moe_act from mlp's; at a target nothing meets the
  * plan recomputes all three (nothing is offloadable here, a tensor
@@ -663,10 +672,7 @@ Test(auto_plan, a_rerun_of_the_input_group_costs_its_forward) {
  * same plan holds without the links. */
 Test(auto_plan, a_chain_of_recomputes_is_counted_from_its_first_rerun) {
   run_t r;
-  open_run_dev(&r, WORKLOAD, 0);
-  ofl_manager_params_t mp = run_params(&r, "auto", 1);
-  mp.min_offload_bytes = (int64_t)1 << 30; /* keep or recompute: no copy */
-  H_OK(ofl_manager_create(&mp, &r.e.m));
+  open_run_no_copy(&r);
   r.rc_mask = 7;
   r.rc_input[1] = "core_attn";
   r.rc_input[2] = "mlp";
@@ -711,10 +717,7 @@ Test(auto_plan, a_chain_of_recomputes_is_counted_from_its_first_rerun) {
  * it is recomputed alone. */
 Test(auto_plan, a_shared_forward_keeps_each_groups_own_estimate) {
   run_t r;
-  open_run_dev(&r, WORKLOAD, 0);
-  ofl_manager_params_t mp = run_params(&r, "auto", 1);
-  mp.min_offload_bytes = (int64_t)1 << 30; /* keep or recompute: no copy */
-  H_OK(ofl_manager_create(&mp, &r.e.m));
+  open_run_no_copy(&r);
   r.rc_mask = 3; /* core_attn and mlp */
   r.rc_fwd_k_us[0] = 3000;
   r.rc_fwd_k_us[1] = 200;
