@@ -581,12 +581,17 @@ def recompute_strategies(args):
     g1 = sum(1 for r in any_meets if r["m_mix"])
     off_unmet = [r for r in rows if not (r["m_off"] or r["m_all"]) and r["m_mix"]]
 
-    def best_other(r):
-        v = [overhead(r[k]) for k, m in (("off", "m_off"), ("all", "m_all"), ("full", "m_full"))
-             if r[m]]
+    def best(r):
+        """The other strategy of least overhead meeting the target: (its
+        overhead, its runs), or (nan, None)."""
+        cands = [(overhead(r[k]), r[k]) for k, m in (("off", "m_off"), ("all", "m_all"),
+                                                     ("full", "m_full")) if r[m]]
         if r["m_rc"]:
-            v.append(r["rc"][0])
-        return min(v) if v else nan
+            cands.append((r["rc"][0], r["rc_runs"]))
+        return min(cands, key=lambda c: c[0]) if cands else (nan, None)
+
+    def best_other(r):
+        return best(r)[0]
     met_rows = [r for r in rows if r["m_mix"]]
     slack = 0.02  # two points of step time: this VM's run-to-run noise at best
     g2 = [r for r in met_rows if best_other(r) == best_other(r)
@@ -602,16 +607,10 @@ def recompute_strategies(args):
               100 * slack, len(g2), sum(1 for r in met_rows if best_other(r) == best_other(r))))
     # the rows over the bound: each run's overhead, the three-way plan's and
     # the best other's, so that a reader sees whether the runs tell them apart
-    def best_runs(r):
-        cands = [(overhead(r[k]), r[k]) for k, m in (("off", "m_off"), ("all", "m_all"),
-                                                     ("full", "m_full")) if r[m]]
-        if r["m_rc"] and r["rc_runs"] is not None:
-            cands.append((r["rc"][0], r["rc_runs"]))
-        return min(cands, key=lambda c: c[0])[1] if cands else None
     for r in met_rows:
         if r in g2 or best_other(r) != best_other(r):
             continue
-        o = best_runs(r)
+        o = best(r)[1]
         mine = [100 * x for x in r["mix"].get("ovh_paired_all", [])]
         theirs = [100 * x for x in (o or {}).get("ovh_paired_all", [])]
         apart = bool(mine and theirs) and min(mine) > max(theirs)

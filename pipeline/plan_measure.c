@@ -279,6 +279,15 @@ int64_t ofl__plan_reload_time(const ofl__plan_t *p, uint32_t pos, uint32_t lead,
   return t > t_begin ? t_begin : t;
 }
 
+/* A group's forward time, its commit less its start, ns; 0 where its start
+ * was not stamped (a start without flags). */
+static double forward_ns(const ofl__plan_t *p, const meas_t *x) {
+  if (!x->start.set || !x->commit.set)
+    return 0;
+  int64_t f = ofl__plan_at_ns(p, &x->commit) - ofl__plan_at_ns(p, &x->start);
+  return f > 0 ? (double)f : 0;
+}
+
 ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames) {
   ofl__plan_t *p = m->ap;
   uint32_t n = p->nms;
@@ -450,15 +459,11 @@ ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames) {
     q->release_ns = latency;
     q->d2h_free = m->plan_recompute; /* a three-way plan: the step time */
     q->h2d_ns = h2d_bps > 0 ? (double)q->bytes * 1e9 / h2d_bps : 0;
+    /* its own forward: what a recompute that reruns it costs once
+     * (ofl__plan_rerun_credit) */
+    q->fwd_ns = forward_ns(p, x);
     /* Recompute: the forward again (commit less start, on compute), and
      * the group's bytes less the input the application keeps. */
-    /* its own forward (commit less start), where its start was stamped:
-     * what a recompute that reruns it costs once (ofl__plan_rerun_credit) */
-    q->fwd_ns = 0;
-    if (x->start.set && x->commit.set) {
-      int64_t f = ofl__plan_at_ns(p, &x->commit) - ofl__plan_at_ns(p, &x->start);
-      q->fwd_ns = f > 0 ? (double)f : 0;
-    }
     q->recomputable = g->recomputable && x->start.set && x->bwd_seq > 0;
     q->rerun_own = q->recomputable && (g->rc_reruns & OFL_RERUN_OWN);
     q->rerun_input = false;
@@ -476,16 +481,10 @@ ofl_status_t ofl__plan_build_instance(ofl_manager_t *m, int *nnames) {
           in->pidx != i) {
         q->has_input = true;
         q->input_of = in->pidx;
-        /* OFL_RERUN_INPUT: that group's forward again (its commit less
-         * its start, where its start was stamped) */
-        const meas_t *y = &p->ms[in->pidx];
+        /* OFL_RERUN_INPUT: that group's forward again */
         q->rerun_input = (g->rc_reruns & OFL_RERUN_INPUT) != 0;
-        if ((g->rc_reruns & OFL_RERUN_INPUT) && y->start.set &&
-            y->commit.set) {
-          int64_t f =
-              ofl__plan_at_ns(p, &y->commit) - ofl__plan_at_ns(p, &y->start);
-          q->recompute_ns += f > 0 ? (double)f : 0;
-        }
+        if (q->rerun_input)
+          q->recompute_ns += forward_ns(p, &p->ms[in->pidx]);
       }
     }
   }
