@@ -123,6 +123,9 @@ struct ofl_pool {
   /* The manager's placement moved in the iteration that ends (its pinned
    * admission limit dropped): the next one differs, nothing is learned. */
   bool cycle_moved;
+  /* The iteration that ends rose past every earlier one's peak in use
+   * after the warmup (pool/resize.c, learning_check). */
+  bool cycle_rose;
   /* Ended handles, reused first in, first out and only once more than
    * OFL__HANDLE_QUARANTINE wait: a handle freed twice with allocations
    * between is still found ended rather than taken for its next owner's. */

@@ -178,7 +178,10 @@ typedef struct ofl_pool_stats {
    * at whose end the pool's learning ended (0: still learning). Learning
    * (docs/DESIGN.md section 4) resizes merged segments for higher peaks and
    * makes room in the pinned pool; it ends after an iteration that made no
-   * new key and no backend call, and at the latest after the twelfth.
+   * new key and no backend call (for a device pool of changing byte sizes,
+   * also no peak in use above every earlier one's after the warmup; the
+   * first iteration after the warmup counts as above), and at the latest
+   * after the twelfth.
    * From then on a workload that repeats sizes the pool has seen makes no
    * backend call: backend_allocs and backend_frees stay as they are. */
   uint64_t iterations;
