@@ -146,7 +146,9 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
 /* Lock held, at an iteration's end (cycles counts it already): whether a
  * learning pool with nothing in use resizes its segments to one of *bytes
  * for its most in use (most_of; a pinned pool's: of the iterations after
- * the warmup, whose peak may be higher). Not after the warmup alone. Due:
+ * the warmup, whose peak may be higher). After the warmup alone, only a
+ * pinned pool past the waste bound of the warmup's own peak (last item).
+ * Due:
  * - when the iterations after the warmup used none of it (a reload pool
  *   the plan stopped using): everything goes back, *bytes 0;
  * - when its segments came from growth alone (no merge sized them) and it
@@ -158,7 +160,13 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
  *   it resizes to keeps at least OFL__MERGE_SLACK_MIN free;
  * - a pinned pool (it never merges at idle points), when it holds more
  *   than that segment and more than the waste bound (OFL__WASTE_NUM /
- *   OFL__WASTE_DEN times its most).
+ *   OFL__WASTE_DEN times its most). Already at the warmup's end, for the
+ *   warmup's peak: its blocks' ranges come back as their copies end, so
+ *   slow copies fragment it (fixed shapes under valgrind: eight 2 MiB
+ *   segments for an 11.7 MB peak, where seven held it at speed), and a
+ *   resize for that at the first iteration's end was 9 calls in the
+ *   iterations after the warmup, which fixed shapes must pass without
+ *   one.
  * Under a budget (the manager's pinned pool, whose segments count against
  * it) only the first and the last, within the budget: a pinned pool that
  * the plan leaves unused (the last stage keeps its one microbatch on the
@@ -167,14 +175,17 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
  * no call. */
 static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
                        size_t *bytes) {
-  if (!learn || p->arena.nsegs == 0 || p->cycles < 2 ||
+  /* The warmup's end (cycles counts it already): a pinned pool past the
+   * waste bound of the warmup's own peak. */
+  bool warm_end = p->cycles == 1 && p->kind == OFL_POOL_PINNED;
+  if (!learn || p->arena.nsegs == 0 || (p->cycles < 2 && !warm_end) ||
       p->stats.blocks_in_use != 0 || p->merging)
     return false;
   size_t budget = p->stats.budget_bytes; /* 0: none */
   size_t held = p->arena.held_bytes;
   *bytes = 0;
   *most_out = 0;
-  if (p->steady_most_bytes == 0)
+  if (!warm_end && p->steady_most_bytes == 0)
     return true;
   size_t most = most_of(p);
   size_t want = ofl__arena_merge_bytes(&p->arena, most);
@@ -195,7 +206,7 @@ static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
   if (p->kind == OFL_POOL_PINNED && held > want + OFL__ARENA_MERGE_ROUND &&
       held > bound && (budget == 0 || want <= budget))
     return true;
-  if (budget != 0)
+  if (budget != 0 || warm_end)
     return false; /* it grows only for a request, within the budget */
   /* Short of margin: only a pool whose segments came from growth alone
    * (never sized by a merge or a resize; a merged one resizes for higher
