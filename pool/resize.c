@@ -163,7 +163,7 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
  *   OFL__WASTE_DEN times its most). Already at the warmup's end, for the
  *   warmup's peak: its blocks' ranges come back as their copies end, so
  *   slow copies fragment it (fixed shapes under valgrind: eight 2 MiB
- *   segments for an 11.7 MB peak, where seven held it at speed), and a
+ *   segments for a 12.8 MB warmup peak, seven for 11.7 MB at speed), and a
  *   resize for that at the first iteration's end was 9 calls in the
  *   iterations after the warmup, which fixed shapes must pass without
  *   one.
