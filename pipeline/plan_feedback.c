@@ -122,9 +122,9 @@ static bool recompute_feedback(ofl_manager_t *m, bool may_solve) {
       continue;
     x->rc_fresh = false;
     ofl__plan_group_t *q = &p->inst[i];
-    double meas = ofl__plan_rc_measured_ns(x) +
-                  (rec != NULL ? ofl__plan_rerun_credit(p->inst, p->nms, rec, i)
-                               : 0);
+    double meas =
+        ofl__plan_rc_measured_ns(x) +
+        (rec != NULL ? ofl__plan_rerun_credit(p->inst, p->nms, rec, i) : 0);
     q->recompute_ns += RC_EMA * (meas - q->recompute_ns);
     seen = true;
     if (fabs(q->recompute_ns - x->rc_solved_ns) >

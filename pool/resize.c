@@ -98,6 +98,13 @@ static size_t merge_size(const ofl_pool_t *p, size_t most, size_t bytes) {
 
 static bool remerge_due(const ofl_pool_t *p);
 
+/* Lock held: whether a pinned pool holding held bytes is past the waste
+ * bound of most bytes in use (OFL__WASTE_NUM / OFL__WASTE_DEN times it). */
+static bool past_waste(const ofl_pool_t *p, size_t held, size_t most) {
+  return p->kind == OFL_POOL_PINNED &&
+         held > most / OFL__WASTE_DEN * OFL__WASTE_NUM;
+}
+
 /* Lock held, at an iteration's end: learning ends after an iteration that
  * made no new key and no backend call (a pool that has seen every size it
  * will see has nothing left to learn, and a resize for a peak a little
@@ -120,8 +127,7 @@ static void learning_check(ofl_pool_t *p) {
   bool merges = p->kind == OFL_POOL_DEVICE && p->byte_keys_made >= 2 &&
                 p->stats.budget_bytes == 0;
   bool changed = p->keys_made != p->cycle_keys || calls != p->cycle_calls ||
-                 p->cycle_moved || remerge_due(p) ||
-                 (merges && p->cycle_rose);
+                 p->cycle_moved || remerge_due(p) || (merges && p->cycle_rose);
   /* The gaps are watched while a device pool that merges learns. */
   p->arena.watch = p->learned_cycle == 0 && merges;
   p->cycle_keys = p->keys_made;
@@ -202,12 +208,13 @@ static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
   *bytes = want;
   *most_out = most;
   /* Past the waste bound, and more than the resized segment. */
-  size_t bound = most / OFL__WASTE_DEN * OFL__WASTE_NUM;
-  if (p->kind == OFL_POOL_PINNED && held > want + OFL__ARENA_MERGE_ROUND &&
-      held > bound && (budget == 0 || want <= budget))
+  if (past_waste(p, held, most) && held > want + OFL__ARENA_MERGE_ROUND &&
+      (budget == 0 || want <= budget))
     return true;
+  /* Under a budget it grows only for a request, within the budget; at the
+   * warmup's end only the waste bound applies. */
   if (budget != 0 || warm_end)
-    return false; /* it grows only for a request, within the budget */
+    return false;
   /* Short of margin: only a pool whose segments came from growth alone
    * (never sized by a merge or a resize; a merged one resizes for higher
    * peaks by its own rules). */
@@ -250,8 +257,9 @@ static void cycle_end(ofl_pool_t *p, bool moved) {
   bool learn = p->cycles == 0 || learning(p);
   /* The first iteration after the warmup has no peak before it: it
    * counts as a rise. */
-  p->cycle_rose = p->cycles == 1 || (p->cycles >= 2 && p->cycle_most_bytes >
-                                                          p->steady_most_bytes);
+  p->cycle_rose =
+      p->cycles == 1 ||
+      (p->cycles >= 2 && p->cycle_most_bytes > p->steady_most_bytes);
   if (p->cycles >= 1 && p->cycle_most_bytes > p->steady_most_bytes)
     p->steady_most_bytes = p->cycle_most_bytes; /* not the warmup's */
   if (p->cycles >= 1 && learn)
@@ -421,10 +429,9 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink) {
   /* A pinned pool's resize past the waste bound goes ahead however close:
    * the one segment the warmup's end sized for the warmup's peak held 3.3
    * MB for a steady peak of 1.1 MB. */
-  bool waste = p->kind == OFL_POOL_PINNED &&
-               held > most / OFL__WASTE_DEN * OFL__WASTE_NUM;
   if (p->arena.nsegs == 1 && held >= bytes && bytes != 0 &&
-      (!shrink || (held < bytes + OFL__ARENA_SEGMENT_MIN && !waste))) {
+      (!shrink ||
+       (held < bytes + OFL__ARENA_SEGMENT_MIN && !past_waste(p, held, most)))) {
     /* One segment already as large (and, for a resize, not a minimum
      * segment larger, nor past a pinned pool's waste bound): a merge would
      * free it and make it again (two backend calls) for nothing. */

@@ -1127,8 +1127,8 @@ static void hold_pinned(ofl_pool_t *pool, int k, uint64_t seed) {
     t_pattern(ofl_tensor_data(t[i]), n, seed + (uint64_t)i);
   }
   for (int i = 0; i < k; i++) {
-    cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(t[i]), n, seed + (uint64_t)i),
-                 0));
+    uint64_t si = seed + (uint64_t)i;
+    cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(t[i]), n, si), 0));
     cr_assert(eq(int, ofl_pool_free(pool, t[i]), OFL_SUCCESS));
   }
 }
