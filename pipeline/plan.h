@@ -11,7 +11,10 @@
 #include "pipeline/plan_solve.h"
 
 #define LEAD_MAX 16
-#define RAISE_TRIES 4 /* raise_aim: the whole error, then halves */
+/* raise_aim: the whole error, then a bisection of the aims below it down
+ * to RAISE_STEP apart */
+#define RAISE_TRIES 8
+#define RAISE_STEP (64u << 10)
 /* Solves after the first, when the measured peak goes over the target. */
 #define REPLAN_MAX 8
 /* The plan has settled when it ran this many steady iterations unchanged:

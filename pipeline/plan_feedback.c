@@ -258,18 +258,26 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
 /* The plan predicted its peak above what it measured in
  * OFL__PLAN_RAISE_AFTER iterations in a row (the model erred on the safe
  * side: a release latency that one late copy of the warmup set for every
- * group) and costs step time: solve once for the aim raised by the
- * smallest of those errors (err), keeping fewer groups offloaded; the plan
- * before is kept, and comes back if the raised one goes over the target
- * (raise_back). Only before any iteration went over the target, once.
+ * group) and costs step time: solve once for a raised aim, keeping fewer
+ * groups offloaded; the plan before is kept, and comes back if the raised
+ * one goes over the target (raise_back). Only before any iteration went
+ * over the target, once.
  *
  * The error is in the offloaded groups' bytes (a release latency, copies
  * that end sooner than the warmup's), so a plan that moves less carries a
- * share of it in proportion to its moved bytes. The aim takes the whole
- * error, then half, a quarter, an eighth: the first whose plan costs less,
- * and less its share is predicted within the target, is taken. With the
- * whole error carried a raise from "everything offloaded" went 30-60% over
- * the target for an iteration (the unit test's late warmup).
+ * share of it in proportion to its moved bytes: a raised plan is taken
+ * when it costs less and its predicted peak, less its share, is within the
+ * target. The aim is the highest such: first the whole error (err, the
+ * smallest of the iterations' errors) over the target, then a bisection
+ * between that and the lowest aim that could change the plan (the target,
+ * or the plan's own prediction where that was above it: a lower aim
+ * chooses the same plan). Halving the credit instead (err, err/2, ...)
+ * missed every plan between: a plan that offloaded everything at a
+ * predicted 2.75 MiB for a 2.12 MiB target, 1.31 MiB under, tried 3.43
+ * (over, less its share) and 2.78 (below its own prediction, the same
+ * plan), and kept its 25 ms of reload waits in half the unit test's tries.
+ * With the whole error carried a raise from "everything offloaded" went
+ * 30-60% over the target for an iteration (the unit test's late warmup).
  *
  * A three-way plan (recompute on) solves each try over keep, offload and
  * recompute, its cost the reload waits and the recompute time; a recompute
@@ -279,6 +287,32 @@ void ofl__plan_end_iteration(ofl_manager_t *m) {
  * to free its bytes for the whole run, and the plan recomputed instead. */
 static uint64_t less_carried(uint64_t peak, uint64_t carried) {
   return peak > carried ? peak - carried : 0;
+}
+
+/* One raised solve at aim, its choice in cand (three-way) or p->chosen and
+ * r: 1 where it is to be taken, 0 where it gains nothing (the aim too low
+ * to change the plan), -1 where it goes over the target less its share
+ * (too high), -2 where the solve failed (no memory). */
+static int raise_solve(ofl_manager_t *m, uint64_t aim, uint64_t err,
+                       uint64_t moved, double before, uint8_t *cand,
+                       ofl__plan_result_t *r, uint64_t *pred) {
+  ofl__plan_t *p = m->ap;
+  bool three = m->plan_recompute;
+  ofl_status_t st =
+      three ? ofl__plan_solve_actions(p->inst, p->nms, m->nnames, aim, true,
+                                      cand, r)
+            : ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen, r);
+  if (st != OFL_SUCCESS)
+    return -2;
+  double after = three ? r->cost_ns / 1e6
+                       : ofl__plan_exposed(p->inst, p->nms, p->chosen) / 1e6;
+  if (!isfinite(after))
+    return -2;
+  if (after >= before)
+    return 0;
+  *pred = less_carried(r->predicted_peak,
+                       ofl__plan_carried(err, r->moved_bytes, moved));
+  return *pred > p->out.target_bytes ? -1 : 1;
 }
 
 static void raise_aim(ofl_manager_t *m, uint64_t err) {
@@ -296,8 +330,12 @@ static void raise_aim(ofl_manager_t *m, uint64_t err) {
   if (three && p->action_safe == NULL)
     p->action_safe = malloc(n);
   uint8_t *cand = three ? malloc(n) : NULL;
-  if (p->chosen_safe == NULL || (three && (p->action_safe == NULL || !cand))) {
+  /* the best choice found so far: actions, or the chosen groups */
+  void *best = three ? malloc(n) : malloc(n * sizeof *p->chosen);
+  if (p->chosen_safe == NULL || best == NULL ||
+      (three && (p->action_safe == NULL || !cand))) {
     free(cand);
+    free(best);
     return;
   }
   memcpy(p->chosen_safe, p->chosen, p->nms * sizeof *p->chosen);
@@ -306,51 +344,75 @@ static void raise_aim(ofl_manager_t *m, uint64_t err) {
     p->safe_lowest = p->lowest;
   }
   double before = o->predicted_exposed_ms + (three ? p->recompute_ms : 0);
-  for (int k = 0; k < RAISE_TRIES; k++) {
-    uint64_t credit = err >> k;
-    if (credit == 0)
+  uint64_t lo = p->solve_target > o->predicted_peak_bytes
+                    ? p->solve_target
+                    : o->predicted_peak_bytes;
+  uint64_t hi = p->solve_target + err, aim = hi, best_aim = 0, best_pred = 0;
+  ofl__plan_result_t r, best_r;
+  for (int k = 0; k < RAISE_TRIES && aim > lo; k++) {
+    uint64_t pred = 0;
+    int v = raise_solve(m, aim, err, moved, before, cand, &r, &pred);
+    if (v == -2)
       break;
-    uint64_t aim = p->solve_target + credit;
-    ofl__plan_result_t r;
-    ofl_status_t st =
-        three ? ofl__plan_solve_actions(p->inst, p->nms, m->nnames, aim, true,
-                                        cand, &r)
-              : ofl__plan_solve(p->inst, p->nms, m->nnames, aim, p->chosen,
-                                &r);
-    if (st != OFL_SUCCESS)
-      break;
-    double after = three ? r.cost_ns / 1e6
-                         : ofl__plan_exposed(p->inst, p->nms, p->chosen) / 1e6;
-    if (!isfinite(after) || after >= before)
-      break; /* nothing to gain (and less at lower aims), or no memory */
-    uint64_t carried = ofl__plan_carried(err, r.moved_bytes, moved);
-    uint64_t pred = less_carried(r.predicted_peak, carried);
-    if (pred > o->target_bytes)
-      continue;
-    if (three) {
-      memcpy(p->action, cand, p->nms);
-      ofl__plan_take_actions(m, &r);
+    if (v == 1) {
+      best_aim = aim;
+      best_pred = pred;
+      best_r = r;
+      if (three)
+        memcpy(best, cand, p->nms);
+      else
+        memcpy(best, p->chosen, p->nms * sizeof *p->chosen);
+      if (aim == hi)
+        break; /* the whole error: nothing higher is tried */
     }
-    p->safe_aim = p->solve_target;
-    p->safe_pred = o->predicted_peak_bytes;
-    p->raised = true;
-    o->replans++;
-    ofl__plan_adopt(m, aim, pred);
+    if (v >= 0)
+      lo = aim;
+    else
+      hi = aim;
+    if (hi - lo < RAISE_STEP)
+      break;
+    aim = lo + (hi - lo) / 2;
+  }
+  if (best_aim == 0) {
+    memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
     OFL_INFO(OFL_SUBSYS_PIPELINE,
-             "rank %d: auto plan %llu: measured peak %.2f MiB, at least %.2f "
-             "MiB under the predicted %.2f in %d iterations in a row; solved "
-             "again for %.2f MiB: predicted %.2f MiB less %.2f of that error "
-             "(its share of the moved bytes), %s %.3f ms (was %.3f)",
-             m->rank, (unsigned long long)o->replans,
-             ofl__mib(o->measured_peak_bytes), ofl__mib(err),
-             ofl__mib(p->safe_pred), OFL__PLAN_RAISE_AFTER, ofl__mib(aim),
-             ofl__mib(r.predicted_peak), ofl__mib(carried),
-             three ? "cost" : "exposed", after, before);
+             "rank %d: auto plan: measured peak %.2f MiB, at least %.2f MiB "
+             "under the predicted %.2f in %d iterations in a row; no plan "
+             "that keeps more is predicted within the target %.2f MiB less "
+             "its share of that error: the plan stays",
+             m->rank, ofl__mib(o->measured_peak_bytes), ofl__mib(err),
+             ofl__mib(o->predicted_peak_bytes), OFL__PLAN_RAISE_AFTER,
+             ofl__mib(o->target_bytes));
     free(cand);
+    free(best);
     return;
   }
-  memcpy(p->chosen, p->chosen_safe, p->nms * sizeof *p->chosen);
+  if (three) {
+    memcpy(p->action, best, p->nms);
+    ofl__plan_take_actions(m, &best_r);
+  } else {
+    memcpy(p->chosen, best, p->nms * sizeof *p->chosen);
+  }
+  double after = three ? best_r.cost_ns / 1e6
+                       : ofl__plan_exposed(p->inst, p->nms, p->chosen) / 1e6;
+  p->safe_aim = p->solve_target;
+  p->safe_pred = o->predicted_peak_bytes;
+  p->raised = true;
+  o->replans++;
+  ofl__plan_adopt(m, best_aim, best_pred);
+  OFL_INFO(OFL_SUBSYS_PIPELINE,
+           "rank %d: auto plan %llu: measured peak %.2f MiB, at least %.2f "
+           "MiB under the predicted %.2f in %d iterations in a row; solved "
+           "again for %.2f MiB: predicted %.2f MiB less %.2f of that error "
+           "(its share of the moved bytes), %s %.3f ms (was %.3f)",
+           m->rank, (unsigned long long)o->replans,
+           ofl__mib(o->measured_peak_bytes), ofl__mib(err),
+           ofl__mib(p->safe_pred), OFL__PLAN_RAISE_AFTER, ofl__mib(best_aim),
+           ofl__mib(best_r.predicted_peak),
+           ofl__mib(best_r.predicted_peak - best_pred),
+           three ? "cost" : "exposed", after, before);
   free(cand);
+  free(best);
 }
 
 /* The raised plan went over the target: the plan before it comes back. */

@@ -231,18 +231,47 @@ static void extremes(uint64_t *all, uint64_t *none) {
   close_run(&r);
 }
 
+/* Opens a run at a target between the plan's extremes, all + (none - all)
+ * * num / den, and runs its warmup; the run's plan after it in *p, the
+ * target returned. The extremes and the run's plan come from two warmups,
+ * each read from this machine's copy timing. Where other processes on its
+ * two cores held the copy worker back (the suite runs two tests at once),
+ * a group's bytes leave after the forward that outlived them: the "all
+ * offloaded" peak measures as the "none" one, or the run's own warmup puts
+ * the target out of reach of a plan that the first one put it within
+ * (seen in CI: 6291456 for both; predicted 5242880 against 3145728). Such
+ * a try says nothing of the plan: up to BETWEEN_TRIES tries, and the last
+ * one's figures fail the test. */
+enum { BETWEEN_TRIES = 5 };
+static uint64_t open_between(run_t *r, unsigned num, unsigned den,
+                             ofl_manager_plan_t *p) {
+  uint64_t all = 0, none = 0, target = 0;
+  for (int k = 0; k < BETWEEN_TRIES; k++) {
+    extremes(&all, &none);
+    if (all >= none)
+      continue;
+    target = all + (none - all) * num / den;
+    open_run(r, WORKLOAD, (int64_t)target, 0);
+    iteration(r); /* warmup */
+    plan_of(r, p);
+    if (p->met == 1)
+      return target;
+    if (k + 1 < BETWEEN_TRIES)
+      close_run(r);
+  }
+  cr_assert(lt(u64, all, none),
+            "offloading must lower the peak (%llu %llu, %d tries)",
+            (unsigned long long)all, (unsigned long long)none, BETWEEN_TRIES);
+  cr_assert(eq(int, p->met, 1), "predicted %llu against the target %llu",
+            (unsigned long long)p->predicted_peak_bytes,
+            (unsigned long long)target);
+  return target;
+}
+
 Test(auto_plan, meets_a_target_between_none_and_all) {
-  uint64_t all, none;
-  extremes(&all, &none);
-  cr_assert(lt(u64, all, none), "offloading must lower the peak (%llu %llu)",
-            (unsigned long long)all, (unsigned long long)none);
-  uint64_t target = all + (none - all) * 2 / 3;
   run_t r;
-  open_run(&r, WORKLOAD, (int64_t)target, 0);
-  iteration(&r); /* warmup */
   ofl_manager_plan_t p;
-  plan_of(&r, &p);
-  cr_assert(eq(int, p.met, 1));
+  uint64_t target = open_between(&r, 2, 3, &p);
   cr_assert(le(u64, p.predicted_peak_bytes, target));
   cr_assert(eq(u64, p.target_bytes, target));
   /* Some groups kept by the plan, some offloaded. */
@@ -1060,10 +1089,12 @@ static int raise_try(double gbps, bool three_way) {
  * Whether one try raises depends on this machine's timing: how late the
  * held warmup's copies were sets the model's error, and where the error
  * is small against the bytes a raised plan keeps, no raised plan is
- * predicted within the target, so none is taken (on the 2-core VM with two
- * busy loops beside it, 5 tries in 10 raised; unloaded, 7 in 8). Every try
- * asserts the safety of what happened; of up to TRIES tries one must
- * raise, at the end of its third steady iteration or later. */
+ * predicted within the target, so none is taken. With the raise's
+ * bisection of aims 12 tries in 12 raised on the 2-core VM, 16 in 18 with
+ * four test processes on its cores (halving the credit: 7 in 8, and about
+ * half under load, all five of one CI run not). Every try asserts the
+ * safety of what happened; of up to TRIES tries one must raise, at the end
+ * of its third steady iteration or later. */
 Test(auto_plan, a_plan_under_its_prediction_raises_its_aim) {
   if (t_on_cuda())
     cr_skip_test("the held copy worker is the host backend's");
@@ -1295,19 +1326,9 @@ static const gdef_t WORKLOAD_BIG[NG] = {
  * (Whether the plan settles here depends on its prefetch leads; the
  * next test has one that always does.) */
 Test(auto_plan, an_iteration_over_the_target_warns_once_with_the_next_step) {
-  uint64_t all, none;
-  extremes(&all, &none);
-  cr_assert(lt(u64, all, none), "all offloaded %llu, none %llu",
-            (unsigned long long)all, (unsigned long long)none);
-  uint64_t target = all + (none - all) / 3;
   run_t r;
-  open_run(&r, WORKLOAD, (int64_t)target, 0);
-  iteration(&r); /* warmup */
   ofl_manager_plan_t p;
-  plan_of(&r, &p);
-  cr_assert(eq(int, p.met, 1), "predicted %llu against the target %llu",
-            (unsigned long long)p.predicted_peak_bytes,
-            (unsigned long long)target);
+  uint64_t target = open_between(&r, 1, 3, &p);
   said_t c;
   memset(&c, 0, sizeof c);
   ofl_log_set_level(OFL_LOG_WARN);
