@@ -64,9 +64,10 @@ static ofl_status_t offload_to_disk(ofl_manager_t *m, entry_t *l,
  * the next iterations stop before that point, at the same cluster in every
  * iteration, and that iteration does not end the pools' learning
  * (pin_moved). A dynamic name's clusters, whose sizes change in every
- * iteration, are charged the largest of the name seen. The segments'
- * fragmentation moves with the timing too, so a refusal can still come
- * late; the margin makes it rare. */
+ * iteration, are charged the largest of the name seen. The pool's layout
+ * repeats as well: under a budget it starts each iteration from bare
+ * segments (restart_due, pool/pool.c), where its key caches used to carry
+ * the layout over and a refusal came late, after the pools learned. */
 #define PIN_MARGIN_DIV 8
 
 /* The bytes cluster l of g is charged: its pinned block, whole pages. */
