@@ -132,8 +132,8 @@ bool ofl__block_idle(pool_block_t *b) {
 
 /* ---- headers ------------------------------------------------------------- */
 
-/* A spare header (its generation moves on; its pool, kind and lock stay,
- * since stale handles may read them at any time) or a new one. */
+/* A spare header (its generation moves on; its pool, kind, lock and event
+ * stay, since stale handles may read them at any time) or a new one. */
 pool_block_t *ofl__header_take(ofl_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   pool_block_t *b = p->spare_headers;
@@ -190,9 +190,12 @@ void ofl__block_destroy(ofl_pool_t *p, pool_block_t *b) {
       pthread_mutex_unlock(&p->mu);
     }
   }
-  if (b->ev != NULL)
-    ofl_event_destroy(b->ev);
-  b->ev = NULL;
+  /* The event stays with the header for the next block made on it: its
+   * last record is over (every caller waited for the last use), and a pool
+   * that gives its cached blocks' ranges back at every idle point
+   * (restart_due, pool.c) would otherwise create and destroy one per
+   * block and iteration. The pool's destruction destroys it. */
+  atomic_store(&b->pending, false);
   ofl__header_retire(p, b);
 }
 

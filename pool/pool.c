@@ -175,6 +175,8 @@ void ofl_pool_destroy(ofl_pool_t *pool) {
   while (p->spare_headers != NULL) {
     pool_block_t *b = p->spare_headers;
     p->spare_headers = b->next;
+    if (b->ev != NULL)
+      ofl_event_destroy(b->ev);
     pthread_mutex_destroy(&b->order_mu);
     free(b);
   }
