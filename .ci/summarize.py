@@ -8,16 +8,51 @@ A TAP test counts each of its "ok"/"not ok" lines; any other test counts once.
 A TAP test that failed as a whole (crash, timeout, bad exit) with no failing
 line counts one failure more, so a crash after passing subtests still fails.
 A log with no test that passed or failed exits 1: a run that ran nothing has
-not passed."""
+not passed.
+
+Before the counts, each failed test gets a few lines of why: its failing TAP
+lines and the diagnostics under them, or Criterion's failed assertions with
+their messages (the end of a CI log is what a reader gets first; meson's own
+error logs come long before it)."""
 import json
 import re
 import sys
 
 TAP_LINE = re.compile(r"^(not ok|ok)\b(.*)$")
+WHY_MAX = 6  # lines of why per failed test
+
+
+def why(stdout):
+    """The lines that say why a test failed: its "not ok" TAP lines with what
+    follows them, the "#" diagnostics (the pool property test's) or the YAML
+    block of Criterion's TAP output (each failed assertion's file:line and
+    message), and a plain Criterion run's "Assertion Failed" lines."""
+    out, under = [], False
+    skip = {"---", "...", "failures:"}
+    for line in (stdout or "").splitlines():
+        text = line.strip()
+        if text.startswith("not ok") or text.startswith("[FAIL]") or \
+                "Assertion Failed" in text:
+            out.append(text)
+            under = True
+        elif under and (line.startswith(" ") or text.startswith("#") or
+                        text.startswith("[----]")):
+            body = text.lstrip("#").strip()
+            if body.startswith("[----]"):
+                body = body[len("[----]"):].strip()
+            if body.startswith("- "):
+                body = body[2:].rstrip("|+ ").strip()
+            if body and body not in skip and not body.startswith("assertions:"):
+                out.append("  " + body)
+        else:
+            under = False
+    return out[:WHY_MAX]
+
 
 PASSES = ("host", "cudasim")
 counts = {p: [0, 0, 0] for p in PASSES}  # passed, failed, skipped
 lines = []
+failures = []  # (name, result, why lines) of each failed test
 for path in sys.argv[1:]:  # several logs (setups of one run) add up
     try:
         lines += open(path, encoding="utf-8").read().splitlines()
@@ -44,7 +79,10 @@ for line in lines:
             c[2] += 1
         else:
             c[1] += 1
+            failures.append((t.get("name", "?"), result, why(t.get("stdout"))))
         continue
+    if not good and result != "SKIP":
+        failures.append((t.get("name", "?"), result, why(t.get("stdout"))))
     sub_fail = 0
     for m in subs:
         if "# SKIP" in m.group(2).upper():
@@ -63,6 +101,10 @@ def fmt(p, f, s):
     return line + (f", {s} skipped" if s else "")
 
 
+for name, result, lines_why in failures:
+    print(f"failed: {name} ({result})")
+    for line in lines_why:
+        print(f"  {line}")
 for name in PASSES:
     if any(counts[name]):
         print(f"{name}: " + fmt(*counts[name]))

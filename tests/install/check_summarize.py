@@ -53,6 +53,30 @@ rc, last = run(crash)
 ok(rc != 0 and last == "1 passed, 1 failed", "a crash after passing subtests fails", (rc, last))
 rc, last = run(good, crash)
 ok(rc != 0 and last == "4 passed, 1 failed", "several logs add up", (rc, last))
+# what failed, and why, comes before the counts: a Criterion assertion with
+# its message, a TAP line with its diagnostic
+said = log("said.json", [
+    {"name": "ofl:unit+host / crit", "result": "FAIL",
+     "stdout": "[----] x.c:12: Assertion Failed\n[----]   \n[----]   raised after 0 iterations\n"
+               "[FAIL] auto_plan::raise: (1.00s)\n"},
+    {"name": "ofl:unit+host / tap", "result": "FAIL",
+     "stdout": "ok 1 - a\nnot ok 2 - draw 32\n# pool activations: 1 backend calls\n"},
+    {"name": "ofl:unit+host / fine", "result": "OK", "stdout": "ok 1 - b\n"},
+    {"name": "ofl:unit+host / crit_tap", "result": "FAIL",
+     "stdout": "ok - s::passes  (0.00s)\nnot ok - s::fails  (0.00s)\n  ---\n  assertions: 1\n"
+               "  failures:\n  - crt.c:2: |+\n      Assertion failed: held 4194304\n  ...\n"}])
+p = subprocess.run([sys.executable, script, said], capture_output=True, text=True)
+out = p.stdout.splitlines()
+ok(p.returncode != 0 and out[-1] == "3 passed, 3 failed", "the counts stay last", out[-1:])
+ok("failed: ofl:unit+host / crit (FAIL)" in out and
+   "    raised after 0 iterations" in out and
+   "  [FAIL] auto_plan::raise: (1.00s)" in out, "a Criterion failure says why", out)
+ok("failed: ofl:unit+host / tap (FAIL)" in out and "  not ok 2 - draw 32" in out and
+   "    pool activations: 1 backend calls" in out, "a TAP failure says why", out)
+ok("failed: ofl:unit+host / crit_tap (FAIL)" in out and "  not ok - s::fails  (0.00s)" in out and
+   "    crt.c:2:" in out and "    Assertion failed: held 4194304" in out,
+   "a Criterion failure in TAP says where and why", out)
+ok(not any("fine" in line or "passes" in line for line in out), "what passed is not listed", out)
 
 print("TAP version 13")
 print(f"1..{len(results)}")
