@@ -72,6 +72,8 @@ for line in lines:
     good = result in ("OK", "EXPECTEDFAIL")
     subs = [TAP_LINE.match(l) for l in (t.get("stdout") or "").splitlines()]
     subs = [m for m in subs if m]
+    if not good and result != "SKIP":
+        failures.append((t.get("name", "?"), result, why(t.get("stdout"))))
     if not subs:
         if good:
             c[0] += 1
@@ -79,10 +81,7 @@ for line in lines:
             c[2] += 1
         else:
             c[1] += 1
-            failures.append((t.get("name", "?"), result, why(t.get("stdout"))))
         continue
-    if not good and result != "SKIP":
-        failures.append((t.get("name", "?"), result, why(t.get("stdout"))))
     sub_fail = 0
     for m in subs:
         if "# SKIP" in m.group(2).upper():

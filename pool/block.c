@@ -191,7 +191,8 @@ void ofl__block_destroy(ofl_pool_t *p, pool_block_t *b) {
     }
   }
   /* The event stays with the header for the next block made on it: its
-   * last record is over (every caller waited for the last use), and a pool
+   * last record is over (every caller waited for the last use, but the
+   * pool's destruction, after which nothing is made), and a pool
    * that gives its cached blocks' ranges back at every idle point
    * (restart_due, pool.c) would otherwise create and destroy one per
    * block and iteration. The pool's destruction destroys it. */
