@@ -81,17 +81,13 @@ static ofl__range_t *range_pick(ofl__arena_t *a, size_t need, bool small) {
   return best;
 }
 
-/* Lock held: splits need bytes off free range r, from its top (top) or its
- * bottom; the rest stays free in r's place; returns the range handed out,
- * or NULL when no record could be made. */
-static ofl__range_t *range_split(ofl__arena_t *a, ofl__range_t *r, size_t need,
-                                 bool top) {
+/* Lock held: r keeps its first low bytes, and a new record after it in
+ * address order holds the rest (not linked as free); NULL, with nothing
+ * changed, when no record could be made. */
+static ofl__range_t *split_after(ofl__arena_t *a, ofl__range_t *r, size_t low) {
   ofl__range_t *n = record_get(a);
   if (n == NULL)
     return NULL;
-  free_unlink(a, r);
-  /* n follows r in address order: the top part of r's bytes */
-  size_t low = top ? r->bytes - need : need;
   *n = (ofl__range_t){.base = r->base + low,
                       .bytes = r->bytes - low,
                       .seg = r->seg,
@@ -101,6 +97,21 @@ static ofl__range_t *range_split(ofl__arena_t *a, ofl__range_t *r, size_t need,
     r->next->prev = n;
   r->next = n;
   r->bytes = low;
+  return n;
+}
+
+/* Lock held: splits need bytes off free range r, from its top (top) or its
+ * bottom; the rest stays free in r's place; returns the range handed out,
+ * or NULL when no record could be made. */
+static ofl__range_t *range_split(ofl__arena_t *a, ofl__range_t *r, size_t need,
+                                 bool top) {
+  size_t low = top ? r->bytes - need : need;
+  free_unlink(a, r);
+  ofl__range_t *n = split_after(a, r, low);
+  if (n == NULL) {
+    free_link(a, r); /* still free, whole */
+    return NULL;
+  }
   free_link(a, top ? r : n);
   return top ? n : r;
 }
@@ -122,27 +133,48 @@ static void note_short(ofl__arena_t *a) {
     a->short_bytes = a->largest - most;
 }
 
-ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes) {
+/* The bytes a request of bytes takes: whole granules, at least one. */
+static size_t need_of(const ofl__arena_t *a, size_t bytes) {
   size_t need = (bytes + a->granule - 1) / a->granule * a->granule;
-  if (need < bytes || need == 0)
-    need = a->granule;
-  bool small = small_request(a, need);
-  ofl__range_t *best = range_pick(a, need, small);
-  if (best == NULL)
-    return NULL;
-  if (best->bytes > need) {
-    best = range_split(a, best, need, small);
-    if (best == NULL)
+  return need < bytes || need == 0 ? a->granule : need;
+}
+
+/* Lock held: need bytes of free range r handed out, from its top (top) or
+ * its bottom; NULL when no record could be made. */
+static ofl__range_t *hand_out(ofl__arena_t *a, ofl__range_t *r, size_t need,
+                              bool top) {
+  if (r->bytes > need) {
+    r = range_split(a, r, need, top);
+    if (r == NULL)
       return NULL;
   } else {
-    free_unlink(a, best);
+    free_unlink(a, r);
   }
-  best->seg->used++;
+  r->seg->used++;
   if (need > a->largest)
     a->largest = need;
+  return r;
+}
+
+ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes) {
+  size_t need = need_of(a, bytes);
+  bool small = small_request(a, need);
+  ofl__range_t *best = range_pick(a, need, small);
+  if (best == NULL || (best = hand_out(a, best, need, small)) == NULL)
+    return NULL;
   if (a->watch)
     note_short(a);
   return best;
+}
+
+ofl__range_t *ofl__arena_take_low(ofl__arena_t *a, size_t bytes) {
+  size_t need = need_of(a, bytes);
+  ofl__range_t *best = NULL;
+  for (ofl__range_t *r = a->free_ranges; r != NULL; r = r->fnext)
+    if (r->bytes >= need &&
+        (best == NULL || (uintptr_t)r->base < (uintptr_t)best->base))
+      best = r;
+  return best == NULL ? NULL : hand_out(a, best, need, false);
 }
 
 /* Lock held: r absorbs its next neighbour (free, unlinked from the free
@@ -154,6 +186,18 @@ static void absorb_next(ofl__arena_t *a, ofl__range_t *r) {
   if (n->next != NULL)
     n->next->prev = r;
   record_put(a, n);
+}
+
+void ofl__arena_trim(ofl__arena_t *a, ofl__range_t *r, size_t bytes) {
+  size_t keep = need_of(a, bytes);
+  ofl__range_t *n = keep < r->bytes ? split_after(a, r, keep) : NULL;
+  if (n == NULL)
+    return; /* nothing to trim, or no record: the range stays whole */
+  if (n->next != NULL && n->next->free) {
+    free_unlink(a, n->next);
+    absorb_next(a, n);
+  }
+  free_link(a, n);
 }
 
 void ofl__arena_give(ofl__arena_t *a, ofl__range_t *r) {

@@ -63,6 +63,14 @@ void ofl__arena_init(ofl__arena_t *a, ofl_device_t *dev, ofl_pool_kind_t kind);
  * request: the top of the highest free range that fits); NULL when no
  * free range is large enough (or no record could be made). */
 ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes);
+/* A range of bytes (rounded to the granule) from the bottom of the lowest
+ * free range that fits (the placement plan's slots, laid out in order);
+ * NULL when none fits. */
+ofl__range_t *ofl__arena_take_low(ofl__arena_t *a, size_t bytes);
+/* A range handed out keeps its first bytes (rounded to the granule); the
+ * rest becomes free, merged with a free next neighbour. Nothing changes
+ * when no record can be made. */
+void ofl__arena_trim(ofl__arena_t *a, ofl__range_t *r, size_t bytes);
 /* Gives r back; it merges with free neighbours. */
 void ofl__arena_give(ofl__arena_t *a, ofl__range_t *r);
 /* The bytes of the segment to add for a request of bytes: geometric growth

@@ -145,6 +145,8 @@ pool_block_t *ofl__header_take(ofl_pool_t *p) {
     b->held = b->carved = false;
     b->range = NULL;
     b->alloc_stream = NULL;
+    b->slot1 = 0;
+    b->ord_seq = 0;
   }
   pthread_mutex_unlock(&p->mu);
   if (b == NULL && (b = calloc(1, sizeof *b)) != NULL) {
@@ -169,7 +171,11 @@ void ofl__header_retire(ofl_pool_t *p, pool_block_t *b) {
 void ofl__block_destroy(ofl_pool_t *p, pool_block_t *b) {
   if (b->range != NULL) {
     pthread_mutex_lock(&p->mu);
-    ofl__arena_give(&p->arena, b->range);
+    if (b->slot1 != 0) /* the plan keeps its slot's range reserved */
+      p->plan.slots[b->slot1 - 1].block = NULL;
+    else
+      ofl__arena_give(&p->arena, b->range);
+    b->slot1 = 0;
     b->range = NULL;
     pthread_mutex_unlock(&p->mu);
   } else if (!b->carved && b->st.base != NULL && p->has_allocator) {

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 
 #include "pool/arena.h"
+#include "pool/tuning.h"
 #include "pool/pool_internal.h"
 
 typedef struct pool_key pool_key_t;
@@ -34,7 +35,71 @@ typedef struct pool_block {
   pthread_mutex_t order_mu;
   ofl_event_t *ev;
   atomic_bool pending; /* ev recorded and not yet known complete */
+  /* The placement plan (pool/plan.c): the slot the block lies in (its
+   * index + 1; 0: none), and while the pool records, the request it
+   * serves (its place in the iteration, the iteration, and a sequence
+   * number; ord_seq 0: no record open). */
+  uint32_t slot1;
+  uint32_t ord;
+  uint64_t ord_cycle, ord_seq;
 } pool_block_t;
+
+/* ---- the placement plan (pool/plan.c) ------------------------------------
+ * A device pool of changing sizes under a manager records, while it
+ * learns, each request's place in the iteration (its ordinal), the most
+ * bytes asked at that place, and how long the block stayed busy (until
+ * freed, or until its last use was seen complete, in requests of the
+ * iteration); at the end of learning it lays the ordinals out in slots,
+ * fixed ranges of one segment shared by ordinals whose busy times do not
+ * meet, and from then on serves each request from its ordinal's slot. */
+typedef struct ofl__place_ord {
+  size_t lo;           /* the least asked at this place */
+  size_t bytes;        /* the most asked at this place; while the plan is laid
+                          out, the size its slot needs */
+  size_t most, margin; /* its class's most, and the margin past it */
+  /* Busy until this request (past n: into the next iteration;
+   * UINT32_MAX: throughout), in each iteration recorded (0: none yet), and
+   * the one the layout uses. */
+  uint32_t ends[OFL__LEARN_CYCLES];
+  uint64_t end;
+  uint32_t slot; /* after the plan is made */
+} ofl__place_ord_t;
+
+typedef struct ofl__place_watch {
+  struct pool_block *b;
+  uint64_t seq, cycle;
+  uint32_t ord;
+} ofl__place_watch_t;
+
+typedef struct ofl__place_slot {
+  ofl__range_t *range;      /* reserved in the arena */
+  struct pool_block *block; /* the block made on it (NULL: none) */
+  bool making;              /* a block is being made on it */
+} ofl__place_slot_t;
+
+typedef struct ofl__plan {
+  bool recording, active, uneven;
+  uint32_t clock;      /* requests of the iteration under way */
+  uint32_t n, prev_n;  /* requests per iteration; the last one's */
+  uint32_t iters, cap; /* iterations recorded; ords allocated */
+  uint64_t seq;
+  ofl__place_ord_t *ords;
+  /* The warmup's sizes, by ordinal (at most OFL__PLACE_WARM of them):
+   * they join the ranges once the first iteration after it proves it made
+   * as many requests. */
+  size_t *warm;
+  uint32_t nwarm;
+  bool warm_used;            /* the warmup's sizes joined the ranges */
+  ofl__place_watch_t *watch; /* freed blocks whose last use is queued */
+  uint32_t nwatch, capwatch;
+  ofl__place_slot_t *slots;
+  uint32_t nslots;
+  size_t bytes;           /* the slots' */
+  uint64_t misses;        /* requests not in their ordinal's slot */
+  uint64_t misses_before; /* at the last iteration's end */
+  uint32_t gen;           /* plans made and dropped: a block being made on a
+                             slot of an ended plan owns its range */
+} ofl__place_t;
 
 struct pool_key {
   pool_key_t *hnext; /* hash chain */
@@ -152,6 +217,7 @@ struct ofl_pool {
    * pool's destroy waits for it). Guarded by the registry's lock. */
   atomic_bool reported;
   unsigned pins;
+  ofl__place_t plan;
 };
 
 /* ---- keys and free lists (lock held) ------------------------------------ */
@@ -259,5 +325,40 @@ int ofl__pool_pin_followers(ofl_pool_t *p, ofl_pool_t **q, int max);
 void ofl__pool_unpin(ofl_pool_t **q, int n);
 /* Lock held: memory the pool holds from the backend. */
 size_t ofl__pool_held(const ofl_pool_t *p);
+
+/* ---- the placement plan (pool/plan.c) ----------------------------------- */
+/* At the pool's creation: whether the plan may ever serve it. */
+void ofl__place_init(ofl_pool_t *p);
+/* Lock held, at each request: its ordinal (UINT32_MAX: the pool neither
+ * records nor follows a plan); while recording, blocks whose last use
+ * completed close their records. */
+uint32_t ofl__place_tick(ofl_pool_t *p);
+/* Lock held: b serves request ord of bytes (recording). */
+void ofl__place_note_alloc(ofl_pool_t *p, pool_block_t *b, uint32_t ord,
+                           size_t bytes);
+/* Lock held: b came back (recording). */
+void ofl__place_note_free(ofl_pool_t *p, pool_block_t *b);
+/* Lock held, at an iteration's end (cycles not yet counted): the records
+ * roll over, and recording starts after the warmup. */
+void ofl__place_cycle_end(ofl_pool_t *p);
+/* Lock not held, at the iteration's end that ended learning: makes the
+ * plan and its segment when the records allow one, the segment at least
+ * room bytes (what a merge would make) where the waste bound allows.
+ * Returns whether it did. */
+bool ofl__place_install(ofl_pool_t *p, size_t room);
+/* Lock held: the slot for request ord of bytes: *range when no block lies
+ * in it (a block is made on it), *b when a free block does (taken off its
+ * key); false: the plan does not place it. */
+bool ofl__place_pick(ofl_pool_t *p, uint32_t ord, size_t bytes,
+                     ofl__range_t **range, pool_block_t **b, uint32_t *slot1);
+/* Lock held: the block b made on slot slot1 of plan gen (or, on failure,
+ * b NULL) settles: the slot records it, or, the plan ended meanwhile, b
+ * owns the range (a failure gives it back). */
+void ofl__place_made(ofl_pool_t *p, pool_block_t *b, ofl__range_t *range,
+                     uint32_t slot1, uint32_t gen);
+/* Lock held: the plan ends; its reserved ranges go back to the arena. */
+void ofl__place_drop(ofl_pool_t *p);
+/* The plan's records (pool destroy). */
+void ofl__place_free(ofl_pool_t *p);
 
 #endif /* OFL_POOL_BLOCK_H */

@@ -108,6 +108,7 @@ ofl_status_t ofl_pool_create(ofl_device_t *dev, const ofl_pool_params_t *params,
                : (prm.kind == OFL_POOL_PINNED ? "pinned" : "device"));
   p->stats.budget_bytes = budget;
   ofl__arena_init(&p->arena, dev, prm.kind);
+  ofl__place_init(p);
   if (prm.reserve_bytes > 0) {
     ofl_status_t s =
         ofl__arena_backend_alloc(&p->arena, prm.reserve_bytes, &p->reserve);
@@ -171,6 +172,7 @@ void ofl_pool_destroy(ofl_pool_t *pool) {
   }
   if (p->reserve != NULL)
     (void)ofl__arena_backend_free(&p->arena, p->reserve);
+  ofl__place_free(p);
   (void)ofl__arena_destroy(&p->arena);
   while (p->spare_headers != NULL) {
     pool_block_t *b = p->spare_headers;
@@ -346,6 +348,8 @@ static pick_t block_pick(ofl_pool_t *p, pool_key_t *k, ofl_stream_t *stream,
                          pool_block_t **prev_out, pool_block_t **out) {
   pool_block_t *prev = NULL, *oldest = NULL, *oldest_prev = NULL;
   for (pool_block_t *b = k->free_head; b != NULL; prev = b, b = b->next) {
+    if (b->slot1 != 0) /* kept for its slot's ordinals (pool/plan.c) */
+      continue;
     if (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS) {
       atomic_store(&b->pending, false);
       *prev_out = prev;
@@ -464,19 +468,29 @@ static bool evict_for(ofl_pool_t *p, pool_key_t *k, size_t bytes,
   return true;
 }
 
+/* Where the placement plan puts a request (pool/plan.c): on its slot's
+ * range (no block there yet), or the free block lying in the slot (off its
+ * key); slot1: the slot's index + 1, 0: the plan does not place it. */
+typedef struct plan_use {
+  ofl__range_t *range;
+  pool_block_t *block;
+  pool_key_t *old_key; /* block's key before, kept (creating) meanwhile */
+  uint32_t slot1, gen;
+} plan_use_t;
+
 /* Creates a block of k outside the lock: carved from the reserve, from a
  * segment (seg), or memory of its own, whose budget was already held in
  * creating_bytes. k->creating counts it meanwhile. Lock not held on entry or
  * exit. */
 static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
                                  bool seg, ofl_stream_t *stream,
-                                 pool_block_t **out) {
+                                 const plan_use_t *plan, pool_block_t **out) {
   size_t bytes = k->block_bytes;
   ofl_status_t s = OFL_SUCCESS;
   void *mem = carved;
-  ofl__range_t *range = NULL;
-  pool_block_t *b = NULL, *reuse = NULL;
-  if (mem == NULL)
+  ofl__range_t *range = plan->range;
+  pool_block_t *b = NULL, *reuse = plan->block;
+  if (mem == NULL && range == NULL && reuse == NULL)
     s = ofl__pool_memory(p, bytes > 0 ? bytes : 1, seg, stream, &range, &mem,
                          &reuse);
   if (reuse != NULL) {
@@ -489,7 +503,9 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
     s = ofl__error(OFL_ERR_NO_MEMORY, OFL_SUBSYS_POOL,
                    "pool %s: cannot allocate a block header", p->name);
     pthread_mutex_lock(&p->mu);
-    if (range != NULL)
+    if (range != NULL && plan->slot1 != 0 && plan->block == NULL)
+      ofl__place_made(p, NULL, range, plan->slot1, plan->gen);
+    else if (range != NULL && plan->slot1 == 0)
       ofl__arena_give(&p->arena, range);
     pthread_mutex_unlock(&p->mu);
     if (range == NULL && mem != NULL && carved == NULL && p->has_allocator) {
@@ -531,12 +547,20 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
   b->range = range;
   b->alloc_stream = stream;
   b->held = true;
+  if (plan->slot1 != 0) { /* made or taken over on its slot's range */
+    ofl__place_made(p, b, range, plan->slot1, plan->gen);
+    if (plan->old_key != NULL)
+      plan->old_key->creating--;
+  }
   if (own)
     p->own_bytes += bytes;
   OFL_FIFO_PUSH(k->all_head, k->all_tail, b, key_next);
   k->total++;
   k->allocated++;
-  p->stats.misses++;
+  if (plan->block != NULL)
+    p->stats.hits++; /* the plan's slot: no memory made */
+  else
+    p->stats.misses++;
   p->stats.blocks_total++;
   p->stats.blocks_in_use++;
   p->stats.total_bytes += bytes;
@@ -610,8 +634,18 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
                       "pool %s: cannot allocate a key record", p->name);
   }
   pool_block_t *prev = NULL, *b = NULL, *victims = NULL;
-  pick_t pick = block_pick(p, k, stream, &prev, &b);
-  bool seg = from_segment(p);
+  uint32_t ord = ofl__place_tick(p);
+  /* The plan's records: while it records, and the warmup's sizes. */
+  bool note = p->plan.recording || (p->cycles == 0 && !p->plan.active &&
+                                    p->plan.nwarm != UINT32_MAX);
+  plan_use_t plan = {.gen = p->plan.gen};
+  bool planned =
+      p->plan.active &&
+      ofl__place_pick(p, ord, key_bytes, &plan.range, &plan.block, &plan.slot1);
+  if (plan.block != NULL)
+    plan.old_key = plan.block->key;
+  pick_t pick = planned ? PICK_NONE : block_pick(p, k, stream, &prev, &b);
+  bool seg = planned || from_segment(p);
   if (pick == PICK_NONE && !seg && !budget_allows(p, key_bytes)) {
     /* Budget full: rather than fail, wait for the oldest queued last use of
      * this key, or release free blocks of other keys. */
@@ -642,7 +676,7 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
       p->stats.stream_waits++;
   } else {
     k->creating++;
-    carved = reserve_carve(p, key_bytes);
+    carved = planned ? NULL : reserve_carve(p, key_bytes);
     if (carved == NULL && !seg)
       p->creating_bytes += key_bytes;
   }
@@ -650,8 +684,37 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
 
   ofl__pool_destroy_victims(p, victims); /* last uses over (evict_for) */
   ofl_status_t s = OFL_SUCCESS;
+  if (plan.block != NULL && atomic_load(&plan.block->pending) &&
+      ofl_event_query(plan.block->ev) != OFL_SUCCESS) {
+    /* The slot's last block is still read by queued work (a copy): the
+     * requester's stream waits for it (section 5 rule 2), or the host
+     * without a stream. */
+    if (stream != NULL) {
+      s = ofl_stream_wait_event(stream, plan.block->ev);
+      pthread_mutex_lock(&p->mu);
+      p->stats.stream_waits++;
+      pthread_mutex_unlock(&p->mu);
+    } else if (!ofl__block_quiesce(plan.block)) {
+      s = ofl__error(OFL_ERR_TIMEOUT, OFL_SUBSYS_POOL,
+                     "pool %s: the last use of block %p did not complete",
+                     p->name, plan.block->st.base);
+    }
+    if (s != OFL_SUCCESS) {
+      pthread_mutex_lock(&p->mu);
+      ofl__place_made(p, plan.block, plan.block->range, plan.slot1, plan.gen);
+      k->creating--;
+      if (t != NULL && t != into)
+        ofl__handle_cache_push(p, t);
+      pthread_mutex_unlock(&p->mu);
+      ofl__block_relink(p, plan.block); /* back on its key, free */
+      pthread_mutex_lock(&p->mu);
+      plan.old_key->creating--;
+      pthread_mutex_unlock(&p->mu);
+      return s;
+    }
+  }
   if (pick == PICK_NONE) {
-    s = block_create(p, k, carved, seg && carved == NULL, stream, &b);
+    s = block_create(p, k, carved, seg && carved == NULL, stream, &plan, &b);
   } else if (pick == PICK_WAIT) {
     s = ofl_stream_wait_event(stream, b->ev);
   } else if (pick == PICK_SYNC) {
@@ -676,7 +739,10 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
       b->held = false;
       atomic_store(&b->st.refs, 0);
       k->allocated--;
-      p->stats.misses--;
+      if (plan.block != NULL)
+        p->stats.hits--;
+      else
+        p->stats.misses--;
       p->stats.blocks_in_use--;
       p->stats.in_use_bytes -= b->st.bytes;
       ofl__free_push(k, b);
@@ -694,6 +760,11 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
   t->st_gen = b->st.gen;
   t->offset = 0;
   t->data = b->st.base;
+  if (note) {
+    pthread_mutex_lock(&p->mu);
+    ofl__place_note_alloc(p, b, ord, key_bytes);
+    pthread_mutex_unlock(&p->mu);
+  }
   t->loc = p->loc;
   if (out != NULL)
     *out = t;

@@ -125,6 +125,7 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
     p->stats.blocks_in_use--;
     p->stats.in_use_bytes -= b->st.bytes;
     ofl__free_push(b->key, b);
+    ofl__place_note_free(p, b);
   }
   /* The last block of a pool whose owner is gone: the pool goes now. */
   bool finish = p->doomed && p->stats.blocks_in_use == 0;
@@ -303,6 +304,7 @@ ofl_status_t ofl_pool_clear(ofl_pool_t *pool) {
                       "ofl_pool_clear: pool is NULL");
   ofl_pool_t *p = pool;
   pthread_mutex_lock(&p->mu);
+  ofl__place_drop(p); /* its slots' memory goes too */
   pool_block_t *victims = take_free_blocks(p);
   pthread_mutex_unlock(&p->mu);
 

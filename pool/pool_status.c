@@ -30,6 +30,9 @@ void ofl_pool_get_stats(const ofl_pool_t *pool, ofl_pool_stats_t *out) {
   out->segments = p->arena.nsegs;
   out->iterations = p->cycles;
   out->learned_iteration = p->learned_cycle;
+  out->placement_slots = p->plan.active ? p->plan.nslots : 0;
+  out->placement_bytes = p->plan.active ? p->plan.bytes : 0;
+  out->placement_misses = p->plan.misses;
   pthread_mutex_unlock(&p->mu);
 }
 

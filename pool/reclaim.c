@@ -77,7 +77,10 @@ size_t ofl__pool_take_idle(ofl_pool_t *p, bool segs_only,
     pool_block_t *prev = NULL, *b = k->free_head;
     while (b != NULL) {
       pool_block_t *next = b->next;
-      if ((!segs_only || b->range != NULL) && ofl__block_idle(b)) {
+      /* A block in a placement plan's slot gives no range back (the slot
+       * keeps it): not for room. */
+      if ((!segs_only || (b->range != NULL && b->slot1 == 0)) &&
+          ofl__block_idle(b)) {
         ofl__free_unlink(k, prev, b);
         ofl__key_forget(p, b);
         got += b->st.bytes;
@@ -119,6 +122,7 @@ void ofl__pool_free_segments(ofl_pool_t *p, ofl__segment_t *segs) {
 static size_t release_cached(ofl_pool_t *p) {
   pool_block_t *victims = NULL;
   pthread_mutex_lock(&p->mu);
+  ofl__place_drop(p); /* out of memory: a plan's slots hold none back */
   for (pool_key_t *k = p->keys; k != NULL; k = k->lnext) {
     pool_block_t *prev = NULL, *b = k->free_head;
     while (b != NULL) {
@@ -360,7 +364,7 @@ static pool_block_t *pending_fit(ofl_pool_t *p, size_t bytes, pool_key_t **key,
   for (pool_key_t *k = p->keys; k != NULL; k = k->lnext) {
     pool_block_t *prev = NULL;
     for (pool_block_t *b = k->free_head; b != NULL; prev = b, b = b->next)
-      if (b->range != NULL && b->range->bytes >= bytes &&
+      if (b->range != NULL && b->slot1 == 0 && b->range->bytes >= bytes &&
           (best == NULL || b->range->bytes < best->range->bytes)) {
         best = b;
         *key = k;
@@ -410,7 +414,7 @@ bool ofl__pool_settle_pending(ofl_pool_t *p) {
     pool_block_t *prev = NULL, *b = k->free_head;
     while (b != NULL) {
       pool_block_t *next = b->next;
-      if (b->range != NULL && !b->carved) {
+      if (b->range != NULL && !b->carved && b->slot1 == 0) {
         ofl__free_unlink(k, prev, b);
         ofl__key_forget(p, b);
         b->next = queued;
@@ -472,6 +476,19 @@ static ofl_status_t segment_memory(ofl_pool_t *p, size_t bytes,
       return OFL_SUCCESS;
     }
     if (ofl__pool_settle_pending(p) && (r = take_range(p, bytes)) != NULL) {
+      *range = r;
+      return OFL_SUCCESS;
+    }
+    /* A placement plan whose slots and room past them have no place for
+     * the request (sizes past what it learned): its slots go back to the
+     * arena, whose best fit over the whole segment takes over before the
+     * pool grows (pool/plan.c). */
+    pthread_mutex_lock(&p->mu);
+    bool planned = p->plan.active;
+    if (planned)
+      ofl__place_drop(p);
+    pthread_mutex_unlock(&p->mu);
+    if (planned && (r = take_range(p, bytes)) != NULL) {
       *range = r;
       return OFL_SUCCESS;
     }

@@ -251,9 +251,20 @@ static bool widen_due(const ofl_pool_t *p, size_t *most_out, size_t *bytes) {
   return *bytes != 0 && p->arena.held_bytes + *bytes / OFL__RESIZE_DIV < *bytes;
 }
 
+/* Lock held: the segment a merge at the end of learning would make (the
+ * room a placement plan keeps at least). */
+static size_t plan_room(const ofl_pool_t *p) {
+  size_t most = most_of(p);
+  size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
+  if (bytes != 0 && bytes < p->merge_floor_bytes)
+    bytes = p->merge_floor_bytes;
+  return merge_size(p, most, bytes);
+}
+
 static void cycle_end(ofl_pool_t *p, bool moved) {
   pthread_mutex_lock(&p->mu);
   p->cycle_moved = moved;
+  ofl__place_cycle_end(p);
   bool learn = p->cycles == 0 || learning(p);
   /* The first iteration after the warmup has no peak before it: it
    * counts as a rise. */
@@ -275,7 +286,11 @@ static void cycle_end(ofl_pool_t *p, bool moved) {
     merge_into(p, most, resize, true);
     pthread_mutex_lock(&p->mu);
     learning_check(p); /* the resize counts as a change */
+    bool plan = p->plan.recording && p->learned_cycle != 0;
+    size_t room = plan ? plan_room(p) : 0;
     pthread_mutex_unlock(&p->mu);
+    if (plan)
+      (void)ofl__place_install(p, room);
     return;
   }
   most = most_of(p);
@@ -303,13 +318,22 @@ static void cycle_end(ofl_pool_t *p, bool moved) {
    * must pass without a call. */
   pthread_mutex_lock(&p->mu);
   bool merge = p->kind == OFL_POOL_DEVICE && p->grew && !p->merging &&
-               p->byte_keys_made >= 2 && p->byte_keys_made <= OFL__MANY_SIZES &&
+               !p->plan.active && p->byte_keys_made >= 2 &&
+               p->byte_keys_made <= OFL__MANY_SIZES &&
                p->stats.budget_bytes == 0 && p->stats.blocks_in_use == 0;
   pthread_mutex_unlock(&p->mu);
   if (merge)
     ofl__pool_merge(p);
   pthread_mutex_lock(&p->mu);
   learning_check(p); /* a room made or a merge counts as a change */
+  bool plan = p->plan.recording && p->learned_cycle != 0;
+  size_t plan_bytes = plan ? plan_room(p) : 0;
+  pthread_mutex_unlock(&p->mu);
+  /* Learning ended: the placement plan replaces the segments when the
+   * records allow one (pool/plan.c). */
+  if (plan && ofl__place_install(p, plan_bytes))
+    return;
+  pthread_mutex_lock(&p->mu);
   bool widen = widen_due(p, &most, &resize);
   pthread_mutex_unlock(&p->mu);
   if (widen) {
@@ -352,7 +376,7 @@ bool ofl__pool_idle_point(ofl_pool_t *p) {
    * holds tens of MB in 8 MiB segments, 1.04 to 1.21 times its peak in
    * use), and a registration costs far more than a device allocation. */
   if (p->merging || p->kind != OFL_POOL_DEVICE || p->byte_keys_made < 2 ||
-      p->stats.budget_bytes != 0)
+      p->stats.budget_bytes != 0 || p->plan.active)
     return false;
   /* After a growth, once a whole cycle went without one: a merge costs a
    * free per segment and an allocation, not to be paid every cycle while

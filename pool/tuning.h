@@ -72,4 +72,28 @@
 #define OFL__WASTE_NUM 13u
 #define OFL__WASTE_DEN 10u
 
+/* ---- the placement plan (pool/plan.c) ----------------------------------- */
+
+/* Requests per iteration a plan covers at most (its records: ~100 B each;
+ * laying them out is quadratic, under the pool's lock, once). */
+#define OFL__PLAN_MAX_ORDS 2048u
+/* The warmup's sizes are kept for this many requests at most (8 KiB). */
+#define OFL__PLAN_WARM 1024u
+/* Two ordinals' ranges of sizes are one class when their least and their
+ * most each lie within 1/PLAN_ALIKE_DIV of their spans together: a name's
+ * tensors drawn anew each iteration differ by sampling only. */
+#define OFL__PLAN_ALIKE_DIV 8u
+/* A class's slots are its most seen and PLAN_GAP_K times the expected gap
+ * to the true end of its range (its span over the draws seen), less where
+ * the waste bound asks: with three, the soak's later draws missed their
+ * slots (seed 1, draw 426). */
+#define OFL__PLAN_GAP_K 6u
+/* Room past the slots: a sixteenth of them at least, for requests the plan
+ * does not place. */
+#define OFL__PLAN_ROOM_DIV 16u
+/* An iteration of which more than 1/PLAN_MISS_DIV of the requests (and two
+ * or more) missed their slots ends the plan at its end: its requests are
+ * not the learned ones. */
+#define OFL__PLAN_MISS_DIV 8u
+
 #endif /* OFL_POOL_TUNING_H */

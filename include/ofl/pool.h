@@ -186,6 +186,15 @@ typedef struct ofl_pool_stats {
    * backend call: backend_allocs and backend_frees stay as they are. */
   uint64_t iterations;
   uint64_t learned_iteration;
+  /* The placement plan of a device pool of changing sizes under a manager
+   * (from the end of its learning; docs/design/memory.md): its slots (0:
+   * none: no plan was made, or it ended), their bytes, and the requests
+   * since it was made that their own slot did not take (another free slot
+   * or the room past the slots did; a request that finds neither ends the
+   * plan, and best fit over the segment takes over). */
+  uint64_t placement_slots;
+  size_t placement_bytes;
+  uint64_t placement_misses;
 } ofl_pool_stats_t;
 
 /* Status of one key (the reference pool's get_pool_status(shape, dtype)). */
