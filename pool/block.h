@@ -97,6 +97,7 @@ typedef struct ofl__plan {
   size_t bytes;           /* the slots' */
   uint64_t misses;        /* requests not in their ordinal's slot */
   uint64_t misses_before; /* at the last iteration's end */
+  uint64_t missed_last;   /* in the last iteration */
   uint32_t gen;           /* plans made and dropped: a block being made on a
                              slot of an ended plan owns its range */
 } ofl__place_t;

@@ -92,8 +92,8 @@
  * does not place. */
 #define OFL__PLAN_ROOM_DIV 16u
 /* An iteration of which more than 1/PLAN_MISS_DIV of the requests (and two
- * or more) missed their slots ends the plan at its end: its requests are
- * not the learned ones. */
+ * or more) missed their slots, or the second in a row with any miss, ends
+ * the plan at its end: its requests are not the learned ones. */
 #define OFL__PLAN_MISS_DIV 8u
 
 #endif /* OFL_POOL_TUNING_H */
