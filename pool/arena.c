@@ -133,8 +133,7 @@ static void note_short(ofl__arena_t *a) {
     a->short_bytes = a->largest - most;
 }
 
-/* The bytes a request of bytes takes: whole granules, at least one. */
-static size_t need_of(const ofl__arena_t *a, size_t bytes) {
+size_t ofl__arena_need(const ofl__arena_t *a, size_t bytes) {
   size_t need = (bytes + a->granule - 1) / a->granule * a->granule;
   return need < bytes || need == 0 ? a->granule : need;
 }
@@ -157,7 +156,7 @@ static ofl__range_t *hand_out(ofl__arena_t *a, ofl__range_t *r, size_t need,
 }
 
 ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes) {
-  size_t need = need_of(a, bytes);
+  size_t need = ofl__arena_need(a, bytes);
   bool small = small_request(a, need);
   ofl__range_t *best = range_pick(a, need, small);
   if (best == NULL || (best = hand_out(a, best, need, small)) == NULL)
@@ -168,7 +167,7 @@ ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes) {
 }
 
 ofl__range_t *ofl__arena_take_low(ofl__arena_t *a, size_t bytes) {
-  size_t need = need_of(a, bytes);
+  size_t need = ofl__arena_need(a, bytes);
   ofl__range_t *best = NULL;
   for (ofl__range_t *r = a->free_ranges; r != NULL; r = r->fnext)
     if (r->bytes >= need &&
@@ -189,7 +188,7 @@ static void absorb_next(ofl__arena_t *a, ofl__range_t *r) {
 }
 
 void ofl__arena_trim(ofl__arena_t *a, ofl__range_t *r, size_t bytes) {
-  size_t keep = need_of(a, bytes);
+  size_t keep = ofl__arena_need(a, bytes);
   ofl__range_t *n = keep < r->bytes ? split_after(a, r, keep) : NULL;
   if (n == NULL)
     return; /* nothing to trim, or no record: the range stays whole */

@@ -63,6 +63,8 @@ void ofl__arena_init(ofl__arena_t *a, ofl_device_t *dev, ofl_pool_kind_t kind);
  * request: the top of the highest free range that fits); NULL when no
  * free range is large enough (or no record could be made). */
 ofl__range_t *ofl__arena_take(ofl__arena_t *a, size_t bytes);
+/* The bytes a request of bytes takes: whole granules, at least one. */
+size_t ofl__arena_need(const ofl__arena_t *a, size_t bytes);
 /* A range of bytes (rounded to the granule) from the bottom of the lowest
  * free range that fits (the placement plan's slots, laid out in order);
  * NULL when none fits. */

@@ -61,6 +61,22 @@ static void stop_recording(ofl__place_t *pl) {
   pl->nwatch = pl->capwatch = 0;
 }
 
+/* The records go: nothing more follows from them (no plan was made, or it
+ * ended). */
+static void forget_records(ofl__place_t *pl) {
+  free(pl->ords);
+  pl->ords = NULL;
+  pl->cap = pl->n = 0;
+}
+
+/* An ordinal's range of sizes takes in a request of need bytes. */
+static void note_size(ofl__place_ord_t *o, size_t need) {
+  if (need > o->bytes)
+    o->bytes = need;
+  if (o->lo == 0 || need < o->lo)
+    o->lo = need;
+}
+
 static bool ords_room(ofl__place_t *pl, uint32_t need) {
   if (need <= pl->cap)
     return true;
@@ -160,7 +176,7 @@ uint32_t ofl__place_tick(ofl_pool_t *p) {
 void ofl__place_note_alloc(ofl_pool_t *p, pool_block_t *b, uint32_t ord,
                            size_t bytes) {
   ofl__place_t *pl = &p->plan;
-  size_t g = p->arena.granule, need = (bytes + g - 1) / g * g;
+  size_t need = ofl__arena_need(&p->arena, bytes);
   if (!pl->recording && !pl->active && p->cycles == 0 &&
       p->learned_cycle == 0 && eligible(p)) {
     note_warm(p, need);
@@ -175,11 +191,7 @@ void ofl__place_note_alloc(ofl_pool_t *p, pool_block_t *b, uint32_t ord,
     b->ord_seq = 0;
     return;
   }
-  ofl__place_ord_t *o = &pl->ords[ord];
-  if (need > o->bytes)
-    o->bytes = need;
-  if (o->lo == 0 || need < o->lo)
-    o->lo = need;
+  note_size(&pl->ords[ord], need);
   end_at(pl, ord, p->cycles, (uint64_t)ord + 1);
   b->ord = ord;
   b->ord_cycle = p->cycles;
@@ -232,9 +244,7 @@ void ofl__place_cycle_end(ofl_pool_t *p) {
   }
   if (pl->recording && p->learned_cycle != 0) {
     stop_recording(pl); /* learning ended without a plan */
-    free(pl->ords);
-    pl->ords = NULL;
-    pl->cap = pl->n = 0;
+    forget_records(pl);
     return;
   }
   if (pl->recording) {
@@ -242,14 +252,8 @@ void ofl__place_cycle_end(ofl_pool_t *p) {
       pl->n = pl->clock;
       /* The warmup made as many requests: its sizes join the ranges. */
       pl->warm_used = pl->nwarm == pl->n && pl->n <= pl->cap;
-      if (pl->warm_used)
-        for (uint32_t i = 0; i < pl->n; i++) {
-          ofl__place_ord_t *o = &pl->ords[i];
-          if (pl->warm[i] > o->bytes)
-            o->bytes = pl->warm[i];
-          if (o->lo == 0 || pl->warm[i] < o->lo)
-            o->lo = pl->warm[i];
-        }
+      for (uint32_t i = 0; pl->warm_used && i < pl->n; i++)
+        note_size(&pl->ords[i], pl->warm[i]);
       free(pl->warm);
       pl->warm = NULL;
       pl->nwarm = UINT32_MAX;
@@ -474,7 +478,6 @@ static void choose_ends(ofl__place_t *pl, bool median) {
     }
     uint32_t e = k == 0 ? i + 1 : median ? v[k / 2] : v[k - 1];
     pl->ords[i].end = e == UINT32_MAX ? UINT64_MAX : e;
-
   }
 }
 
@@ -572,9 +575,7 @@ bool ofl__place_install(ofl_pool_t *p, size_t room) {
                "%zu bytes of slots at the least, bound %zu): best fit as "
                "before",
                p->name, why_not, pl->n, total, waste_bound(most));
-    free(pl->ords); /* nothing follows from the records */
-    pl->ords = NULL;
-    pl->cap = pl->n = 0;
+    forget_records(pl);
     pthread_mutex_unlock(&p->mu);
     free(sizes);
     return false;
@@ -684,7 +685,7 @@ bool ofl__place_pick(ofl_pool_t *p, uint32_t ord, size_t bytes,
   *b_out = NULL;
   if (!pl->active)
     return false;
-  size_t g = p->arena.granule, need = (bytes + g - 1) / g * g;
+  size_t need = ofl__arena_need(&p->arena, bytes);
   uint32_t s = ord < pl->n ? pl->ords[ord].slot : UINT32_MAX;
   pool_block_t *prev = NULL;
   if (s == UINT32_MAX || !slot_free(&pl->slots[s], need, &prev)) {
@@ -760,9 +761,7 @@ void ofl__place_drop(ofl_pool_t *p) {
   free(pl->slots);
   pl->slots = NULL;
   pl->nslots = 0;
-  free(pl->ords); /* its records too */
-  pl->ords = NULL;
-  pl->cap = pl->n = 0;
+  forget_records(pl);
   if (pl->active)
     pl->gen++;
   pl->active = false;

@@ -251,14 +251,18 @@ static bool widen_due(const ofl_pool_t *p, size_t *most_out, size_t *bytes) {
   return *bytes != 0 && p->arena.held_bytes + *bytes / OFL__RESIZE_DIV < *bytes;
 }
 
-/* Lock held: the segment a merge at the end of learning would make (the
- * room a placement plan keeps at least). */
-static size_t plan_room(const ofl_pool_t *p) {
+/* Lock held: whether learning ended while the pool recorded its requests
+ * (the placement plan is made now, pool/plan.c); *room: the segment a
+ * merge at this point would make, the room the plan keeps at least. */
+static bool plan_due(const ofl_pool_t *p, size_t *room) {
+  if (!p->plan.recording || p->learned_cycle == 0)
+    return false;
   size_t most = most_of(p);
   size_t bytes = ofl__arena_merge_bytes(&p->arena, most);
   if (bytes != 0 && bytes < p->merge_floor_bytes)
     bytes = p->merge_floor_bytes;
-  return merge_size(p, most, bytes);
+  *room = merge_size(p, most, bytes);
+  return true;
 }
 
 static void cycle_end(ofl_pool_t *p, bool moved) {
@@ -286,8 +290,8 @@ static void cycle_end(ofl_pool_t *p, bool moved) {
     merge_into(p, most, resize, true);
     pthread_mutex_lock(&p->mu);
     learning_check(p); /* the resize counts as a change */
-    bool plan = p->plan.recording && p->learned_cycle != 0;
-    size_t room = plan ? plan_room(p) : 0;
+    size_t room = 0;
+    bool plan = plan_due(p, &room);
     pthread_mutex_unlock(&p->mu);
     if (plan)
       (void)ofl__place_install(p, room);
@@ -326,8 +330,8 @@ static void cycle_end(ofl_pool_t *p, bool moved) {
     ofl__pool_merge(p);
   pthread_mutex_lock(&p->mu);
   learning_check(p); /* a room made or a merge counts as a change */
-  bool plan = p->plan.recording && p->learned_cycle != 0;
-  size_t plan_bytes = plan ? plan_room(p) : 0;
+  size_t plan_bytes = 0;
+  bool plan = plan_due(p, &plan_bytes);
   pthread_mutex_unlock(&p->mu);
   /* Learning ended: the placement plan replaces the segments when the
    * records allow one (pool/plan.c). */
