@@ -53,9 +53,9 @@ typedef struct pool_block {
  * fixed ranges of one segment shared by ordinals whose busy times do not
  * meet, and from then on serves each request from its ordinal's slot. */
 typedef struct ofl__place_ord {
-  size_t lo;           /* the least asked at this place */
+  size_t lo;           /* the least asked at this place (as asked) */
   size_t bytes;        /* the most asked at this place; while the plan is laid
-                          out, the size its slot needs */
+                          out, the size its slot needs (the arena's) */
   size_t most, margin; /* its class's most, and the margin past it */
   /* Busy until this request (past n: into the next iteration;
    * UINT32_MAX: throughout), in each iteration recorded (0: none yet), and
@@ -63,6 +63,7 @@ typedef struct ofl__place_ord {
   uint32_t ends[OFL__LEARN_CYCLES];
   uint64_t end;
   uint32_t slot; /* after the plan is made */
+  bool dynamic;  /* byte-keyed requests: blocks of whole pages */
 } ofl__place_ord_t;
 
 typedef struct ofl__place_watch {
@@ -334,14 +335,18 @@ void ofl__place_init(ofl_pool_t *p);
  * records nor follows a plan); while recording, blocks whose last use
  * completed close their records. */
 uint32_t ofl__place_tick(ofl_pool_t *p);
-/* Lock held: b serves request ord of bytes (recording). */
+/* Lock held: b serves request ord of bytes (as asked; dynamic: byte-keyed)
+ * (recording). */
 void ofl__place_note_alloc(ofl_pool_t *p, pool_block_t *b, uint32_t ord,
-                           size_t bytes);
+                           size_t bytes, bool dynamic);
 /* Lock held: b came back (recording). */
 void ofl__place_note_free(ofl_pool_t *p, pool_block_t *b);
 /* Lock held, at an iteration's end (cycles not yet counted): the records
  * roll over, and recording starts after the warmup. */
 void ofl__place_cycle_end(ofl_pool_t *p);
+/* Lock held: whether the records ask for more learning iterations (sizes
+ * that changed, too few iterations recorded to place them). */
+bool ofl__place_learning(const ofl_pool_t *p);
 /* Lock not held, at the iteration's end that ended learning: makes the
  * plan and its segment when the records allow one, the segment at least
  * room bytes (what a merge would make) where the waste bound allows.

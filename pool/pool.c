@@ -762,7 +762,7 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
   t->data = b->st.base;
   if (note) {
     pthread_mutex_lock(&p->mu);
-    ofl__place_note_alloc(p, b, ord, key_bytes);
+    ofl__place_note_alloc(p, b, ord, bytes, dynamic);
     pthread_mutex_unlock(&p->mu);
   }
   t->loc = p->loc;

@@ -88,6 +88,9 @@
  * the waste bound asks: with three, the soak's later draws missed their
  * slots (seed 1, draw 426). */
 #define OFL__PLAN_GAP_K 6u
+/* A pool whose requests change size learns at least this many iterations
+ * after the warmup: the margin above is a guess from the draws seen. */
+#define OFL__PLAN_MIN_ITERS 4u
 /* Room past the slots: a sixteenth of them at least, for requests the plan
  * does not place. */
 #define OFL__PLAN_ROOM_DIV 16u

@@ -107,6 +107,7 @@ typedef struct run {
   ofl_stream_t *copy_stream;
   size_t wrong; /* bytes that differed from what was written */
   int copies;   /* copies checked */
+  size_t most;  /* the largest request made */
   char why[256];
 } run_t;
 
@@ -159,6 +160,7 @@ static void iteration(run_t *r, work_t *w, uint64_t seed, bool counted) {
       w->seen_lo[i] = n < w->seen_lo[i] ? n : w->seen_lo[i];
       w->seen_hi[i] = n > w->seen_hi[i] ? n : w->seen_hi[i];
     }
+    r->most = n > r->most ? n : r->most;
     int64_t shape[1] = {(int64_t)n};
     ofl_tensor_t *t = NULL;
     ofl_status_t st =
@@ -415,5 +417,48 @@ Test(pool_plan, other_requests_end_the_plan_at_the_iterations_end) {
   for (int k = 1; k < 10; k++)
     iteration(&r, &fewer, 9000 + (uint64_t)k, true);
   cr_assert(eq(sz, r.wrong, 0));
+  run_end(&r);
+}
+
+/* A byte-keyed range (265000 to 266400 bytes) whose draws all rounded to
+ * one page while the pool learned (at most 266240: 65 pages) and reach the
+ * next page later (66 pages), within the range. The plan records the bytes
+ * asked, not the block's pages, so the draws' spread gives each slot a
+ * margin past the page; recorded as pages, every draw had been 266240, the
+ * sizes had not changed, and the pool had no plan (seed 31, draw 888 of
+ * the soak: 266240 at one place through learning, 270336 later, its plan
+ * ended and best fit grew). 50 iterations over the whole range: every
+ * request in its own slot, no call, bytes intact. */
+Test(pool_plan, a_range_that_rounded_to_one_page_keeps_its_slots_past_it) {
+  work_t w;
+  memset(&w, 0, sizeof w);
+  for (int i = 0; i < 6; i++) {
+    req_t *q = &w.r[w.n];
+    q->big = true;
+    q->lo = i < 4 ? 265000 : 64 * KIB + 1; /* two byte sizes at least */
+    q->hi = i < 4 ? 266240 : 96 * KIB;
+    q->life = 1 + i % 3;
+    w.seen_lo[w.n++] = SIZE_MAX;
+  }
+  run_t r = {0};
+  ofl_pool_stats_t a;
+  learn(&r, &w, 4242, &a);
+  cr_assert(gt(u64, a.learned_iteration, 0));
+  cr_assert(gt(u64, a.placement_slots, 0), "no plan after %llu iterations",
+            (unsigned long long)a.learned_iteration);
+  for (int i = 0; i < 4; i++) {
+    cr_assert(le(sz, w.seen_hi[i], 266240)); /* one page while learning */
+    w.seen_lo[i] = 265000;
+    w.seen_hi[i] = 266400;
+  }
+  r.most = 0;
+  for (int k = 0; k < 50; k++)
+    iteration(&r, &w, 4242000 + (uint64_t)k, true);
+  cr_assert(gt(sz, r.most, 266240)); /* the next page was asked */
+  ofl_pool_stats_t b = stats_of(r.pool);
+  char why[320] = "";
+  cr_assert(steady(&r, &a, &b, 4242, 50, why, sizeof why), "%s", why);
+  cr_assert(eq(u64, b.placement_misses, a.placement_misses));
+  cr_assert(eq(u64, b.placement_slots, a.placement_slots));
   run_end(&r);
 }
