@@ -321,6 +321,13 @@ void ofl__pool_free_segments(ofl_pool_t *p, ofl__segment_t *segs);
 /* The ranges of idle cached blocks whose last use completed go back to
  * the arena (see reclaim.c); returns whether any did. */
 bool ofl__pool_settle_pending(ofl_pool_t *p);
+/* Lock held: whether p's layout follows its calls alone: a pool that
+ * carves every block under a budget (the manager's pinned pool with a host
+ * budget) starts each iteration from bare segments, reuses a key's oldest
+ * free block, and gives cached blocks' ranges back only when a request
+ * finds no room, all of them, whatever their copies' pace (pool/pool.c,
+ * reclaim.c). */
+bool ofl__pool_ordered(const ofl_pool_t *p);
 /* The device pools of p's device that no manager reports to (at most max,
  * into q), each pinned: its unregister waits for ofl__pool_unpin. */
 int ofl__pool_pin_followers(ofl_pool_t *p, ofl_pool_t **q, int max);

@@ -347,9 +347,20 @@ typedef enum pick {
 static pick_t block_pick(ofl_pool_t *p, pool_key_t *k, ofl_stream_t *stream,
                          pool_block_t **prev_out, pool_block_t **out) {
   pool_block_t *prev = NULL, *oldest = NULL, *oldest_prev = NULL;
+  /* A pool whose layout follows its calls alone (ofl__pool_ordered) takes
+   * the oldest free block of the key, whether or not its last use is done
+   * (a stream wait then): which of two blocks of a key was ready first is
+   * timing, and so is where the next miss is carved. */
+  bool oldest_only = stream != NULL && ofl__pool_ordered(p);
   for (pool_block_t *b = k->free_head; b != NULL; prev = b, b = b->next) {
     if (b->slot1 != 0) /* kept for its slot's ordinals (pool/plan.c) */
       continue;
+    if (oldest_only && atomic_load(&b->pending) &&
+        ofl_event_query(b->ev) != OFL_SUCCESS) {
+      *prev_out = prev;
+      *out = b;
+      return PICK_WAIT;
+    }
     if (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS) {
       atomic_store(&b->pending, false);
       *prev_out = prev;
@@ -585,13 +596,19 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
  * most 12 KiB, for a 16 KiB cluster, in iterations 12 and 15 of a run
  * whose pools had learned by iteration 3), and the cluster stayed on the
  * device. From bare segments, each iteration's layout is a function of
- * its own calls. Idle blocks only (a last use still queued keeps its
- * range: ofl__block_idle); giving a range back is no backend call. Other
- * pools keep their caches: a fixed-shape pool stays all hits, and a pool
- * without a budget grows instead of refusing. */
+ * its own calls: the last uses still queued are waited for first (a block
+ * that kept its range because its reload's copy was late moved the
+ * layout: seed 32, draw 65, a refusal in iteration 9 after eight alike);
+ * giving a range back is no backend call. Other pools keep their caches:
+ * a fixed-shape pool stays all hits, and a pool without a budget grows
+ * instead of refusing. */
 static bool restart_due(const ofl_pool_t *p) {
-  return p->stats.budget_bytes != 0 && from_segment(p) && p->arena.nsegs > 0 &&
+  return ofl__pool_ordered(p) && p->arena.nsegs > 0 &&
          p->stats.blocks_total > 0;
+}
+
+bool ofl__pool_ordered(const ofl_pool_t *p) {
+  return p->stats.budget_bytes != 0 && from_segment(p);
 }
 
 /* Gets a block of the key for t's shape (fields already set in *shape_of)
@@ -614,7 +631,14 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
 
   pthread_mutex_lock(&p->mu);
   if (p->stats.blocks_in_use == 0 && restart_due(p)) {
+    /* Bare segments whatever the copies' pace: the cached blocks' last
+     * uses still queued are waited for (the last reloads of the iteration
+     * before, which its backward already waited for on the device), so
+     * that none keeps its range by timing. */
+    pthread_mutex_unlock(&p->mu);
+    (void)ofl__pool_settle_pending(p);
     pool_block_t *victims = NULL;
+    pthread_mutex_lock(&p->mu);
     (void)ofl__pool_take_idle(p, true, &victims);
     pthread_mutex_unlock(&p->mu);
     ofl__pool_destroy_victims(p, victims);

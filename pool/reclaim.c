@@ -333,14 +333,19 @@ ofl_status_t ofl__pool_grow(ofl_pool_t *p, size_t seg_bytes, bool merged) {
 static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
   pool_block_t *victims = NULL;
   pthread_mutex_lock(&p->mu);
-  if (p->byte_keys_made > 1 && p->arena.nsegs > 0 &&
+  /* A pool whose layout follows its calls alone (ofl__pool_ordered) gives
+   * no idle block back here: which blocks are idle is timing. Its cached
+   * blocks keep their ranges until a request finds no room, then all go
+   * back at once (reuse_pending, ofl__pool_settle_pending). */
+  bool ordered = ofl__pool_ordered(p);
+  if (!ordered && p->byte_keys_made > 1 && p->arena.nsegs > 0 &&
       p->stats.blocks_total > p->stats.blocks_in_use)
     (void)ofl__pool_take_idle(p, true, &victims);
   pthread_mutex_unlock(&p->mu);
   ofl__pool_destroy_victims(p, victims);
   pthread_mutex_lock(&p->mu);
   ofl__range_t *r = ofl__arena_take(&p->arena, bytes);
-  if (r != NULL || p->arena.nsegs == 0) {
+  if (r != NULL || p->arena.nsegs == 0 || ordered) {
     pthread_mutex_unlock(&p->mu);
     return r;
   }
