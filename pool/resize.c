@@ -128,8 +128,8 @@ static void learning_check(ofl_pool_t *p) {
   bool merges = p->kind == OFL_POOL_DEVICE && p->byte_keys_made >= 2 &&
                 p->stats.budget_bytes == 0;
   bool changed = p->keys_made != p->cycle_keys || calls != p->cycle_calls ||
-                 p->cycle_moved || remerge_due(p) || (merges && p->cycle_rose) ||
-                 ofl__place_learning(p);
+                 p->cycle_moved || remerge_due(p) ||
+                 (merges && p->cycle_rose) || ofl__place_learning(p);
   /* The gaps are watched while a device pool that merges learns. */
   p->arena.watch = p->learned_cycle == 0 && merges;
   p->cycle_keys = p->keys_made;

@@ -281,6 +281,17 @@ static unsigned run_draw(const draw_t *w, char *why, size_t cap) {
   return fail;
 }
 
+/* Runs draw w (number k of seed's) and reports it: its failure kinds. */
+static unsigned run_report(const draw_t *w, long k, uint64_t seed) {
+  char why[1024];
+  unsigned f = run_draw(w, why, sizeof why);
+  tap_ok(f == 0, "draw %ld (seed %llu): %s", k, (unsigned long long)seed,
+         w->desc);
+  if (f != 0)
+    tap_diag("%s", why);
+  return f;
+}
+
 /* Draw k of seed's sequence (0-based). */
 static void draw_nth(uint64_t seed, long k, bool full, draw_t *w) {
   rng_t r = {seed * 0x9e3779b97f4a7c15ull};
@@ -303,20 +314,12 @@ static int run_list(const char *list) {
     uint64_t seed = strtoull(c, &end, 10);
     long k = end != NULL && *end == ':' ? strtol(end + 1, &end, 10) : -1;
     if (k < 0 || end == NULL || (*end != ',' && *end != '\0')) {
-      tap_ok(false, "draw list entry %ld: want SEED:DRAW, got \"%s\"", i,
-             c);
+      tap_ok(false, "draw list entry %ld: want SEED:DRAW, got \"%s\"", i, c);
       return tap_done();
     }
     draw_t w;
     draw_nth(seed, k, false, &w);
-    char why[1024];
-    unsigned f = run_draw(&w, why, sizeof why);
-    tap_ok(f == 0, "draw %ld (seed %llu): %s", k, (unsigned long long)seed,
-           w.desc);
-    if (f != 0) {
-      failed++;
-      tap_diag("%s", why);
-    }
+    failed += run_report(&w, k, seed) != 0;
     c = *end == ',' ? end + 1 : end;
   }
   printf("# listed draws %ld failed %ld\n", n, failed);
@@ -353,13 +356,9 @@ int main(int argc, char **argv) {
       tap_ok(true, "draw %ld skipped", i);
       continue;
     }
-    char why[1024];
-    unsigned f = run_draw(&w, why, sizeof why);
-    tap_ok(f == 0, "draw %ld (seed %llu): %s", i, (unsigned long long)seed,
-           w.desc);
+    unsigned f = run_report(&w, i, seed);
     if (f != 0) {
       failed++;
-      tap_diag("%s", why);
       for (int k = 0; k < F_KINDS; k++)
         by_kind[k] += (f >> k) & 1u;
     }

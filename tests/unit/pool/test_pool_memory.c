@@ -1255,6 +1255,15 @@ static void cycle_draw(uint64_t seed, size_t budget, cycle_t *c) {
   }
 }
 
+/* A pinned pool that carves every block under a budget of budget bytes
+ * (the manager's pinned pool with a host budget). */
+static ofl_pool_t *budget_pinned_pool(size_t budget, const char *name) {
+  ofl_pool_t *pool = make_pool(OFL_POOL_PINNED, OFL_POOL_SEGMENTS_ALL, name);
+  cr_assert(eq(int, ofl_pool_set_budget(pool, budget), OFL_SUCCESS), "%s",
+            ofl_last_error());
+  return pool;
+}
+
 /* Runs one cycle; each request's address in addr[]. Frees LIFO. */
 static void cycle_run(ofl_pool_t *pool, const cycle_t *c, void **addr) {
   ofl_tensor_t *live[CYC_OPS];
@@ -1292,17 +1301,17 @@ static void cycle_run_late(ofl_pool_t *pool, const cycle_t *c, void **addr,
   int n = 0;
   for (int i = 0; i < CYC_OPS; i++) {
     int64_t shape[1] = {(int64_t)c->bytes[i]};
-    cr_assert(eq(int,
-                 ofl_pool_alloc_dynamic(pool, shape, 1, OFL_DTYPE_U8, req,
-                                        &live[n]),
-                 OFL_SUCCESS),
-              "%s", ofl_last_error());
+    cr_assert(
+        eq(int,
+           ofl_pool_alloc_dynamic(pool, shape, 1, OFL_DTYPE_U8, req, &live[n]),
+           OFL_SUCCESS),
+        "%s", ofl_last_error());
     addr[i] = ofl_tensor_data(live[n]);
     n++;
     for (int k = 0; k < c->frees_after[i] && n > 0; k++)
-      cr_assert(eq(int, ofl_pool_free_after(pool, live[--n], slow),
-                   OFL_SUCCESS),
-                "%s", ofl_last_error());
+      cr_assert(
+          eq(int, ofl_pool_free_after(pool, live[--n], slow), OFL_SUCCESS),
+          "%s", ofl_last_error());
   }
   while (n > 0)
     cr_assert(eq(int, ofl_pool_free_after(pool, live[--n], slow), OFL_SUCCESS),
@@ -1321,21 +1330,15 @@ static void cycle_run_late(ofl_pool_t *pool, const cycle_t *c, void **addr,
  * alone: the layout followed the copies' pace, and under load an admitted
  * cluster found no room long after the pools learned (soak seed 32, draw
  * 65; seed 31, draw 501). */
-Test(pool_memory, pinned_pool_under_a_budget_places_a_cycle_alike_whatever_its_copies_pace) {
+Test(pool_memory,
+     pinned_pool_under_a_budget_places_a_cycle_alike_whatever_its_copies_pace) {
   const size_t budget = 320 * KIB;
   ofl_stream_t *req = NULL, *slow = NULL;
   cr_assert(eq(int, ofl_stream_create(dev, "req", &req), OFL_SUCCESS));
   cr_assert(eq(int, ofl_stream_create(dev, "slow", &slow), OFL_SUCCESS));
   int moved = 0, cycles = 0;
   for (uint64_t seed = 1; seed <= 6; seed++) {
-    ofl_pool_params_t p = OFL_POOL_PARAMS_INIT;
-    p.kind = OFL_POOL_PINNED;
-    p.budget_bytes = budget;
-    p.segments = OFL_POOL_SEGMENTS_ALL;
-    p.name = "pin-budget-late";
-    ofl_pool_t *pool = NULL;
-    cr_assert(eq(int, ofl_pool_create(dev, &p, &pool), OFL_SUCCESS), "%s",
-              ofl_last_error());
+    ofl_pool_t *pool = budget_pinned_pool(budget, "pin-budget-late");
     cycle_t c;
     cycle_draw(seed, budget, &c);
     void *first[CYC_OPS], *addr[CYC_OPS];
@@ -1349,8 +1352,8 @@ Test(pool_memory, pinned_pool_under_a_budget_places_a_cycle_alike_whatever_its_c
     }
     cr_assert(eq(int, ofl_stream_synchronize(slow, OFL_TIMEOUT_DEFAULT),
                  OFL_SUCCESS));
-    cr_assert(eq(int, ofl_stream_synchronize(req, OFL_TIMEOUT_DEFAULT),
-                 OFL_SUCCESS));
+    cr_assert(
+        eq(int, ofl_stream_synchronize(req, OFL_TIMEOUT_DEFAULT), OFL_SUCCESS));
     ofl_pool_stats_t s1 = stats_of(pool);
     assert_no_call(&s0, &s1);
     cr_assert(eq(u64, s1.budget_refusals, 0));
@@ -1358,8 +1361,8 @@ Test(pool_memory, pinned_pool_under_a_budget_places_a_cycle_alike_whatever_its_c
     ofl_pool_destroy(pool);
   }
   cr_assert(eq(int, moved, 0),
-            "%d of %d requests placed elsewhere than in the first cycle",
-            moved, cycles * CYC_OPS);
+            "%d of %d requests placed elsewhere than in the first cycle", moved,
+            cycles * CYC_OPS);
   ofl_stream_destroy(slow);
   ofl_stream_destroy(req);
 }
@@ -1367,14 +1370,7 @@ Test(pool_memory, pinned_pool_under_a_budget_places_a_cycle_alike_whatever_its_c
 Test(pool_memory, pinned_pool_under_a_budget_places_a_repeated_cycle_alike) {
   const size_t budget = 320 * KIB;
   for (uint64_t seed = 1; seed <= 12; seed++) {
-    ofl_pool_params_t p = OFL_POOL_PARAMS_INIT;
-    p.kind = OFL_POOL_PINNED;
-    p.budget_bytes = budget;
-    p.segments = OFL_POOL_SEGMENTS_ALL;
-    p.name = "pin-budget";
-    ofl_pool_t *pool = NULL;
-    cr_assert(eq(int, ofl_pool_create(dev, &p, &pool), OFL_SUCCESS), "%s",
-              ofl_last_error());
+    ofl_pool_t *pool = budget_pinned_pool(budget, "pin-budget");
     cycle_t c;
     cycle_draw(seed, budget, &c);
     void *first[CYC_OPS], *addr[CYC_OPS];
