@@ -362,7 +362,9 @@ static ofl__range_t *take_range(ofl_pool_t *p, size_t bytes) {
 }
 
 /* Lock held: the free block carved from a segment whose range fits bytes
- * best among those whose last use is still queued; NULL when none. */
+ * best among the cached ones (those whose last use completed went back
+ * before, except in a pool whose layout follows its calls alone:
+ * ofl__pool_ordered); NULL when none. */
 static pool_block_t *pending_fit(ofl_pool_t *p, size_t bytes, pool_key_t **key,
                                  pool_block_t **prev_out) {
   pool_block_t *best = NULL;
@@ -395,12 +397,15 @@ static pool_block_t *reuse_pending(ofl_pool_t *p, size_t bytes,
   pthread_mutex_unlock(&p->mu);
   if (b == NULL)
     return NULL;
-  if (ofl_stream_wait_event(stream, b->ev) != OFL_SUCCESS) {
+  /* No wait for a block whose last use was never queued (freed on the
+   * host: no event) or is over. */
+  bool queued = atomic_load(&b->pending) && b->ev != NULL;
+  if (queued && ofl_stream_wait_event(stream, b->ev) != OFL_SUCCESS) {
     ofl__block_relink(p, b);
     return NULL;
   }
   pthread_mutex_lock(&p->mu);
-  p->stats.stream_waits++;
+  p->stats.stream_waits += queued;
   pthread_mutex_unlock(&p->mu);
   return b;
 }
