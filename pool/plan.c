@@ -279,6 +279,15 @@ void ofl__place_cycle_end(ofl_pool_t *p) {
   }
 }
 
+/* Lock held: whether some ordinal was asked different sizes (records of
+ * pl->n ordinals). */
+static bool sizes_varied(const ofl__place_t *pl) {
+  for (uint32_t i = 0; i < pl->n; i++)
+    if (pl->ords[i].lo != pl->ords[i].bytes)
+      return true;
+  return false;
+}
+
 /* Lock held: whether the records ask for more learning iterations: the
  * requests' sizes changed from one iteration to another (the warmup's
  * included where it joined), and fewer than OFL__PLAN_MIN_ITERS were
@@ -287,13 +296,8 @@ void ofl__place_cycle_end(ofl_pool_t *p) {
  * iterations, and five requests of the next two passed their slots. */
 bool ofl__place_learning(const ofl_pool_t *p) {
   const ofl__place_t *pl = &p->plan;
-  if (!pl->recording || pl->uneven || pl->iters >= OFL__PLAN_MIN_ITERS ||
-      pl->n > pl->cap)
-    return false;
-  for (uint32_t i = 0; i < pl->n; i++)
-    if (pl->ords[i].lo != pl->ords[i].bytes)
-      return true;
-  return false;
+  return pl->recording && !pl->uneven && pl->iters < OFL__PLAN_MIN_ITERS &&
+         pl->n <= pl->cap && sizes_varied(pl);
 }
 
 /* ---- making the plan ----------------------------------------------------- */
@@ -557,10 +561,7 @@ bool ofl__place_install(ofl_pool_t *p, size_t room) {
   stop_recording(pl);
   /* A pool whose requests never changed size repeats its layout as it is
    * (and must not make a call after the warmup: fixed shapes). */
-  bool varied = false;
-  for (uint32_t i = 0; ok && i < pl->n && !varied; i++)
-    varied = pl->ords[i].lo != pl->ords[i].bytes;
-  if (ok && !varied) {
+  if (ok && !sizes_varied(pl)) {
     ok = false;
     why_not = NULL;
   }

@@ -355,17 +355,16 @@ static pick_t block_pick(ofl_pool_t *p, pool_key_t *k, ofl_stream_t *stream,
   for (pool_block_t *b = k->free_head; b != NULL; prev = b, b = b->next) {
     if (b->slot1 != 0) /* kept for its slot's ordinals (pool/plan.c) */
       continue;
-    if (oldest_only && atomic_load(&b->pending) &&
-        ofl_event_query(b->ev) != OFL_SUCCESS) {
-      *prev_out = prev;
-      *out = b;
-      return PICK_WAIT;
-    }
     if (!atomic_load(&b->pending) || ofl_event_query(b->ev) == OFL_SUCCESS) {
       atomic_store(&b->pending, false);
       *prev_out = prev;
       *out = b;
       return PICK_READY;
+    }
+    if (oldest_only) {
+      *prev_out = prev;
+      *out = b;
+      return PICK_WAIT;
     }
     if (oldest == NULL) {
       oldest = b;
@@ -636,12 +635,7 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
      * before, which its backward already waited for on the device), so
      * that none keeps its range by timing. */
     pthread_mutex_unlock(&p->mu);
-    (void)ofl__pool_settle_pending(p);
-    pool_block_t *victims = NULL;
-    pthread_mutex_lock(&p->mu);
-    (void)ofl__pool_take_idle(p, true, &victims);
-    pthread_mutex_unlock(&p->mu);
-    ofl__pool_destroy_victims(p, victims);
+    (void)ofl__pool_settle_pending(p); /* the idle ones go back at once */
     pthread_mutex_lock(&p->mu);
   }
   /* Nothing in use: an idle point, where the segments may merge first. */

@@ -188,8 +188,8 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink);
  * no call. */
 static bool resize_due(const ofl_pool_t *p, bool learn, size_t *most_out,
                        size_t *bytes) {
-  /* The warmup's end (cycles counts it already): a pinned pool past the
-   * waste bound of the warmup's own peak. */
+  /* The warmup's end (cycles counts it already): a pool past the waste
+   * bound of the warmup's own peak. */
   bool warm_end = p->cycles == 1;
   if (!learn || p->arena.nsegs == 0 || (p->cycles < 2 && !warm_end) ||
       p->stats.blocks_in_use != 0 || p->merging)
@@ -468,7 +468,7 @@ static void merge_into(ofl_pool_t *p, size_t most, size_t bytes, bool shrink) {
       (!shrink ||
        (held < bytes + OFL__ARENA_SEGMENT_MIN && !past_waste(held, most)))) {
     /* One segment already as large (and, for a resize, not a minimum
-     * segment larger, nor past a pinned pool's waste bound): a merge would
+     * segment larger, nor past the waste bound): a merge would
      * free it and make it again (two backend calls) for nothing. */
     p->merged_most_bytes = most;
     p->merged_at = p->idle_points;
