@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "pipeline/pipeline_internal.h"
+#include "pool/pool_internal.h"
 
 /* Grows *arr to hold need elements (doubling); new elements are zeroed. */
 ofl_status_t ofl__grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
@@ -97,6 +98,10 @@ ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out) {
   }
   ni->selected = m->groups_cfg[0] == '\0' || list_has(m->groups_cfg, name);
   ni->dynamic = list_has(m->dynamic_cfg, name);
+  /* Its reloads are byte-keyed, whatever share of them passes the size
+   * threshold in the warmup (ofl__pool_expect_byte_keys). */
+  if (ni->dynamic)
+    ofl__pool_expect_byte_keys(m->dev_pool);
   ni->st.name = ni->name;
   *out = m->nnames++;
   return OFL_SUCCESS;

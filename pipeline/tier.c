@@ -7,13 +7,26 @@
 #include "pipeline/pipeline_internal.h"
 #include "pool/pool_internal.h"
 
+/* A pinned block for cluster l of g. Under a host budget a dynamic name's
+ * block has the bytes it is charged (the largest span of the name seen,
+ * pin_charge), not its own: the pool, which restarts every iteration from
+ * bare segments and places in call order, then meets the same requests in
+ * every iteration and lays them out alike, where sizes drawn anew each
+ * iteration fragmented it differently and an admitted cluster was refused
+ * in some iteration after the pools learned; the admission limit went down
+ * there and more stayed on the device than the device pool had learned
+ * (soak seed 34, draw 5). */
 static ofl_status_t host_alloc(ofl_manager_t *m, group_t *g, entry_t *l,
                                ofl_tensor_t **out) {
   const ofl_tensor_t *t = l->t;
-  if (l->nmembers == 1 && !m->names[g->nid].dynamic)
+  const name_info_t *ni = &m->names[g->nid];
+  if (l->nmembers == 1 && !ni->dynamic)
     return ofl_pool_alloc(m->host_pool, ofl_tensor_shape(t), ofl_tensor_ndim(t),
                           ofl_tensor_dtype(t), m->d2h, out);
-  int64_t shape[1] = {(int64_t)l->span};
+  uint64_t bytes = l->span;
+  if (ni->dynamic && m->pin_budget != 0 && ni->pin_span_max > bytes)
+    bytes = ni->pin_span_max;
+  int64_t shape[1] = {(int64_t)bytes};
   return ofl_pool_alloc_dynamic(m->host_pool, shape, 1, OFL_DTYPE_U8, m->d2h,
                                 out);
 }

@@ -130,6 +130,9 @@ struct ofl_pool {
   bool has_allocator;
   ofl_allocator_t allocator;
   uint64_t byte_keys_made; /* byte-size keys ever created */
+  /* ofl__pool_expect_byte_keys: a device pool told that byte-keyed blocks
+   * will come takes its segments from then on (from_segment). */
+  bool expects_byte_keys;
   uint64_t keys_made;      /* keys of either kind ever created */
   char name[32];
   pool_key_t *buckets[OFL__POOL_NBUCKETS];

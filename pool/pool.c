@@ -431,7 +431,17 @@ static bool from_segment(const ofl_pool_t *p) {
    * was first drawn, after the pool learned (a name's sizes within one page
    * through the warmup, two pages later). A pinned one (the disk tier's
    * bounce buffers, of one size) at the second size. */
+  if (p->kind == OFL_POOL_DEVICE && p->expects_byte_keys)
+    return true;
   return p->byte_keys_made > (p->kind == OFL_POOL_DEVICE ? 0u : 1u);
+}
+
+void ofl__pool_expect_byte_keys(ofl_pool_t *p) {
+  if (p == NULL || p->kind != OFL_POOL_DEVICE)
+    return;
+  pthread_mutex_lock(&p->mu);
+  p->expects_byte_keys = true;
+  pthread_mutex_unlock(&p->mu);
 }
 
 /* Lock held. Makes room for bytes by taking free blocks of keys other than

@@ -104,4 +104,13 @@ void ofl__pool_cycle_end(ofl_pool_t *pool);
  * differ in the next one), so that it does not end the pool's learning. */
 void ofl__pool_cycle_end_moved(ofl_pool_t *pool, bool moved);
 
+/* The offload manager will reload byte-keyed tensors into pool (a name in
+ * dynamic_groups): a device pool with segments AUTO carves its new blocks
+ * from segments from now on, as it would from its first byte-keyed block.
+ * The manager reloads only the tensors over its size threshold, so a name
+ * whose sizes straddle it may send its first byte-keyed block after the
+ * pool learned; switching then made a segment in a steady iteration. NULL
+ * or another pool: nothing. */
+void ofl__pool_expect_byte_keys(ofl_pool_t *pool);
+
 #endif /* OFL_POOL_INTERNAL_H */

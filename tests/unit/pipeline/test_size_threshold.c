@@ -141,3 +141,78 @@ Test(pipeline_size_threshold, offload_off_says_nothing_of_sizes) {
   cr_assert(eq(int, c.warnings, 0), "%s", c.warn);
   h_close(&e);
 }
+
+/* One iteration of two layers, each with group "attn" (a shape-keyed f32
+ * tensor of 2048 elements, always over the threshold) and group "moe" (a
+ * byte-keyed tensor of moe_bytes, a name in dynamic_groups), pushed, popped
+ * in reverse and checked byte for byte. The steady policy keeps each name's
+ * last group; the first layer's go out and back. */
+static void moe_iteration(h_env_t *e, size_t moe_bytes, uint64_t seed) {
+  int64_t s1[1] = {2048}, s2[1] = {(int64_t)moe_bytes};
+  ofl_tag_t ta[2], tb[2];
+  H_OK(ofl_manager_chunk_begin(e->m, 1, 0));
+  for (int l = 0; l < 2; l++) {
+    ofl_tensor_t *a = NULL, *b = NULL;
+    H_OK(ofl_pool_alloc(e->pool, s1, 1, OFL_DTYPE_F32, NULL, &a));
+    H_OK(ofl_pool_alloc_dynamic(e->pool, s2, 1, OFL_DTYPE_U8, NULL, &b));
+    H_OK(t_tensor_fill(e->dev, a, 8192, seed + 4 * (uint64_t)l));
+    H_OK(t_tensor_fill(e->dev, b, moe_bytes, seed + 4 * (uint64_t)l + 1));
+    H_OK(ofl_manager_group_start(e->m, "attn"));
+    H_OK(ofl_manager_tensor_push(e->m, a, &ta[l]));
+    H_OK(ofl_manager_group_commit(e->m, "attn", NULL, 0, 0));
+    H_OK(ofl_manager_group_start(e->m, "moe"));
+    H_OK(ofl_manager_tensor_push(e->m, b, &tb[l]));
+    H_OK(ofl_manager_group_commit(e->m, "moe", NULL, 0, 0));
+  }
+  for (int l = 1; l >= 0; l--) {
+    uint64_t sd = seed + 4 * (uint64_t)l;
+    H_OK(ofl_manager_group_backward_begin(e->m, "moe"));
+    cr_assert(eq(sz, h_pop_check(e, tb[l], moe_bytes, sd + 1), 0));
+    H_OK(ofl_manager_group_backward_end(e->m, "moe"));
+    H_OK(ofl_manager_group_backward_begin(e->m, "attn"));
+    cr_assert(eq(sz, h_pop_check(e, ta[l], 8192, sd), 0));
+    H_OK(ofl_manager_group_backward_end(e->m, "attn"));
+  }
+  H_OK(ofl_manager_reset(e->m));
+}
+
+/* A dynamic name whose sizes straddle the threshold: under it through the
+ * warmup and the reload pool's learning, over it later. Its first reload is
+ * the reload pool's first byte-keyed block; before the pool knew of the
+ * name it switched to segments there, one backend allocation in a steady
+ * iteration. */
+Test(pipeline_size_threshold,
+     a_dynamic_name_first_over_the_threshold_after_learning_makes_no_call) {
+  h_env_t e;
+  h_open_dev(&e, 0, 34);
+  ofl_manager_params_t mp = h_params(&e);
+  mp.device_pool = NULL; /* the manager's own reload pool */
+  mp.min_offload_elems = 0;
+  mp.min_offload_bytes = 4096;
+  mp.dynamic_groups = "moe";
+  H_OK(ofl_manager_create(&mp, &e.m));
+  ofl_pool_t *reload = ofl_manager_device_pool(e.m);
+  cr_assert(ne(ptr, reload, e.pool));
+  uint64_t seed = 100;
+  for (int it = 0; it < 16; it++, seed += 8)
+    moe_iteration(&e, 2048 + (size_t)it * 97, seed); /* under 4096 */
+  ofl_pool_stats_t before, after;
+  ofl_pool_get_stats(reload, &before);
+  cr_assert(ne(u64, before.learned_iteration, 0),
+            "the reload pool still learns after 16 iterations");
+  ofl_manager_stats_t ms0, ms1;
+  ofl_manager_get_stats(e.m, &ms0);
+  for (int it = 0; it < 2000; it++, seed += 8)
+    moe_iteration(&e, 4096 + (size_t)(it * 613) % 8000, seed);
+  ofl_pool_get_stats(reload, &after);
+  ofl_manager_get_stats(e.m, &ms1);
+  /* The first layer's two tensors of every later iteration went out and
+   * back, "moe" included. */
+  cr_assert(eq(u64, ms1.offloaded_tensors - ms0.offloaded_tensors, 4000));
+  cr_assert(eq(u64, after.backend_allocs, before.backend_allocs),
+            "reload pool: %llu backend allocations after its learning",
+            (unsigned long long)(after.backend_allocs - before.backend_allocs));
+  cr_assert(eq(u64, after.backend_frees, before.backend_frees));
+  cr_assert(eq(sz, after.total_bytes, before.total_bytes));
+  h_close(&e);
+}
