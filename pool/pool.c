@@ -293,16 +293,27 @@ static ofl_tensor_t *handle_make(ofl_pool_t *p) {
 
 /* ---- allocation ---------------------------------------------------------- */
 
-/* Lock held: the peaks of the bytes in use (the stats' since the last
- * reset, the pool's ever, and this iteration's) after a rise. */
-static void in_use_peaks(ofl_pool_t *p) {
-  size_t n = p->stats.in_use_bytes;
-  if (n > p->stats.peak_in_use_bytes)
-    p->stats.peak_in_use_bytes = n;
+/* Lock held: b's bytes join those in use (the stats' count and
+ * in_use_need), and the peaks after the rise: the stats' since the last
+ * reset, and the pool's ever and this iteration's in in_use_need's count. */
+static void in_use_add(ofl_pool_t *p, pool_block_t *b) {
+  b->need =
+      b->range != NULL ? ofl__arena_need(&p->arena, b->st.bytes) : b->st.bytes;
+  p->stats.in_use_bytes += b->st.bytes;
+  p->in_use_need += b->need;
+  if (p->stats.in_use_bytes > p->stats.peak_in_use_bytes)
+    p->stats.peak_in_use_bytes = p->stats.in_use_bytes;
+  size_t n = p->in_use_need;
   if (n > p->most_in_use_bytes)
     p->most_in_use_bytes = n;
   if (n > p->cycle_most_bytes)
     p->cycle_most_bytes = n;
+}
+
+void ofl__pool_in_use_sub(ofl_pool_t *p, pool_block_t *b) {
+  p->stats.in_use_bytes -= b->st.bytes;
+  p->in_use_need -= b->need;
+  b->need = 0;
 }
 
 /* Lock held: takes a block for the new owner and counts it. */
@@ -314,8 +325,7 @@ static void block_take(ofl_pool_t *p, pool_key_t *k, pool_block_t *prev,
   k->allocated++;
   p->stats.hits++;
   p->stats.blocks_in_use++;
-  p->stats.in_use_bytes += b->st.bytes;
-  in_use_peaks(p);
+  in_use_add(p, b);
 }
 
 /* Lock held: undoes block_take (a later step failed). */
@@ -325,7 +335,7 @@ static void block_untake(ofl_pool_t *p, pool_key_t *k, pool_block_t *b) {
   k->allocated--;
   p->stats.hits--;
   p->stats.blocks_in_use--;
-  p->stats.in_use_bytes -= b->st.bytes;
+  ofl__pool_in_use_sub(p, b);
   /* Back at the head: it was the oldest. */
   b->next = k->free_head;
   k->free_head = b;
@@ -584,8 +594,7 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
   p->stats.blocks_total++;
   p->stats.blocks_in_use++;
   p->stats.total_bytes += bytes;
-  p->stats.in_use_bytes += bytes;
-  in_use_peaks(p);
+  in_use_add(p, b);
   pthread_mutex_unlock(&p->mu);
   *out = b;
   return OFL_SUCCESS;
@@ -772,7 +781,7 @@ static ofl_status_t pool_get(ofl_pool_t *p, bool dynamic, const int64_t *shape,
       else
         p->stats.misses--;
       p->stats.blocks_in_use--;
-      p->stats.in_use_bytes -= b->st.bytes;
+      ofl__pool_in_use_sub(p, b);
       ofl__free_push(k, b);
     }
     if (t != NULL && t != into)

@@ -123,7 +123,7 @@ ofl_status_t ofl__pool_release(ofl_pool_t *expect, ofl_tensor_t *t,
     b->key->allocated--;
     p->stats.frees++;
     p->stats.blocks_in_use--;
-    p->stats.in_use_bytes -= b->st.bytes;
+    ofl__pool_in_use_sub(p, b);
     ofl__free_push(b->key, b);
     ofl__place_note_free(p, b);
   }
@@ -273,6 +273,7 @@ ofl_status_t ofl_pool_reset(ofl_pool_t *pool) {
   }
   p->stats.blocks_in_use = 0;
   p->stats.in_use_bytes = 0;
+  p->in_use_need = 0;
   pthread_mutex_unlock(&p->mu);
   if (reclaimed > 0)
     OFL_INFO(OFL_SUBSYS_POOL,

@@ -286,7 +286,7 @@ static void cycle_end(ofl_pool_t *p, bool moved) {
     p->steady_most_bytes = p->cycle_most_bytes; /* not the warmup's */
   if (p->cycles >= 1 && learn)
     note_peak(p, p->cycle_most_bytes);
-  p->cycle_most_bytes = p->stats.in_use_bytes;
+  p->cycle_most_bytes = p->in_use_need;
   p->cycles++;
   size_t resize = 0, most = 0;
   if (resize_due(p, learn, &most, &resize)) {
