@@ -304,6 +304,8 @@ static void in_use_add(ofl_pool_t *p, pool_block_t *b) {
   if (p->stats.in_use_bytes > p->stats.peak_in_use_bytes)
     p->stats.peak_in_use_bytes = p->stats.in_use_bytes;
   size_t n = p->in_use_need;
+  if (n > p->stats.peak_taken_bytes)
+    p->stats.peak_taken_bytes = n;
   if (n > p->most_in_use_bytes)
     p->most_in_use_bytes = n;
   if (n > p->cycle_most_bytes)

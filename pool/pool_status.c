@@ -41,6 +41,7 @@ void ofl_pool_reset_peak(ofl_pool_t *pool) {
     return;
   pthread_mutex_lock(&pool->mu);
   pool->stats.peak_in_use_bytes = pool->stats.in_use_bytes;
+  pool->stats.peak_taken_bytes = pool->in_use_need;
   pthread_mutex_unlock(&pool->mu);
 }
 

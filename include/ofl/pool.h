@@ -195,6 +195,12 @@ typedef struct ofl_pool_stats {
   uint64_t placement_slots;
   size_t placement_bytes;
   uint64_t placement_misses;
+  /* High-water mark (since ofl_pool_reset_peak, as peak_in_use_bytes) of
+   * the bytes the blocks in use take: a block carved from a segment takes
+   * whole granules (256 bytes on the device, a 4 KiB page pinned), one of
+   * its own its bytes. What the pool sizes its segments for: a pinned pool
+   * of tensors under a page takes up to eight times peak_in_use_bytes. */
+  size_t peak_taken_bytes;
 } ofl_pool_stats_t;
 
 /* Status of one key (the reference pool's get_pool_status(shape, dtype)). */
@@ -292,7 +298,8 @@ OFL_API ofl_status_t ofl_pool_clear(ofl_pool_t *pool);
 OFL_API ofl_status_t ofl_pool_set_budget(ofl_pool_t *pool, size_t budget_bytes);
 
 OFL_API void ofl_pool_get_stats(const ofl_pool_t *pool, ofl_pool_stats_t *out);
-/* Sets peak_in_use_bytes to the bytes in use now (a new measuring window). */
+/* Sets peak_in_use_bytes and peak_taken_bytes to the bytes in use and
+ * taken now (a new measuring window). */
 OFL_API void ofl_pool_reset_peak(ofl_pool_t *pool);
 /* Status of the exact key (shape, dtype); OFL_ERR_INVALID_ARG for a key the
  * pool has never seen. */

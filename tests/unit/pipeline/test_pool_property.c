@@ -6,8 +6,8 @@
  * off). Once the pools' learning ended (ofl_pool_stats_t.learned_iteration),
  * 20 counted iterations must make no backend call (allocations and frees,
  * device and pinned pools), give back every popped byte as pushed, and hold
- * at most 1.3 times each pool's peak in use where segments let it
- * (over_ratio).
+ * at most 1.3 times each pool's peak in use (the bytes its blocks took,
+ * whole granules each) where segments let it (over_ratio).
  *
  * A TAP program, one check per draw. Arguments or environment:
  *   OFL_SOAK_DRAWS (default 50: the CI subset, with smaller workloads),
@@ -146,6 +146,19 @@ static int pools_of(drv_t *d, ofl_pool_t **out) {
   return n;
 }
 
+/* The peak a pool's holding is measured against: the bytes its blocks in
+ * use took at most, whole granules each (peak_taken_bytes): a pinned pool
+ * of tensors under its 4 KiB page cannot hold less than their pages (seed
+ * 36, draw 738: 1.83 MB asked in 3.29 MB of pages). */
+static size_t ratio_peak(const ofl_pool_stats_t *s) {
+#ifdef PROP_FIXED_WINDOW
+  return s->peak_in_use_bytes; /* a library without peak_taken_bytes */
+#else
+  return s->peak_taken_bytes > s->peak_in_use_bytes ? s->peak_taken_bytes
+                                                    : s->peak_in_use_bytes;
+#endif
+}
+
 /* Whether a pool holds more than 1.3 times its peak in use where it could
  * do better. Not a pool smaller than a segment or two: its segments are
  * whole minimum segments (2 MiB), and the pinned pool keeps a twelfth of
@@ -158,7 +171,7 @@ static int pools_of(drv_t *d, ofl_pool_t **out) {
  * their own shapes: 3.6 MB held, 218 KB at once). */
 static bool over_ratio(const ofl_pool_stats_t *s) {
   const size_t seg = 2 * MIB;
-  size_t peak = s->peak_in_use_bytes, held = s->held_bytes;
+  size_t peak = ratio_peak(s), held = s->held_bytes;
   size_t room = (peak + peak / 12 + seg - 1) / seg * seg;
   if (s->segment_bytes == 0 || (double)held <= 1.3 * (double)peak)
     return false;
@@ -200,9 +213,9 @@ static void trace_iteration(drv_t *d, int it, bool counted) {
     ofl_pool_stats_t s;
     ofl_pool_get_stats(pools[i], &s);
     tap_diag("%s iteration %d pool %s: held %zu segments %zu peak %zu "
-             "allocs %llu frees %llu learned %llu",
+             "(taken %zu) allocs %llu frees %llu learned %llu",
              counted ? "counted" : "learning", it, ofl_pool_name(pools[i]),
-             s.held_bytes, s.segment_bytes, s.peak_in_use_bytes,
+             s.held_bytes, s.segment_bytes, s.peak_in_use_bytes, ratio_peak(&s),
              (unsigned long long)s.backend_allocs,
              (unsigned long long)s.backend_frees,
              (unsigned long long)s.learned_iteration);
@@ -254,7 +267,7 @@ static unsigned run_draw(const draw_t *w, char *why, size_t cap) {
       ofl_pool_get_stats(pools[i], &after[i]);
       uint64_t calls = after[i].backend_allocs - before[i].backend_allocs +
                        after[i].backend_frees - before[i].backend_frees;
-      size_t peak = after[i].peak_in_use_bytes, held = after[i].held_bytes;
+      size_t peak = ratio_peak(&after[i]), held = after[i].held_bytes;
       if (calls != 0 && !(fail & (1u << F_CALLS))) {
         fail |= 1u << F_CALLS;
         snprintf(why, cap,
@@ -267,8 +280,9 @@ static unsigned run_draw(const draw_t *w, char *why, size_t cap) {
       if (over_ratio(&after[i]) && !(fail & (1u << F_RATIO))) {
         fail |= 1u << F_RATIO;
         snprintf(why + strlen(why), cap - strlen(why),
-                 "%spool %s: holds %zu for a peak of %zu", why[0] ? "; " : "",
-                 ofl_pool_name(pools[i]), held, peak);
+                 "%spool %s: holds %zu for a peak of %zu (%zu asked)",
+                 why[0] ? "; " : "", ofl_pool_name(pools[i]), held, peak,
+                 after[i].peak_in_use_bytes);
       }
     }
     if (d.wrong_bytes != wrong0 || d.wrong_bytes != 0 || d.order_errors != 0) {

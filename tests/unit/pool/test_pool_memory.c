@@ -1231,6 +1231,16 @@ Test(pool_memory, pinned_pool_of_tensors_under_a_page_sizes_for_their_pages) {
   ofl_pool_stats_t s1 = stats_of(pool);
   assert_no_call(&s0, &s1);
   cr_assert(ne(u64, s1.learned_iteration, 0));
+  /* The stats give both peaks: the bytes asked, and the pages taken. */
+  size_t asked = 0;
+  for (int i = 0; i < 640; i++)
+    asked += 700 + (size_t)(i % 64) * 5;
+  cr_assert(eq(sz, s1.peak_in_use_bytes, asked));
+  cr_assert(eq(sz, s1.peak_taken_bytes, 640 * 4 * KIB));
+  ofl_pool_reset_peak(pool);
+  ofl_pool_stats_t s2 = stats_of(pool);
+  cr_assert(eq(sz, s2.peak_in_use_bytes, 0));
+  cr_assert(eq(sz, s2.peak_taken_bytes, 0));
   /* Room for every page, and no more than a resize keeps free (at least
    * OFL__MERGE_SLACK_MIN, whole 64 KiB) above them. */
   cr_assert(ge(sz, s1.held_bytes, 640 * 4 * KIB));
