@@ -99,8 +99,9 @@ ofl_status_t ofl__name_intern(ofl_manager_t *m, const char *name, int *out) {
   ni->selected = m->groups_cfg[0] == '\0' || list_has(m->groups_cfg, name);
   ni->dynamic = list_has(m->dynamic_cfg, name);
   /* Its reloads are byte-keyed, whatever share of them passes the size
-   * threshold in the warmup (ofl__pool_expect_byte_keys). */
-  if (ni->dynamic)
+   * threshold in the warmup (ofl__pool_expect_byte_keys); none where it is
+   * never offloaded. */
+  if (ni->dynamic && ni->selected && m->offload)
     ofl__pool_expect_byte_keys(m->dev_pool);
   ni->st.name = ni->name;
   *out = m->nnames++;

@@ -156,7 +156,8 @@ struct ofl_pool {
    * granules (ofl__arena_need), one of its own its bytes. What the pool
    * sizes its segments for (most_in_use_bytes and the cycle peaks below
    * count it): a pinned pool of tensors smaller than its 4 KiB granule
-   * takes up to eight times their bytes, and a segment sized for the bytes
+   * takes a page for each (eight times 512 bytes), and a segment sized for
+   * the bytes
    * asked had no room left (soak seed 35, draw 438: 2.55 MB in use in
    * ranges of 3.37 MB, a 3.74 MB segment for 2.63 MB, and a growth after
    * learning). */

@@ -297,8 +297,15 @@ static ofl_tensor_t *handle_make(ofl_pool_t *p) {
  * in_use_need), and the peaks after the rise: the stats' since the last
  * reset, and the pool's ever and this iteration's in in_use_need's count. */
 static void in_use_add(ofl_pool_t *p, pool_block_t *b) {
-  b->need =
-      b->range != NULL ? ofl__arena_need(&p->arena, b->st.bytes) : b->st.bytes;
+  /* A carved block takes its range: whole granules, or the whole cached
+   * range of another key it reused (reuse_pending). In a plan's slot, whose
+   * range is the slot's, its own granules: the plan counts the slots. */
+  if (b->range == NULL)
+    b->need = b->st.bytes;
+  else if (b->slot1 != 0)
+    b->need = ofl__arena_need(&p->arena, b->st.bytes);
+  else
+    b->need = b->range->bytes;
   p->stats.in_use_bytes += b->st.bytes;
   p->in_use_need += b->need;
   if (p->stats.in_use_bytes > p->stats.peak_in_use_bytes)

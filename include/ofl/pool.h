@@ -198,8 +198,8 @@ typedef struct ofl_pool_stats {
   /* High-water mark (since ofl_pool_reset_peak, as peak_in_use_bytes) of
    * the bytes the blocks in use take: a block carved from a segment takes
    * whole granules (256 bytes on the device, a 4 KiB page pinned), one of
-   * its own its bytes. What the pool sizes its segments for: a pinned pool
-   * of tensors under a page takes up to eight times peak_in_use_bytes. */
+   * its own its bytes. What the pool sizes its segments for: in a pinned
+   * pool a tensor of 512 bytes takes a page, eight times its bytes. */
   size_t peak_taken_bytes;
 } ofl_pool_stats_t;
 

@@ -396,8 +396,9 @@ Test(pipeline_manager,
  * admission limit went down, more stayed on the device than the device
  * pool had learned, and it grew (soak seed 34, draw 5). Interleaved, pp 4,
  * 8 microbatches, expert blocks of 40-128 KiB. After the learning window:
- * the limit never moves, the clusters kept are the same in every
- * iteration, no pool calls its backend, every byte checked. */
+ * the limits never move, the pinned pool refuses nothing, as many clusters
+ * stay on the device in every iteration, no pool calls its backend, every
+ * byte checked. */
 static void drawn_sizes_under_a_budget(uint64_t seed, size_t budget,
                                        int iterations) {
   drv_cfg_t cfg = {0};
@@ -433,7 +434,9 @@ static void drawn_sizes_under_a_budget(uint64_t seed, size_t budget,
   uint64_t calls0[3];
   for (int i = 0; i < 3; i++)
     calls0[i] = pool_calls(pools[i]);
-  uint64_t limit = d.m->pin_limit;
+  uint64_t limit = d.m->pin_limit, cluster_max = d.m->pin_cluster_max;
+  ofl_pool_stats_t hs0;
+  ofl_pool_get_stats(pools[2], &hs0);
   ofl_manager_stats_t prev = stats(&(h_env_t){d.dev, d.pool, d.m});
   uint64_t kept0 = 0;
   for (int it = 0; it < iterations; it++) {
@@ -441,6 +444,9 @@ static void drawn_sizes_under_a_budget(uint64_t seed, size_t budget,
     cr_assert(eq(u64, d.m->pin_limit, limit),
               "seed %llu budget %zu: the admission limit moved in iteration "
               "%d after the learning window",
+              (unsigned long long)seed, budget, it);
+    cr_assert(eq(u64, d.m->pin_cluster_max, cluster_max),
+              "seed %llu budget %zu: the cluster cap moved in iteration %d",
               (unsigned long long)seed, budget, it);
     ofl_manager_stats_t s = stats(&(h_env_t){d.dev, d.pool, d.m});
     uint64_t kept = s.budget_kept_tensors - prev.budget_kept_tensors;
@@ -463,6 +469,9 @@ static void drawn_sizes_under_a_budget(uint64_t seed, size_t budget,
   ofl_pool_stats_t hs;
   ofl_pool_get_stats(pools[2], &hs);
   cr_assert(le(sz, hs.held_bytes, budget));
+  cr_assert(eq(u64, hs.budget_refusals, hs0.budget_refusals),
+            "seed %llu budget %zu: the pinned pool refused after learning",
+            (unsigned long long)seed, budget);
   drv_close(&d);
 }
 
