@@ -311,8 +311,13 @@ static uint64_t pool_calls(ofl_pool_t *p) {
  * microbatches, shape keys of their own per microbatch and fixed sizes (the
  * bytes of an iteration repeat), the manager's own reload pool, a budget of
  * about two chunks' pushes. Every popped byte is checked against its push. */
-Test(pipeline_manager,
-     tight_host_budget_keeps_the_same_clusters_every_iteration) {
+/* The workload of the tight-budget tests: interleaved, pp 4, 8
+ * microbatches, one layer of core_attn (shape keys per microbatch),
+ * attn_proj (fixed) and expert_fc1 (byte-keyed, its range and whether it
+ * changes per iteration given), every tensor offloadable, the manager's own
+ * reload pool, a pinned budget. */
+static drv_cfg_t budget_cfg(drv_name_cfg_t expert, const char *dynamic,
+                            uint64_t seed, size_t budget) {
   drv_cfg_t cfg = {0};
   cfg.pp = 4;
   cfg.rank = 0;
@@ -322,15 +327,24 @@ Test(pipeline_manager,
   cfg.names_mask = 0x2c; /* core_attn, attn_proj, expert_fc1 */
   cfg.names[2] = (drv_name_cfg_t){1, 2, 8 * KIB, 16 * KIB, 2, 0, 0};
   cfg.names[3] = (drv_name_cfg_t){1, 3, 8 * KIB, 8 * KIB, 0, 0, 0};
-  cfg.names[5] = (drv_name_cfg_t){1, 1, 128 * KIB, 128 * KIB, 0, 1, 0};
-  cfg.dynamic_groups = ""; /* no name changes its sizes per iteration */
+  cfg.names[5] = expert;
+  cfg.dynamic_groups = dynamic;
   cfg.tensors_max = 1;
   cfg.thresh = 1;
-  cfg.seed = 4242;
-  cfg.jitter_us = 30;
+  cfg.seed = seed;
   cfg.offload = 1;
   cfg.own_reload_pool = 1;
-  cfg.host_budget = (int64_t)(384 * KIB);
+  cfg.host_budget = (int64_t)budget;
+  return cfg;
+}
+
+Test(pipeline_manager,
+     tight_host_budget_keeps_the_same_clusters_every_iteration) {
+  /* No name changes its sizes per iteration. */
+  drv_cfg_t cfg =
+      budget_cfg((drv_name_cfg_t){1, 1, 128 * KIB, 128 * KIB, 0, 1, 0}, "",
+                 4242, 384 * KIB);
+  cfg.jitter_us = 30;
   drv_t d;
   cr_assert(eq(int, drv_open(&d, &cfg), OFL_SUCCESS), "%s", d.msg);
   ofl_pool_t *pools[3] = {d.pool, ofl_manager_device_pool(d.m),
@@ -401,23 +415,9 @@ Test(pipeline_manager,
  * byte checked. */
 static void drawn_sizes_under_a_budget(uint64_t seed, size_t budget,
                                        int iterations) {
-  drv_cfg_t cfg = {0};
-  cfg.pp = 4;
-  cfg.rank = 0;
-  cfg.vpp = 2;
-  cfg.mbs = 8;
-  cfg.layers = 1;
-  cfg.names_mask = 0x2c; /* core_attn, attn_proj, expert_fc1 */
-  cfg.names[2] = (drv_name_cfg_t){1, 2, 8 * KIB, 16 * KIB, 2, 0, 0};
-  cfg.names[3] = (drv_name_cfg_t){1, 3, 8 * KIB, 8 * KIB, 0, 0, 0};
-  cfg.names[5] = (drv_name_cfg_t){1, 2, 40 * KIB, 128 * KIB, 1, 1, 0};
-  cfg.dynamic_groups = "expert_fc1";
-  cfg.tensors_max = 1;
-  cfg.thresh = 1;
-  cfg.seed = seed;
-  cfg.offload = 1;
-  cfg.own_reload_pool = 1;
-  cfg.host_budget = (int64_t)budget;
+  drv_cfg_t cfg =
+      budget_cfg((drv_name_cfg_t){1, 2, 40 * KIB, 128 * KIB, 1, 1, 0},
+                 "expert_fc1", seed, budget);
   drv_t d;
   cr_assert(eq(int, drv_open(&d, &cfg), OFL_SUCCESS), "%s", d.msg);
   ofl_pool_t *pools[3] = {d.pool, ofl_manager_device_pool(d.m),
