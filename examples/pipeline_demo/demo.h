@@ -151,6 +151,13 @@ typedef struct {
                       (with --offload auto: since the plan last changed, as
                       its measured_peak_settled_bytes) */
   uint64_t plan_changes; /* --offload auto: replans + lead changes seen */
+  /* --offload auto: the ledger's peak over the iterations since the plan
+   * last changed (as measured_peak_settled_bytes), less a last iteration
+   * over the target that the plan answered at its end (answered_over, its
+   * peak; 0: none): docs/design/pipeline.md allows one iteration at most
+   * 10% over the target, after which the plan changes, and the run had no
+   * iteration left to measure the change. */
+  uint64_t ledger_settled, answered_over;
   uint64_t recomputed;   /* group starts recomputed (fixed or the plan's) */
   int offload; /* the offload run (not the baseline) */
   int rerun;   /* full recompute: a layer's forward rerun in its backward
