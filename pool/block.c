@@ -251,3 +251,34 @@ ofl_status_t ofl__block_order(ofl_pool_t *p, pool_block_t *b,
   pthread_mutex_unlock(&b->order_mu);
   return s;
 }
+
+/* ---- bytes in use (block.h) ---------------------------------------------- */
+
+void ofl__pool_in_use_add(ofl_pool_t *p, pool_block_t *b) {
+  /* A carved block takes its range: whole granules, or the whole cached
+   * range of another key it reused (reuse_pending). In a plan's slot, whose
+   * range is the slot's, its own granules: the plan counts the slots. */
+  if (b->range == NULL)
+    b->need = b->st.bytes;
+  else if (b->slot1 != 0)
+    b->need = ofl__arena_need(&p->arena, b->st.bytes);
+  else
+    b->need = b->range->bytes;
+  p->stats.in_use_bytes += b->st.bytes;
+  p->in_use_need += b->need;
+  if (p->stats.in_use_bytes > p->stats.peak_in_use_bytes)
+    p->stats.peak_in_use_bytes = p->stats.in_use_bytes;
+  size_t n = p->in_use_need;
+  if (n > p->stats.peak_taken_bytes)
+    p->stats.peak_taken_bytes = n;
+  if (n > p->most_in_use_bytes)
+    p->most_in_use_bytes = n;
+  if (n > p->cycle_most_bytes)
+    p->cycle_most_bytes = n;
+}
+
+void ofl__pool_in_use_sub(ofl_pool_t *p, pool_block_t *b) {
+  p->stats.in_use_bytes -= b->st.bytes;
+  p->in_use_need -= b->need;
+  b->need = 0;
+}

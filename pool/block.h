@@ -152,15 +152,14 @@ struct ofl_pool {
   /* Segments for the blocks params.segments names (pool/arena.h). */
   ofl__arena_t arena;
   size_t growing_bytes; /* segments being allocated outside the lock */
-  /* The bytes the held blocks take: a block carved from a segment whole
-   * granules (ofl__arena_need), one of its own its bytes. What the pool
-   * sizes its segments for (most_in_use_bytes and the cycle peaks below
-   * count it): a pinned pool of tensors smaller than its 4 KiB granule
-   * takes a page for each (eight times 512 bytes), and a segment sized for
-   * the bytes
-   * asked had no room left (soak seed 35, draw 438: 2.55 MB in use in
-   * ranges of 3.37 MB, a 3.74 MB segment for 2.63 MB, and a growth after
-   * learning). */
+  /* The bytes the held blocks take: a block carved from a segment its
+   * range (whole granules, ofl__arena_need), one of its own its bytes.
+   * What the pool sizes its segments for (most_in_use_bytes and the cycle
+   * peaks below count it): a pinned pool of tensors smaller than its 4 KiB
+   * granule takes a page for each (eight times 512 bytes), and a segment
+   * sized for the bytes asked had no room left (soak seed 35, draw 438:
+   * 2.55 MB in use in ranges of 3.37 MB, a 3.74 MB segment for 2.63 MB,
+   * and a growth after learning). */
   size_t in_use_need;
   /* Merging segments (ofl__pool_merge): the most bytes ever in use (in
    * in_use_need's count; never reset, unlike stats.peak_in_use_bytes), the
@@ -249,6 +248,11 @@ void ofl__key_unlink(ofl_pool_t *p, pool_key_t *k);
 /* Frees the records of keys with no block left. */
 void ofl__keys_prune(ofl_pool_t *p);
 void ofl__free_push(pool_key_t *k, pool_block_t *b);
+/* Lock held: block b, just taken or made, counts in use: its bytes in the
+ * stats' count and what it takes in in_use_need (b->need), and the peaks
+ * after the rise: the stats' since the last reset, and the pool's ever and
+ * this iteration's in in_use_need's count. */
+void ofl__pool_in_use_add(ofl_pool_t *p, pool_block_t *b);
 /* Lock held: held block b's bytes leave those in use (the stats' count and
  * in_use_need). */
 void ofl__pool_in_use_sub(ofl_pool_t *p, pool_block_t *b);

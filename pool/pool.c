@@ -293,38 +293,6 @@ static ofl_tensor_t *handle_make(ofl_pool_t *p) {
 
 /* ---- allocation ---------------------------------------------------------- */
 
-/* Lock held: b's bytes join those in use (the stats' count and
- * in_use_need), and the peaks after the rise: the stats' since the last
- * reset, and the pool's ever and this iteration's in in_use_need's count. */
-static void in_use_add(ofl_pool_t *p, pool_block_t *b) {
-  /* A carved block takes its range: whole granules, or the whole cached
-   * range of another key it reused (reuse_pending). In a plan's slot, whose
-   * range is the slot's, its own granules: the plan counts the slots. */
-  if (b->range == NULL)
-    b->need = b->st.bytes;
-  else if (b->slot1 != 0)
-    b->need = ofl__arena_need(&p->arena, b->st.bytes);
-  else
-    b->need = b->range->bytes;
-  p->stats.in_use_bytes += b->st.bytes;
-  p->in_use_need += b->need;
-  if (p->stats.in_use_bytes > p->stats.peak_in_use_bytes)
-    p->stats.peak_in_use_bytes = p->stats.in_use_bytes;
-  size_t n = p->in_use_need;
-  if (n > p->stats.peak_taken_bytes)
-    p->stats.peak_taken_bytes = n;
-  if (n > p->most_in_use_bytes)
-    p->most_in_use_bytes = n;
-  if (n > p->cycle_most_bytes)
-    p->cycle_most_bytes = n;
-}
-
-void ofl__pool_in_use_sub(ofl_pool_t *p, pool_block_t *b) {
-  p->stats.in_use_bytes -= b->st.bytes;
-  p->in_use_need -= b->need;
-  b->need = 0;
-}
-
 /* Lock held: takes a block for the new owner and counts it. */
 static void block_take(ofl_pool_t *p, pool_key_t *k, pool_block_t *prev,
                        pool_block_t *b) {
@@ -334,7 +302,7 @@ static void block_take(ofl_pool_t *p, pool_key_t *k, pool_block_t *prev,
   k->allocated++;
   p->stats.hits++;
   p->stats.blocks_in_use++;
-  in_use_add(p, b);
+  ofl__pool_in_use_add(p, b);
 }
 
 /* Lock held: undoes block_take (a later step failed). */
@@ -603,7 +571,7 @@ static ofl_status_t block_create(ofl_pool_t *p, pool_key_t *k, void *carved,
   p->stats.blocks_total++;
   p->stats.blocks_in_use++;
   p->stats.total_bytes += bytes;
-  in_use_add(p, b);
+  ofl__pool_in_use_add(p, b);
   pthread_mutex_unlock(&p->mu);
   *out = b;
   return OFL_SUCCESS;

@@ -307,7 +307,7 @@ void run(opts_t *o, int rank, int pp, int offload, size_t capacity,
   glue_get_stats(r.glue, &res->stats);
   res->act_peak = r.act_peak;
   res->recomputed = r.recomputed;
-  ofl_manager_plan_t plan;
+  ofl_manager_plan_t plan = {0};
   int have_plan = offload && glue_plan(r.glue, &plan) == OFL_SUCCESS;
   uint64_t settled = plan.settled_iterations > 0
                          ? plan.measured_peak_settled_bytes

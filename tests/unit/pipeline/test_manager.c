@@ -300,24 +300,16 @@ static uint64_t pool_calls(ofl_pool_t *p) {
   return s.backend_allocs + s.backend_frees;
 }
 
-/* Under a tight pinned budget the clusters that go to pinned memory are the
- * same from one steady iteration to the next, whatever the copies' timing
- * (stream jitter on): the pinned pool's room at a commit depends on which
- * reloads have landed, and a placement taken from it changed in every
- * iteration (50 to 69 of some 150 clusters kept), so that the pools met
- * sizes their learning never saw. The placement may move only in an
- * iteration where the pool refused an admitted cluster and the admission
- * limit dropped (pipeline/tier.c), rarely. Interleaved, pp 4, 8
- * microbatches, shape keys of their own per microbatch and fixed sizes (the
- * bytes of an iteration repeat), the manager's own reload pool, a budget of
- * about two chunks' pushes. Every popped byte is checked against its push. */
-/* The workload of the tight-budget tests: interleaved, pp 4, 8
+/* Opens the workload of the tight-budget tests: interleaved, pp 4, 8
  * microbatches, one layer of core_attn (shape keys per microbatch),
  * attn_proj (fixed) and expert_fc1 (byte-keyed, its range and whether it
  * changes per iteration given), every tensor offloadable, the manager's own
- * reload pool, a pinned budget. */
-static drv_cfg_t budget_cfg(drv_name_cfg_t expert, const char *dynamic,
-                            uint64_t seed, size_t budget) {
+ * reload pool, a pinned budget; runs its first warm iterations (the warmup
+ * and the pools' learning). pools: the application's, the reload and the
+ * pinned pool. */
+static void budget_open(drv_t *d, drv_name_cfg_t expert, const char *dynamic,
+                        uint64_t seed, size_t budget, int jitter_us, int warm,
+                        ofl_pool_t *pools[3]) {
   drv_cfg_t cfg = {0};
   cfg.pp = 4;
   cfg.rank = 0;
@@ -332,26 +324,36 @@ static drv_cfg_t budget_cfg(drv_name_cfg_t expert, const char *dynamic,
   cfg.tensors_max = 1;
   cfg.thresh = 1;
   cfg.seed = seed;
+  cfg.jitter_us = jitter_us;
   cfg.offload = 1;
   cfg.own_reload_pool = 1;
   cfg.host_budget = (int64_t)budget;
-  return cfg;
+  cr_assert(eq(int, drv_open(d, &cfg), OFL_SUCCESS), "%s", d->msg);
+  pools[0] = d->pool;
+  pools[1] = ofl_manager_device_pool(d->m);
+  pools[2] = ofl_manager_host_pool(d->m);
+  for (int it = 0; it < warm; it++)
+    cr_assert(eq(int, drv_iteration(d), OFL_SUCCESS), "%s", d->msg);
 }
 
+/* Under a tight pinned budget the clusters that go to pinned memory are the
+ * same from one steady iteration to the next, whatever the copies' timing
+ * (stream jitter on): the pinned pool's room at a commit depends on which
+ * reloads have landed, and a placement taken from it changed in every
+ * iteration (50 to 69 of some 150 clusters kept), so that the pools met
+ * sizes their learning never saw. The placement may move only in an
+ * iteration where the pool refused an admitted cluster and the admission
+ * limit dropped (pipeline/tier.c), rarely. Interleaved, pp 4, 8
+ * microbatches, shape keys of their own per microbatch and fixed sizes (the
+ * bytes of an iteration repeat), the manager's own reload pool, a budget of
+ * about two chunks' pushes. Every popped byte is checked against its push. */
 Test(pipeline_manager,
      tight_host_budget_keeps_the_same_clusters_every_iteration) {
   /* No name changes its sizes per iteration. */
-  drv_cfg_t cfg =
-      budget_cfg((drv_name_cfg_t){1, 1, 128 * KIB, 128 * KIB, 0, 1, 0}, "",
-                 4242, 384 * KIB);
-  cfg.jitter_us = 30;
   drv_t d;
-  cr_assert(eq(int, drv_open(&d, &cfg), OFL_SUCCESS), "%s", d.msg);
-  ofl_pool_t *pools[3] = {d.pool, ofl_manager_device_pool(d.m),
-                          ofl_manager_host_pool(d.m)};
-  /* The warmup and the pools' learning. */
-  for (int it = 0; it < 8; it++)
-    cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "%s", d.msg);
+  ofl_pool_t *pools[3];
+  budget_open(&d, (drv_name_cfg_t){1, 1, 128 * KIB, 128 * KIB, 0, 1, 0}, "",
+              4242, 384 * KIB, 30, 8, pools);
   uint64_t calls0[3];
   for (int i = 0; i < 3; i++)
     calls0[i] = pool_calls(pools[i]);
@@ -415,16 +417,11 @@ Test(pipeline_manager,
  * byte checked. */
 static void drawn_sizes_under_a_budget(uint64_t seed, size_t budget,
                                        int iterations) {
-  drv_cfg_t cfg =
-      budget_cfg((drv_name_cfg_t){1, 2, 40 * KIB, 128 * KIB, 1, 1, 0},
-                 "expert_fc1", seed, budget);
   drv_t d;
-  cr_assert(eq(int, drv_open(&d, &cfg), OFL_SUCCESS), "%s", d.msg);
-  ofl_pool_t *pools[3] = {d.pool, ofl_manager_device_pool(d.m),
-                          ofl_manager_host_pool(d.m)};
+  ofl_pool_t *pools[3];
   /* The warmup and the pools' learning window. */
-  for (int it = 0; it < 14; it++)
-    cr_assert(eq(int, drv_iteration(&d), OFL_SUCCESS), "%s", d.msg);
+  budget_open(&d, (drv_name_cfg_t){1, 2, 40 * KIB, 128 * KIB, 1, 1, 0},
+              "expert_fc1", seed, budget, 0, 14, pools);
   for (int i = 0; i < 3; i++) {
     ofl_pool_stats_t ps;
     ofl_pool_get_stats(pools[i], &ps);

@@ -1115,22 +1115,29 @@ Test(pool_memory, pinned_pool_resizes_for_the_steady_iterations) {
   ofl_pool_destroy(pool);
 }
 
-/* k pinned blocks of 1200 KiB held at once (one per 2 MiB segment while
- * the pool grows: the rest of a segment holds no other), each written and
- * read back, then freed. */
-static void hold_pinned(ofl_pool_t *pool, int k, uint64_t seed) {
-  const size_t n = 1200 * KIB;
-  ofl_tensor_t *t[4];
-  cr_assert(le(int, k, 4));
-  for (int i = 0; i < k; i++) {
-    t[i] = alloc_bytes(pool, n, 1);
-    t_pattern(ofl_tensor_data(t[i]), n, seed + (uint64_t)i);
+/* n pinned blocks of bytes[i] held at once (byte-keyed where dynamic),
+ * each written and read back, then freed. */
+static void hold_blocks(ofl_pool_t *pool, int n, const size_t *bytes,
+                        int dynamic, uint64_t seed) {
+  ofl_tensor_t *t[640];
+  cr_assert(le(int, n, 640));
+  for (int i = 0; i < n; i++) {
+    t[i] = alloc_bytes(pool, bytes[i], dynamic);
+    t_pattern(ofl_tensor_data(t[i]), bytes[i], seed + (uint64_t)i);
   }
-  for (int i = 0; i < k; i++) {
+  for (int i = 0; i < n; i++) {
     uint64_t si = seed + (uint64_t)i;
-    cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(t[i]), n, si), 0));
+    cr_assert(eq(sz, t_pattern_wrong(ofl_tensor_data(t[i]), bytes[i], si), 0));
     cr_assert(eq(int, ofl_pool_free(pool, t[i]), OFL_SUCCESS));
   }
+}
+
+/* k pinned blocks of 1200 KiB held at once (one per 2 MiB segment while
+ * the pool grows: the rest of a segment holds no other). */
+static void hold_pinned(ofl_pool_t *pool, int k, uint64_t seed) {
+  const size_t n[4] = {1200 * KIB, 1200 * KIB, 1200 * KIB, 1200 * KIB};
+  cr_assert(le(int, k, 4));
+  hold_blocks(pool, k, n, 1, seed);
 }
 
 /* A pinned pool under a manager whose warmup fragmented it past the waste
@@ -1191,23 +1198,16 @@ Test(pool_memory, pinned_pool_resized_at_the_warmups_end_resizes_for_less) {
   ofl_pool_destroy(pool);
 }
 
-/* n pinned blocks of 700-1015 bytes held at once, shape-keyed (a tensor
- * under the pool's 4 KiB granule each), written and read back, then freed. */
+/* The bytes of the i-th of the small pinned blocks: 700-1015 bytes, a
+ * tensor under the pool's 4 KiB granule each. */
+static size_t small_bytes(int i) { return 700 + (size_t)(i % 64) * 5; }
+
 static void hold_small_pinned(ofl_pool_t *pool, int n, uint64_t seed) {
-  ofl_tensor_t *t[640];
+  size_t bytes[640];
   cr_assert(le(int, n, 640));
-  for (int i = 0; i < n; i++) {
-    size_t bytes = 700 + (size_t)(i % 64) * 5;
-    t[i] = alloc_bytes(pool, bytes, 0);
-    t_pattern(ofl_tensor_data(t[i]), bytes, seed + (uint64_t)i);
-  }
-  for (int i = 0; i < n; i++) {
-    size_t bytes = 700 + (size_t)(i % 64) * 5;
-    cr_assert(eq(
-        sz, t_pattern_wrong(ofl_tensor_data(t[i]), bytes, seed + (uint64_t)i),
-        0));
-    cr_assert(eq(int, ofl_pool_free(pool, t[i]), OFL_SUCCESS));
-  }
+  for (int i = 0; i < n; i++)
+    bytes[i] = small_bytes(i);
+  hold_blocks(pool, n, bytes, 0, seed); /* shape keys */
 }
 
 /* A pinned pool of tensors smaller than its granule (whole pages: 640
@@ -1233,7 +1233,7 @@ Test(pool_memory, pinned_pool_of_tensors_under_a_page_sizes_for_their_pages) {
   /* The stats give both peaks: the bytes asked, and the pages taken. */
   size_t asked = 0;
   for (int i = 0; i < 640; i++)
-    asked += 700 + (size_t)(i % 64) * 5;
+    asked += small_bytes(i);
   cr_assert(eq(sz, s1.peak_in_use_bytes, asked));
   cr_assert(eq(sz, s1.peak_taken_bytes, 640 * 4 * KIB));
   ofl_pool_reset_peak(pool);
